@@ -1,0 +1,37 @@
+"""optkit: optimize trained models and prove what it did.
+
+The Python API mirrors the CLI. Names are imported lazily so `import optkit` stays light.
+"""
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "Artifact": "optkit.core.artifact",
+    "Format": "optkit.core.formats",
+    "detect_format": "optkit.core.formats",
+    "Pass": "optkit.core.registry",
+    "PassConfig": "optkit.core.registry",
+    "PassContext": "optkit.core.registry",
+    "register": "optkit.core.registry",
+    "all_passes": "optkit.core.registry",
+    "get_pass": "optkit.core.registry",
+    "OptkitError": "optkit.core.errors",
+    "open_session": "optkit.runtimes.base",
+    "measure": "optkit.measure.model",
+    "MeasureSettings": "optkit.measure.model",
+    "DataSpec": "optkit.measure.model",
+    "load_dataset": "optkit.measure.datasets",
+    "inspect_model": "optkit.inspect",
+    "Report": "optkit.report.schema",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'optkit' has no attribute {name!r}")

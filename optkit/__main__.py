@@ -1,0 +1,3 @@
+from optkit.cli.main import main
+
+main()

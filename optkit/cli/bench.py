@@ -1,0 +1,38 @@
+"""optkit bench MODEL"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+from optkit.cli import common
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("bench")
+    def bench_cmd(
+        model: str = typer.Argument(..., help="Model file, SavedModel folder or file.py:factory."),
+        threads: Optional[int] = common.THREADS,
+        batch: int = typer.Option(1, "--batch", min=1, help="Batch size (sets a dynamic first dim)."),
+        warmup: int = typer.Option(10, "--warmup", min=0, help="Untimed runs first."),
+        runs: int = typer.Option(100, "--runs", min=1, help="Timed runs."),
+        duration: Optional[float] = typer.Option(None, "--duration", min=0.01,
+                                                 help="Time runs for this many seconds instead of --runs."),
+        provider: str = common.PROVIDER,
+        data: Optional[str] = typer.Option(None, "--data", help="Feed samples from this data instead of random."),
+        shape: Optional[List[str]] = common.SHAPE,
+        weights: Optional[str] = common.WEIGHTS,
+        report: Optional[str] = common.OUTPUT_REPORT,
+        as_json: bool = common.JSON,
+    ) -> None:
+        """Latency on the model's own runtime: p50/p90/p99, mean, std, throughput."""
+        from optkit.core.shapes import parse_shapes
+        from optkit.measure.model import DataSpec, MeasureSettings
+
+        settings = MeasureSettings(provider=provider, threads=threads, batch=batch, warmup=warmup, runs=runs,
+                                   duration=duration, shapes=parse_shapes(shape))
+        artifact = common.load_artifact(model, weights)
+        common.measure_and_report(
+            artifact, settings, command=f"optkit bench {model}", latency=True,
+            data=DataSpec(path=data) if data else None, report_path=report, as_json=as_json,
+        )

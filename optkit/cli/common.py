@@ -1,0 +1,100 @@
+"""What every command shares: error handling and exit codes, output, shared options."""
+from __future__ import annotations
+
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import Optional
+
+import typer
+
+from optkit.core.errors import EXIT_INTERRUPTED, EXIT_PASS, OptkitError
+
+
+@dataclass
+class _State:
+    debug: bool = False
+
+
+STATE = _State()
+
+
+def run_app(app) -> int:
+    """Run the typer app and turn every outcome into an exit code and at most one error line."""
+    try:
+        app(standalone_mode=False)
+        return 0
+    except OptkitError as e:
+        if STATE.debug:
+            traceback.print_exc()
+            if "traceback" in e.details:
+                print(e.details["traceback"], file=sys.stderr)
+        print(f"error: {e.message}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else 0
+    except Exception as e:  # click usage errors and internal errors
+        import click
+
+        if isinstance(e, click.exceptions.Abort):
+            print("interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        if isinstance(e, click.ClickException):
+            e.show()
+            return e.exit_code
+        if STATE.debug:
+            traceback.print_exc()
+        print(f"error: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)",
+              file=sys.stderr)
+        return EXIT_PASS
+
+
+def console():
+    from rich.console import Console
+
+    return Console(stderr=False, highlight=False)
+
+
+def print_json(text: str) -> None:
+    sys.stdout.write(text.rstrip() + "\n")
+
+
+# Shared option declarations, so every command spells them the same way.
+JSON = typer.Option(False, "--json", help="Print the result as JSON instead of a table.")
+SHAPE = typer.Option(None, "--shape", help="Input shape for dynamic dims: name=1x3x224x224 (repeatable).")
+THREADS = typer.Option(None, "--threads", min=1, help="Intra-op threads (default: the runtime's).")
+PROVIDER = typer.Option("cpu", "--provider", help="onnxruntime provider: cpu, cuda, tensorrt (ONNX models).")
+WEIGHTS = typer.Option(None, "--weights", help="State dict for a factory model (loaded with weights_only=True).")
+OUTPUT_REPORT = typer.Option(None, "--report", help="Also write the JSON report to this file.")
+
+
+def load_artifact(model: str, weights: Optional[str] = None, signature: Optional[str] = None):
+    from optkit.core.artifact import Artifact
+
+    return Artifact.load(model, weights=weights, signature=signature)
+
+
+def measure_and_report(artifact, settings, *, command: str, report_path: Optional[str], as_json: bool,
+                       **measure_kwargs) -> None:
+    """Measure one artifact, wrap it as a one-stage report, print it (table or JSON), save it if asked."""
+    from optkit.core.atomic import check_output_path
+    from optkit.measure.model import measure
+    from optkit.report.render import to_console
+    from optkit.report.schema import ArtifactRef, Report, Stage
+
+    if report_path:
+        check_output_path(report_path)
+    figures = measure(artifact, settings, **measure_kwargs)
+    report = Report(command=command, stages=[Stage(
+        name="model", output=ArtifactRef(**{k: v for k, v in artifact.to_dict().items() if k in ArtifactRef.model_fields}),
+        config=settings.model_dump(exclude_defaults=True), measurements=figures,
+    )])
+    if report_path:
+        report.save(report_path)
+    if as_json:
+        print_json(report.to_json())
+    else:
+        to_console(report, console())

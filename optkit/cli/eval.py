@@ -1,0 +1,44 @@
+"""optkit eval MODEL --data D --metric top1 [--reference REF]"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+from optkit.cli import common
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("eval")
+    def eval_cmd(
+        model: str = typer.Argument(..., help="Model file, SavedModel folder or file.py:factory."),
+        data: str = typer.Option(..., "--data", help="Labelled data: .npz, image folder or IDX images."),
+        metric: Optional[str] = typer.Option("top1", "--metric",
+                                             help="top1, top5, mse, mae, cosine, or module:function."),
+        reference: Optional[str] = typer.Option(None, "--reference", help="Also report fidelity to this model."),
+        labels: Optional[str] = typer.Option(None, "--labels", help="IDX labels file (default: beside the images)."),
+        max_samples: Optional[int] = typer.Option(None, "--max-samples", min=1,
+                                                  help="Evaluate a deterministic subset."),
+        no_metric: bool = typer.Option(False, "--no-metric", help="Fidelity only (data without labels)."),
+        provider: str = common.PROVIDER,
+        threads: Optional[int] = common.THREADS,
+        shape: Optional[List[str]] = common.SHAPE,
+        weights: Optional[str] = common.WEIGHTS,
+        report: Optional[str] = common.OUTPUT_REPORT,
+        as_json: bool = common.JSON,
+    ) -> None:
+        """Accuracy on labelled data, and fidelity to a reference model."""
+        from optkit.core.errors import UsageError
+        from optkit.core.shapes import parse_shapes
+        from optkit.measure.model import DataSpec, MeasureSettings
+
+        if no_metric and reference is None:
+            raise UsageError("--no-metric leaves nothing to measure; add --reference REF")
+        settings = MeasureSettings(provider=provider, threads=threads, shapes=parse_shapes(shape))
+        artifact = common.load_artifact(model, weights)
+        ref = common.load_artifact(reference) if reference else None
+        common.measure_and_report(
+            artifact, settings, command=f"optkit eval {model}", latency=False,
+            data=DataSpec(path=data, labels=labels, max_samples=max_samples),
+            metric=None if no_metric else metric, reference=ref, report_path=report, as_json=as_json,
+        )

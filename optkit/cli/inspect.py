@@ -1,0 +1,53 @@
+"""optkit inspect MODEL"""
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+
+from optkit.cli import common
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("inspect")
+    def inspect_cmd(
+        model: str = typer.Argument(..., help="Model file, SavedModel folder or file.py:factory."),
+        weights: Optional[str] = common.WEIGHTS,
+        as_json: bool = common.JSON,
+    ) -> None:
+        """Format, inputs/outputs with shapes and dtypes, opset, op histogram, parameters, size."""
+        from optkit.inspect import inspect_model
+
+        info = inspect_model(common.load_artifact(model, weights))
+        if as_json:
+            common.print_json(json.dumps(info, indent=2, default=str))
+        else:
+            _render(info)
+
+
+def _render(info: dict) -> None:
+    from rich.table import Table
+
+    from optkit.core.shapes import format_shape
+    from optkit.report.table import human_bytes
+
+    con = common.console()
+    size = info.get("size", {})
+    con.print(f"[bold]{info['path']}[/bold]  format {info['format']}"
+              + (f", opset {info['opset']}" if "opset" in info else "")
+              + (f", producer {info['producer']}" if info.get("producer") else ""))
+    params = size.get("parameters")
+    con.print(f"size {human_bytes(size.get('bytes'))} (gzip {human_bytes(size.get('gzip_bytes'))})"
+              + (f", {params:,} parameters" if params is not None else "")
+              + (f", sparsity {size['sparsity']:.1%}" if size.get("sparsity") else ""))
+    io = Table("", "name", "shape", "dtype", title="inputs and outputs", title_justify="left")
+    for kind in ("inputs", "outputs"):
+        for t in info.get(kind, []):
+            io.add_row(kind[:-1], t["name"], format_shape(t["shape"]), t["dtype"])
+    con.print(io)
+    if info.get("ops"):
+        ops = Table("op", "count", title=f"ops ({info.get('nodes')} nodes)", title_justify="left")
+        for op, n in info["ops"].items():
+            ops.add_row(op, str(n))
+        con.print(ops)

@@ -1,0 +1,32 @@
+"""optkit passes"""
+from __future__ import annotations
+
+import json
+
+import typer
+
+from optkit.cli import common
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("passes")
+    def passes_cmd(as_json: bool = common.JSON) -> None:
+        """Every registered pass (built-in and plugins), what it accepts and produces, and whether it can run here."""
+        from optkit.core.registry import all_passes
+
+        rows = []
+        for name, cls in all_passes().items():
+            missing = cls.missing()
+            rows.append({"name": name, "accepts": [f.value for f in cls.accepts], "produces": cls.produces.value,
+                         "extra": cls.extra, "available": missing is None, "install": missing,
+                         "summary": cls.summary, "module": cls.__module__})
+        if as_json:
+            common.print_json(json.dumps(rows, indent=2))
+            return
+        from rich.table import Table
+
+        table = Table("pass", "accepts", "produces", "status", "summary")
+        for r in rows:
+            status = "[green]available[/green]" if r["available"] else f"[yellow]unavailable: {r['install']}[/yellow]"
+            table.add_row(r["name"], ", ".join(r["accepts"]), r["produces"], status, r["summary"])
+        common.console().print(table)

@@ -1,0 +1,87 @@
+"""An artifact is a model on disk with its format and lineage."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from optkit.core.formats import Format, detect_format, split_factory
+
+
+@dataclass
+class Artifact:
+    path: str                      # a file, a folder, or a factory spec (file.py:make_model)
+    format: Format
+    sha256: str
+    parent: str | None = None      # sha256 of the artifact this one was made from
+    produced_by: str | None = None  # name of the pass that made it
+    config: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)  # e.g. weights file, input shapes
+
+    @classmethod
+    def load(cls, spec: str | Path, *, format: Format | str | None = None, **meta: Any) -> "Artifact":
+        fmt = Format(format) if format else detect_format(spec)
+        meta = {k: v for k, v in meta.items() if v is not None}
+        return cls(path=str(spec), format=fmt, sha256=content_sha256(spec, fmt, meta.get("weights")), meta=meta)
+
+    def derive(self, path: str | Path, fmt: Format | str, pass_name: str, config: dict, **meta: Any) -> "Artifact":
+        """The artifact a pass made from this one."""
+        fmt = Format(fmt)
+        return Artifact(
+            path=str(path), format=fmt, sha256=content_sha256(path, fmt),
+            parent=self.sha256, produced_by=pass_name, config=config, meta=meta,
+        )
+
+    @property
+    def name(self) -> str:
+        factory = split_factory(self.path) if self.format == Format.TORCH_MODULE else None
+        return Path(factory[0] if factory else self.path).stem
+
+    def size_bytes(self) -> int:
+        p = Path(self.path)
+        if self.format == Format.TORCH_MODULE:
+            weights = self.meta.get("weights")
+            return Path(weights).stat().st_size if weights else 0
+        if p.is_dir():
+            return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+        return p.stat().st_size
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["format"] = self.format.value
+        return d
+
+
+def content_sha256(spec: str | Path, fmt: Format, weights: str | None = None) -> str:
+    h = hashlib.sha256()
+    if fmt == Format.TORCH_MODULE:
+        target, attr = split_factory(str(spec))
+        h.update(attr.encode())
+        if target.endswith(".py"):
+            _hash_file(h, Path(target))
+        else:
+            h.update(target.encode())
+        if weights:
+            _hash_file(h, Path(weights))
+        return h.hexdigest()
+    p = Path(spec)
+    if p.is_dir():
+        for f in sorted(x for x in p.rglob("*") if x.is_file()):
+            h.update(str(f.relative_to(p)).encode())
+            _hash_file(h, f)
+    else:
+        _hash_file(h, p)
+    return h.hexdigest()
+
+
+def _hash_file(h, path: Path) -> None:
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+
+
+def config_key(*parts: Any) -> str:
+    """A stable hash of JSON-able parts (used for cache keys)."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()

@@ -1,0 +1,93 @@
+"""Model formats, detected from the path and the file's content; never guessed silently."""
+from __future__ import annotations
+
+import re
+import zipfile
+from enum import Enum
+from pathlib import Path
+
+from optkit.core.errors import UsageError
+
+
+class Format(str, Enum):
+    ONNX = "onnx"
+    TORCHSCRIPT = "torchscript"
+    TORCH_EXPORT = "torch-export"
+    TORCH_MODULE = "torch-module"
+    TF_SAVEDMODEL = "tf-savedmodel"
+    KERAS = "keras"
+    TFLITE = "tflite"
+    TRT_ENGINE = "trt-engine"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# A factory spec: `path/to/file.py:make_model` or `pkg.mod:make_model`.
+_FACTORY = re.compile(r"^(?P<target>[^:]+\.py|[A-Za-z_][\w.]*):(?P<attr>[A-Za-z_]\w*)$")
+
+_KNOWN = ".onnx, .tflite, .keras, .h5, .pt (TorchScript), .pt2, .engine/.plan, a SavedModel folder, file.py:factory"
+
+
+def split_factory(spec: str) -> tuple[str, str] | None:
+    """Return (file-or-module, attribute) when `spec` names a Python factory."""
+    m = _FACTORY.match(str(spec))
+    return (m["target"], m["attr"]) if m else None
+
+
+def detect_format(spec: str | Path) -> Format:
+    """Tell the format of a model from its path and content, or raise a UsageError (exit 2)."""
+    spec = str(spec)
+    factory = split_factory(spec)
+    if factory and not Path(spec).exists():
+        target, _ = factory
+        if target.endswith(".py") and not Path(target).is_file():
+            raise UsageError(f"model factory file {target} not found")
+        return Format.TORCH_MODULE
+    path = Path(spec)
+    if not path.exists():
+        raise UsageError(f"model {path} not found")
+    if path.is_dir():
+        if (path / "saved_model.pb").exists() or (path / "saved_model.pbtxt").exists():
+            return Format.TF_SAVEDMODEL
+        raise UsageError(f"{path} is a folder but not a TensorFlow SavedModel (no saved_model.pb)")
+    if path.stat().st_size == 0:
+        raise UsageError(f"model {path} is empty (0 bytes)")
+    head = path.read_bytes()[:16]
+    suffix = path.suffix.lower()
+    if suffix == ".onnx":
+        return Format.ONNX
+    if suffix == ".tflite" or head[4:8] == b"TFL3":
+        if head[4:8] != b"TFL3":
+            raise UsageError(f"{path} is not a valid TFLite model (no TFL3 identifier); the file is corrupt or truncated")
+        return Format.TFLITE
+    if suffix in (".h5", ".hdf5"):
+        if not head.startswith(b"\x89HDF"):
+            raise UsageError(f"{path} is not a valid HDF5 (.h5) Keras model; the file is corrupt or truncated")
+        return Format.KERAS
+    if suffix == ".keras":
+        if not zipfile.is_zipfile(path):
+            raise UsageError(f"{path} is not a valid .keras archive; the file is corrupt or truncated")
+        return Format.KERAS
+    if suffix in (".engine", ".plan", ".trt"):
+        return Format.TRT_ENGINE
+    if suffix in (".pt", ".pth", ".pt2"):
+        return _detect_torch_archive(path, suffix)
+    raise UsageError(f"cannot tell the format of {path}; known formats: {_KNOWN}")
+
+
+def _detect_torch_archive(path: Path, suffix: str) -> Format:
+    if not zipfile.is_zipfile(path):
+        raise UsageError(f"{path} is not a valid PyTorch archive; the file is corrupt or truncated")
+    with zipfile.ZipFile(path) as zf:
+        names = zf.namelist()
+    if any(n.endswith("serialized_exported_program.json") or "/models/" in n and n.endswith(".json") for n in names):
+        return Format.TORCH_EXPORT
+    if any("/code/" in n for n in names) or any(n.endswith("constants.pkl") for n in names):
+        return Format.TORCHSCRIPT
+    if suffix == ".pt2":
+        return Format.TORCH_EXPORT
+    raise UsageError(
+        f"{path} holds a pickled state dict or whole model, not TorchScript; "
+        "pass a factory (file.py:make_model) and the file as --weights"
+    )

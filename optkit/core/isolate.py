@@ -1,0 +1,70 @@
+"""Run a measurement in a child process, so a runtime that aborts cannot take optkit down."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import sys
+import traceback
+from typing import Any, Callable
+
+from optkit.core.errors import OptkitError, PassError
+
+_HEAVY = ("torch", "tensorflow")
+
+
+def run_isolated(fn: Callable[..., Any], *args: Any, what: str, **kwargs: Any) -> Any:
+    """Call fn(*args, **kwargs) in a child process and return its result.
+
+    A child that dies (segfault, abort, out of memory) becomes a PassError (exit 3) naming `what`.
+    Set OPTKIT_ISOLATE=0 to run in-process (debugging).
+    """
+    if os.environ.get("OPTKIT_ISOLATE", "1") == "0":
+        return fn(*args, **kwargs)
+    # fork is fast and safe while no framework with its own threads is loaded; else spawn
+    method = "spawn" if any(m in sys.modules for m in _HEAVY) else "fork"
+    ctx = mp.get_context(method)
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(send, fn, args, kwargs), daemon=True)
+    proc.start()
+    send.close()
+    try:
+        status, payload = recv.recv()
+    except EOFError:
+        proc.join()
+        raise PassError(f"the runtime crashed while {what} ({_describe(proc.exitcode)}); "
+                        "the model is probably malformed or unsupported") from None
+    except BaseException:
+        proc.terminate()
+        proc.join()
+        raise
+    proc.join()
+    if status == "ok":
+        return payload
+    if isinstance(payload, OptkitError):
+        raise payload
+    message, tb = payload
+    err = PassError(f"{what} failed: {message}")
+    err.details["traceback"] = tb
+    raise err
+
+
+def _child(send, fn, args, kwargs) -> None:
+    try:
+        result = ("ok", fn(*args, **kwargs))
+    except OptkitError as e:
+        result = ("err", e)
+    except BaseException as e:  # anything else crosses as text: it may not pickle
+        result = ("exc", (f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}",
+                          traceback.format_exc()))
+    send.send(result)
+    send.close()
+
+
+def _describe(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"

@@ -1,0 +1,89 @@
+"""`optkit inspect`: what a model is — format, inputs/outputs, opset, op histogram, parameters, size."""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from optkit.core.artifact import Artifact
+from optkit.core.errors import UsageError
+from optkit.core.formats import Format
+from optkit.core.isolate import run_isolated
+from optkit.measure.size import measure_size
+
+
+def inspect_model(artifact: Artifact) -> dict[str, Any]:
+    info: dict[str, Any] = {"path": artifact.path, "format": artifact.format.value, "sha256": artifact.sha256}
+    if artifact.format == Format.ONNX:
+        info.update(_inspect_onnx(artifact))
+    else:
+        info.update(run_isolated(_inspect_runtime, artifact, what=f"inspecting {artifact.path}"))
+    return info
+
+
+def _inspect_onnx(artifact: Artifact) -> dict[str, Any]:
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    try:
+        model = onnx.load(artifact.path, load_external_data=False)
+    except (DecodeError, OSError, ValueError, RuntimeError) as e:
+        raise UsageError(f"cannot read {artifact.path} as ONNX: {str(e).strip().splitlines()[0] or type(e).__name__}; "
+                         "the file is corrupt or truncated") from None
+    if not model.graph.node and not model.graph.output:
+        raise UsageError(f"cannot read {artifact.path} as ONNX: the file holds no graph (corrupt or not ONNX)")
+    ops: Counter = Counter()
+    _count_ops(model.graph, ops)
+    return {
+        "inputs": _onnx_io(model.graph.input, {i.name for i in model.graph.initializer}),
+        "outputs": _onnx_io(model.graph.output, set()),
+        "opset": {imp.domain or "ai.onnx": imp.version for imp in model.opset_import},
+        "ir_version": model.ir_version,
+        "producer": f"{model.producer_name} {model.producer_version}".strip(),
+        "nodes": sum(ops.values()),
+        "ops": dict(ops.most_common()),
+        "size": measure_size(artifact),
+    }
+
+
+def _count_ops(graph, ops: Counter) -> None:
+    for node in graph.node:
+        ops[node.op_type if not node.domain or node.domain == "ai.onnx" else f"{node.domain}.{node.op_type}"] += 1
+        for attr in node.attribute:
+            if attr.HasField("g"):
+                _count_ops(attr.g, ops)
+            for g in attr.graphs:
+                _count_ops(g, ops)
+
+
+def _onnx_io(values, initializers: set) -> list[dict]:
+    from onnx import helper
+
+    out = []
+    for v in values:
+        if v.name in initializers:
+            continue
+        t = v.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in t.shape.dim]
+        out.append({"name": v.name, "shape": shape, "dtype": helper.tensor_dtype_to_np_dtype(t.elem_type).name
+                    if t.elem_type else "unknown"})
+    return out
+
+
+def _inspect_runtime(artifact: Artifact) -> dict[str, Any]:
+    from optkit.runtimes.base import open_session
+
+    session = open_session(artifact)
+    info: dict[str, Any] = {
+        "runtime": session.runtime,
+        "inputs": [s.to_dict() for s in session.inputs],
+        "outputs": [s.to_dict() for s in session.outputs],
+        "size": measure_size(artifact),
+    }
+    count = getattr(session, "parameter_count", None)
+    if count is not None and count() is not None:
+        info["size"]["parameters"] = count()
+    ops = getattr(session, "op_histogram", None)
+    if ops is not None:
+        info["ops"] = ops()
+        info["nodes"] = sum(info["ops"].values())
+    return info

@@ -1,0 +1,219 @@
+"""Labelled and unlabelled data: .npz files, image folders and MNIST-style IDX files."""
+from __future__ import annotations
+
+import gzip
+import struct
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from optkit.core.errors import UsageError
+from optkit.core.shapes import format_shape
+
+LABELS = "labels"
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".ppm", ".pgm"}
+
+
+class Preprocess(BaseModel):
+    """How to turn image files (or IDX images) into model inputs."""
+
+    model_config = ConfigDict(extra="forbid")
+    resize: int | tuple[int, int] | None = None   # shorter side, or (height, width)
+    center_crop: int | tuple[int, int] | None = None
+    scale: float = 1 / 255                        # multiply uint8 pixels by this
+    mean: list[float] | None = None               # after scaling, per channel
+    std: list[float] | None = None
+    color: Literal["rgb", "bgr", "gray"] = "rgb"
+    layout: Literal["nchw", "nhwc"] = "nchw"
+    dtype: str = "float32"
+
+
+@dataclass
+class Dataset:
+    """Arrays with a leading sample axis. The key "" holds unnamed data, bound to a single-input model."""
+
+    arrays: dict[str, np.ndarray]
+    labels: np.ndarray | None = None
+    source: str = ""
+    classes: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(next(iter(self.arrays.values())))
+
+    def subset(self, n: int | None, seed: int = 0) -> "Dataset":
+        """A deterministic sample of n items (all of them when n is None or >= len)."""
+        if n is None or n >= len(self):
+            return self
+        idx = np.sort(np.random.default_rng(seed).choice(len(self), size=n, replace=False))
+        return Dataset({k: v[idx] for k, v in self.arrays.items()},
+                       None if self.labels is None else self.labels[idx], self.source, self.classes)
+
+    def bind(self, specs: list) -> dict[str, np.ndarray]:
+        """The arrays keyed by the model's input names, cast to their dtypes and per-sample shapes.
+
+        Per-sample shapes may differ from the model's only by dims of size 1 (e.g. [28,28] feeds [1,28,28]).
+        """
+        names = [s.name for s in specs]
+        if set(self.arrays) == {""}:
+            if len(specs) != 1:
+                raise UsageError(f"{self.source} holds one unnamed array but the model has {len(specs)} inputs "
+                                 f"({', '.join(names)}); use an .npz with one array per input")
+            named = {names[0]: self.arrays[""]}
+        else:
+            missing = [n for n in names if n not in self.arrays]
+            if missing:
+                raise UsageError(
+                    f"{self.source} has arrays {', '.join(sorted(self.arrays))} but the model's inputs are "
+                    f"{', '.join(names)}; name the arrays after the inputs (missing: {', '.join(missing)})"
+                )
+            named = {n: self.arrays[n] for n in names}
+        return {s.name: _fit(named[s.name], s, self.source) for s in specs}
+
+
+def _fit(arr: np.ndarray, spec, source: str) -> np.ndarray:
+    if spec.shape is None:
+        return arr.astype(np.dtype(spec.dtype)) if arr.dtype != np.dtype(spec.dtype) else arr
+    want = list(spec.shape[1:])
+    have = list(arr.shape[1:])
+    fixed = [d for d in want if isinstance(d, int) and d > 0]
+    if len(want) != len(have) or any(isinstance(w, int) and w > 0 and w != h for w, h in zip(want, have)):
+        squeezed = [d for d in have if d != 1]
+        if all(isinstance(d, int) and d > 0 for d in want) and squeezed == [d for d in fixed if d != 1]:
+            arr = arr.reshape((arr.shape[0], *want))
+        else:
+            raise UsageError(
+                f"data for input {spec.name!r} from {source} has per-sample shape {format_shape(have)} "
+                f"but the model expects {format_shape(want)}"
+            )
+    dtype = np.dtype(spec.dtype) if spec.dtype != "bfloat16" else np.float32
+    if arr.dtype != dtype:
+        if np.issubdtype(arr.dtype, np.floating) and not np.issubdtype(dtype, np.floating) and dtype != np.bool_:
+            if dtype.kind in "iu" and arr.size and not np.allclose(arr, np.round(arr)):
+                raise UsageError(f"data for input {spec.name!r} is float but the model expects {dtype.name}")
+        arr = arr.astype(dtype)
+    return arr
+
+
+def load_dataset(spec: str | Path, preprocess: Preprocess | dict[str, Any] | None = None,
+                 labels: str | Path | None = None) -> Dataset:
+    """Load .npz, an image folder (class = sub-folder) or IDX images (labels from `labels` or a sibling file)."""
+    path = Path(spec)
+    pre = preprocess if isinstance(preprocess, Preprocess) else Preprocess(**(preprocess or {}))
+    if not path.exists():
+        raise UsageError(f"data {path} not found")
+    if path.is_dir():
+        return _image_folder(path, pre)
+    name = path.name.lower()
+    if name.endswith(".npz"):
+        return _npz(path)
+    if "idx" in name or name.endswith(("-ubyte", "-ubyte.gz")):
+        return _idx_dataset(path, labels, pre)
+    raise UsageError(f"cannot read data {path}: expected an .npz, an image folder or IDX (-ubyte) files")
+
+
+def _npz(path: Path) -> Dataset:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
+        raise UsageError(f"cannot read {path} as .npz: {e}") from None
+    labels = arrays.pop(LABELS, None)
+    if not arrays:
+        raise UsageError(f"{path} holds no input arrays (only {LABELS!r})")
+    lengths = {k: len(v) for k, v in arrays.items()}
+    if labels is not None:
+        lengths[LABELS] = len(labels)
+    if len(set(lengths.values())) != 1:
+        raise UsageError(f"arrays in {path} have different sample counts: {lengths}")
+    return Dataset(arrays, labels, str(path))
+
+
+def read_idx(path: Path) -> np.ndarray:
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            data = f.read()
+        zero, dtype_code, ndim = struct.unpack(">HBB", data[:4])
+        dims = struct.unpack(f">{ndim}I", data[4:4 + 4 * ndim])
+    except (OSError, struct.error, EOFError) as e:
+        raise UsageError(f"cannot read {path} as an IDX file: {e}") from None
+    dtypes = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+    if zero != 0 or dtype_code not in dtypes:
+        raise UsageError(f"{path} is not an IDX file (bad magic number)")
+    arr = np.frombuffer(data, dtype=dtypes[dtype_code], offset=4 + 4 * ndim)
+    if arr.size != int(np.prod(dims)):
+        raise UsageError(f"{path} is truncated: header says {dims}, found {arr.size} values")
+    return arr.reshape(dims)
+
+
+def _idx_dataset(path: Path, labels: str | Path | None, pre: Preprocess) -> Dataset:
+    images = read_idx(path)
+    if labels is None:  # t10k-images-idx3-ubyte(.gz) -> t10k-labels-idx1-ubyte(.gz)
+        guess = path.with_name(path.name.replace("images-idx3", "labels-idx1"))
+        labels = guess if guess != path and guess.exists() else None
+    y = read_idx(Path(labels)).astype(np.int64) if labels else None
+    if y is not None and len(y) != len(images):
+        raise UsageError(f"{labels} has {len(y)} labels for {len(images)} images")
+    x = images.astype(np.float32) * pre.scale
+    if pre.mean is not None:
+        x = (x - np.float32(pre.mean[0])) / np.float32((pre.std or [1.0])[0])
+    return Dataset({"": x.astype(pre.dtype)}, y, str(path))
+
+
+def _image_folder(path: Path, pre: Preprocess) -> Dataset:
+    from PIL import Image
+
+    classes = sorted(d.name for d in path.iterdir() if d.is_dir())
+    if not classes:
+        raise UsageError(f"{path} is a folder without class sub-folders (expected {path}/<class>/<image>)")
+    xs, ys = [], []
+    for label, cls in enumerate(classes):
+        for f in sorted((path / cls).iterdir()):
+            if f.suffix.lower() not in IMAGE_SUFFIXES:
+                continue
+            try:
+                with Image.open(f) as im:
+                    xs.append(_prepare(im, pre))
+            except OSError as e:
+                raise UsageError(f"cannot read image {f}: {e}") from None
+            ys.append(label)
+    if not xs:
+        raise UsageError(f"no images found under {path}")
+    shapes = {x.shape for x in xs}
+    if len(shapes) > 1:
+        raise UsageError(f"images under {path} have different sizes {sorted(shapes)}; set resize and center_crop")
+    return Dataset({"": np.stack(xs)}, np.array(ys, dtype=np.int64), str(path), classes)
+
+
+def _prepare(im, pre: Preprocess) -> np.ndarray:
+    from PIL import Image
+
+    im = im.convert("L" if pre.color == "gray" else "RGB")
+    if pre.resize is not None:
+        if isinstance(pre.resize, int):  # shorter side
+            w, h = im.size
+            s = pre.resize / min(w, h)
+            im = im.resize((max(1, round(w * s)), max(1, round(h * s))), Image.BILINEAR)
+        else:
+            im = im.resize((pre.resize[1], pre.resize[0]), Image.BILINEAR)
+    if pre.center_crop is not None:
+        ch, cw = (pre.center_crop, pre.center_crop) if isinstance(pre.center_crop, int) else pre.center_crop
+        w, h = im.size
+        left, top = (w - cw) // 2, (h - ch) // 2
+        im = im.crop((left, top, left + cw, top + ch))
+    x = np.asarray(im, dtype=np.float32) * pre.scale
+    if x.ndim == 2:
+        x = x[:, :, None]
+    if pre.color == "bgr":
+        x = x[:, :, ::-1]
+    if pre.mean is not None:
+        x = x - np.asarray(pre.mean, dtype=np.float32)
+    if pre.std is not None:
+        x = x / np.asarray(pre.std, dtype=np.float32)
+    if pre.layout == "nchw":
+        x = x.transpose(2, 0, 1)
+    return np.ascontiguousarray(x, dtype=pre.dtype)

@@ -1,0 +1,50 @@
+"""Latency: warm-up, then timed runs (a count or a duration), reported as percentiles."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+
+def measure_latency(session, feeds: dict[str, np.ndarray], *, warmup: int = 10, runs: int | None = 100,
+                    duration: float | None = None, batch: int = 1, progress=None) -> dict:
+    """Time session.run(feeds). With `duration`, run until that many seconds have passed (at least 5 runs)."""
+    run = session.run
+    device_timer = session.timer()
+    for _ in range(warmup):
+        run(feeds)
+    times: list[float] = []
+    start = time.perf_counter()
+    target = runs if duration is None else None
+    while True:
+        if device_timer is not None:
+            times.append(device_timer(lambda: run(feeds)))
+        else:
+            t0 = time.perf_counter()
+            run(feeds)
+            times.append(time.perf_counter() - t0)
+        if progress:
+            progress(len(times))
+        if target is not None and len(times) >= target:
+            break
+        if duration is not None and time.perf_counter() - start >= duration and len(times) >= 5:
+            break
+    return summarize(times, batch=batch, warmup=warmup, threads=session.threads, provider=session.provider)
+
+
+def summarize(times_s: list[float], *, batch: int = 1, **extra) -> dict:
+    ms = np.asarray(times_s) * 1e3
+    mean = float(ms.mean())
+    return {
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p90_ms": float(np.percentile(ms, 90)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "mean_ms": mean,
+        "std_ms": float(ms.std()),
+        "min_ms": float(ms.min()),
+        "max_ms": float(ms.max()),
+        "runs": len(ms),
+        "batch": batch,
+        "throughput_per_s": batch * 1e3 / mean if mean > 0 else None,
+        **extra,
+    }

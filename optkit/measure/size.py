@@ -1,0 +1,63 @@
+"""Size: bytes on disk, gzip bytes (so sparsity shows), parameters and initializer bytes."""
+from __future__ import annotations
+
+import gzip
+import io
+import tarfile
+from pathlib import Path
+
+import numpy as np
+
+from optkit.core.artifact import Artifact
+from optkit.core.formats import Format
+
+
+def measure_size(artifact: Artifact) -> dict:
+    result = {"bytes": artifact.size_bytes(), "gzip_bytes": gzip_bytes(artifact)}
+    result["size_mb"] = result["bytes"] / 1e6
+    if artifact.format == Format.ONNX:
+        result.update(onnx_parameters(artifact.path))
+    return result
+
+
+def gzip_bytes(artifact: Artifact) -> int | None:
+    p = Path(artifact.path)
+    if artifact.format == Format.TORCH_MODULE:
+        weights = artifact.meta.get("weights")
+        if not weights:
+            return None
+        p = Path(weights)
+    if p.is_dir():
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=9) as tar:
+            tar.add(p, arcname=p.name)
+        return buf.tell()
+    return len(gzip.compress(p.read_bytes(), compresslevel=9, mtime=0))
+
+
+def onnx_parameters(path: str) -> dict:
+    """Parameters and initializer bytes of an ONNX model (external data included, when present)."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(path, load_external_data=True)
+    params = 0
+    nbytes = 0
+    nonzero = 0
+    for init in _all_initializers(model.graph):
+        arr = numpy_helper.to_array(init)
+        params += arr.size
+        nbytes += arr.nbytes
+        nonzero += int(np.count_nonzero(arr)) if arr.dtype != object else arr.size
+    return {"parameters": params, "initializer_bytes": nbytes,
+            "sparsity": (1 - nonzero / params) if params else 0.0}
+
+
+def _all_initializers(graph):
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.g is not None and attr.g.ByteSize():
+                yield from _all_initializers(attr.g)
+            for g in attr.graphs:
+                yield from _all_initializers(g)

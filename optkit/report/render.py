@@ -1,0 +1,62 @@
+"""Renderers: the console (rich), Markdown (pull-request comments, $GITHUB_STEP_SUMMARY) and JSON."""
+from __future__ import annotations
+
+from optkit.report.schema import Report
+from optkit.report.table import COLUMNS, gate_rows, stage_rows
+
+
+def to_console(report: Report, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    table = Table(title=report.command or "optkit report", title_justify="left")
+    for col in COLUMNS:
+        table.add_column(col, justify="right" if col not in ("stage", "format", "accuracy", "fidelity") else "left")
+    for row in stage_rows(report):
+        table.add_row(*(row[c] for c in COLUMNS))
+    console.print(table)
+    for stage in report.stages:
+        for note in stage.notes:
+            console.print(f"[dim]{stage.name}: {note}[/dim]")
+        for warning in stage.warnings:
+            console.print(f"[bold yellow]warning[/bold yellow] {stage.name}: {warning}")
+    if report.gates:
+        gates = Table(title="gates", title_justify="left")
+        for col in ("gate", "value", "threshold", "margin", "verdict"):
+            gates.add_column(col)
+        for row in gate_rows(report):
+            style = "green" if row["verdict"] == "pass" else "bold red"
+            gates.add_row(row["gate"], row["value"], row["threshold"], row["margin"],
+                          f"[{style}]{row['verdict']}[/{style}]")
+        console.print(gates)
+
+
+def to_markdown(report: Report) -> str:
+    lines = [f"### optkit: {report.command or 'report'}", ""]
+    lines.append("| " + " | ".join(COLUMNS) + " |")
+    lines.append("|" + "|".join("---" if c in ("stage", "format", "accuracy", "fidelity") else "---:"
+                                for c in COLUMNS) + "|")
+    for row in stage_rows(report):
+        lines.append("| " + " | ".join(row[c].replace("|", "\\|") for c in COLUMNS) + " |")
+    notes = [f"- **{s.name}**: {n}" for s in report.stages for n in s.notes]
+    warnings = [f"- :warning: **{s.name}**: {w}" for s in report.stages for w in s.warnings]
+    if notes or warnings:
+        lines += ["", *warnings, *notes]
+    if report.gates:
+        failed = sum(not g.passed for g in report.gates)
+        verdict = f"**{failed} of {len(report.gates)} gates failed**" if failed else \
+            f"all {len(report.gates)} gates passed"
+        lines += ["", f"#### Gates: {verdict}", "", "| gate | value | threshold | margin | verdict |",
+                  "|---|---:|---:|---:|---|"]
+        for row in gate_rows(report):
+            mark = ":white_check_mark: pass" if row["verdict"] == "pass" else ":x: FAIL"
+            lines.append(f"| {row['gate']} | {row['value']} | {row['threshold']} | {row['margin']} | {mark} |")
+    versions = ", ".join(f"{k} {v}" for k, v in report.versions.items())
+    lines += ["", f"<sub>{report.machine.get('processor', '')}, {report.machine.get('cpu_count')} cores; "
+              f"{versions}</sub>", ""]
+    return "\n".join(lines)
+
+
+def to_json(report: Report) -> str:
+    return report.to_json()

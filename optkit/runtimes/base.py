@@ -1,0 +1,104 @@
+"""The runtime contract: load one format, describe its inputs and outputs, run it."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import numpy as np
+
+from optkit.core.artifact import Artifact
+from optkit.core.errors import UsageError
+from optkit.core.formats import Format
+
+
+@dataclass
+class TensorSpec:
+    name: str
+    shape: list | None   # ints; None or a string for a dynamic dim; None for an unknown rank
+    dtype: str           # numpy dtype name, e.g. "float32"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def dynamic(self) -> bool:
+        return self.shape is None or any(not (isinstance(d, int) and d > 0) for d in self.shape)
+
+
+class Session:
+    """A loaded model. Subclasses fill `inputs`, `outputs`, `runtime`, `provider` and implement `run`."""
+
+    runtime: str = ""
+    provider: str = "cpu"
+    threads: int | None = None
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+
+    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        raise NotImplementedError
+
+    def timer(self) -> Callable[[Callable[[], object]], float] | None:
+        """A device timer (seconds for one call) where wall-clock time would be wrong, e.g. CUDA events."""
+        return None
+
+    def check_feeds(self, feeds: dict[str, np.ndarray]) -> None:
+        names = [s.name for s in self.inputs]
+        missing = [n for n in names if n not in feeds]
+        extra = [n for n in feeds if n not in names]
+        if missing or extra:
+            raise UsageError(
+                f"inputs do not match the model: it expects {', '.join(names)}"
+                + (f"; missing {', '.join(missing)}" if missing else "")
+                + (f"; unexpected {', '.join(extra)}" if extra else "")
+            )
+        for spec in self.inputs:
+            arr = feeds[spec.name]
+            if spec.shape is not None and len(arr.shape) != len(spec.shape) or any(
+                isinstance(d, int) and d > 0 and d != a for d, a in zip(spec.shape, arr.shape)
+            ):
+                from optkit.core.shapes import format_shape
+
+                raise UsageError(
+                    f"input {spec.name!r} has shape {format_shape(arr.shape)} but the model expects "
+                    f"{format_shape(spec.shape)}"
+                )
+
+    def close(self) -> None:
+        pass
+
+
+def open_session(artifact: Artifact, provider: str = "cpu", threads: int | None = None) -> Session:
+    """Load `artifact` on its own runtime."""
+    fmt = artifact.format
+    if fmt == Format.ONNX:
+        from optkit.runtimes.onnx import OnnxSession
+
+        return OnnxSession(artifact, provider=provider, threads=threads)
+    if provider not in ("cpu", "auto") and fmt != Format.TRT_ENGINE:
+        raise UsageError(f"--provider {provider} applies to ONNX models; {artifact.path} is {fmt.value}")
+    if fmt == Format.TFLITE:
+        from optkit.runtimes.tflite import TFLiteSession
+
+        return TFLiteSession(artifact, threads=threads)
+    if fmt in (Format.TORCHSCRIPT, Format.TORCH_EXPORT, Format.TORCH_MODULE):
+        from optkit.runtimes.torch import TorchSession
+
+        return TorchSession(artifact, threads=threads)
+    if fmt in (Format.KERAS, Format.TF_SAVEDMODEL):
+        from optkit.runtimes.tf import TFSession
+
+        return TFSession(artifact, threads=threads)
+    if fmt == Format.TRT_ENGINE:
+        from optkit.runtimes.tensorrt import TensorRTSession
+
+        return TensorRTSession(artifact)
+    raise UsageError(f"no runtime for format {fmt.value}")
+
+
+DTYPES = {
+    "tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
+    "tensor(bfloat16)": "bfloat16",
+    "tensor(int8)": "int8", "tensor(uint8)": "uint8", "tensor(int16)": "int16", "tensor(uint16)": "uint16",
+    "tensor(int32)": "int32", "tensor(int64)": "int64", "tensor(uint32)": "uint32", "tensor(uint64)": "uint64",
+    "tensor(bool)": "bool",
+}

@@ -1,0 +1,65 @@
+"""onnxruntime: CPU, and the CUDA / TensorRT providers where onnxruntime-gpu is installed."""
+from __future__ import annotations
+
+import numpy as np
+
+from optkit.core.artifact import Artifact
+from optkit.core.errors import DependencyError, UsageError
+from optkit.runtimes.base import DTYPES, Session, TensorSpec
+
+PROVIDERS = {
+    "cpu": ["CPUExecutionProvider"],
+    "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+    "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"],
+}
+
+
+def session_options(threads: int | None = None, optimize: bool = True):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if threads:
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+    if not optimize:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return so
+
+
+class OnnxSession(Session):
+    runtime = "onnxruntime"
+
+    def __init__(self, artifact: Artifact, provider: str = "cpu", threads: int | None = None):
+        import onnxruntime as ort
+
+        if provider == "auto":
+            provider = "cuda" if "CUDAExecutionProvider" in ort.get_available_providers() else "cpu"
+        if provider not in PROVIDERS:
+            raise UsageError(f"unknown provider {provider!r}; choose one of {', '.join(PROVIDERS)}")
+        wanted = PROVIDERS[provider][0]
+        if wanted not in ort.get_available_providers():
+            raise DependencyError(
+                f"onnxruntime here has no {wanted}; install onnxruntime-gpu (and TensorRT for 'tensorrt') "
+                "on a machine with an NVIDIA GPU"
+            )
+        try:
+            self.sess = ort.InferenceSession(
+                artifact.path, sess_options=session_options(threads), providers=PROVIDERS[provider]
+            )
+        except Exception as e:  # onnxruntime raises several exception types for unreadable models
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UsageError(f"cannot load {artifact.path} with onnxruntime: {first}") from None
+        self.provider = provider
+        self.threads = threads
+        self.inputs = [_spec(i) for i in self.sess.get_inputs()]
+        self.outputs = [_spec(o) for o in self.sess.get_outputs()]
+        self._names = [o.name for o in self.outputs]
+
+    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        return self.sess.run(self._names, feeds)
+
+
+def _spec(arg) -> TensorSpec:
+    shape = [d if isinstance(d, int) and d > 0 else (d if isinstance(d, str) else None) for d in (arg.shape or [])]
+    return TensorSpec(arg.name, shape, DTYPES.get(arg.type, arg.type))

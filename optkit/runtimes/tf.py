@@ -1,0 +1,109 @@
+"""TensorFlow: Keras models (.keras, .h5) and SavedModel folders."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from optkit.core.artifact import Artifact
+from optkit.core.errors import UsageError
+from optkit.core.formats import Format
+from optkit.core.registry import require_extra
+from optkit.runtimes.base import Session, TensorSpec
+
+
+def import_tf():
+    """Import TensorFlow with the legacy Keras (tf-keras), which TF-MOT and tf2onnx need."""
+    require_extra("tf", "TensorFlow models")
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    import tensorflow as tf
+
+    tf.get_logger().setLevel("ERROR")
+    return tf
+
+
+def load_keras(path: str):
+    """Load a .keras/.h5 model with tf-keras, falling back to Keras 3 for Keras 3 archives."""
+    import_tf()
+    import tf_keras
+
+    try:
+        return tf_keras.models.load_model(path, compile=False)
+    except Exception as legacy_error:
+        try:
+            import keras
+
+            return keras.models.load_model(path, compile=False)
+        except Exception:
+            first = str(legacy_error).strip().splitlines()[0] if str(legacy_error).strip() else type(legacy_error).__name__
+            raise UsageError(f"cannot load {path} as a Keras model: {first}") from None
+
+
+def load_signature(path: str, signature: str | None = None):
+    """A SavedModel's concrete function: the named signature, or the only / serving_default one."""
+    tf = import_tf()
+    try:
+        loaded = tf.saved_model.load(path)
+    except Exception as e:
+        raise UsageError(f"cannot load SavedModel {path}: {str(e).strip().splitlines()[0]}") from None
+    sigs = dict(loaded.signatures)
+    if not sigs:
+        raise UsageError(f"SavedModel {path} has no signatures; re-save it with a serving signature")
+    if signature is None:
+        if len(sigs) == 1:
+            signature = next(iter(sigs))
+        elif "serving_default" in sigs:
+            signature = "serving_default"
+        else:
+            raise UsageError(f"SavedModel {path} has signatures {', '.join(sigs)}; choose one with --signature")
+    if signature not in sigs:
+        raise UsageError(f"SavedModel {path} has no signature {signature!r} (it has {', '.join(sigs)})")
+    return loaded, sigs[signature], signature
+
+
+def _spec_shape(shape) -> list:
+    return [int(d) if d is not None else None for d in shape]
+
+
+class TFSession(Session):
+    runtime = "tensorflow"
+
+    def __init__(self, artifact: Artifact, threads: int | None = None):
+        tf = import_tf()
+        if threads:
+            try:
+                tf.config.threading.set_intra_op_parallelism_threads(threads)
+                tf.config.threading.set_inter_op_parallelism_threads(1)
+            except RuntimeError:
+                pass  # already initialised in this process
+        self.threads = threads
+        self._tf = tf
+        if artifact.format == Format.KERAS:
+            self.model = load_keras(artifact.path)
+            self.inputs = [TensorSpec(t.name.split(":")[0], _spec_shape(t.shape), t.dtype.name)
+                           for t in self.model.inputs]
+            self._fn = tf.function(lambda *xs: self.model(list(xs) if len(xs) > 1 else xs[0], training=False))
+            self._keyword = False
+            self.outputs = [TensorSpec(n, _spec_shape(t.shape), t.dtype.name)
+                            for n, t in zip(self.model.output_names, self.model.outputs)]
+        else:
+            self._loaded, self._fn, self.signature = load_signature(artifact.path, artifact.meta.get("signature"))
+            args = self._fn.structured_input_signature[1]
+            self.inputs = [TensorSpec(name, _spec_shape(spec.shape), spec.dtype.name)
+                           for name, spec in sorted(args.items())]
+            outs = self._fn.structured_outputs
+            self.outputs = [TensorSpec(name, _spec_shape(t.shape), t.dtype.name) for name, t in sorted(outs.items())]
+            self._keyword = True
+
+    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        if self._keyword:
+            out = self._fn(**{k: self._tf.constant(v) for k, v in feeds.items()})
+            return [out[s.name].numpy() for s in self.outputs]
+        out = self._fn(*[self._tf.constant(feeds[s.name]) for s in self.inputs])
+        out = out if isinstance(out, (list, tuple)) else [out]
+        return [o.numpy() for o in out]
+
+    def parameter_count(self) -> int | None:
+        model = getattr(self, "model", None)
+        return int(model.count_params()) if model is not None else None

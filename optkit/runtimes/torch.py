@@ -1,0 +1,196 @@
+"""PyTorch: TorchScript (.pt), ExportedProgram (.pt2) and Python factories (file.py:make_model)."""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from optkit.core.artifact import Artifact
+from optkit.core.errors import UsageError
+from optkit.core.formats import Format, split_factory
+from optkit.core.registry import require_extra
+from optkit.runtimes.base import Session, TensorSpec
+
+
+def load_factory(spec: str):
+    """Import `file.py:attr` or `pkg.mod:attr` and return (attr, its module). Runs user code: the user named it."""
+    target, attr = split_factory(spec)
+    try:
+        if target.endswith(".py"):
+            path = Path(target).resolve()
+            name = f"optkit_user_{path.stem}"
+            mod_spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(mod_spec)
+            sys.modules[name] = module
+            sys.path.insert(0, str(path.parent))
+            try:
+                mod_spec.loader.exec_module(module)
+            finally:
+                sys.path.remove(str(path.parent))
+        else:
+            module = importlib.import_module(target)
+    except UsageError:
+        raise
+    except Exception as e:
+        raise UsageError(f"importing {target} failed: {type(e).__name__}: {e}") from None
+    fn = getattr(module, attr, None)
+    if fn is None or not callable(fn):
+        raise UsageError(f"{target} has no callable {attr!r}")
+    return fn, module
+
+
+def load_torch_model(artifact: Artifact):
+    """The torch.nn.Module (eval mode) behind a torch artifact, and its example inputs if it declares any."""
+    require_extra("torch", "loading a PyTorch model")
+    import torch
+
+    examples = None
+    if artifact.format == Format.TORCHSCRIPT:
+        try:
+            model = torch.jit.load(artifact.path, map_location="cpu")
+        except Exception as e:
+            raise UsageError(f"cannot load {artifact.path} as TorchScript: {str(e).splitlines()[0]}") from None
+    elif artifact.format == Format.TORCH_EXPORT:
+        try:
+            ep = torch.export.load(artifact.path)
+        except Exception as e:
+            raise UsageError(f"cannot load {artifact.path} as a torch.export program: {str(e).splitlines()[0]}") from None
+        model = ep.module()
+        examples = _example_from_program(ep)
+    else:
+        factory, module = load_factory(artifact.path)
+        try:
+            model = factory()
+        except Exception as e:
+            raise UsageError(f"model factory {artifact.path} raised {type(e).__name__}: {e}") from None
+        if not isinstance(model, torch.nn.Module):
+            raise UsageError(f"model factory {artifact.path} returned {type(model).__name__}, not a torch.nn.Module")
+        weights = artifact.meta.get("weights")
+        if weights:
+            load_weights(model, weights)
+        ex = getattr(module, "example_inputs", None)
+        examples = tuple(ex()) if callable(ex) else None
+    if hasattr(model, "eval") and artifact.format != Format.TORCH_EXPORT:
+        model.eval()
+    return model, examples
+
+
+def load_weights(model, weights: str) -> None:
+    import pickle
+
+    import torch
+
+    if not Path(weights).is_file():
+        raise UsageError(f"weights file {weights} not found")
+    try:
+        state = torch.load(weights, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise UsageError(f"{weights} is not a plain state dict (it holds pickled objects); "
+                         "save model.state_dict() instead") from None
+    except Exception as e:
+        raise UsageError(f"cannot read weights {weights}: {str(e).splitlines()[0]}") from None
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict):
+        raise UsageError(f"{weights} does not hold a state dict")
+    result = model.load_state_dict(state, strict=False)
+    if result.missing_keys or result.unexpected_keys:
+        parts = []
+        if result.missing_keys:
+            parts.append(f"missing {', '.join(result.missing_keys[:3])}" + ("..." if len(result.missing_keys) > 3 else ""))
+        if result.unexpected_keys:
+            parts.append(f"unexpected {', '.join(result.unexpected_keys[:3])}"
+                         + ("..." if len(result.unexpected_keys) > 3 else ""))
+        raise UsageError(f"weights {weights} do not match the model: {'; '.join(parts)}")
+
+
+def _example_from_program(ep):
+    import torch
+
+    specs = [s for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    vals = []
+    for s in specs:
+        node = next(n for n in ep.graph.nodes if n.name == s.arg.name)
+        fake = node.meta.get("val")
+        if fake is None:
+            return None
+        vals.append(fake)
+    return tuple(vals)
+
+
+def _torch_dtype_name(dt) -> str:
+    import torch
+
+    return str(dt).replace("torch.", "") if dt != torch.bool else "bool"
+
+
+class TorchSession(Session):
+    runtime = "torch"
+
+    def __init__(self, artifact: Artifact, threads: int | None = None, shapes: dict | None = None):
+        import torch
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.threads = threads or torch.get_num_threads()
+        self.model, examples = load_torch_model(artifact)
+        self.inputs = _input_specs(artifact, examples, self.model)
+        if self.inputs is None:
+            raise UsageError(
+                f"{artifact.path} does not say what inputs it takes; define example_inputs() next to the factory"
+            )
+        self.outputs = []  # filled on first run
+        self._torch = torch
+
+    def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        torch = self._torch
+        args = [torch.from_numpy(np.ascontiguousarray(feeds[s.name])) for s in self.inputs]
+        with torch.inference_mode():
+            out = self.model(*args)
+        flat = _flatten(out)
+        if not self.outputs:
+            self.outputs = [TensorSpec(f"output_{i}" if len(flat) > 1 else "output", list(t.shape),
+                                       _torch_dtype_name(t.dtype)) for i, t in enumerate(flat)]
+        return [t.detach().cpu().numpy() for t in flat]
+
+    def parameter_count(self) -> int | None:
+        params = getattr(self.model, "parameters", None)
+        return sum(p.numel() for p in params()) if params else None
+
+
+def _flatten(out) -> list:
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in _flatten(o)]
+    if isinstance(out, dict):
+        return [t for v in out.values() for t in _flatten(v)]
+    return [out]
+
+
+def _input_specs(artifact: Artifact, examples, model=None) -> list[TensorSpec] | None:
+    if artifact.format == Format.TORCH_EXPORT and examples is not None:
+        ep_specs = []
+        for i, t in enumerate(examples):
+            shape = [int(d) if str(d).isdigit() else None for d in t.shape]
+            ep_specs.append(TensorSpec(_input_name(artifact, i, len(examples)), shape, _torch_dtype_name(t.dtype)))
+        return ep_specs
+    if examples is not None:
+        return [TensorSpec(_input_name(artifact, i, len(examples)), [None, *list(t.shape)[1:]],
+                           _torch_dtype_name(t.dtype)) for i, t in enumerate(examples)]
+    if artifact.format == Format.TORCHSCRIPT:  # names are known, shapes are not (shape None)
+        return [TensorSpec(_input_name(artifact, i, n), None, "float32") for i in range(n)] if (n := _arity(model)) else None
+    return None
+
+
+def _arity(model) -> int:
+    graph = getattr(model, "graph", None)
+    return len(list(graph.inputs())) - 1 if graph is not None else 0  # minus `self`
+
+
+def _input_name(artifact: Artifact, i: int, n: int) -> str:
+    names = artifact.meta.get("input_names")
+    if names and len(names) == n:
+        return names[i]
+    return "input" if n == 1 else f"input_{i}"
