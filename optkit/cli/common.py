@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from optkit.core.atomic import check_output_path
 from optkit.core.errors import EXIT_INTERRUPTED, EXIT_PASS, OptkitError
 
 
@@ -80,21 +81,48 @@ def load_artifact(model: str, weights: Optional[str] = None, signature: Optional
 def measure_and_report(artifact, settings, *, command: str, report_path: Optional[str], as_json: bool,
                        **measure_kwargs) -> None:
     """Measure one artifact, wrap it as a one-stage report, print it (table or JSON), save it if asked."""
-    from optkit.core.atomic import check_output_path
     from optkit.measure.model import measure
-    from optkit.report.render import to_console
-    from optkit.report.schema import ArtifactRef, Report, Stage
+    from optkit.report.build import input_stage
+    from optkit.report.schema import Report
 
     if report_path:
         check_output_path(report_path)
-    figures = measure(artifact, settings, **measure_kwargs)
-    report = Report(command=command, stages=[Stage(
-        name="model", output=ArtifactRef(**{k: v for k, v in artifact.to_dict().items() if k in ArtifactRef.model_fields}),
-        config=settings.model_dump(exclude_defaults=True), measurements=figures,
-    )])
+    stage = input_stage(artifact, measure(artifact, settings, **measure_kwargs), name="model")
+    stage.config = settings.model_dump(exclude_defaults=True)
+    emit(Report(command=command, stages=[stage]), report_path, as_json)
+
+
+def emit(report, report_path: Optional[str], as_json: bool) -> None:
+    """Save the report if asked, then print it as JSON or as tables."""
+    from optkit.report.render import to_console
+
     if report_path:
         report.save(report_path)
     if as_json:
         print_json(report.to_json())
     else:
         to_console(report, console())
+
+
+def run_single_stage(pass_name: str, model: str, output: str, config: dict, *, command: str, settings,
+                     weights: Optional[str] = None, eval_data=None, metric: Optional[str] = None,
+                     report_path: Optional[str] = None, as_json: bool = False, measure_input: bool = True,
+                     **ctx_fields):
+    """The machinery of every single-stage command: run one pass, measure input and output, report."""
+    from optkit.core.pipeline import run_pass
+    from optkit.measure.model import measure
+    from optkit.report.build import input_stage, pass_stage
+    from optkit.report.schema import Report
+
+    if report_path:
+        check_output_path(report_path)
+    source = load_artifact(model, weights)
+    result = run_pass(source, pass_name, config, output, shapes=settings.shapes, seed=settings.seed, **ctx_fields)
+    stages = []
+    if measure_input:
+        stages.append(input_stage(source, measure(source, settings, data=eval_data, metric=metric)))
+    figures = measure(result.output, settings, data=eval_data, metric=metric, reference=source)
+    stages.append(pass_stage(result, figures))
+    report = Report(command=command, stages=stages)
+    emit(report, report_path, as_json)
+    return report

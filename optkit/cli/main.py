@@ -24,11 +24,18 @@ def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks on 
     common.STATE.debug = debug
 
 
-def _register() -> None:
-    from optkit.cli import bench, eval as eval_cmd, inspect, passes
+# Command modules in help order; each has register(app). Frameworks are imported inside the commands.
+COMMANDS = ("inspect", "bench", "eval", "passes", "convert", "simplify", "quantize", "prune", "trt",
+            "run", "gate", "report", "recipe")
 
-    for module in (inspect, bench, eval_cmd, passes):
-        module.register(app)
+
+def _register() -> None:
+    import importlib
+    import importlib.util
+
+    for name in COMMANDS:
+        if importlib.util.find_spec(f"optkit.cli.{name}") is not None:
+            importlib.import_module(f"optkit.cli.{name}").register(app)
 
 
 _register()

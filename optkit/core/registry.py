@@ -20,6 +20,7 @@ BUILTIN_MODULES = (
     "optkit.passes.simplify",
     "optkit.passes.quantize",
     "optkit.passes.prune",
+    "optkit.passes.qat",
     "optkit.passes.tflite",
     "optkit.passes.tensorrt",
 )

@@ -1,0 +1,26 @@
+"""Turning artifacts, stage results and measurements into report stages."""
+from __future__ import annotations
+
+from typing import Any
+
+from optkit.core.artifact import Artifact
+from optkit.report.schema import ArtifactRef, Stage
+
+
+def ref(artifact: Artifact) -> ArtifactRef:
+    d = artifact.to_dict()
+    return ArtifactRef(**{k: d[k] for k in ArtifactRef.model_fields})
+
+
+def input_stage(artifact: Artifact, measurements: dict[str, Any], name: str = "input") -> Stage:
+    return Stage(name=name, output=ref(artifact), measurements=measurements)
+
+
+def pass_stage(result, measurements: dict[str, Any]) -> Stage:
+    """A report stage from a pipeline StageResult; figures the pass measured itself are kept too."""
+    return Stage(
+        name=result.name, pass_name=result.pass_name, input=ref(result.input), output=ref(result.output),
+        config=result.config, duration_s=round(result.duration_s, 3), cached=result.cached,
+        notes=list(result.ctx.notes), warnings=list(result.ctx.warnings),
+        measurements={**result.ctx.measurements, **measurements},
+    )

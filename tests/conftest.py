@@ -1,0 +1,61 @@
+"""Shared fixtures: paths to the sample models and real cases, and a way to run the real CLI."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = ROOT / "sample_models"
+REALCASES = ROOT.parent / "shared" / "realcases"
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+@dataclass
+class Result:
+    rc: int
+    out: str
+    err: str
+
+
+def run_cli(*args: str, cwd: Path | None = None, timeout: float = 600) -> Result:
+    """Run `python -m optkit ARGS` as a user would; returns exit code, stdout and stderr."""
+    proc = subprocess.run([sys.executable, "-m", "optkit", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd or ROOT, timeout=timeout, env={**os.environ, "COLUMNS": "200"})
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+@pytest.fixture
+def cli():
+    return run_cli
+
+
+@pytest.fixture(scope="session")
+def samples() -> Path:
+    return SAMPLES
+
+
+@pytest.fixture(scope="session")
+def realcases() -> Path:
+    if not (REALCASES / "mnist.onnx").exists():
+        pytest.skip("../shared/realcases is not present")
+    return REALCASES
+
+
+def one_error_line(result: Result) -> str:
+    """The single error line a failing command prints (no traceback)."""
+    lines = [line for line in result.err.strip().splitlines() if line.strip()]
+    assert "Traceback" not in result.err, result.err
+    assert lines and lines[-1].startswith("error: "), result.err
+    return lines[-1]
+
+
+def no_result_files(folder: Path) -> list[str]:
+    """Files in `folder` (recursively) — used to check that a failed run left nothing behind."""
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
