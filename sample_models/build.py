@@ -110,6 +110,7 @@ def build_torch(d: dict[str, np.ndarray]) -> dict[str, float]:
     torch.save(model.state_dict(), state_path)
     with torch.no_grad():
         acc[state_path.name] = top1(torch_cnn.make_model(state_path)(x_eval).numpy(), y_eval)
+        acc["torch_cnn.py:make_model"] = top1(torch_cnn.make_model()(x_eval).numpy(), y_eval)
 
     # TorchScript.
     ts_path = HERE / "torch_cnn.ts.pt"
@@ -216,29 +217,44 @@ def size_of(path: Path) -> int:
     return path.stat().st_size
 
 
+# Every model file, with its optkit format and input layout.
+MODELS = {
+    "torch_cnn.py:make_model": ("torch-module", "nchw"),
+    "torch_cnn_state.pt": ("torch-state-dict", "nchw"),
+    "torch_cnn.ts.pt": ("torchscript", "nchw"),
+    "torch_cnn.pt2": ("torch-export", "nchw"),
+    "torch_cnn.onnx": ("onnx", "nchw"),
+    "keras_cnn.keras": ("keras", "nhwc"),
+    "keras_cnn.h5": ("keras", "nhwc"),
+    "keras_cnn_savedmodel/": ("tf-savedmodel", "nhwc"),
+    "keras_cnn.tflite": ("tflite", "nhwc"),
+}
+
+
 def main() -> None:
     d = load_splits()
     write_data(d)
     accuracies = {**build_torch(d), **build_keras(d)}
 
     files = {}
-    for name in sorted(p.name + ("/" if p.is_dir() else "") for p in HERE.iterdir()):
-        if name.startswith(("digits_", "torch_cnn", "keras_cnn")) and not name.endswith(".py"):
-            files[name] = {"bytes": size_of(HERE / name.rstrip("/"))}
-            if name in accuracies:
-                files[name]["eval_top1"] = round(accuracies[name], 4)
+    for name in sorted(p.name for p in HERE.glob("digits_*.npz")):
+        files[name] = {"format": "npz", "bytes": size_of(HERE / name)}
+    for name, (fmt, layout) in MODELS.items():
+        path = HERE / name.split(":")[0].rstrip("/")
+        files[name] = {"format": fmt, "input_layout": layout, "bytes": size_of(path),
+                       "eval_top1": round(accuracies[name], 4)}
     manifest = {
         "dataset": "sklearn.datasets.load_digits, pixels / 16, float32",
         "splits": {"train": len(d["x_train"]), "calib": len(d["x_calib"]), "eval": len(d["x_eval"])},
         "seed": SEED,
-        "inputs": {"torch": "input float32 [N,1,8,8] (NCHW)", "keras": "input float32 [N,8,8,1] (NHWC)"},
-        "output": "logits float32 [N,10]",
+        "input": {"name": "input", "nchw": "float32 [N,1,8,8]", "nhwc": "float32 [N,8,8,1]"},
+        "output": {"name": "logits", "shape": "float32 [N,10]"},
         "files": files,
     }
     (HERE / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
 
     for name, info in files.items():
-        print(f"{name:32s} {info['bytes']:>9,d} B  top1={info.get('eval_top1', '-')}")
+        print(f"{name:26s} {info['format']:16s} {info['bytes']:>9,d} B  top1={info.get('eval_top1', '-')}")
     low = {k: v for k, v in accuracies.items() if v < MIN_TOP1}
     if low:
         sys.exit(f"accuracy below {MIN_TOP1}: {low}")

@@ -37,13 +37,11 @@ def run_app(app) -> int:
         return EXIT_INTERRUPTED
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 0
-    except Exception as e:  # click usage errors and internal errors
-        import click
-
-        if isinstance(e, click.exceptions.Abort):
+    except Exception as e:  # click usage errors (typer vendors click in newer releases) and internal errors
+        if type(e).__name__ == "Abort":
             print("interrupted", file=sys.stderr)
             return EXIT_INTERRUPTED
-        if isinstance(e, click.ClickException):
+        if hasattr(e, "show") and isinstance(getattr(e, "exit_code", None), int):
             e.show()
             return e.exit_code
         if STATE.debug:

@@ -53,9 +53,9 @@ class Session:
             )
         for spec in self.inputs:
             arr = feeds[spec.name]
-            if spec.shape is not None and len(arr.shape) != len(spec.shape) or any(
+            if spec.shape is not None and (len(arr.shape) != len(spec.shape) or any(
                 isinstance(d, int) and d > 0 and d != a for d, a in zip(spec.shape, arr.shape)
-            ):
+            )):
                 from optkit.core.shapes import format_shape
 
                 raise UsageError(

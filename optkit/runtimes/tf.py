@@ -105,5 +105,15 @@ class TFSession(Session):
         return [o.numpy() for o in out]
 
     def parameter_count(self) -> int | None:
-        model = getattr(self, "model", None)
-        return int(model.count_params()) if model is not None else None
+        if self._keyword:
+            return int(sum(np.prod(v.shape) for v in self._loaded.variables))
+        return int(self.model.count_params())
+
+    def op_histogram(self) -> dict[str, int]:
+        from collections import Counter
+
+        if self._keyword:
+            graph = self._fn.graph.as_graph_def()
+            ops = [n.op for n in graph.node] + [n.op for f in graph.library.function for n in f.node_def]
+            return dict(Counter(ops).most_common())
+        return dict(Counter(type(layer).__name__ for layer in self.model.layers).most_common())

@@ -40,28 +40,70 @@ class TFLiteSession(Session):
         self.threads = threads
         self._in = self.interp.get_input_details()
         self._out = self.interp.get_output_details()
-        self.inputs = [TensorSpec(d["name"], _shape(d), np.dtype(d["dtype"]).name) for d in self._in]
-        self.outputs = [TensorSpec(d["name"], _shape(d), np.dtype(d["dtype"]).name) for d in self._out]
-        self._shapes = {d["name"]: tuple(d["shape"]) for d in self._in}
+        names = _signature_names(self.interp)
+        # Quantized (int8/uint8) inputs and outputs are exposed as real values: run() quantizes at the boundary.
+        self.inputs = [TensorSpec(names.get(d["index"], d["name"]), _shape(d), _real_dtype(d)) for d in self._in]
+        self.outputs = [TensorSpec(names.get(d["index"], d["name"]), _shape(d), _real_dtype(d)) for d in self._out]
+        self._feed_names = [s.name for s in self.inputs]
+        self._shapes = {d["index"]: tuple(d["shape"]) for d in self._in}
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         resized = False
-        for d in self._in:
-            x = feeds[d["name"]]
-            if tuple(x.shape) != self._shapes[d["name"]]:
+        for d, name in zip(self._in, self._feed_names):
+            x = feeds[name]
+            if tuple(x.shape) != self._shapes[d["index"]]:
                 self.interp.resize_tensor_input(d["index"], x.shape)
-                self._shapes[d["name"]] = tuple(x.shape)
+                self._shapes[d["index"]] = tuple(x.shape)
                 resized = True
         if resized:
             self.interp.allocate_tensors()
-        for d in self._in:
-            self.interp.set_tensor(d["index"], feeds[d["name"]])
+        for d, name in zip(self._in, self._feed_names):
+            self.interp.set_tensor(d["index"], _quantize(feeds[name], d))
         self.interp.invoke()
-        return [self.interp.get_tensor(d["index"]) for d in self._out]
+        return [_dequantize(self.interp.get_tensor(d["index"]), d) for d in self._out]
+
+    def op_histogram(self) -> dict[str, int]:
+        from collections import Counter
+
+        return dict(Counter(op["op_name"] for op in self.interp._get_ops_details()).most_common())
 
     def quantization(self) -> dict:
         """Scale and zero point of quantized inputs and outputs (int8 I/O models)."""
         return {d["name"]: d["quantization"] for d in self._in + self._out if d["quantization"] != (0.0, 0)}
+
+
+def _is_quantized(d) -> bool:
+    return np.dtype(d["dtype"]).kind in "iu" and d["quantization"][0] != 0.0
+
+
+def _real_dtype(d) -> str:
+    return "float32" if _is_quantized(d) else np.dtype(d["dtype"]).name
+
+
+def _quantize(x: np.ndarray, d) -> np.ndarray:
+    if not _is_quantized(d) or np.dtype(x.dtype).kind in "iu":
+        return x
+    scale, zero = d["quantization"]
+    info = np.iinfo(d["dtype"])
+    return np.clip(np.round(x / scale + zero), info.min, info.max).astype(d["dtype"])
+
+
+def _dequantize(x: np.ndarray, d) -> np.ndarray:
+    if not _is_quantized(d):
+        return x
+    scale, zero = d["quantization"]
+    return ((x.astype(np.float32) - zero) * scale).astype(np.float32)
+
+
+def _signature_names(interp) -> dict[int, str]:
+    """Tensor index -> the clean name from the model's only signature ({} when it has none or several)."""
+    sigs = interp.get_signature_list()
+    if len(sigs) != 1:
+        return {}
+    runner = interp.get_signature_runner(next(iter(sigs)))
+    names = {d["index"]: name for name, d in runner.get_input_details().items()}
+    names.update({d["index"]: name for name, d in runner.get_output_details().items()})
+    return names
 
 
 def _shape(d) -> list:

@@ -156,6 +156,17 @@ class TorchSession(Session):
                                        _torch_dtype_name(t.dtype)) for i, t in enumerate(flat)]
         return [t.detach().cpu().numpy() for t in flat]
 
+    def op_histogram(self) -> dict[str, int]:
+        """Leaf module types (factories, TorchScript) or aten ops (ExportedProgram)."""
+        from collections import Counter
+
+        graph = getattr(self.model, "graph", None)
+        if graph is not None and hasattr(graph, "nodes") and callable(getattr(graph, "find_nodes", None)):
+            return dict(Counter(str(n.target).split(".")[-2] if "." in str(n.target) else str(n.target)
+                                for n in graph.nodes if n.op == "call_function").most_common())
+        leaves = [m for m in self.model.modules() if not list(m.children())]
+        return dict(Counter(getattr(m, "original_name", type(m).__name__) for m in leaves).most_common())
+
     def parameter_count(self) -> int | None:
         params = getattr(self.model, "parameters", None)
         return sum(p.numel() for p in params()) if params else None
