@@ -1,0 +1,320 @@
+"""convert.torch and convert.tf: PyTorch and TensorFlow models to validated ONNX.
+
+Both passes export to a temporary file next to the destination, check it with `onnx.checker` (full shape
+inference), run the source framework and onnxruntime on the same inputs (sample data or synthesized ones)
+and rename the result into place only when every output is within tolerance. Frameworks are imported inside
+`run` (see convert_torch.py and convert_tf.py).
+"""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable, Literal
+
+import numpy as np
+from pydantic import Field
+
+from optkit.core.artifact import Artifact
+from optkit.core.atomic import check_output_path
+from optkit.core.errors import PassError, UsageError, ValidationError
+from optkit.core.formats import Format
+from optkit.core.registry import Pass, PassConfig, PassContext, register
+
+TWO_GB = 2 * 1024 ** 3
+
+# Default tolerances (atol, rtol) per output dtype: an element fails when |onnx - source| > atol + rtol * |source|.
+# Quantized outputs may move by one step where the runtimes round differently.
+DEFAULT_TOLERANCE = {
+    "float64": (1e-6, 1e-5),
+    "float32": (1e-4, 1e-3),
+    "float16": (1e-2, 1e-2),
+    "bfloat16": (5e-2, 5e-2),
+    "int8": (1, 0.0),
+    "uint8": (1, 0.0),
+    "int16": (1, 0.0),
+}
+
+
+class ConvertConfig(PassConfig):
+    opset: int | None = Field(default=None, ge=7, description="ONNX opset (default: the newest the exporter "
+                                                               "and onnxruntime both support)")
+    atol: float | None = Field(default=None, ge=0, description="absolute tolerance (default per dtype)")
+    rtol: float | None = Field(default=None, ge=0, description="relative tolerance (default per dtype)")
+    samples: int = Field(default=64, ge=1, description="validation samples taken from the data")
+    batch: int = Field(default=2, ge=1, description="batch of synthesized validation inputs")
+    external_data: Literal["auto", "always", "never"] = "auto"
+
+
+# ---------------------------------------------------------------------------------------------- the passes
+
+
+@register
+class ConvertTorch(Pass):
+    name = "convert.torch"
+    summary = "PyTorch (factory, TorchScript, ExportedProgram) -> ONNX via torch.onnx, validated"
+    accepts = (Format.TORCH_MODULE, Format.TORCHSCRIPT, Format.TORCH_EXPORT)
+    produces = Format.ONNX
+    extra = "torch"
+
+    class Config(ConvertConfig):
+        exporter: Literal["dynamo", "legacy"] = "dynamo"
+        dynamic: list[str] = Field(default_factory=list,
+                                   description="dynamic axes: 'batch', or NAME:DIM[=LABEL] ('*' for every input)")
+        fallback: bool = True   # fall back to the TorchScript exporter when dynamo fails
+        trust_pickle: bool = False
+
+    def run(self, artifact: Artifact, config, ctx: PassContext) -> Artifact:
+        from optkit.passes.convert_torch import convert_torch
+
+        return convert_torch(artifact, config, ctx)
+
+
+@register
+class ConvertTF(Pass):
+    name = "convert.tf"
+    summary = "TensorFlow (SavedModel, Keras .keras/.h5, TFLite float and int8) -> ONNX via tf2onnx, validated"
+    accepts = (Format.KERAS, Format.TF_SAVEDMODEL, Format.TFLITE)
+    produces = Format.ONNX
+    extra = "tf"
+
+    class Config(ConvertConfig):
+        signature: str | None = None   # SavedModel signature (default: the only one, or serving_default)
+        dynamic_batch: bool = True     # Keras: keep the batch dim dynamic
+
+    def run(self, artifact: Artifact, config, ctx: PassContext) -> Artifact:
+        from optkit.passes.convert_tf import convert_tf
+
+        return convert_tf(artifact, config, ctx)
+
+
+# ------------------------------------------------------------------------------------------ shared helpers
+
+
+_ORT_MAX: int | None = None
+
+
+def ort_max_opset() -> int:
+    """The newest default-domain opset this onnxruntime loads (probed with a one-node model)."""
+    global _ORT_MAX
+    if _ORT_MAX is not None:
+        return _ORT_MAX
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    for opset in range(onnx.defs.onnx_opset_version(), 6, -1):
+        graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe",
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+        model.ir_version = min(model.ir_version, 10)
+        try:
+            ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        except Exception:  # noqa: BLE001 - any failure means "not this opset"
+            continue
+        _ORT_MAX = opset
+        return opset
+    _ORT_MAX = 13
+    return _ORT_MAX
+
+
+def choose_opset(requested: int | None, exporter_max: int, exporter: str) -> int:
+    newest = min(exporter_max, ort_max_opset())
+    if requested is None:
+        return newest
+    if requested > exporter_max:
+        raise UsageError(f"--opset {requested} is newer than {exporter} supports (up to {exporter_max})")
+    if requested > ort_max_opset():
+        raise UsageError(f"--opset {requested} is newer than this onnxruntime loads (up to {ort_max_opset()})")
+    return requested
+
+
+def tolerance(dtype: str, atol: float | None, rtol: float | None) -> tuple[float, float]:
+    d_atol, d_rtol = DEFAULT_TOLERANCE.get(dtype, (0.0, 0.0))
+    return (d_atol if atol is None else atol), (d_rtol if rtol is None else rtol)
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()
+    return type(e).__name__
+
+
+def run_batched(fn: Callable[[dict], list], feeds: dict[str, np.ndarray], batch: int | None) -> list[np.ndarray]:
+    """Run `fn` over `feeds` in slices of `batch` samples (all at once when None) and stack the outputs."""
+    n = len(next(iter(feeds.values())))
+    step = batch or n
+    parts: list[list[np.ndarray]] = []
+    for start in range(0, n, step):
+        outs = fn({k: v[start:start + step] for k, v in feeds.items()})
+        parts.append([np.asarray(o) for o in outs])
+    return [np.concatenate([p[i] for p in parts], axis=0) if parts[0][i].ndim else parts[0][i]
+            for i in range(len(parts[0]))]
+
+
+def validation_feeds(ctx: PassContext, specs: list, config: ConvertConfig,
+                     quantize: dict | None = None) -> tuple[dict[str, np.ndarray], np.ndarray | None, str]:
+    """Inputs for validation: sample data when given (a deterministic subset), else synthesized ones.
+
+    `quantize` maps an integer input's name to (scale, zero_point): float data is quantized for it.
+    """
+    from optkit.measure.inputs import synthesize
+    from optkit.runtimes.base import TensorSpec
+
+    data = ctx.data.get("eval") or ctx.data.get("calibration")
+    if data is not None:
+        ds = data.subset(config.samples, ctx.seed)
+        float_specs = [TensorSpec(s.name, s.shape, "float32") if quantize and s.name in quantize else s for s in specs]
+        feeds = ds.bind(float_specs)
+        for name, (scale, zero) in (quantize or {}).items():
+            if name in feeds and np.issubdtype(feeds[name].dtype, np.floating):
+                info = np.iinfo(np.dtype(next(s.dtype for s in specs if s.name == name)))
+                q = np.round(feeds[name] / scale) + zero
+                feeds[name] = np.clip(q, info.min, info.max).astype(info.dtype)
+        return feeds, ds.labels, f"{len(ds)} samples from {ds.source}"
+    feeds = synthesize(specs, ctx.shapes, batch=config.batch, seed=ctx.seed)
+    n = len(next(iter(feeds.values()))) if feeds else 0
+    return feeds, None, f"{n} synthesized samples (seed {ctx.seed})"
+
+
+def validate(ref: list[np.ndarray], out: list[np.ndarray], names: list[str], dtypes: list[str],
+             config: ConvertConfig, source: str, labels: np.ndarray | None = None) -> dict:
+    """Compare ONNX outputs to the source framework's; raise ValidationError (exit 3) past tolerance."""
+    from optkit.measure.fidelity import compare_outputs
+
+    if len(ref) != len(out):
+        raise ValidationError(f"the ONNX model has {len(out)} outputs but the {source} model has {len(ref)}")
+    ref = [np.asarray(r) for r in ref]
+    out = [np.asarray(o).reshape(r.shape) if np.asarray(o).size == r.size else np.asarray(o)
+           for r, o in zip(ref, out)]
+    for name, r, o in zip(names, ref, out):
+        if r.shape != o.shape:
+            raise ValidationError(f"output {name!r}: the ONNX model gives shape {list(o.shape)}, "
+                                  f"the {source} model {list(r.shape)}")
+    finite = [(np.nan_to_num(r.astype(np.float64)), np.nan_to_num(o.astype(np.float64))) for r, o in zip(ref, out)]
+    figures = compare_outputs([f[0] for f in finite], [f[1] for f in finite], names)
+    per = figures["outputs"]
+    for name, r, o, dtype in zip(names, ref, out, dtypes):
+        atol, rtol = tolerance(dtype, config.atol, config.rtol)
+        a = r.astype(np.float64)
+        b = o.astype(np.float64)
+        diff = np.abs(a - b)
+        nan_mismatch = np.isnan(a) != np.isnan(b)
+        diff = np.where(np.isnan(a) & np.isnan(b), 0.0, np.where(nan_mismatch, np.inf, diff))
+        excess = diff - (atol + rtol * np.abs(np.nan_to_num(a)))
+        per[name].update({"atol": atol, "rtol": rtol, "dtype": dtype})
+        if excess.size and excess.max() > 0:
+            idx = np.unravel_index(int(np.argmax(excess)), a.shape)
+            where = "[" + ",".join(str(int(i)) for i in idx) + "]"
+            raise ValidationError(
+                f"output {name!r} differs from the {source} model past tolerance: at {where} the source gives "
+                f"{_num(a[idx])} and ONNX {_num(b[idx])} (|diff| {_num(diff[idx])} > atol {atol:g} + rtol {rtol:g}"
+                f"*|ref|); max abs error {_num(per[name]['max_abs_error'])}, max rel error "
+                f"{_num(per[name]['max_rel_error'])}; nothing written (loosen --atol/--rtol if this is expected)",
+                details={"validation": figures},
+            )
+    if labels is not None and len(ref) >= 1 and ref[0].ndim >= 2 and len(labels) == len(ref[0]):
+        figures["source_top1"] = float((ref[0].reshape(len(ref[0]), -1).argmax(-1) == labels).mean())
+        figures["onnx_top1"] = float((out[0].reshape(len(out[0]), -1).argmax(-1) == labels).mean())
+    return figures
+
+
+def _num(x) -> str:
+    x = float(x)
+    if math.isinf(x) or math.isnan(x):
+        return str(x)
+    return f"{x:.6g}"
+
+
+def unsupported_nodes(model) -> list[tuple[str, str, str]]:
+    """(domain, op_type, node name) of nodes that are not standard ONNX operators (e.g. left unconverted)."""
+    import onnx
+
+    known_domains = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft"}
+    bad = []
+    for node in _all_nodes(model.graph):
+        if node.domain not in known_domains:
+            if not any(f.name == node.op_type and f.domain == node.domain for f in model.functions):
+                bad.append((node.domain, node.op_type, node.name))
+        elif node.domain in ("", "ai.onnx") and not onnx.defs.has(node.op_type):
+            bad.append((node.domain, node.op_type, node.name))
+    return bad
+
+
+def _all_nodes(graph):
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.g is not None and attr.g.node:
+                yield from _all_nodes(attr.g)
+            for g in attr.graphs:
+                yield from _all_nodes(g)
+
+
+def check_model(path: Path) -> None:
+    """onnx.checker with full shape inference; a failure is exit 3."""
+    import onnx
+
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+    except Exception as e:  # noqa: BLE001 - checker raises several types
+        raise PassError(f"the exported ONNX model fails onnx.checker: {first_line(e)}") from None
+
+
+class Staging:
+    """A private folder next to the destination where the export is built and validated.
+
+    `commit()` moves the model (and its external data, if any) into place; the model file comes last, so an
+    interrupted run never leaves a file that looks like a result. Leaving the block without commit removes all.
+    """
+
+    def __init__(self, dest: Path):
+        self.dest = check_output_path(dest)
+        self.dir = Path(tempfile.mkdtemp(prefix=f".{self.dest.name}.tmp-", dir=self.dest.parent))
+        self.model = self.dir / self.dest.name
+
+    def __enter__(self) -> "Staging":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def finalize(self, external: str, ctx: PassContext) -> None:
+        """Save the staged model as one file, or with external data when asked or when it is over 2 GB."""
+        import onnx
+
+        model = onnx.load(str(self.model), load_external_data=True)
+        for f in self.dir.iterdir():
+            if f != self.model:
+                f.unlink() if f.is_file() else shutil.rmtree(f)
+        big = model.ByteSize() >= TWO_GB if external == "auto" else external == "always"
+        if external == "auto" and not big:
+            try:
+                data = model.SerializeToString()
+            except ValueError:  # protobuf refuses messages over 2 GB
+                big = True
+            else:
+                self.model.write_bytes(data)
+                return
+        if big:
+            location = f"{self.dest.name}.data"
+            onnx.save_model(model, str(self.model), save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=location, size_threshold=1024)
+            ctx.note(f"weights written as external data to {location} (the model is over 2 GB)"
+                     if external == "auto" else f"weights written as external data to {location}")
+        else:
+            onnx.save_model(model, str(self.model))
+
+    def commit(self) -> Path:
+        for f in sorted(self.dir.iterdir(), key=lambda p: p == self.model):
+            os.replace(f, self.dest.parent / f.name)
+        return self.dest
+
+
+def opset_of(model) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)

@@ -1,0 +1,390 @@
+"""convert.torch: PyTorch -> ONNX through torch.onnx (dynamo by default, TorchScript exporter as fallback)."""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import io
+import re
+import warnings
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from optkit.core.artifact import Artifact
+from optkit.core.errors import OptkitError, PassError, UsageError
+from optkit.core.formats import Format
+from optkit.core.registry import PassContext, require_extra
+from optkit.passes.convert import (Staging, check_model, choose_opset, first_line, opset_of, run_batched,
+                                   unsupported_nodes, validate, validation_feeds)
+from optkit.runtimes.base import TensorSpec
+
+PASS = "convert.torch"
+
+
+def convert_torch(artifact: Artifact, config, ctx: PassContext) -> Artifact:
+    require_extra("torch", "convert.torch")
+    import torch
+
+    model, examples, names = load_model(artifact, config)
+    specs, tensors = input_specs(artifact, examples, names, ctx)
+    dynamic = parse_dynamic(config.dynamic, specs)
+    tensors = tuple(_grow_dynamic(t, dynamic.get(s.name, {})) for s, t in zip(specs, tensors))
+    try:
+        with torch.inference_mode():
+            sample_out = _flatten(_call(model, tensors))
+    except Exception as e:  # noqa: BLE001 - user code
+        raise UsageError(f"the model fails on inputs of shape "
+                         f"{', '.join(str(list(t.shape)) for t in tensors)}: {type(e).__name__}: {first_line(e)}"
+                         ) from None
+    out_names = ["output"] if len(sample_out) == 1 else [f"output_{i}" for i in range(len(sample_out))]
+    exporter = config.exporter
+    export_obj = model
+    if artifact.format == Format.TORCH_EXPORT:
+        export_obj = artifact.meta.get("_program") or model
+    with Staging(ctx.output) as stage:
+        used = _export(export_obj, model, tensors, specs, out_names, dynamic, config, stage.model, ctx)
+        import onnx
+
+        proto = onnx.load(str(stage.model), load_external_data=False)
+        bad = unsupported_nodes(proto)
+        if bad:
+            domain, op, node = bad[0]
+            raise PassError(f"the exported model contains op {domain + '::' if domain else ''}{op} (node {node!r}) "
+                            "that is not a standard ONNX operator; onnxruntime cannot run it")
+        stage.finalize(config.external_data, ctx)
+        check_model(stage.model)
+        figures = _validate(model, names, stage.model, specs, config, ctx)
+        figures["exporter"] = used
+        figures["opset"] = opset_of(onnx.load(str(stage.model), load_external_data=False))
+        ctx.measurements["validation"] = figures
+        stage.commit()
+    artifact.meta.setdefault("input_names", names)
+    return artifact.derive(ctx.output, Format.ONNX, PASS, config.model_dump(mode="json"),
+                           exporter=used, opset=figures["opset"], input_names=names, output_names=out_names)
+
+
+# ------------------------------------------------------------------------------------------------ loading
+
+
+def load_model(artifact: Artifact, config):
+    """(module in eval mode, example inputs or None, input names)."""
+    import torch
+
+    from optkit.runtimes.torch import load_torch_model, load_weights
+
+    weights = artifact.meta.get("weights")
+    if weights and artifact.format != Format.TORCH_MODULE:
+        raise UsageError(f"--weights applies to a factory (file.py:make_model); {artifact.path} already holds weights")
+    bare = replace(artifact, meta={k: v for k, v in artifact.meta.items() if k != "weights"})
+    if artifact.format == Format.TORCH_EXPORT:
+        try:
+            program = torch.export.load(artifact.path)
+        except Exception as e:  # noqa: BLE001
+            raise UsageError(f"cannot load {artifact.path} as a torch.export program: {first_line(e)}") from None
+        artifact.meta["_program"] = program
+        from optkit.runtimes.torch import _example_from_program
+
+        examples = _example_from_program(program)
+        examples = tuple(_real(t) for t in examples) if examples else None
+        names = [s.arg.name for s in program.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+        return program.module(), examples, names
+    model, examples = load_torch_model(bare)
+    if weights:
+        try:
+            load_weights(model, weights)
+        except UsageError as e:
+            if "pickled objects" not in e.message:
+                raise
+            if not config.trust_pickle:
+                raise UsageError(f"{weights} holds a pickled whole model, and unpickling runs code from the file; "
+                                 "pass --trust-pickle if you trust it, or save model.state_dict() instead") from None
+            _load_pickled_weights(model, weights)
+    names = _forward_names(model, len(examples) if examples else None)
+    return model, examples, names
+
+
+def _load_pickled_weights(model, weights: str) -> None:
+    import torch
+
+    try:
+        obj = torch.load(weights, map_location="cpu", weights_only=False)  # the user passed --trust-pickle
+    except Exception as e:  # noqa: BLE001
+        raise UsageError(f"cannot unpickle {weights}: {type(e).__name__}: {first_line(e)}") from None
+    state = obj.state_dict() if isinstance(obj, torch.nn.Module) else obj
+    if not isinstance(state, dict):
+        raise UsageError(f"{weights} holds a {type(obj).__name__}, neither a model nor a state dict")
+    result = model.load_state_dict(state, strict=False)
+    if result.missing_keys or result.unexpected_keys:
+        raise UsageError(f"weights {weights} do not match the model: missing {', '.join(result.missing_keys[:3])}; "
+                         f"unexpected {', '.join(result.unexpected_keys[:3])}")
+    model.eval()
+
+
+def _real(t):
+    import torch
+
+    if getattr(t, "fake_mode", None) is not None or type(t).__name__ == "FakeTensor":
+        shape = [int(d) if str(d).isdigit() else 2 for d in t.shape]
+        return torch.zeros(shape, dtype=t.dtype)
+    return t
+
+
+def _forward_names(model, n: int | None) -> list[str]:
+    names: list[str] = []
+    schema = getattr(getattr(model, "forward", None), "schema", None)
+    if schema is not None:  # TorchScript
+        names = [a.name for a in schema.arguments[1:]]
+    else:
+        try:
+            params = inspect.signature(model.forward).parameters.values()
+            names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                     and (n is not None or p.default is p.empty)]
+        except (TypeError, ValueError):
+            names = []
+    if n is not None:
+        names = names[:n]
+        if len(names) < n:
+            names = ["input" if n == 1 else f"input_{i}" for i in range(n)]
+    return names or ["input"]
+
+
+def input_specs(artifact: Artifact, examples, names: list[str], ctx: PassContext):
+    """TensorSpecs (dim 0 dynamic) and concrete export tensors, from examples, --shape or the data."""
+    import torch
+
+    from optkit.core.shapes import check_unused
+
+    check_unused(ctx.shapes, names)
+    data = ctx.data.get("eval") or ctx.data.get("calibration")
+    gen = torch.Generator().manual_seed(ctx.seed)
+    specs, tensors = [], []
+    for i, name in enumerate(names):
+        ex = examples[i] if examples and i < len(examples) else None
+        override = ctx.shapes.get(name, ctx.shapes.get("") if len(names) == 1 else None)
+        dtype = ex.dtype if ex is not None else torch.float32
+        if override is not None:
+            shape = list(override)
+        elif ex is not None:
+            shape = list(ex.shape)
+        elif data is not None and (name in data.arrays or (len(names) == 1 and "" in data.arrays)):
+            arr = data.arrays.get(name, data.arrays.get(""))
+            shape = [1, *arr.shape[1:]]
+            if np.issubdtype(arr.dtype, np.integer):
+                dtype = torch.int64
+        else:
+            raise UsageError(f"{artifact.path} does not say what input {name!r} looks like: pass --shape "
+                             f"{name}=DIMS or --data, or define example_inputs() next to the factory")
+        if ex is not None and list(ex.shape) == shape and override is None:
+            t = ex.detach().clone()
+        elif dtype.is_floating_point:
+            t = torch.rand(shape, generator=gen, dtype=torch.float32).to(dtype)
+        elif dtype == torch.bool:
+            t = torch.ones(shape, dtype=torch.bool)
+        else:
+            t = torch.zeros(shape, dtype=dtype)
+        tensors.append(t)
+        specs.append(TensorSpec(name, list(shape), str(dtype).replace("torch.", "")))
+    return specs, tuple(tensors)
+
+
+def parse_dynamic(items: list[str], specs: list[TensorSpec]) -> dict[str, dict[int, str]]:
+    """'batch' (dim 0 of every input) or NAME:DIM[=LABEL] / *:DIM[=LABEL] -> {input: {dim: label}}."""
+    names = [s.name for s in specs]
+    ranks = {s.name: len(s.shape) for s in specs}
+    axes: dict[str, dict[int, str]] = {}
+    for item in items:
+        item = item.strip()
+        if item == "batch":
+            for n in names:
+                axes.setdefault(n, {})[0] = "batch"
+            continue
+        m = re.fullmatch(r"(?P<name>[^:=]+):(?P<dim>-?\d+)(?:=(?P<label>\w+))?", item)
+        if not m:
+            raise UsageError(f"bad --dynamic {item!r}: write 'batch' or NAME:DIM[=LABEL] (e.g. input_ids:1=seq)")
+        targets = names if m["name"] == "*" else [m["name"]]
+        for n in targets:
+            if n not in ranks:
+                raise UsageError(f"--dynamic names input {n!r}, but the model's inputs are {', '.join(names)}")
+            dim = int(m["dim"]) % ranks[n] if ranks[n] else 0
+            if not 0 <= int(m["dim"]) + (ranks[n] if int(m["dim"]) < 0 else 0) < ranks[n]:
+                raise UsageError(f"--dynamic {item!r}: input {n!r} has {ranks[n]} dims")
+            axes.setdefault(n, {})[dim] = m["label"] or ("batch" if dim == 0 else f"{n}_dim{dim}")
+    return axes
+
+
+def _grow_dynamic(t, dims: dict[int, str]):
+    """torch.export specializes dims of size 0 or 1: export with 2 where a dynamic dim has size 1."""
+    for d in dims:
+        if t.shape[d] == 1:
+            t = t.repeat_interleave(2, dim=d) if t.dtype.is_floating_point else t.expand(
+                *[2 if i == d else -1 for i in range(t.dim())]).clone()
+    return t
+
+
+def _call(model, tensors):
+    return model(*tensors)
+
+
+def _flatten(out) -> list:
+    from optkit.runtimes.torch import _flatten as flat
+
+    return flat(out)
+
+
+# ------------------------------------------------------------------------------------------------ export
+
+
+def _export(export_obj, model, tensors, specs, out_names, dynamic, config, dest: Path, ctx: PassContext) -> str:
+    """Export with the chosen exporter; dynamo failures fall back to the TorchScript exporter. Returns the one used."""
+    from torch.onnx import _constants
+
+    if config.exporter == "dynamo":
+        opset = choose_opset(config.opset, _constants.ONNX_MAX_OPSET, "the dynamo exporter")
+        try:
+            _export_dynamo(export_obj, tensors, specs, out_names, dynamic, opset, dest)
+            return "dynamo"
+        except OptkitError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the exporter raises many types
+            dynamo_error = _describe_export_error(e)
+            if not config.fallback:
+                raise PassError(f"the dynamo exporter failed: {dynamo_error}") from None
+        try:
+            opset = choose_opset(min(config.opset or 99, _constants.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET)
+                                 if config.opset else None,
+                                 _constants.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET, "the TorchScript exporter")
+            _export_legacy(model, tensors, specs, out_names, dynamic, opset, dest)
+        except OptkitError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise PassError(f"export failed: the dynamo exporter: {dynamo_error}; the TorchScript exporter "
+                            f"(fallback): {_describe_export_error(e)}") from None
+        ctx.note(f"the dynamo exporter failed ({dynamo_error}); exported with the TorchScript exporter instead")
+        return "legacy (fallback)"
+    opset = choose_opset(config.opset, _constants.ONNX_TORCHSCRIPT_EXPORTER_MAX_OPSET, "the TorchScript exporter")
+    try:
+        _export_legacy(model, tensors, specs, out_names, dynamic, opset, dest)
+    except OptkitError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise PassError(f"the TorchScript exporter failed: {_describe_export_error(e)}") from None
+    return "legacy"
+
+
+@contextlib.contextmanager
+def _quiet():
+    import logging
+
+    levels = {}
+    for name in ("torch.onnx", "torch.export", "torch._dynamo", "torch._export", "onnxscript", "torch.fx"):
+        levels[name] = logging.getLogger(name).level
+        logging.getLogger(name).setLevel(logging.ERROR)
+    buf = io.StringIO()
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(buf):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+
+
+def _export_dynamo(export_obj, tensors, specs, out_names, dynamic, opset, dest: Path) -> None:
+    import torch
+
+    in_names = [s.name for s in specs]
+    with _quiet():
+        program = torch.onnx.export(
+            export_obj, tensors, None, dynamo=True, opset_version=opset, input_names=in_names,
+            output_names=out_names, dynamic_axes=dynamic or None, external_data=False, optimize=True,
+            report=False, verify=False,
+        )
+        program.save(str(dest), external_data=False) if _size_ok(program) else program.save(str(dest),
+                                                                                             external_data=True)
+
+
+def _size_ok(program) -> bool:
+    try:
+        total = sum(v.const_value.nbytes for v in program.model.graph.initializers.values()
+                    if v.const_value is not None)
+    except Exception:  # noqa: BLE001
+        return True
+    return total < 1.8 * 1024 ** 3
+
+
+def _export_legacy(model, tensors, specs, out_names, dynamic, opset, dest: Path) -> None:
+    import torch
+
+    in_names = [s.name for s in specs]
+    axes = dict(dynamic)
+    if any(0 in d and d[0] == "batch" for d in dynamic.values()):
+        for n in out_names:
+            axes[n] = {0: "batch"}
+    with _quiet():
+        torch.onnx.export(model, tensors, str(dest), dynamo=False, opset_version=opset, input_names=in_names,
+                          output_names=out_names, dynamic_axes=axes or None, do_constant_folding=True)
+
+
+_OP = re.compile(r"(?:aten|prim|[A-Za-z_]\w*)(?:::|\.)[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)?")
+
+
+def _describe_export_error(e: BaseException) -> str:
+    """One line naming the op (and node) the exporter could not handle, when the message says so."""
+    text = str(e)
+    full = text
+    cause = e.__cause__ or e.__context__
+    while cause is not None:
+        full += "\n" + str(cause)
+        cause = cause.__cause__ or cause.__context__
+    op = None
+    m = re.search(r"(?:operator|OpOverload\(op=)['\"]?(?P<op>[\w:.]+)", full)
+    if m:
+        op = m["op"]
+    node = None
+    n = re.search(r"(?:node|Node)\s+['`\"]?(?P<node>%?[\w.]+)['`\"]?", full)
+    if n:
+        node = n["node"]
+    if op is None:
+        m = re.search(r"No (?:decompositions|ONNX function)[^\n]*?for\s+(?P<op>[\w:.]+)", full)
+        op = m["op"] if m else None
+    if op:
+        return f"unsupported op {op}" + (f" at node {node}" if node else "") + f" ({type(e).__name__})"
+    return f"{type(e).__name__}: {first_line(e)}"
+
+
+# ------------------------------------------------------------------------------------------------ validation
+
+
+def _validate(model, names, onnx_path: Path, specs, config, ctx: PassContext) -> dict:
+    import onnxruntime as ort
+    import torch
+
+    from optkit.runtimes.onnx import _spec, session_options
+
+    sess = ort.InferenceSession(str(onnx_path), sess_options=session_options(), providers=["CPUExecutionProvider"])
+    onnx_inputs = [_spec(i) for i in sess.get_inputs()]
+    onnx_outputs = [_spec(o) for o in sess.get_outputs()]
+    feed_specs = []
+    for s, o in zip(specs, onnx_inputs):
+        shape = [d if isinstance(d, int) else None for d in (o.shape or s.shape)]
+        feed_specs.append(TensorSpec(o.name, shape, o.dtype))
+    feeds, labels, where = validation_feeds(ctx, feed_specs, config)
+    fixed = onnx_inputs[0].shape[0] if onnx_inputs and onnx_inputs[0].shape and isinstance(
+        onnx_inputs[0].shape[0], int) else None
+    batch = fixed or 64
+
+    def run_torch(f):
+        args = [torch.from_numpy(np.ascontiguousarray(f[s.name])) for s in feed_specs]
+        with torch.inference_mode():
+            return [t.detach().cpu().numpy() for t in _flatten(_call(model, args))]
+
+    try:
+        ref = run_batched(run_torch, feeds, batch)
+    except Exception as e:  # noqa: BLE001
+        raise UsageError(f"the model fails on the validation inputs: {type(e).__name__}: {first_line(e)}") from None
+    out = run_batched(lambda f: sess.run(None, f), feeds, batch)
+    figures = validate(ref, out, [o.name for o in onnx_outputs], [str(r.dtype) for r in ref], config, "PyTorch",
+                       labels)
+    figures["inputs"] = where
+    return figures
