@@ -1,0 +1,143 @@
+"""optkit quantize MODEL -o OUT --mode dynamic|static|fp16|int4"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+from optkit.cli import common
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("quantize")
+    def quantize_cmd(
+        model: str = typer.Argument(..., help="ONNX model (float32)."),
+        output: str = typer.Option(..., "-o", "--output", help="Where to write the quantized model."),
+        mode: str = typer.Option("static", "--mode", help="dynamic, static, fp16 or int4."),
+        calibration_data: Optional[str] = typer.Option(None, "--calibration-data",
+                                                       help="Inputs for static calibration (.npz, images, IDX)."),
+        calibration_size: int = typer.Option(256, "--calibration-size", min=1, help="Calibration samples."),
+        calibration_method: str = typer.Option("minmax", "--calibration-method",
+                                               help="minmax, entropy or percentile."),
+        synthetic_calibration: bool = typer.Option(False, "--synthetic-calibration",
+                                                   help="Calibrate on random inputs (warned loudly)."),
+        fmt: str = typer.Option("qdq", "--format", help="Static INT8 format: qdq or qoperator."),
+        per_channel: Optional[bool] = typer.Option(None, "--per-channel/--per-tensor",
+                                                   help="Per-channel weights (default: on for static)."),
+        reduce_range: Optional[bool] = typer.Option(None, "--reduce-range/--no-reduce-range",
+                                                    help="7-bit weights (default: on where the CPU lacks VNNI)."),
+        activation_type: str = typer.Option("auto", "--activation-type", help="auto, uint8 or int8."),
+        weight_type: str = typer.Option("int8", "--weight-type", help="int8 or uint8."),
+        include_nodes: Optional[List[str]] = typer.Option(None, "--include-node", help="Quantize only these nodes."),
+        exclude_nodes: Optional[List[str]] = typer.Option(None, "--exclude-node", help="Keep these nodes float."),
+        include_ops: Optional[List[str]] = typer.Option(None, "--include-op", help="Quantize only these op types."),
+        exclude_ops: Optional[List[str]] = typer.Option(None, "--exclude-op", help="Keep these op types float."),
+        no_preprocess: bool = typer.Option(False, "--no-preprocess", help="Skip shape inference + optimization."),
+        keep_io_types: bool = typer.Option(True, "--keep-io-types/--fp16-io", help="fp16: keep float32 inputs/outputs."),
+        block_size: int = typer.Option(32, "--block-size", min=16, help="int4: weights per scale."),
+        eval_data: Optional[str] = typer.Option(None, "--eval-data", help="Data to check and evaluate on."),
+        labels: Optional[str] = typer.Option(None, "--labels", help="IDX labels for --eval-data (default: beside)."),
+        max_samples: Optional[int] = typer.Option(None, "--max-samples", min=1,
+                                                  help="Evaluate on a deterministic subset of --eval-data."),
+        metric: Optional[str] = typer.Option(None, "--metric", help="top1, top5, mse, mae, cosine or module:fn."),
+        max_accuracy_drop: Optional[float] = typer.Option(None, "--max-accuracy-drop", min=0,
+                                                          help="Budget: metric drop (0.01 = 1 point)."),
+        max_fidelity_loss: Optional[float] = typer.Option(None, "--max-fidelity-loss", min=0,
+                                                          help="Budget: 1 - cosine to the FP32 outputs."),
+        tolerance: Optional[float] = typer.Option(None, "--tolerance", min=0,
+                                                  help="The check's fidelity budget (default per mode)."),
+        fallback: bool = typer.Option(False, "--fallback",
+                                      help="When the check fails, keep sensitive nodes in float until it holds."),
+        max_candidates: int = typer.Option(8, "--max-candidates", min=1, help="Candidates the search may try."),
+        threads: Optional[int] = common.THREADS,
+        shape: Optional[List[str]] = common.SHAPE,
+        report: Optional[str] = common.OUTPUT_REPORT,
+        as_json: bool = common.JSON,
+    ) -> None:
+        """Quantize an ONNX model, checked against its parent; accuracy-aware with a budget."""
+        from optkit.core.errors import UsageError
+        from optkit.core.shapes import parse_shapes
+        from optkit.measure.model import DataSpec, MeasureSettings
+
+        if mode not in ("dynamic", "static", "fp16", "int4"):
+            raise UsageError(f"unknown --mode {mode!r}; choose dynamic, static, fp16 or int4")
+        settings = MeasureSettings(threads=threads, shapes=parse_shapes(shape))
+        data = {}
+        if calibration_data:
+            data["calibration"] = _load(calibration_data, None)
+        spec = None
+        if eval_data:
+            data["eval"] = _load(eval_data, labels).subset(max_samples, settings.seed)
+            spec = DataSpec(path=eval_data, labels=labels, max_samples=max_samples)
+        config = dict(
+            mode=mode, format=fmt, per_channel=per_channel, reduce_range=reduce_range,
+            activation_type=activation_type, weight_type=weight_type, calibration_method=calibration_method,
+            calibration_size=calibration_size, synthetic_calibration=synthetic_calibration,
+            preprocess=not no_preprocess, nodes_include=include_nodes or [], nodes_exclude=exclude_nodes or [],
+            op_types_include=include_ops or [], op_types_exclude=exclude_ops or [], keep_io_types=keep_io_types,
+            block_size=block_size, metric=metric, max_accuracy_drop=max_accuracy_drop,
+            max_fidelity_loss=max_fidelity_loss, tolerance=tolerance, fallback=fallback,
+            max_candidates=max_candidates,
+        )
+        run_and_explain(f"quantize.onnx-{mode}", model, output, config, settings=settings,
+                        command=f"optkit quantize {model} --mode {mode}",
+                        eval_data=spec, metric=metric, report_path=report, as_json=as_json, data=data)
+
+
+def _load(path: str, labels: Optional[str]):
+    from optkit.measure.datasets import load_dataset
+
+    return load_dataset(path, labels=labels)
+
+
+def run_and_explain(pass_name, model, output, config, *, as_json, **kwargs):
+    """run_single_stage, plus: the candidate table when a search ran, and the trade-off table on failure."""
+    import json
+
+    from optkit.core.errors import ValidationError
+
+    try:
+        report = common.run_single_stage(pass_name, model, output, config, as_json=as_json, **kwargs)
+    except ValidationError as e:
+        cands = e.details.get("candidates")
+        if cands:
+            if as_json:
+                common.print_json(json.dumps({"error": e.message, "candidates": cands}, indent=2))
+            else:
+                print_candidates(cands, title="candidates (none met the budget)")
+        raise
+    stage = report.stages[-1]
+    cands = (stage.measurements.get("quantize") or {}).get("candidates") or []
+    if len(cands) > 1 and not as_json:
+        print_candidates(cands, title="candidates tried")
+    if len(report.stages) == 2 and not as_json:
+        a = (report.stages[0].measurements.get("latency") or {}).get("p50_ms")
+        b = (stage.measurements.get("latency") or {}).get("p50_ms")
+        if a and b and b > a * 1.05:
+            common.console().print(f"[bold yellow]warning[/bold yellow] the result is slower than its parent "
+                                   f"(p50 {b:.3f} ms vs {a:.3f} ms): int8 kernels do not pay off on a model "
+                                   f"this small on this CPU; consider keeping it float or --mode fp16/dynamic")
+    return report
+
+
+def print_candidates(cands, title: str) -> None:
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for col in ("#", "float nodes", "size", "size ratio", "p50 ms", "latency ratio", "accuracy", "drop",
+                "cosine", "verdict"):
+        table.add_column(col)
+    for c in cands:
+        fid = c.get("fidelity") or {}
+        verdict = "chosen" if c.get("chosen") else ("pass" if c.get("passed") else "FAIL")
+        if c.get("rejected_file"):
+            verdict = f"best, kept as {c['rejected_file']}"
+        table.add_row(
+            str(c.get("index")), str(len(c.get("float_nodes") or [])), f"{c.get('bytes', 0):,}",
+            f"{c['ratio']:.3f}x" if c.get("ratio") else "-",
+            f"{c['p50_ms']:.3f}" if c.get("p50_ms") else "-",
+            f"{c['latency_ratio']:.2f}x" if c.get("latency_ratio") else "-",
+            f"{c['accuracy']:.4f}" if "accuracy" in c else "-",
+            f"{c['accuracy_drop']:+.4f}" if "accuracy_drop" in c else "-",
+            f"{fid['cosine']:.5f}" if "cosine" in fid else "-", verdict)
+    common.console().print(table)

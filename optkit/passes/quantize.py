@@ -1,0 +1,121 @@
+"""ONNX quantization: dynamic INT8, static INT8 (calibrated), FP16 and INT4 weight-only, accuracy-aware.
+
+Every result is checked against its parent on real (or, when none is given, synthesized) inputs; a model whose
+outputs moved past the budget is never reported as success. With a budget (`max_accuracy_drop` or
+`max_fidelity_loss`) or `fallback`, nodes are ranked by quantization sensitivity and the most sensitive are
+kept in float, step by step, until the budget holds (see quantize_search.py).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Optional
+
+from pydantic import Field
+
+from optkit.core.artifact import Artifact
+from optkit.core.atomic import atomic_path
+from optkit.core.formats import Format
+from optkit.core.registry import Pass, PassConfig, PassContext, register
+
+MODES = ("dynamic", "static", "fp16", "int4")
+# Default fidelity budget per mode: 1 - cosine(FP32 outputs, quantized outputs) on the check inputs.
+TOLERANCE = {"fp16": 1e-3, "dynamic": 0.01, "static": 0.02, "int4": 0.03}
+MIN_OPSET = {"dynamic": 13, "static": 13, "fp16": 0, "int4": 0}  # per-channel QDQ needs 13
+LOWER_IS_BETTER = ("mse", "mae")
+
+
+class QuantizeConfig(PassConfig):
+    mode: Literal["dynamic", "static", "fp16", "int4"] = "static"
+    # static / dynamic INT8
+    format: Literal["qdq", "qoperator"] = "qdq"
+    per_channel: Optional[bool] = None      # default: on for static, off for dynamic
+    reduce_range: Optional[bool] = None     # default: on where the CPU lacks VNNI (u8s8 saturation), else off
+    activation_type: Literal["auto", "uint8", "int8"] = "auto"  # auto: int8 with VNNI, uint8 without
+    weight_type: Literal["int8", "uint8"] = "int8"
+    calibration_method: Literal["minmax", "entropy", "percentile"] = "minmax"
+    calibration_size: int = Field(default=256, ge=1)
+    synthetic_calibration: bool = False     # random calibration inputs: only when asked, warned loudly
+    preprocess: bool = True                 # shape inference + optimization before quantizing
+    nodes_include: list[str] = Field(default_factory=list)
+    nodes_exclude: list[str] = Field(default_factory=list)
+    op_types_include: list[str] = Field(default_factory=list)
+    op_types_exclude: list[str] = Field(default_factory=list)
+    # fp16
+    keep_io_types: bool = True
+    # int4
+    block_size: int = Field(default=32, ge=16)
+    symmetric: bool = True
+    accuracy_level: Optional[int] = Field(default=None, ge=0, le=4)
+    # the check and the accuracy-aware search
+    metric: Optional[str] = None
+    max_accuracy_drop: Optional[float] = Field(default=None, ge=0)
+    max_fidelity_loss: Optional[float] = Field(default=None, ge=0)
+    tolerance: Optional[float] = Field(default=None, ge=0)  # the mode's fidelity budget (1 - cosine)
+    fallback: bool = False                  # keep sensitive nodes in float when the check fails
+    max_candidates: int = Field(default=8, ge=1)
+    check_samples: int = Field(default=256, ge=1)
+    measure_candidates: bool = True         # latency of every candidate (in a child process)
+    compact: bool = True                    # short internal names: smaller files, same math
+
+
+def _fixed(mode: str):
+    """The config of a single-mode alias: same fields, `mode` fixed."""
+    from pydantic import create_model
+
+    return create_model(f"Quantize{mode.title()}Config", __base__=QuantizeConfig,
+                        mode=(Literal[mode], mode))  # type: ignore[valid-type]
+
+
+@register
+class QuantizeOnnx(Pass):
+    name = "quantize.onnx"
+    summary = "Quantize an ONNX model (mode: dynamic, static, fp16, int4), checked against its parent"
+    accepts = (Format.ONNX,)
+    produces = Format.ONNX
+    extra = None
+    Config = QuantizeConfig
+
+    def run(self, artifact: Artifact, config: QuantizeConfig, ctx: PassContext) -> Artifact:
+        from optkit.passes.quantize_search import Quantizer
+
+        q = Quantizer(artifact, config, ctx)
+        chosen = q.execute()
+        with atomic_path(ctx.output) as tmp:
+            tmp.write_bytes(Path(chosen).read_bytes())
+        return artifact.derive(ctx.output, Format.ONNX, self.name, config.model_dump(mode="json"),
+                               mode=config.mode)
+
+
+@register
+class QuantizeDynamic(QuantizeOnnx):
+    name = "quantize.onnx-dynamic"
+    summary = "Dynamic INT8 (weights int8, activations quantized at run time): transformers, LSTMs"
+    Config = _fixed("dynamic")
+
+
+@register
+class QuantizeStatic(QuantizeOnnx):
+    name = "quantize.onnx-static"
+    summary = "Static INT8 with calibration (QDQ by default), accuracy-aware"
+    Config = _fixed("static")
+
+
+@register
+class QuantizeFP16(QuantizeOnnx):
+    name = "quantize.onnx-fp16"
+    summary = "FP16 weights and activations (inputs and outputs stay float32 by default)"
+    extra = "quantize"
+    Config = _fixed("fp16")
+
+
+@register
+class QuantizeInt4(QuantizeOnnx):
+    name = "quantize.onnx-int4"
+    summary = "INT4 weight-only MatMul (onnxruntime MatMulNBits)"
+    Config = _fixed("int4")
+
+
+def rejected_path(output: Path) -> Path:
+    """Where the best candidate goes when none meets the budget: a name that says it was rejected."""
+    suffix = output.suffix or ".onnx"
+    return output.with_name(f"{output.stem}.REJECTED{suffix}")

@@ -1,0 +1,250 @@
+"""Low-level helpers shared by the simplify and quantize passes: ONNX surgery, running models, checks.
+
+Frameworks (onnx, onnxruntime) are imported inside the functions: importing this module is cheap.
+"""
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from optkit.core.errors import UsageError
+
+# Ops onnxruntime's quantizers act on, per mode (what "nothing to quantize" is checked against).
+WEIGHT_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm", "Attention", "LSTM", "Gather", "EmbedLayerNormalization")
+DYNAMIC_OPS = ("Conv", "MatMul", "Attention", "LSTM", "Gather", "EmbedLayerNormalization")
+STATIC_ANCHORS = ("Conv", "ConvTranspose", "MatMul", "Gemm")  # ops that carry weights in a static model
+INT4_OPS = ("MatMul",)
+QUANTIZED_OPS = {
+    "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul", "QGemm",
+    "MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul", "DynamicQuantizeLSTM", "MatMulNBits",
+    "QAttention", "QLinearAdd", "QLinearMul", "GatherBlockQuantized", "QEmbedLayerNormalization",
+}
+CONTROL_FLOW = ("Loop", "If", "Scan")
+RECURRENT = ("LSTM", "GRU", "RNN")
+
+
+@lru_cache(maxsize=1)
+def has_vnni() -> bool:
+    """True when the CPU has AVX-512 VNNI or AVX-VNNI (int8 dot products without u8s8 saturation)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    flags = set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags.update(line.split(":", 1)[1].split())
+            break
+    return bool({"avx512_vnni", "avx_vnni"} & flags)
+
+
+def load_model(path: str | Path):
+    import onnx
+
+    try:
+        return onnx.load(str(path))
+    except Exception as e:  # protobuf raises several types
+        raise UsageError(f"cannot read {path} as ONNX: {str(e).splitlines()[0] if str(e) else type(e).__name__}") \
+            from None
+
+
+def save_model(model, path: str | Path) -> None:
+    import onnx
+
+    onnx.save(model, str(path))
+
+
+def opset(model) -> int:
+    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+
+
+def all_nodes(graph):
+    """Every node of a graph, subgraphs (Loop, If, Scan bodies) included."""
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.g is not None and attr.g.ByteSize():
+                yield from all_nodes(attr.g)
+            for g in attr.graphs:
+                yield from all_nodes(g)
+
+
+def op_counts(model) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for node in all_nodes(model.graph):
+        counts[node.op_type] = counts.get(node.op_type, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def has_subgraphs(model) -> bool:
+    return any(n.op_type in CONTROL_FLOW for n in model.graph.node)
+
+
+def name_nodes(model) -> int:
+    """Give every unnamed node a unique name (the quantizers' include/exclude lists need names)."""
+    seen = {n.name for n in all_nodes(model.graph) if n.name}
+    added = 0
+    for i, node in enumerate(all_nodes(model.graph)):
+        if not node.name:
+            base = f"{node.op_type}_{i}"
+            name, k = base, 0
+            while name in seen:
+                k += 1
+                name = f"{base}_{k}"
+            node.name = name
+            seen.add(name)
+            added += 1
+    return added
+
+
+def upgrade_opset(model, target: int):
+    from onnx import version_converter
+
+    try:
+        return version_converter.convert_version(model, target)
+    except Exception as e:
+        raise UsageError(f"cannot upgrade the model from opset {opset(model)} to {target} "
+                         f"(needed for this mode): {str(e).splitlines()[0] if str(e) else type(e).__name__}") \
+            from None
+
+
+def compact(model) -> int:
+    """Shrink the file without touching the math: short internal tensor names, no node names, no value_info,
+    no doc strings. Returns bytes saved. Models with subgraphs keep their names (bodies use outer names)."""
+    before = model.ByteSize()
+    g = model.graph
+    del g.value_info[:]
+    for node in all_nodes(g):
+        node.doc_string = ""
+    g.doc_string = ""
+    if has_subgraphs(model):
+        return before - model.ByteSize()
+    keep = {v.name for v in g.input} | {v.name for v in g.output} | {""}
+    mapping: dict[str, str] = {}
+
+    def short(name: str) -> str:
+        if name in keep:
+            return name
+        if name not in mapping:
+            mapping[name] = np.base_repr(len(mapping), 36).lower()
+        return mapping[name]
+
+    for init in g.initializer:
+        init.name = short(init.name)
+    for node in g.node:
+        node.name = ""
+        for i, n in enumerate(node.input):
+            node.input[i] = short(n)
+        for i, n in enumerate(node.output):
+            node.output[i] = short(n)
+    return before - model.ByteSize()
+
+
+def is_quantized(model) -> list[str]:
+    """The quantized op types a model already holds (empty when it is a float model)."""
+    return sorted({n.op_type for n in all_nodes(model.graph) if n.op_type in QUANTIZED_OPS})
+
+
+def float_io(model) -> bool:
+    import onnx
+
+    return any(v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT for v in model.graph.input)
+
+
+# ---------------------------------------------------------------- running models
+
+
+def session(path: str | Path, threads: int | None = 1, optimize: bool = True):
+    import onnxruntime as ort
+
+    from optkit.runtimes.onnx import session_options
+
+    try:
+        return ort.InferenceSession(str(path), sess_options=session_options(threads, optimize),
+                                    providers=["CPUExecutionProvider"])
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UsageError(f"cannot load {path} with onnxruntime: {first}") from None
+
+
+def input_specs(sess) -> list:
+    from optkit.runtimes.onnx import _spec
+
+    return [_spec(i) for i in sess.get_inputs()]
+
+
+def run_all(sess, feeds: dict[str, np.ndarray], names: list[str] | None = None, batch: int = 64
+            ) -> list[np.ndarray]:
+    """Run over every sample, in batches the model accepts (one at a time for a fixed batch of 1)."""
+    from optkit.measure.inputs import fixed_batch
+
+    specs = input_specs(sess)
+    fixed = fixed_batch(specs)
+    step = fixed or batch
+    n = len(next(iter(feeds.values())))
+    names = names or [o.name for o in sess.get_outputs()]
+    chunks = []
+    for start in range(0, n - n % step if fixed else n, step):
+        chunks.append(sess.run(names, {k: v[start:start + step] for k, v in feeds.items()}))
+    if not chunks:
+        raise UsageError(f"no sample to run: {n} samples for a model with a fixed batch of {fixed}")
+    out = []
+    for i in range(len(names)):
+        parts = [c[i] for c in chunks]
+        try:
+            out.append(np.concatenate(parts, axis=0) if parts[0].ndim else np.stack(parts))
+        except ValueError:  # per-batch shapes differ (e.g. a sequence length): keep them flat
+            out.append(np.concatenate([p.ravel() for p in parts]))
+    return out
+
+
+def with_outputs(model, names: list[str]):
+    """A copy of the model that also outputs the given tensors (types left to onnxruntime)."""
+    import onnx
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    have = {o.name for o in m.graph.output}
+    for name in names:
+        if name not in have:
+            m.graph.output.append(onnx.ValueInfoProto(name=name))
+    return m
+
+
+def rel_error(ref: np.ndarray, out: np.ndarray) -> float:
+    ref = np.asarray(ref, dtype=np.float64).ravel()
+    out = np.asarray(out, dtype=np.float64).ravel()
+    if ref.size != out.size:
+        return float("inf")
+    denom = np.linalg.norm(ref)
+    return float(np.linalg.norm(ref - out) / denom) if denom > 0 else float(np.linalg.norm(out) > 0)
+
+
+def fidelity(ref: list[np.ndarray], out: list[np.ndarray], names: list[str]) -> dict[str, Any]:
+    """compare_outputs, plus the worst per-sample cosine (a global cosine hides a few ruined samples)."""
+    from optkit.measure.fidelity import compare_outputs
+
+    fid = compare_outputs(ref, out, names)
+    worst = 1.0
+    for a, b in zip(ref, out):
+        if a.ndim < 2 or a.shape != b.shape or not np.issubdtype(a.dtype, np.floating):
+            continue
+        a2 = a.reshape(len(a), -1).astype(np.float64)
+        b2 = b.reshape(len(b), -1).astype(np.float64)
+        na, nb = np.linalg.norm(a2, axis=1), np.linalg.norm(b2, axis=1)
+        ok = (na > 0) & (nb > 0)
+        cos = np.where(ok, (a2 * b2).sum(1) / np.where(ok, na * nb, 1), np.where((na == 0) & (nb == 0), 1, 0))
+        worst = min(worst, float(cos.min()))
+    fid["sample_cosine_min"] = worst
+    fid["loss"] = max(0.0, 1.0 - fid["cosine"])
+    return {k: v for k, v in fid.items() if k != "outputs"} | {"outputs": {
+        k: {kk: vv for kk, vv in v.items() if kk != "worst_index"} | {"worst_index": v["worst_index"]}
+        for k, v in fid["outputs"].items()}}
+
+
+def file_size(path: str | Path) -> int:
+    return os.path.getsize(path)

@@ -1,0 +1,493 @@
+"""The quantize pass's engine: prepare, quantize, check against the parent, and the accuracy-aware search."""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from optkit.core.artifact import Artifact
+from optkit.core.atomic import atomic_path
+from optkit.core.errors import UsageError, ValidationError
+from optkit.core.registry import PassContext, require_extra
+from optkit.passes import quantize_ops as ops
+from optkit.passes.quantize import LOWER_IS_BETTER, MIN_OPSET, TOLERANCE, QuantizeConfig, rejected_path
+
+
+class Quantizer:
+    def __init__(self, artifact: Artifact, cfg: QuantizeConfig, ctx: PassContext):
+        self.artifact, self.cfg, self.ctx = artifact, cfg, ctx
+        self.mode = cfg.mode
+        self.tmp = Path(tempfile.mkdtemp(prefix="optkit-quant-"))
+        self.candidates: list[dict[str, Any]] = []
+        self.settings: dict[str, Any] = {}
+
+    # ------------------------------------------------------------ orchestration
+    def execute(self) -> Path:
+        try:
+            return self._execute()
+        finally:
+            self.ctx.measurements["quantize"] = {"mode": self.mode, "settings": self.settings,
+                                                 "candidates": [_public(c) for c in self.candidates]}
+
+    def _execute(self) -> Path:
+        cfg, ctx = self.cfg, self.ctx
+        if self.mode == "fp16":
+            require_extra("quantize", "quantize mode fp16")
+        self._check_flags()
+        model = ops.load_model(self.artifact.path)
+        already = ops.is_quantized(model)
+        if already:
+            raise UsageError(f"{self.artifact.path} is already quantized (it holds {', '.join(already)}); "
+                             "quantize the float model instead")
+        self._check_quantizable(model)
+        self.prepared = self._prepare(model)
+        self._load_data()
+        budget_kind, budget = self._budget()
+        self.settings.update(budget=budget_kind, budget_value=budget)
+
+        first = self._candidate([])
+        if self._passes(first):
+            first["chosen"] = True
+            if self._search_on():
+                self._latency([first])
+            self._say_chosen(first)
+            return first["path"]
+        if not self._search_on():
+            self._latency([first])
+            raise ValidationError(
+                f"{self.mode} quantization moved the outputs past the tolerance: {self._figures(first)}; "
+                f"the model was not written. Rerun with --fallback to keep the most sensitive nodes in float, "
+                f"or loosen --tolerance", details={"candidates": [_public(first)]})
+        ranked = self._rank(first)
+        tried = [first]
+        for k in _schedule(len(ranked), cfg.max_candidates - 1):
+            cand = self._candidate([name for name, _ in ranked[:k]])
+            tried.append(cand)
+            if self._passes(cand):
+                break
+        self._latency(tried)
+        ok = [c for c in tried if c["passed"]]
+        if ok:
+            ok[0]["chosen"] = True
+            self._say_chosen(ok[0])
+            return ok[0]["path"]
+        best = max(tried, key=self._score)
+        dest = rejected_path(ctx.output)
+        with atomic_path(dest) as tmp:
+            tmp.write_bytes(Path(best["path"]).read_bytes())
+        best["rejected_file"] = str(dest)
+        raise ValidationError(
+            f"no {self.mode} candidate met the budget ({budget_kind} {budget:g}) after {len(tried)} tries; "
+            f"the best ({len(best['float_nodes'])} nodes in float: {self._figures(best)}) was kept as {dest}",
+            details={"candidates": [_public(c) for c in tried], "rejected": str(dest)})
+
+    # ------------------------------------------------------------ checks up front
+    def _check_flags(self) -> None:
+        cfg, data = self.cfg, self.ctx.data
+        if cfg.max_accuracy_drop is not None:
+            if not cfg.metric:
+                raise UsageError("--max-accuracy-drop needs --metric (e.g. top1)")
+            if data.get("eval") is None:
+                raise UsageError("--max-accuracy-drop needs labelled --eval-data")
+        if cfg.metric:
+            from optkit.measure.accuracy import resolve_metric
+
+            resolve_metric(cfg.metric)
+            ev = data.get("eval")
+            if ev is None:
+                raise UsageError(f"--metric {cfg.metric} needs --eval-data")
+            if ev.labels is None:
+                raise UsageError(f"--metric {cfg.metric} needs labels, and {ev.source} has none "
+                                 "(add a 'labels' array, or use --max-fidelity-loss)")
+        if cfg.max_accuracy_drop is not None and cfg.max_fidelity_loss is not None:
+            raise UsageError("give one budget: --max-accuracy-drop or --max-fidelity-loss")
+        if self.mode == "static" and data.get("calibration") is None and not cfg.synthetic_calibration:
+            raise UsageError("static quantization needs --calibration-data (or --synthetic-calibration to "
+                             "calibrate on random inputs, which usually costs accuracy)")
+
+    def _check_quantizable(self, model) -> None:
+        counts = ops.op_counts(model)
+        wanted = {"dynamic": ops.DYNAMIC_OPS, "static": ops.STATIC_ANCHORS, "int4": ops.INT4_OPS}.get(self.mode)
+        if self.cfg.op_types_include:
+            wanted = tuple(self.cfg.op_types_include)
+        if wanted is None:  # fp16
+            if not ops.float_io(model) and not any(i.data_type == 1 for i in model.graph.initializer):
+                raise UsageError(f"{self.artifact.path} has no float32 tensors to convert to fp16")
+            return
+        present = [op for op in wanted if counts.get(op) and op not in self.cfg.op_types_exclude]
+        if self.mode == "int4":
+            import onnx
+
+            inits = {i.name for i in model.graph.initializer}
+            present = [op for op in present if any(
+                n.op_type == op and len(n.input) > 1 and n.input[1] in inits for n in model.graph.node)]
+            _ = onnx
+        if not present:
+            have = ", ".join(sorted(counts)) or "no ops"
+            raise UsageError(f"nothing to quantize in {self.artifact.path} for mode {self.mode}: it has {have}; "
+                             f"onnxruntime quantizes {', '.join(wanted)}"
+                             + (" with constant weights" if self.mode == "int4" else ""))
+
+    # ------------------------------------------------------------ preparation
+    def _prepare(self, model) -> Path:
+        cfg, ctx = self.cfg, self.ctx
+        need = MIN_OPSET[self.mode]
+        have = ops.opset(model)
+        if have < need:
+            model = ops.upgrade_opset(model, need)
+            ctx.note(f"upgraded the model from opset {have} to {need} first ({self.mode} quantization, "
+                     "per-channel QDQ and dynamic quantization need opset 13 or later)")
+        named = ops.name_nodes(model)
+        if named:
+            ctx.note(f"named {named} unnamed nodes so they can be listed and excluded")
+        raw = self.tmp / "float.onnx"
+        ops.save_model(model, raw)
+        prepared = self.tmp / "prepared.onnx"
+        if cfg.preprocess and self.mode in ("static", "dynamic"):
+            from onnxruntime.quantization.shape_inference import quant_pre_process
+
+            try:
+                quant_pre_process(str(raw), str(prepared), skip_symbolic_shape=ops.has_subgraphs(model))
+                m = ops.load_model(prepared)
+                ops.name_nodes(m)
+                ops.save_model(m, prepared)
+                ctx.note("pre-processed: shape inference and onnxruntime graph optimization before quantizing")
+            except Exception as e:  # symbolic shape inference fails on some graphs: quantize without it
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                ctx.note(f"pre-processing skipped ({first[:120]}); quantizing the model as it is")
+                shutil.copyfile(raw, prepared)
+        else:
+            shutil.copyfile(raw, prepared)
+        self.float_model = ops.load_model(prepared)
+        return prepared
+
+    def _load_data(self) -> None:
+        cfg, ctx = self.cfg, self.ctx
+        self.parent = ops.session(self.artifact.path)
+        specs = ops.input_specs(self.parent)
+        self.out_names = [o.name for o in self.parent.get_outputs()]
+        calib, ev = ctx.data.get("calibration"), ctx.data.get("eval")
+        self.calib_feeds = None
+        if self.mode == "static":
+            if calib is not None:
+                sub = calib.subset(cfg.calibration_size, ctx.seed)
+                self.calib_feeds = sub.bind(specs)
+                self.settings["calibration"] = {"source": calib.source, "samples": len(sub)}
+            else:
+                from optkit.measure.inputs import synthesize
+
+                n = min(cfg.calibration_size, 64)
+                self.calib_feeds = _stack([synthesize(specs, ctx.shapes, 1, ctx.seed + i) for i in range(n)])
+                self.settings["calibration"] = {"source": "synthetic", "samples": n}
+                ctx.warn(f"SYNTHETIC CALIBRATION: calibrated on {n} random inputs, not real data; activation "
+                         "ranges may be wrong and accuracy may suffer. Pass --calibration-data for a real result")
+        source = ev if ev is not None else calib
+        self.labels = None
+        if source is not None:
+            sub = source.subset(cfg.check_samples, ctx.seed + 1)
+            self.check_feeds = sub.bind(specs)
+            self.labels = sub.labels if source is ev else None
+            self.settings["check"] = {"source": source.source, "samples": len(sub)}
+        else:
+            from optkit.measure.inputs import synthesize
+
+            n = min(cfg.check_samples, 32)
+            self.check_feeds = _stack([synthesize(specs, ctx.shapes, 1, ctx.seed + 1000 + i) for i in range(n)])
+            self.settings["check"] = {"source": "synthetic", "samples": n}
+            ctx.note(f"checked against the parent on {n} synthesized inputs (no data given)")
+        self.parent_outputs = ops.run_all(self.parent, self.check_feeds, self.out_names)
+        self.parent_accuracy = self._accuracy(self.parent_outputs) if cfg.metric else None
+
+    def _budget(self) -> tuple[str, float]:
+        cfg = self.cfg
+        if cfg.max_accuracy_drop is not None:
+            return f"{cfg.metric} drop", cfg.max_accuracy_drop
+        if cfg.max_fidelity_loss is not None:
+            return "fidelity loss", cfg.max_fidelity_loss
+        return "fidelity loss", cfg.tolerance if cfg.tolerance is not None else TOLERANCE[self.mode]
+
+    def _search_on(self) -> bool:
+        return self.cfg.fallback or self.cfg.max_accuracy_drop is not None or self.cfg.max_fidelity_loss is not None
+
+    # ------------------------------------------------------------ quantizing one candidate
+    def _resolved(self) -> dict[str, Any]:
+        cfg = self.cfg
+        vnni = ops.has_vnni()
+        act = cfg.activation_type if cfg.activation_type != "auto" else ("int8" if vnni else "uint8")
+        per_channel = cfg.per_channel if cfg.per_channel is not None else self.mode == "static"
+        reduce_range = cfg.reduce_range if cfg.reduce_range is not None else (
+            not vnni and cfg.weight_type == "int8")
+        return {"activation_type": act, "weight_type": cfg.weight_type, "per_channel": per_channel,
+                "reduce_range": reduce_range, "vnni": vnni}
+
+    def _quantize(self, exclude: list[str], dest: Path) -> None:
+        cfg, mode = self.cfg, self.mode
+        exclude = sorted(set(cfg.nodes_exclude) | set(exclude))
+        if mode in ("static", "dynamic"):
+            from onnxruntime.quantization import QuantType
+
+            r = self._resolved()
+            self.settings.update({k: v for k, v in r.items()})
+            qt = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
+            op_types = self._op_types()
+            if mode == "dynamic":
+                from onnxruntime.quantization import quantize_dynamic
+
+                quantize_dynamic(str(self.prepared), str(dest), op_types_to_quantize=op_types,
+                                 per_channel=r["per_channel"], reduce_range=r["reduce_range"],
+                                 weight_type=qt[r["weight_type"]], nodes_to_quantize=cfg.nodes_include or None,
+                                 nodes_to_exclude=exclude, extra_options={"MatMulConstBOnly": True})
+                return
+            from onnxruntime.quantization import CalibrationMethod, QuantFormat, quantize_static
+
+            method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+                      "percentile": CalibrationMethod.Percentile}[cfg.calibration_method]
+            quantize_static(
+                str(self.prepared), str(dest), _Reader(self.calib_feeds, self.parent),
+                quant_format=QuantFormat.QDQ if cfg.format == "qdq" else QuantFormat.QOperator,
+                op_types_to_quantize=op_types, per_channel=r["per_channel"], reduce_range=r["reduce_range"],
+                activation_type=qt[r["activation_type"]], weight_type=qt[r["weight_type"]],
+                nodes_to_quantize=cfg.nodes_include or None, nodes_to_exclude=exclude, calibrate_method=method,
+                # the per-channel int32-bias weight-scale adjustment crashes in onnxruntime 1.2x-1.3x
+                extra_options={"QDQDisableWeightAdjustForInt32Bias": True, "WeightAdjustForInt32Bias": False},
+            )
+            return
+        if mode == "fp16":
+            from onnxconverter_common import float16
+
+            model = ops.load_model(self.prepared)
+            block = set(exclude)
+            if cfg.nodes_include:
+                block |= {n.name for n in model.graph.node if n.name not in cfg.nodes_include}
+            out = float16.convert_float_to_float16(model, keep_io_types=cfg.keep_io_types,
+                                                   node_block_list=sorted(block) or None,
+                                                   op_block_list=cfg.op_types_exclude or None)
+            ops.save_model(out, dest)
+            self.settings.update(keep_io_types=cfg.keep_io_types)
+            return
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+        q = MatMulNBitsQuantizer(ops.load_model(self.prepared), bits=4, block_size=cfg.block_size,
+                                 is_symmetric=cfg.symmetric, accuracy_level=cfg.accuracy_level,
+                                 nodes_to_exclude=exclude, nodes_to_include=cfg.nodes_include or None,
+                                 op_types_to_quantize=("MatMul",))
+        q.process()
+        ops.save_model(q.model.model, dest)
+        self.settings.update(block_size=cfg.block_size, symmetric=cfg.symmetric)
+
+    def _op_types(self) -> list[str] | None:
+        cfg = self.cfg
+        if not cfg.op_types_include and not cfg.op_types_exclude:
+            return None
+        if cfg.op_types_include:
+            base = list(cfg.op_types_include)
+        else:
+            from onnxruntime.quantization.registry import IntegerOpsRegistry, QDQRegistry, QLinearOpsRegistry
+
+            reg = IntegerOpsRegistry if self.mode == "dynamic" else (
+                QDQRegistry if cfg.format == "qdq" else QLinearOpsRegistry)
+            base = sorted(reg)
+        return [t for t in base if t not in cfg.op_types_exclude]
+
+    def _candidate(self, float_nodes: list[str]) -> dict[str, Any]:
+        idx = len(self.candidates)
+        raw = self.tmp / f"cand{idx}.raw.onnx"
+        try:
+            self._quantize(float_nodes, raw)
+        except (UsageError, ValidationError):
+            raise
+        except Exception as e:
+            from optkit.core.errors import PassError
+
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise PassError(f"onnxruntime could not quantize {self.artifact.path} ({self.mode}): {first[:200]}") \
+                from None
+        final = self.tmp / f"cand{idx}.onnx"
+        model = ops.load_model(raw)
+        if self.cfg.compact:
+            ops.compact(model)
+        ops.save_model(model, final)
+        cand: dict[str, Any] = {"index": idx, "float_nodes": list(float_nodes), "raw": raw, "path": final,
+                                "bytes": ops.file_size(final), "ratio": ops.file_size(final) / self.artifact.size_bytes(),
+                                "chosen": False}
+        try:
+            sess = ops.session(final)
+            out = ops.run_all(sess, self.check_feeds, self.out_names)
+        except UsageError as e:
+            cand.update(passed=False, error=e.message, fidelity={"loss": float("inf"), "cosine": 0.0})
+            self.candidates.append(cand)
+            return cand
+        cand["fidelity"] = ops.fidelity(self.parent_outputs, out, self.out_names)
+        if self.cfg.metric:
+            cand["accuracy"] = self._accuracy(out)
+            cand["accuracy_drop"] = self._drop(cand["accuracy"])
+        cand["passed"] = self._passes(cand)
+        self.candidates.append(cand)
+        return cand
+
+    def _accuracy(self, outputs) -> float:
+        from optkit.measure.accuracy import compute
+
+        res = compute(self.cfg.metric, outputs, self.labels)
+        return float(res.get(self.cfg.metric, next(iter(res.values()))))
+
+    def _drop(self, acc: float) -> float:
+        if self.cfg.metric in LOWER_IS_BETTER:
+            return acc - self.parent_accuracy
+        return self.parent_accuracy - acc
+
+    def _passes(self, cand: dict[str, Any]) -> bool:
+        if cand.get("error"):
+            return False
+        kind, budget = self._budget()
+        if self.cfg.max_accuracy_drop is not None:
+            return cand["accuracy_drop"] <= budget + 1e-12
+        return bool(np.isfinite(cand["fidelity"]["loss"])) and cand["fidelity"]["loss"] <= budget
+
+    def _score(self, cand: dict[str, Any]) -> float:
+        if cand.get("error"):
+            return -np.inf
+        if self.cfg.max_accuracy_drop is not None:
+            return -cand["accuracy_drop"]
+        return -cand["fidelity"]["loss"]
+
+    def _figures(self, cand: dict[str, Any]) -> str:
+        if cand.get("error"):
+            return f"the quantized model does not load ({cand['error']})"
+        f = cand["fidelity"]
+        s = f"cosine {f['cosine']:.4f} (loss {f['loss']:.4g}), max |diff| {f['max_abs_error']:.3g}"
+        if f.get("top1_agreement") is not None:
+            s += f", top-1 agreement {f['top1_agreement']:.3f}"
+        if "accuracy" in cand:
+            s += f", {self.cfg.metric} {cand['accuracy']:.4f} (parent {self.parent_accuracy:.4f})"
+        kind, budget = self._budget()
+        return s + f"; budget: {kind} <= {budget:g}"
+
+    def _say_chosen(self, cand: dict[str, Any]) -> None:
+        ctx, r = self.ctx, self.settings
+        if self.mode in ("static", "dynamic"):
+            why = "this CPU has VNNI" if r.get("vnni") else "this CPU lacks VNNI (u8s8 kernels, reduce_range " \
+                                                          "avoids their saturation)"
+            ctx.note(f"{self.mode} INT8: activations {r['activation_type']}, weights {r['weight_type']}, "
+                     f"per-channel {'on' if r['per_channel'] else 'off'}, reduce-range "
+                     f"{'on' if r['reduce_range'] else 'off'} ({why})"
+                     + (f", {self.cfg.format.upper()}" if self.mode == "static" else ""))
+        ctx.note(f"checked against the parent on {r['check']['samples']} {r['check']['source']} inputs: "
+                 f"{self._figures(cand)}")
+        if cand["float_nodes"]:
+            ctx.note(f"kept {len(cand['float_nodes'])} sensitive nodes in float: {', '.join(cand['float_nodes'])}")
+        if len(self.candidates) > 1:
+            ctx.note(f"tried {len(self.candidates)} candidates (see measurements.quantize.candidates)")
+
+    # ------------------------------------------------------------ search helpers
+    def _rank(self, first: dict[str, Any]) -> list[tuple[str, float]]:
+        """Nodes ranked by how much error they add: error of their outputs against the FP32 activations
+        minus the error already on their inputs (measured on the fully quantized candidate)."""
+        fmodel = self.float_model
+        quantized = ops.load_model(first["raw"])
+        qtensors = {o for n in ops.all_nodes(quantized.graph) for o in n.output}
+        init = {i.name for i in fmodel.graph.initializer}
+        nodes = [n for n in fmodel.graph.node if n.name not in self.cfg.nodes_exclude]
+        tensors = sorted({o for n in nodes for o in n.output if o in qtensors})
+        feeds = {k: v[:32] for k, v in self.check_feeds.items()}
+        err: dict[str, float] = {}
+        try:
+            fs = ops.session(_save(ops.with_outputs(fmodel, tensors), self.tmp / "f_dbg.onnx"))
+            qs = ops.session(_save(ops.with_outputs(quantized, tensors), self.tmp / "q_dbg.onnx"))
+            fo = ops.run_all(fs, feeds, tensors)
+            qo = ops.run_all(qs, feeds, tensors)
+            err = {t: ops.rel_error(a, b) for t, a, b in zip(tensors, fo, qo)}
+        except Exception:  # some graphs will not expose intermediates: rank by op type instead
+            err = {}
+        qnames = {n.name for n in quantized.graph.node}
+        scores = []
+        for n in nodes:
+            outs = [err[o] for o in n.output if o in err]
+            if not outs:
+                if err:
+                    continue
+                score = 1.0 if n.op_type in ops.WEIGHT_OPS + ops.RECURRENT + ops.CONTROL_FLOW else 0.0
+            else:
+                ins = [err.get(i, 0.0) for i in n.input if i and i not in init]
+                score = max(outs) - max(ins, default=0.0)
+            touched = n.name not in qnames or n.op_type in ops.WEIGHT_OPS + ops.RECURRENT + ops.CONTROL_FLOW
+            if score > 0 and touched:
+                scores.append((n.name, float(score)))
+        scores.sort(key=lambda s: -s[1])
+        self.settings["sensitivity"] = [{"node": n, "added_error": round(s, 6)} for n, s in scores[:20]]
+        return scores
+
+    def _latency(self, cands: list[dict[str, Any]]) -> None:
+        if not self.cfg.measure_candidates:
+            return
+        from optkit.measure.model import MeasureSettings, measure
+
+        settings = MeasureSettings(warmup=5, runs=50, shapes=self.ctx.shapes, seed=self.ctx.seed)
+        try:
+            base = measure(self.artifact, settings)["latency"]["p50_ms"]
+            self.settings["parent_p50_ms"] = base
+            for c in cands:
+                if c.get("error"):
+                    continue
+                p50 = measure(Artifact.load(c["path"]), settings)["latency"]["p50_ms"]
+                c["p50_ms"] = p50
+                c["latency_ratio"] = p50 / base if base else None
+        except Exception as e:  # latency is informative here; a failure must not hide the result
+            self.ctx.note(f"candidate latency not measured: {e}")
+
+
+def _Reader(feeds: dict[str, np.ndarray], parent_session):
+    """onnxruntime CalibrationDataReader over bound feeds, in batches the model accepts."""
+    from onnxruntime.quantization import CalibrationDataReader
+
+    from optkit.measure.inputs import fixed_batch
+
+    fixed = fixed_batch(ops.input_specs(parent_session))
+    step = fixed or 16
+    n = len(next(iter(feeds.values())))
+    stop = n - n % step if fixed else n
+    items = [{k: v[s:s + step] for k, v in feeds.items()} for s in range(0, stop, step)]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self._it = iter(items)
+
+        def get_next(self):
+            return next(self._it, None)
+
+        def rewind(self):
+            self._it = iter(items)
+
+    return Reader()
+
+
+def _stack(feeds_list: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    return {k: np.concatenate([f[k] for f in feeds_list], axis=0) for k in feeds_list[0]}
+
+
+def _save(model, path: Path) -> Path:
+    ops.save_model(model, path)
+    return path
+
+
+def _schedule(n: int, budget: int) -> list[int]:
+    """How many nodes to keep in float at each step: 1, 2, 4, ... then all ranked nodes."""
+    steps, k = [], 1
+    while k < n and len(steps) < budget - 1:
+        steps.append(k)
+        k *= 2
+    if n and len(steps) < budget:
+        steps.append(n)
+    return steps
+
+
+def _public(c: dict[str, Any]) -> dict[str, Any]:
+    keep = ("index", "float_nodes", "bytes", "ratio", "accuracy", "accuracy_drop", "p50_ms", "latency_ratio",
+            "passed", "chosen", "error", "rejected_file")
+    d = {k: c[k] for k in keep if k in c}
+    if "fidelity" in c:
+        d["fidelity"] = {k: v for k, v in c["fidelity"].items() if k != "outputs"}
+    return d
