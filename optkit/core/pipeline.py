@@ -61,3 +61,233 @@ def run_pass(artifact: Artifact, pass_name: str, config: dict[str, Any], output:
         raise PassError(f"pass {pass_name} reported {result.path} but wrote nothing")
     return StageResult(name=pass_name, pass_name=pass_name, input=artifact, output=result,
                        config=cfg.model_dump(mode="json"), duration_s=time.perf_counter() - start, ctx=ctx)
+
+
+# ---------------------------------------------------------------- recipes: the whole pipeline
+
+EXTENSIONS = {"onnx": "model.onnx", "tflite": "model.tflite", "keras": "model.keras", "tf-savedmodel": "model_savedmodel",
+              "torchscript": "model.pt", "torch-export": "model.pt2", "trt-engine": "model.engine"}
+
+
+def stage_output_name(fmt) -> str:
+    return EXTENSIONS.get(getattr(fmt, "value", str(fmt)), "model")
+
+
+@dataclass
+class RunOptions:
+    workspace: Path = Path("runs")
+    use_cache: bool = True
+    resume: bool = True
+    baseline: str | None = None
+    command: str = ""
+    progress: Any = None
+
+
+@dataclass
+class RunOutcome:
+    report: Any            # optkit.report.schema.Report
+    run_dir: Path
+    gate_results: list = field(default_factory=list)
+
+    @property
+    def failed_gates(self) -> list:
+        return [g for g in self.gate_results if not g.passed]
+
+
+def plan(loaded, baseline: str | None = None) -> list[dict[str, Any]]:
+    """Validate a recipe (nothing runs) and return its plan: one row per stage."""
+    from optkit.core.formats import detect_format
+    from optkit.recipe import validate
+
+    resolved = validate(loaded, baseline=baseline)
+    rows = [{"stage": "00-input", "pass": "-", "accepts": "-",
+             "format": detect_format(loaded.resolve(loaded.recipe.model.path)).value, "config": {}}]
+    for i, ((cls, cfg), name) in enumerate(zip(resolved, loaded.stage_names()), start=1):
+        rows.append({"stage": f"{i:02d}-{name}", "pass": cls.name,
+                     "accepts": ", ".join(f.value for f in cls.accepts), "format": cls.produces.value,
+                     "config": cfg.model_dump(mode="json", exclude_defaults=True)})
+    return rows
+
+
+def execute(loaded, opts: RunOptions | None = None) -> RunOutcome:
+    """Run a recipe: validate everything first, then each stage (cached, resumable), measure, gate, report."""
+    from optkit.core.artifact import Artifact
+    from optkit.gates import evaluate, gates_of_recipe
+    from optkit.recipe import validate
+    from optkit.report.schema import Report
+    from optkit.workspace import Progress, Workspace
+
+    opts = opts or RunOptions()
+    progress = opts.progress or Progress(quiet=True)
+    r = loaded.recipe
+    resolved = validate(loaded, baseline=opts.baseline)
+    baseline_path = opts.baseline or loaded.resolve(r.baseline)
+    baseline = Report.load(baseline_path) if baseline_path else None
+    gates = gates_of_recipe(loaded)
+    data = _load_data(loaded)
+    source = Artifact.load(loaded.resolve(r.model.path), weights=loaded.resolve(r.model.weights),
+                           signature=r.model.signature)
+
+    _preload()
+    ws = Workspace(Path(opts.workspace), loaded.name)
+    run = ws.open_run(loaded, resume=opts.resume)
+    progress.start_run(run, len(resolved) + 1)
+    stages = []
+    try:
+        # stage 0: the input model, measured as it is
+        stage0, art = run.completed_stage(0, "input", expect_input=None, expect_output=source.sha256)
+        if stage0 is None:
+            progress.stage_start(0, "input", "-")
+            with run.building(0, "input") as tmp:
+                stage0 = _measure_stage(loaded, source, None, data, progress, name="input")
+                run.write_stage(tmp, stage0)
+            progress.stage_done(0, "input")
+        else:
+            progress.stage_done(0, "input", resumed=True)
+        stages.append(stage0)
+        current = source
+        names = loaded.stage_names()
+        for i, ((cls, cfg), name) in enumerate(zip(resolved, names), start=1):
+            spec = r.stages[i - 1]
+            config = cfg.model_dump(mode="json")
+            done, art = run.completed_stage(i, name, expect_input=current.sha256)
+            if done is not None:
+                progress.stage_done(i, name, resumed=True)
+                done.notes.append("resumed: completed earlier in this run")
+                stages.append(done)
+                current = art
+                continue
+            progress.stage_start(i, name, cls.name)
+            key = ws.cache_key(current, cls.name, config, data, r.measure)
+            with run.building(i, name) as tmp:
+                final_dir = run.stage_dir(i, name)
+                hit = ws.cache_get(key, tmp) if opts.use_cache else None
+                if hit is not None:
+                    result = StageResult(name=name, pass_name=cls.name, input=current, output=hit["artifact"],
+                                         config=config, duration_s=hit["duration_s"],
+                                         ctx=PassContext(output=tmp / stage_output_name(cls.produces),
+                                                         notes=list(hit["notes"]), warnings=list(hit["warnings"]),
+                                                         measurements=dict(hit["measurements"])),
+                                         cached=True)
+                    result.ctx.note(f"reused from the cache (key {key[:12]}, computed {hit['created']})")
+                else:
+                    progress.step(f"running {cls.name}" + _long_hint(cls.name))
+                    result = run_pass(current, cls.name, spec.config, tmp / stage_output_name(cls.produces),
+                                      shapes=r.measure.shapes, seed=r.measure.seed, data=data["datasets"])
+                    result.name = name
+                    if opts.use_cache:
+                        ws.cache_put(key, tmp, result)
+                out = _relocate(result.output, tmp, final_dir)
+                result.output = out
+                measured_art = _relocate(out, final_dir, tmp)  # measure where the files are now
+                stage = _measure_stage(loaded, measured_art, result, data, progress, name=name,
+                                       reference=source)
+                stage.output.path = out.path
+                run.write_stage(tmp, stage)
+            progress.stage_done(i, name, cached=result.cached, seconds=result.duration_s)
+            stages.append(stage)
+            current = out
+        report = Report(command=opts.command or f"optkit run {loaded.path or ''}".strip(), recipe=loaded.raw,
+                        stages=stages, run=run.info())
+        if gates:
+            report.gates = evaluate(report, gates, baseline)
+        run.finish(report)
+    except BaseException as e:
+        run.abort("interrupted" if isinstance(e, KeyboardInterrupt) else "failed")
+        raise
+    progress.end_run(run)
+    return RunOutcome(report=report, run_dir=run.path, gate_results=list(report.gates))
+
+
+def _preload() -> None:
+    """Import onnx and onnxruntime once here, so each forked measurement child does not pay for it."""
+    import importlib
+    import sys
+
+    if any(m in sys.modules for m in ("torch", "tensorflow")):
+        return  # measurements will spawn, not fork: nothing to gain
+    for mod in ("onnx", "onnxruntime", "optkit.measure.size", "optkit.measure.accuracy", "optkit.measure.fidelity",
+                "optkit.measure.inputs", "optkit.measure.latency", "optkit.runtimes.onnx"):
+        try:
+            importlib.import_module(mod)
+        except ImportError:
+            pass
+
+
+def _long_hint(pass_name: str) -> str:
+    if "static" in pass_name or "int4" in pass_name:
+        return " (calibration)"
+    if pass_name.startswith(("prune.", "qat.")):
+        return " (fine-tuning)"
+    if pass_name.startswith("tensorrt."):
+        return " (building the engine)"
+    return ""
+
+
+def _relocate(art, src_dir: Path, dst_dir: Path):
+    """The same artifact with its path moved from src_dir to dst_dir (when it lies inside src_dir)."""
+    import dataclasses
+
+    try:
+        rel = Path(art.path).resolve().relative_to(Path(src_dir).resolve())
+    except ValueError:
+        return art
+    return dataclasses.replace(art, path=str(Path(dst_dir) / rel))
+
+
+def _load_data(loaded) -> dict[str, Any]:
+    """Datasets for the passes (loaded before any work, so a bad file fails early) and DataSpecs to measure."""
+    from optkit.measure.datasets import load_dataset
+    from optkit.measure.model import DataSpec
+
+    r = loaded.recipe
+    datasets, specs = {}, {}
+    for key in ("calibration", "eval", "train"):
+        item = getattr(r.data, key)
+        if item is None:
+            continue
+        path, labels = loaded.resolve(item.path), loaded.resolve(item.labels)
+        pre = item.preprocess.model_dump() if item.preprocess else None
+        try:
+            ds = load_dataset(path, pre, labels).subset(item.max_samples, r.measure.seed)
+        except UsageError as e:
+            raise UsageError(f"{loaded.where(('data', key, 'path'))}: {e.message}") from None
+        if key == "eval" and ds.labels is None and item.metric in ("top1", "top5"):
+            raise UsageError(f"{loaded.where(('data', key, 'path'))}: {item.path} has no labels for metric "
+                             f"{item.metric}")
+        datasets[key] = ds
+        specs[key] = DataSpec(path=path, labels=labels, preprocess=pre, max_samples=item.max_samples)
+    return {"datasets": datasets, "specs": specs}
+
+
+def measure_settings(section):
+    from optkit.measure.model import MeasureSettings
+
+    return MeasureSettings(provider=section.provider, threads=section.threads, batch=section.batch,
+                           warmup=section.warmup, runs=section.runs, shapes=section.shapes, seed=section.seed)
+
+
+def _measure_stage(loaded, art, result, data, progress, *, name: str, reference=None):
+    from optkit.core.formats import Format
+    from optkit.measure.model import measure
+    from optkit.measure.trials import latency_trials
+    from optkit.report.build import input_stage, pass_stage
+
+    r = loaded.recipe
+    settings = measure_settings(r.measure)
+    if art.format not in (Format.ONNX, Format.TRT_ENGINE):
+        settings = settings.model_copy(update={"provider": "cpu"})
+    ev = data["specs"].get("eval")
+    metric = r.data.eval.metric if ev is not None else None
+    progress.step("measuring size" + (f", {metric}" if metric else "") + (", fidelity" if reference else ""))
+    figures = measure(art, settings, latency=False, data=ev, metric=metric, reference=reference)
+    if r.measure.latency:
+        progress.step(f"benchmarking latency: {r.measure.trials} trials x {r.measure.runs} runs"
+                      + (" + reference workload" if r.measure.normalize else ""))
+        figures["latency"] = latency_trials(art, settings, trials=r.measure.trials, normalize=r.measure.normalize,
+                                            data=ev)
+    if result is None:
+        stage = input_stage(art, figures, name=name)
+    else:
+        stage = pass_stage(result, figures)
+    return stage

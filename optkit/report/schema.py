@@ -62,6 +62,7 @@ class Report(BaseModel):
     machine: dict[str, Any] = Field(default_factory=lambda: machine_info())
     versions: dict[str, str] = Field(default_factory=lambda: library_versions())
     recipe: dict[str, Any] | None = None
+    run: dict[str, Any] | None = None          # run id, folder, whether it resumed (optkit run)
     stages: list[Stage] = Field(default_factory=list)
     gates: list[GateResult] = Field(default_factory=list)
 

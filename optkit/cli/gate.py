@@ -1,0 +1,74 @@
+"""optkit gate REPORT.json [GATE ...] [--baseline BASE.json]"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+from optkit.cli import common
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("gate")
+    def gate_cmd(
+        report: str = typer.Argument(..., help="A report.json (from optkit run, or any command's --report)."),
+        gates: Optional[List[str]] = typer.Argument(
+            None, help="Gates like 'size_mb <= 5', 'accuracy_drop <= 0.01', 'latency_regression_pct <= 10', "
+                       "'latency_p90_ms@quantize <= 3'. Default: the recipe's gates stored in the report."),
+        baseline: Optional[str] = typer.Option(None, "--baseline", help="Baseline report.json (regression gates)."),
+        junit: Optional[str] = typer.Option(None, "--junit", help="Also write JUnit XML (one test case per gate)."),
+        markdown: Optional[str] = typer.Option(None, "--markdown", help="Also write the Markdown report."),
+        output: Optional[str] = typer.Option(None, "--output", help="Write the report with these verdicts."),
+        as_json: bool = common.JSON,
+    ) -> None:
+        """Check gates on a report: exit 1 when one fails, with a table of every gate and its margin."""
+        import json
+
+        from optkit.core.atomic import check_output_path, write_text
+        from optkit.core.errors import GateFailed, UsageError
+        from optkit.gates import evaluate, parse_gates
+        from optkit.report.schema import Report
+
+        for p in (junit, markdown, output):
+            if p:
+                check_output_path(p)
+        rep = Report.load(report)
+        specs = list(gates or []) or list((rep.recipe or {}).get("gates") or [])
+        if not specs:
+            raise UsageError("no gates given and the report's recipe has none; e.g. optkit gate "
+                             f"{report} 'size_mb <= 5'")
+        parsed = parse_gates(specs)
+        base = Report.load(baseline) if baseline else None
+        rep.gates = evaluate(rep, parsed, base)
+        if output:
+            rep.save(output)
+        if junit:
+            from optkit.report.junit import to_junit
+
+            write_text(junit, to_junit(rep))
+        if markdown:
+            from optkit.report.render import to_markdown
+
+            write_text(markdown, to_markdown(rep))
+        if as_json:
+            common.print_json(json.dumps([g.model_dump() for g in rep.gates], indent=2))
+        else:
+            _print_gates(rep)
+        bad = [g for g in rep.gates if not g.passed]
+        if bad:
+            raise GateFailed(f"{len(bad)} of {len(rep.gates)} gates failed: " + ", ".join(g.gate for g in bad))
+
+
+def _print_gates(rep) -> None:
+    from rich.table import Table
+
+    from optkit.report.table import gate_rows
+
+    t = Table(title="gates", title_justify="left")
+    for c in ("gate", "stage", "value", "threshold", "margin", "verdict", "detail"):
+        t.add_column(c)
+    for g, row in zip(rep.gates, gate_rows(rep)):
+        style = "green" if g.passed else "bold red"
+        t.add_row(row["gate"], g.stage, row["value"], row["threshold"], row["margin"],
+                  f"[{style}]{row['verdict']}[/{style}]", g.detail)
+    common.console().print(t)

@@ -1,0 +1,68 @@
+"""optkit report compare A.json B.json; optkit report render REPORT.json --format md|html|junit|console"""
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from optkit.cli import common
+
+
+def register(app: typer.Typer) -> None:
+    report_app = typer.Typer(help="Render and compare reports.", no_args_is_help=True)
+    app.add_typer(report_app, name="report")
+
+    @report_app.command("compare")
+    def compare_cmd(
+        a: str = typer.Argument(..., help="First report.json (A, e.g. the baseline)."),
+        b: str = typer.Argument(..., help="Second report.json (B, e.g. this change)."),
+        markdown: bool = typer.Option(False, "--markdown", help="Print Markdown instead of a table."),
+        as_json: bool = common.JSON,
+    ) -> None:
+        """Side-by-side differences of two runs: size, p50 latency (with noise) and accuracy per stage."""
+        import json
+
+        from optkit.report import compare as cmp
+        from optkit.report.schema import Report
+
+        ra, rb = Report.load(a), Report.load(b)
+        rows = cmp.compare(ra, rb)
+        if as_json:
+            common.print_json(json.dumps([{"stage": r["stage"], **r["raw"]} for r in rows], indent=2))
+        elif markdown:
+            common.print_json(cmp.to_markdown(a, b, rows))
+        else:
+            cmp.to_console(a, b, rows, common.console())
+
+    @report_app.command("render")
+    def render_cmd(
+        report: str = typer.Argument(..., help="A report.json."),
+        fmt: str = typer.Option("console", "--format", help="console, md, html, junit or json."),
+        output: Optional[str] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout."),
+    ) -> None:
+        """Render a report as a table, Markdown, self-contained HTML or JUnit XML."""
+        from optkit.core.atomic import check_output_path, write_text
+        from optkit.core.errors import UsageError
+        from optkit.report.schema import Report
+
+        renderers = {"md": "optkit.report.render:to_markdown", "markdown": "optkit.report.render:to_markdown",
+                     "html": "optkit.report.html:to_html", "junit": "optkit.report.junit:to_junit",
+                     "json": "optkit.report.render:to_json"}
+        if fmt not in renderers and fmt != "console":
+            raise UsageError(f"unknown --format {fmt!r}; choose console, md, html, junit or json")
+        if output:
+            check_output_path(output)
+        rep = Report.load(report)
+        if fmt == "console":
+            from optkit.report.render import to_console
+
+            to_console(rep, common.console())
+            return
+        import importlib
+
+        mod, fn = renderers[fmt].split(":")
+        text = getattr(importlib.import_module(mod), fn)(rep)
+        if output:
+            write_text(output, text if text.endswith("\n") else text + "\n")
+        else:
+            common.print_json(text)

@@ -1,0 +1,78 @@
+"""optkit run RECIPE.yaml [--dry-run] [--no-cache] [--baseline REPORT.json]"""
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from optkit.cli import common
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("run")
+    def run_cmd(
+        recipe: str = typer.Argument(..., help="Recipe YAML file (`optkit recipe new` writes a starter)."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Validate the recipe and print the plan; run nothing."),
+        no_cache: bool = typer.Option(False, "--no-cache", help="Recompute every stage (do not reuse cached ones)."),
+        new: bool = typer.Option(False, "--new", help="Start a new run even if the last one was interrupted."),
+        workspace: str = typer.Option("runs", "--workspace", help="Folder for runs/<recipe>/<run-id>/."),
+        baseline: Optional[str] = typer.Option(None, "--baseline",
+                                               help="Baseline report.json for the baseline gates."),
+        as_json: bool = common.JSON,
+    ) -> None:
+        """Run a recipe: every stage, measured, cached and resumable; reports; exit 1 when a gate fails."""
+        from pathlib import Path
+
+        from optkit.core.errors import GateFailed, UsageError
+        from optkit.core.pipeline import RunOptions, execute, plan
+        from optkit.recipe import load_recipe
+
+        loaded = load_recipe(recipe)
+        if baseline and not Path(baseline).is_file():
+            raise UsageError(f"baseline report {baseline} not found")
+        if dry_run:
+            rows = plan(loaded, baseline=baseline)
+            _print_plan(loaded, rows, as_json)
+            return
+        from optkit.workspace import Progress
+
+        opts = RunOptions(workspace=Path(workspace), use_cache=not no_cache, resume=not new, baseline=baseline,
+                          command=f"optkit run {recipe}", progress=Progress(quiet=False))
+        outcome = execute(loaded, opts)
+        common.emit(outcome.report, None, as_json)
+        bad = outcome.failed_gates
+        if bad:
+            raise GateFailed(f"{len(bad)} of {len(outcome.gate_results)} gates failed: "
+                             + ", ".join(g.gate for g in bad) + f" (see {outcome.run_dir}/report.md)")
+
+
+def _print_plan(loaded, rows, as_json: bool) -> None:
+    import json
+
+    from optkit.gates import gates_of_recipe
+    from optkit.recipe import measured_figures
+
+    gates = [g.text for g in gates_of_recipe(loaded)]
+    m = loaded.recipe.measure
+    if as_json:
+        common.print_json(json.dumps({"recipe": str(loaded.path), "name": loaded.name, "valid": True,
+                                      "stages": rows, "gates": gates,
+                                      "measure": m.model_dump(), "figures": sorted(measured_figures(loaded))},
+                                     indent=2))
+        return
+    from rich.table import Table
+
+    con = common.console()
+    t = Table(title=f"plan: {loaded.path} (valid; nothing run)", title_justify="left")
+    for c in ("stage", "pass", "accepts", "gives", "config"):
+        t.add_column(c)
+    for r in rows:
+        t.add_row(r["stage"], r["pass"], r["accepts"], r["format"],
+                  ", ".join(f"{k}={v}" for k, v in r["config"].items()) or "-")
+    con.print(t)
+    lat = (f"latency {m.trials} trials x {m.runs} runs (warm-up {m.warmup}), batch {m.batch}, "
+           f"threads {m.threads or 'default'}, provider {m.provider}" + (", normalised" if m.normalize else "")) \
+        if m.latency else "no latency"
+    con.print(f"measure: size, {lat}" + (f", {loaded.recipe.data.eval.metric} on {loaded.recipe.data.eval.path}"
+                                         if loaded.recipe.data.eval else ""))
+    con.print("gates: " + ("; ".join(gates) if gates else "none"))

@@ -1,0 +1,276 @@
+"""Gates: thresholds on report figures that turn a run into an exit code.
+
+A gate is written `metric <= value` (or `<`, `>=`, `>`), optionally `metric@stage <= value`; the default
+stage is the last one. Three kinds:
+
+- absolute: size_mb, latency_p50_ms / latency_p90_ms / latency_p99_ms, normalized_latency, accuracy,
+  cosine, top1_agreement
+- relative to the first stage (the input model): accuracy_drop, size_ratio, speedup
+- relative to a baseline report: latency_regression_pct, size_growth_pct, accuracy_drop_vs_baseline
+
+Latency gates are noise-aware: latency is measured in repeated trials, and a gate on a latency figure
+fails only when the figure is past its threshold by more than the measured noise (the 95% confidence
+half-width of the figure; for a regression, of both runs combined). `latency_regression_pct` uses the
+machine-normalised latency (model / fixed reference workload timed in the same run) when both reports
+have it, so a baseline taken on one machine is usable on another.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from optkit.core.errors import UsageError
+from optkit.report.schema import GateResult, Report, Stage
+
+OPS: dict[str, Callable[[float, float], bool]] = {
+    "<=": lambda v, t: v <= t, "<": lambda v, t: v < t, ">=": lambda v, t: v >= t, ">": lambda v, t: v > t,
+}
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    kind: str            # absolute, first, baseline
+    needs: str           # the figure it reads: size, latency, normalized, accuracy, fidelity
+    unit: str
+    help: str
+
+
+METRICS: dict[str, Metric] = {m.name: m for m in (
+    Metric("size_mb", "absolute", "size", "MB", "model size on disk"),
+    Metric("latency_p50_ms", "absolute", "latency", "ms", "median latency"),
+    Metric("latency_p90_ms", "absolute", "latency", "ms", "90th percentile latency"),
+    Metric("latency_p99_ms", "absolute", "latency", "ms", "99th percentile latency"),
+    Metric("normalized_latency", "absolute", "normalized", "x ref", "p50 / the reference workload's p50"),
+    Metric("accuracy", "absolute", "accuracy", "", "the eval metric (e.g. top1)"),
+    Metric("cosine", "absolute", "fidelity", "", "cosine similarity of outputs to the input model"),
+    Metric("top1_agreement", "absolute", "fidelity", "", "share of samples with the input model's top-1"),
+    Metric("accuracy_drop", "first", "accuracy", "", "first stage's accuracy minus this stage's"),
+    Metric("size_ratio", "first", "size", "x", "this stage's size / the first stage's"),
+    Metric("speedup", "first", "latency", "x", "first stage's p50 / this stage's p50"),
+    Metric("latency_regression_pct", "baseline", "latency", "%", "latency change vs the baseline report"),
+    Metric("size_growth_pct", "baseline", "size", "%", "size change vs the baseline report"),
+    Metric("accuracy_drop_vs_baseline", "baseline", "accuracy", "", "baseline accuracy minus this run's"),
+)}
+ALIASES = {"p50_ms": "latency_p50_ms", "p90_ms": "latency_p90_ms", "p99_ms": "latency_p99_ms",
+           "size": "size_mb", "latency_regression": "latency_regression_pct", "size_growth": "size_growth_pct"}
+
+_GATE = re.compile(r"^\s*(?P<metric>[A-Za-z0-9_]+)(?:@(?P<stage>[\w.\-]+))?\s*(?P<op><=|>=|<|>)\s*"
+                   r"(?P<value>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*(?P<pct>%)?\s*$")
+
+
+@dataclass(frozen=True)
+class Gate:
+    metric: str
+    op: str
+    threshold: float
+    stage: str | None = None
+
+    @property
+    def text(self) -> str:
+        at = f"@{self.stage}" if self.stage else ""
+        return f"{self.metric}{at} {self.op} {self.threshold:g}"
+
+
+def _metric(name: str) -> str:
+    name = ALIASES.get(name, name)
+    if name not in METRICS:
+        import difflib
+
+        close = difflib.get_close_matches(name, list(METRICS) + list(ALIASES), n=1)
+        hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(METRICS)}"
+        raise UsageError(f"unknown gate metric {name!r}; {hint}")
+    return name
+
+
+def parse_gate(spec: Any) -> Gate:
+    """A gate from `metric[@stage] OP value` or a mapping {metric, stage, max|min|op+value}."""
+    if isinstance(spec, str):
+        m = _GATE.match(spec)
+        if not m:
+            raise UsageError(f"cannot read gate {spec!r}; write it as `metric <= value`, e.g. `size_mb <= 5`")
+        return Gate(_metric(m["metric"]), m["op"], float(m["value"]), m["stage"])
+    d = spec.model_dump() if hasattr(spec, "model_dump") else dict(spec)
+    metric = _metric(str(d.get("metric")))
+    given = [k for k in ("max", "min", "value") if d.get(k) is not None]
+    if len(given) != 1:
+        raise UsageError(f"gate on {metric} needs exactly one of max, min, or op with value")
+    if given[0] == "max":
+        op, value = d.get("op") or "<=", d["max"]
+    elif given[0] == "min":
+        op, value = d.get("op") or ">=", d["min"]
+    else:
+        if not d.get("op"):
+            raise UsageError(f"gate on {metric} has a value but no op (<=, <, >=, >)")
+        op, value = d["op"], d["value"]
+    return Gate(metric, op, float(value), d.get("stage"))
+
+
+def parse_gates(specs) -> list[Gate]:
+    return [parse_gate(s) for s in specs or []]
+
+
+def gates_of_recipe(loaded) -> list[Gate]:
+    return parse_gates(loaded.recipe.gates)
+
+
+def check_gates_plan(gates: list[Gate], *, stages: list[str], measured: set[str], has_baseline: bool) -> None:
+    """Before any work: each gate names a known stage and a figure the run will measure."""
+    for g in gates:
+        meta = METRICS[g.metric]
+        if g.stage and g.stage not in stages:
+            raise UsageError(f"gate {g.text!r}: no stage named {g.stage!r}; stages: {', '.join(stages)}")
+        if meta.needs not in measured:
+            why = {"latency": "latency is not measured (measure.latency: false)",
+                   "normalized": "normalised latency is not measured (measure.normalize: false)",
+                   "accuracy": "accuracy is not measured (add data.eval)",
+                   "fidelity": "fidelity is not measured"}.get(meta.needs, f"{meta.needs} is not measured")
+            raise UsageError(f"gate {g.text!r} cannot be checked: {why}")
+        if meta.kind == "baseline" and not has_baseline:
+            raise UsageError(f"gate {g.text!r} compares with a baseline report; set `baseline:` or --baseline")
+
+
+# ---------------------------------------------------------------- reading figures
+
+def _size(s: Stage) -> float | None:
+    return (s.measurements.get("size") or {}).get("bytes")
+
+
+def _lat(s: Stage, key: str = "p50_ms") -> float | None:
+    return (s.measurements.get("latency") or {}).get(key)
+
+
+def _noise_rel(s: Stage, normalized: bool = False) -> float:
+    """Relative 95% half-width of the stage's latency (0 when measured in one trial)."""
+    lat = s.measurements.get("latency") or {}
+    v = lat.get("normalized_ci95_pct" if normalized else "ci95_pct")
+    return (v or 0.0) / 100
+
+
+def _acc(s: Stage) -> float | None:
+    acc = s.measurements.get("accuracy") or {}
+    metric = acc.get("metric")
+    v = acc.get(metric) if metric else None
+    return float(v) if isinstance(v, (int, float)) else None
+
+
+def _find(report: Report, name: str | None, what: str) -> Stage:
+    if not report.stages:
+        raise UsageError(f"{what} has no stages")
+    if name is None:
+        return report.stages[-1]
+    for s in report.stages:
+        if s.name == name:
+            return s
+    raise UsageError(f"{what} has no stage {name!r}; stages: {', '.join(s.name for s in report.stages)}")
+
+
+def _value(g: Gate, report: Report, baseline: Report | None) -> tuple[float | None, float, str]:
+    """(value, noise in the value's unit, detail); value None when a figure is missing."""
+    s = _find(report, g.stage, "the report")
+    first = report.stages[0]
+    m = g.metric
+    if m == "size_mb":
+        b = _size(s)
+        return (None if b is None else b / 1e6), 0.0, ""
+    if m.startswith("latency_p"):
+        key = m[len("latency_"):]
+        v = _lat(s, key)
+        noise = (v or 0) * _noise_rel(s)
+        return v, noise, _ci_detail(s)
+    if m == "normalized_latency":
+        v = _lat(s, "normalized")
+        return v, (v or 0) * _noise_rel(s, True), _ci_detail(s, True)
+    if m == "accuracy":
+        return _acc(s), 0.0, ((s.measurements.get("accuracy") or {}).get("metric") or "")
+    if m in ("cosine", "top1_agreement"):
+        v = (s.measurements.get("fidelity") or {}).get(m)
+        return v, 0.0, ""
+    if m == "accuracy_drop":
+        a, b = _acc(first), _acc(s)
+        return (None if a is None or b is None else a - b), 0.0, f"{first.name} {_f(a)} -> {s.name} {_f(b)}"
+    if m == "size_ratio":
+        a, b = _size(first), _size(s)
+        return (None if not a or b is None else b / a), 0.0, f"{first.name} -> {s.name}"
+    if m == "speedup":
+        a, b = _lat(first), _lat(s)
+        if not a or not b:
+            return None, 0.0, ""
+        v = a / b
+        rel = math.hypot(_noise_rel(first), _noise_rel(s))
+        return v, v * rel, f"p50 {a:.4g} -> {b:.4g} ms"
+    # baseline
+    if baseline is None:
+        raise UsageError(f"gate {g.text!r} compares with a baseline report; pass --baseline REPORT.json")
+    try:
+        bs = _find(baseline, s.name, "the baseline report")
+    except UsageError:
+        bs = baseline.stages[-1]
+    if m == "size_growth_pct":
+        a, b = _size(bs), _size(s)
+        return (None if not a or b is None else 100 * (b / a - 1)), 0.0, f"{_mb(a)} -> {_mb(b)}"
+    if m == "accuracy_drop_vs_baseline":
+        a, b = _acc(bs), _acc(s)
+        return (None if a is None or b is None else a - b), 0.0, f"baseline {_f(a)} -> {_f(b)}"
+    # latency_regression_pct: machine-normalised when both runs have it
+    na, nb = _lat(bs, "normalized"), _lat(s, "normalized")
+    if na and nb:
+        a, b, norm = na, nb, True
+        basis = "normalised"
+    else:
+        a, b, norm = _lat(bs), _lat(s), False
+        basis = "p50 ms"
+    if not a or not b:
+        return None, 0.0, ""
+    v = 100 * (b / a - 1)
+    noise = 100 * (b / a) * math.hypot(_noise_rel(bs, norm), _noise_rel(s, norm))
+    return v, noise, f"{basis} {a:.4g} -> {b:.4g}"
+
+
+def _f(v) -> str:
+    return "-" if v is None else f"{v:.4f}"
+
+
+def _mb(v) -> str:
+    return "-" if v is None else f"{v / 1e6:.3f} MB"
+
+
+def _ci_detail(s: Stage, normalized: bool = False) -> str:
+    lat = s.measurements.get("latency") or {}
+    rel = lat.get("normalized_ci95_pct" if normalized else "ci95_pct")
+    if rel is None:
+        return ""
+    return f"±{rel:.1f}% over {lat.get('trials')} trials"
+
+
+def evaluate(report: Report, gates: list[Gate], baseline: Report | None = None) -> list[GateResult]:
+    """Check every gate; a gate on a figure the report lacks is a usage error (exit 2)."""
+    results = []
+    for g in gates:
+        value, noise, detail = _value(g, report, baseline)
+        stage = _find(report, g.stage, "the report").name
+        if value is None:
+            raise UsageError(f"gate {g.text!r}: the report has no {METRICS[g.metric].needs} figures for stage "
+                             f"{stage!r}")
+        # noise-aware: past the threshold by more than the measured noise
+        if g.op in ("<=", "<"):
+            passed = OPS[g.op](value - noise, g.threshold)
+            margin = g.threshold + noise - value
+        else:
+            passed = OPS[g.op](value + noise, g.threshold)
+            margin = value + noise - g.threshold
+        if noise:
+            detail = (detail + "; " if detail else "") + f"noise ±{noise:.3g}"
+        results.append(GateResult(gate=g.text, metric=g.metric, stage=stage, value=value, threshold=g.threshold,
+                                  op=g.op, passed=passed, margin=margin, detail=detail))
+    return results
+
+
+def failed(results: list[GateResult]) -> list[GateResult]:
+    return [r for r in results if not r.passed]
+
+
+def describe_metrics() -> list[tuple[str, str, str]]:
+    return [(m.name, m.kind, m.help) for m in METRICS.values()]

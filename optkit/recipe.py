@@ -1,0 +1,445 @@
+"""Recipes: one YAML file describes a whole optimization (model, data, stages, measurement, gates).
+
+Loading is strict: a typo or a wrong type is a one-line error that names the file, the YAML line and the
+key (`recipes/x.yaml:12: stages[1].config.bits: unknown option`). `validate` then checks everything that
+can be checked before any work starts: files exist, passes exist and are installed, pass configs, that
+each stage accepts the previous stage's format, and that every gate is on a figure the recipe measures.
+Paths in a recipe are relative to the recipe file.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError as PydanticValidationError, field_validator
+
+from optkit.core.errors import UsageError
+from optkit.measure.datasets import Preprocess
+
+RECIPE_VERSION = 1
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class ModelSpec(_Strict):
+    path: str = Field(description="Model file, SavedModel folder, or file.py:make_model factory.")
+    weights: str | None = Field(default=None, description="State dict for a factory (weights_only=True).")
+    signature: str | None = Field(default=None, description="SavedModel signature.")
+
+
+class DataItem(_Strict):
+    path: str
+    labels: str | None = None
+    preprocess: Preprocess | None = None
+    max_samples: int | None = Field(default=None, ge=1)
+
+
+class EvalData(DataItem):
+    metric: str = "top1"
+
+
+class DataSection(_Strict):
+    calibration: DataItem | None = None
+    eval: EvalData | None = None
+    train: DataItem | None = None
+
+
+class StageSpec(_Strict):
+    pass_name: str = Field(alias="pass")
+    name: str | None = None
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class MeasureSection(_Strict):
+    provider: str = "cpu"
+    threads: int | None = Field(default=1, ge=1)
+    batch: int = Field(default=1, ge=1)
+    warmup: int = Field(default=10, ge=0)
+    runs: int = Field(default=50, ge=1, description="Timed runs per trial.")
+    trials: int = Field(default=5, ge=1, le=100, description="Latency trials (noise and confidence interval).")
+    latency: bool = True
+    normalize: bool = Field(default=True, description="Also time a fixed reference workload in the same run.")
+    shapes: dict[str, list[int]] = Field(default_factory=dict)
+    seed: int = 0
+
+
+class GateSpec(_Strict):
+    metric: str
+    stage: str | None = None          # default: the last stage
+    op: Literal["<=", "<", ">=", ">"] | None = None
+    value: float | None = None
+    max: float | None = None
+    min: float | None = None
+
+
+class Recipe(_Strict):
+    version: int = RECIPE_VERSION
+    name: str | None = None
+    description: str | None = None
+    model: ModelSpec
+    data: DataSection = Field(default_factory=DataSection)
+    stages: list[StageSpec] = Field(default_factory=list)
+    measure: MeasureSection = Field(default_factory=MeasureSection)
+    gates: list[Union[str, GateSpec]] = Field(default_factory=list)
+    baseline: str | None = Field(default=None, description="A report.json for the baseline gates.")
+
+    @field_validator("version")
+    @classmethod
+    def _version(cls, v: int) -> int:
+        if v != RECIPE_VERSION:
+            raise ValueError(f"this optkit reads recipe version {RECIPE_VERSION}, not {v}")
+        return v
+
+
+# ---------------------------------------------------------------- loading with line numbers
+
+@dataclass
+class LoadedRecipe:
+    recipe: Recipe
+    path: Path | None                      # the YAML file (None for a recipe built in code)
+    raw: dict[str, Any]
+    lines: dict[tuple, int] = field(default_factory=dict)   # key path -> 1-based line
+
+    @property
+    def base(self) -> Path:
+        return self.path.parent if self.path else Path.cwd()
+
+    @property
+    def name(self) -> str:
+        return self.recipe.name or (self.path.stem if self.path else "recipe")
+
+    def where(self, loc: tuple) -> str:
+        """`file:line: key.path` for an error at `loc` (the nearest known line)."""
+        loc = tuple(loc)
+        line = None
+        for n in range(len(loc), -1, -1):
+            if loc[:n] in self.lines:
+                line = self.lines[loc[:n]]
+                break
+        file = str(self.path) if self.path else "recipe"
+        key = _dotted(loc)
+        return f"{file}:{line}: {key}" if line else f"{file}: {key}"
+
+    def resolve(self, p: str | None) -> str | None:
+        """A recipe path, resolved relative to the recipe file (factories keep their :attr)."""
+        if p is None:
+            return None
+        from optkit.core.formats import split_factory
+
+        factory = split_factory(p)
+        if factory and factory[0].endswith(".py") and not Path(p).exists():
+            target, attr = factory
+            return f"{self._abs(target)}:{attr}"
+        if factory and not factory[0].endswith(".py"):
+            return p  # pkg.mod:make_model
+        return self._abs(p)
+
+    def _abs(self, p: str) -> str:
+        q = Path(p).expanduser()
+        return str(q if q.is_absolute() else (self.base / q))
+
+    def sha256(self) -> str:
+        return hashlib.sha256(json.dumps(self.raw, sort_keys=True, default=str).encode()).hexdigest()
+
+    def stage_names(self) -> list[str]:
+        names, seen = [], set()
+        for i, st in enumerate(self.recipe.stages):
+            base = st.name or st.pass_name.split(".")[0]
+            name = base if base not in seen else f"{base}-{i + 1}"
+            seen.add(name)
+            names.append(name)
+        return names
+
+
+def _dotted(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "recipe"
+
+
+def _yaml_with_lines(text: str, source: str) -> tuple[Any, dict[tuple, int]]:
+    """Parse YAML with the safe loader, and record the line of every key and list item."""
+    import yaml
+
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise UsageError(f"{where}: not valid YAML: {problem}") from None
+    lines: dict[tuple, int] = {}
+
+    def walk(n, path: tuple) -> None:
+        if isinstance(n, yaml.MappingNode):
+            for k, v in n.value:
+                key = k.value
+                lines[path + (key,)] = k.start_mark.line + 1
+                walk(v, path + (key,))
+        elif isinstance(n, yaml.SequenceNode):
+            for i, v in enumerate(n.value):
+                lines[path + (i,)] = v.start_mark.line + 1
+                walk(v, path + (i,))
+
+    if node is not None:
+        lines[()] = node.start_mark.line + 1
+        walk(node, ())
+    return data, lines
+
+
+def load_recipe(path: str | Path) -> LoadedRecipe:
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"recipe {p} not found")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot read recipe {p}: {e}") from None
+    data, lines = _yaml_with_lines(text, str(p))
+    return from_dict(data, path=p, lines=lines)
+
+
+def from_dict(data: Any, *, path: Path | None = None, lines: dict | None = None) -> LoadedRecipe:
+    source = str(path) if path else "recipe"
+    if not isinstance(data, dict):
+        raise UsageError(f"{source}: a recipe is a YAML mapping with at least `model:` "
+                         "(run `optkit recipe new` for a starter)")
+    loaded = LoadedRecipe(recipe=None, path=path, raw=data, lines=lines or {})  # type: ignore[arg-type]
+    try:
+        loaded.recipe = Recipe.model_validate(data)
+    except PydanticValidationError as e:
+        err = _first_error(e)
+        raise UsageError(f"{loaded.where(err[0])}: {err[1]}") from None
+    return loaded
+
+
+def _first_error(e: PydanticValidationError) -> tuple[tuple, str]:
+    errs = e.errors()
+    # a gate may be a string or a mapping: pydantic reports both branches; prefer the mapping's complaint
+    err = errs[0]
+    loc = tuple(p for p in err["loc"] if p not in ("str", "GateSpec"))
+    # the key path is in the YAML (`pass`), not the Python attribute name
+    loc = tuple("pass" if p == "pass_name" else p for p in loc)
+    return loc, _message(err)
+
+
+def _message(err: dict) -> str:
+    t = err["type"]
+    if t == "extra_forbidden":
+        return "unknown key"
+    if t == "missing":
+        return "missing (required)"
+    msg = err["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    return msg[0].lower() + msg[1:] if msg else msg
+
+
+# ---------------------------------------------------------------- validation before any work
+
+def check_passes(loaded: LoadedRecipe) -> list:
+    """Resolve each stage's pass and config; check the chain of formats. Returns [(cls, config), ...]."""
+    from optkit.core.errors import DependencyError
+    from optkit.core.registry import all_passes
+
+    r = loaded.recipe
+    passes = all_passes()
+    fmt = None
+    model = loaded.resolve(r.model.path)
+    try:
+        from optkit.core.formats import detect_format
+
+        fmt = detect_format(model)
+    except UsageError as e:
+        raise UsageError(f"{loaded.where(('model', 'path'))}: {e.message}") from None
+    if r.model.weights and not Path(loaded.resolve(r.model.weights)).is_file():
+        raise UsageError(f"{loaded.where(('model', 'weights'))}: weights file {r.model.weights} not found")
+    out = []
+    for i, st in enumerate(r.stages):
+        loc = ("stages", i, "pass")
+        if st.pass_name not in passes:
+            import difflib
+
+            close = difflib.get_close_matches(st.pass_name, passes, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else "; run `optkit passes` for the list"
+            raise UsageError(f"{loaded.where(loc)}: unknown pass {st.pass_name!r}{hint}")
+        cls = passes[st.pass_name]
+        try:
+            cfg = cls.Config.model_validate(st.config)
+        except PydanticValidationError as e:
+            err = e.errors()[0]
+            sub = ("stages", i, "config", *err["loc"])
+            raise UsageError(f"{loaded.where(sub)}: {_message(err)} (pass {cls.name})") from None
+        if fmt not in cls.accepts:
+            prev = "the model" if i == 0 else f"stage {loaded.stage_names()[i - 1]!r}"
+            raise UsageError(
+                f"{loaded.where(loc)}: {cls.name} accepts {', '.join(f.value for f in cls.accepts)}, "
+                f"but {prev} gives {fmt.value}")
+        missing = cls.missing()
+        if missing:
+            raise DependencyError(f"{loaded.where(loc)}: pass {cls.name} is unavailable here: {missing}")
+        out.append((cls, cfg))
+        fmt = cls.produces
+    return out
+
+
+def check_files(loaded: LoadedRecipe) -> None:
+    r = loaded.recipe
+    for key in ("calibration", "eval", "train"):
+        item = getattr(r.data, key)
+        if item is None:
+            continue
+        if not Path(loaded.resolve(item.path)).exists():
+            raise UsageError(f"{loaded.where(('data', key, 'path'))}: data {item.path} not found "
+                             f"(paths are relative to the recipe file)")
+        if item.labels and not Path(loaded.resolve(item.labels)).exists():
+            raise UsageError(f"{loaded.where(('data', key, 'labels'))}: labels {item.labels} not found")
+    if r.baseline and not Path(loaded.resolve(r.baseline)).is_file():
+        raise UsageError(f"{loaded.where(('baseline',))}: baseline report {r.baseline} not found")
+
+
+def validate(loaded: LoadedRecipe, *, baseline: str | None = None) -> list:
+    """Everything that can be checked before work starts; returns the resolved passes."""
+    from optkit.gates import check_gates_plan, parse_gates
+
+    if not loaded.recipe.stages:
+        raise UsageError(f"{loaded.where(('stages',))}: the recipe has no stages")
+    resolved = check_passes(loaded)
+    check_files(loaded)
+    names = loaded.stage_names()
+    gates = []
+    for i, g in enumerate(loaded.recipe.gates):
+        try:
+            gates.append(parse_gates([g])[0])
+        except UsageError as e:
+            raise UsageError(f"{loaded.where(('gates', i))}: {e.message}") from None
+    measured = measured_figures(loaded)
+    for i, g in enumerate(gates):
+        try:
+            check_gates_plan([g], stages=["input", *names], measured=measured,
+                             has_baseline=bool(baseline or loaded.recipe.baseline))
+        except UsageError as e:
+            raise UsageError(f"{loaded.where(('gates', i))}: {e.message}") from None
+    return resolved
+
+
+def measured_figures(loaded: LoadedRecipe) -> set[str]:
+    r = loaded.recipe
+    figures = {"size"}
+    if r.measure.latency:
+        figures.add("latency")
+        if r.measure.normalize:
+            figures.add("normalized")
+    if r.data.eval is not None:
+        figures.add("accuracy")
+    figures.add("fidelity")
+    return figures
+
+
+def gates_of(loaded: LoadedRecipe):
+    from optkit.gates import parse_gates
+
+    return parse_gates(loaded.recipe.gates)
+
+
+# ---------------------------------------------------------------- one-stage recipes and the starter
+
+def one_stage_recipe(pass_name: str, model: str, config: dict, *, settings=None, weights: str | None = None,
+                     eval_data=None, metric: str | None = None, data: dict | None = None) -> dict:
+    """The recipe a single-stage command is equivalent to (paths made absolute)."""
+    def ab(p):
+        from optkit.core.formats import split_factory
+
+        if p is None:
+            return None
+        f = split_factory(str(p))
+        if f and f[0].endswith(".py") and not Path(str(p)).exists():
+            return f"{Path(f[0]).resolve()}:{f[1]}"
+        return str(Path(p).resolve()) if Path(str(p)).exists() else str(p)
+
+    rec: dict[str, Any] = {"version": RECIPE_VERSION, "model": {"path": ab(model)}}
+    if weights:
+        rec["model"]["weights"] = ab(weights)
+    d: dict[str, Any] = {}
+    for key, ds in (data or {}).items():
+        src = getattr(ds, "source", None) or (ds if isinstance(ds, str) else None)
+        if src:
+            d["calibration" if key == "calibration" else key] = {"path": ab(src)}
+    if eval_data is not None:
+        item = {"path": ab(eval_data.path)}
+        if eval_data.labels:
+            item["labels"] = ab(eval_data.labels)
+        if eval_data.preprocess:
+            item["preprocess"] = eval_data.preprocess
+        if eval_data.max_samples:
+            item["max_samples"] = eval_data.max_samples
+        item["metric"] = metric or "top1"
+        d["eval"] = item
+    if d:
+        rec["data"] = d
+    rec["stages"] = [{"pass": pass_name, "config": config or {}}]
+    if settings is not None:
+        m = settings.model_dump(exclude_defaults=True, exclude={"duration"})
+        rec["measure"] = {"trials": 1, "normalize": False, **m}
+    return rec
+
+
+def to_yaml(rec: dict) -> str:
+    import yaml
+
+    return yaml.safe_dump(rec, sort_keys=False, default_flow_style=False)
+
+
+STARTER = """\
+# optkit recipe (version 1). Run:  optkit run {path}
+# Check it without running anything:  optkit run {path} --dry-run
+# Paths are relative to this file.
+version: 1
+name: {name}                  # the workspace folder: runs/{name}/<run-id>/
+
+model:
+  path: model.onnx            # .onnx, .keras/.h5, SavedModel folder, .tflite, .pt/.pt2, or file.py:make_model
+  # weights: state.pt         # state dict for a file.py:make_model factory (loaded with weights_only=True)
+
+data:
+  calibration:                # samples for static quantization (.npz, image folder or IDX)
+    path: calib.npz
+    # max_samples: 100
+  eval:                       # labelled data for accuracy (npz keys: the input name(s) and `labels`)
+    path: eval.npz
+    metric: top1              # top1, top5, mse, mae, cosine, or module:function
+    # preprocess: {{resize: 256, center_crop: 224, mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225]}}
+  # train: {{path: train.npz}} # fine-tuning data (pruning, QAT)
+
+stages:                       # run in order; `optkit passes` lists them with their options
+  - pass: simplify.onnx
+  - pass: quantize.onnx-static
+    config: {{}}
+
+measure:
+  provider: cpu               # cpu, cuda, tensorrt (ONNX models)
+  threads: 1
+  batch: 1
+  warmup: 10
+  runs: 50                    # timed runs per trial
+  trials: 5                   # repeated trials give the noise (95% confidence interval)
+  normalize: true             # also time a fixed reference workload: machine-normalised latency
+
+gates:                        # the build fails (exit 1) when one is not met
+  - size_ratio <= 0.35        # output size / input size
+  - accuracy_drop <= 0.01     # first stage's accuracy minus the last stage's
+  # - latency_p90_ms <= 5
+  # - speedup >= 1.2
+  # - latency_regression_pct <= 10   # against `baseline:` or `--baseline REPORT.json`
+# baseline: runs/{name}/baseline/report.json
+"""

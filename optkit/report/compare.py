@@ -1,0 +1,96 @@
+"""Side-by-side differences of two reports (stages matched by name, else by position)."""
+from __future__ import annotations
+
+from typing import Any
+
+from optkit.report.schema import Report, Stage
+from optkit.report.table import accuracy_cell, human_bytes
+
+COLUMNS = ("stage", "size A", "size B", "size Δ", "p50 A", "p50 B", "p50 Δ", "accuracy A", "accuracy B",
+           "accuracy Δ")
+
+
+def _size(s: Stage | None):
+    return None if s is None else (s.measurements.get("size") or {}).get("bytes")
+
+
+def _p50(s: Stage | None):
+    return None if s is None else (s.measurements.get("latency") or {}).get("p50_ms")
+
+
+def _ci(s: Stage | None):
+    return None if s is None else (s.measurements.get("latency") or {}).get("ci95_pct")
+
+
+def _acc(s: Stage | None):
+    if s is None:
+        return None
+    acc = s.measurements.get("accuracy") or {}
+    m = acc.get("metric")
+    return acc.get(m) if m else None
+
+
+def pair_stages(a: Report, b: Report) -> list[tuple[str, Stage | None, Stage | None]]:
+    names_b = {s.name: s for s in b.stages}
+    pairs, used = [], set()
+    for i, sa in enumerate(a.stages):
+        sb = names_b.get(sa.name)
+        if sb is None and i < len(b.stages) and b.stages[i].name not in {s.name for s in a.stages}:
+            sb = b.stages[i]
+        if sb is not None:
+            used.add(sb.name)
+        pairs.append((sa.name if sb is None or sb.name == sa.name else f"{sa.name} / {sb.name}", sa, sb))
+    for sb in b.stages:
+        if sb.name not in used and sb.name not in {s.name for s in a.stages}:
+            pairs.append((sb.name, None, sb))
+    return pairs
+
+
+def _pct(a, b) -> str:
+    if a is None or b is None or not a:
+        return "-"
+    return f"{100 * (b / a - 1):+.1f}%"
+
+
+def compare(a: Report, b: Report) -> list[dict[str, Any]]:
+    """One row per stage: the raw figures and formatted cells."""
+    rows = []
+    for name, sa, sb in pair_stages(a, b):
+        pa, pb = _p50(sa), _p50(sb)
+        aa, ab = _acc(sa), _acc(sb)
+        noise = ((_ci(sa) or 0) ** 2 + (_ci(sb) or 0) ** 2) ** 0.5
+        lat_delta = _pct(pa, pb)
+        if pa and pb and noise and abs(100 * (pb / pa - 1)) <= noise:
+            lat_delta += " (within noise)"
+        rows.append({
+            "stage": name,
+            "size A": human_bytes(_size(sa)), "size B": human_bytes(_size(sb)), "size Δ": _pct(_size(sa), _size(sb)),
+            "p50 A": "-" if pa is None else f"{pa:.3f}", "p50 B": "-" if pb is None else f"{pb:.3f}",
+            "p50 Δ": lat_delta,
+            "accuracy A": accuracy_cell(sa) if sa else "-", "accuracy B": accuracy_cell(sb) if sb else "-",
+            "accuracy Δ": "-" if aa is None or ab is None else f"{ab - aa:+.4f}",
+            "raw": {"size_a": _size(sa), "size_b": _size(sb), "p50_a": pa, "p50_b": pb, "accuracy_a": aa,
+                    "accuracy_b": ab, "latency_noise_pct": noise or None},
+        })
+    return rows
+
+
+def to_console(a_name: str, b_name: str, rows: list[dict], console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    t = Table(title=f"A: {a_name}   B: {b_name}", title_justify="left")
+    for c in COLUMNS:
+        t.add_column(c, justify="left" if c == "stage" else "right")
+    for r in rows:
+        t.add_row(*(r[c] for c in COLUMNS))
+    console.print(t)
+
+
+def to_markdown(a_name: str, b_name: str, rows: list[dict]) -> str:
+    lines = [f"### optkit: compare", "", f"A: `{a_name}`  ", f"B: `{b_name}`", "",
+             "| " + " | ".join(COLUMNS) + " |", "|---|" + "---:|" * (len(COLUMNS) - 1)]
+    for r in rows:
+        lines.append("| " + " | ".join(r[c].replace("|", "\\|") for c in COLUMNS) + " |")
+    return "\n".join(lines) + "\n"

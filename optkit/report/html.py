@@ -1,0 +1,211 @@
+"""A self-contained HTML report: no CDN, no script, no network; plots are inline SVG."""
+from __future__ import annotations
+
+from html import escape
+
+from optkit.report.schema import Report, Stage
+from optkit.report.table import COLUMNS, gate_rows, stage_rows
+
+PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")
+
+CSS = """
+body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px auto;max-width:1100px;color:#222;
+padding:0 16px}
+h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
+.meta{color:#666;font-size:13px}
+table{border-collapse:collapse;font-size:13px;width:100%}
+th,td{padding:5px 8px;border-bottom:1px solid #e5e5e5;text-align:right;white-space:nowrap}
+th{background:#f5f6f8;font-weight:600} td.l,th.l{text-align:left}
+.pass{color:#1a7f37;font-weight:600} .fail{color:#cf222e;font-weight:700}
+.banner{padding:10px 14px;border-radius:6px;margin:14px 0;font-weight:600}
+.banner.ok{background:#dafbe1;color:#1a7f37} .banner.bad{background:#ffebe9;color:#cf222e}
+.plots{display:flex;flex-wrap:wrap;gap:18px} .plot{border:1px solid #e5e5e5;border-radius:6px;padding:8px}
+.plot h3{font-size:13px;margin:0 0 4px;color:#444}
+ul.notes{font-size:13px;color:#444} .warn{color:#9a6700}
+svg text{font-family:inherit}
+"""
+
+
+def _lat(s: Stage, key="p50_ms"):
+    return (s.measurements.get("latency") or {}).get(key)
+
+
+def _size(s: Stage):
+    b = (s.measurements.get("size") or {}).get("bytes")
+    return None if b is None else b / 1e6
+
+
+def _acc(s: Stage):
+    acc = s.measurements.get("accuracy") or {}
+    m = acc.get("metric")
+    return acc.get(m) if m else None
+
+
+def _ticks(lo: float, hi: float, n: int = 4) -> list[float]:
+    if hi <= lo:
+        hi = lo + 1
+    import math
+
+    step = (hi - lo) / n
+    mag = 10 ** math.floor(math.log10(step))
+    step = min((m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= step), default=step)
+    start = math.floor(lo / step) * step
+    out, v = [], start
+    while v <= hi + step * 0.001:
+        out.append(round(v, 10))
+        v += step
+    return out
+
+
+def bar_chart(title: str, labels: list[str], values: list, unit: str, errors: list | None = None,
+              width: int = 340, height: int = 220) -> str:
+    """Vertical bars, one per stage; missing values are shown as 'n/a'."""
+    left, right, top, bottom = 48, 10, 10, 46
+    pw, ph = width - left - right, height - top - bottom
+    present = [v for v in values if v is not None]
+    hi = max([v + (e or 0) for v, e in zip(values, errors or [0] * len(values)) if v is not None] or [1])
+    ticks = _ticks(0, hi * 1.1)
+    top_v = ticks[-1] or 1
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+             f'aria-label="{escape(title)}">']
+    for t in ticks:
+        y = top + ph - ph * t / top_v
+        parts.append(f'<line x1="{left}" x2="{left + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>')
+        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" font-size="10" text-anchor="end" fill="#666">{t:g}</text>')
+    n = max(len(values), 1)
+    slot = pw / n
+    bw = min(46, slot * 0.6)
+    for i, (lab, v) in enumerate(zip(labels, values)):
+        x = left + slot * i + (slot - bw) / 2
+        cx = x + bw / 2
+        if v is None:
+            parts.append(f'<text x="{cx:.1f}" y="{top + ph - 4}" font-size="10" text-anchor="middle" fill="#999">n/a</text>')
+        else:
+            h = ph * v / top_v
+            color = PALETTE[i % len(PALETTE)]
+            parts.append(f'<rect x="{x:.1f}" y="{top + ph - h:.1f}" width="{bw:.1f}" height="{h:.1f}" fill="{color}">'
+                         f'<title>{escape(lab)}: {v:.4g} {escape(unit)}</title></rect>')
+            e = (errors or [None] * n)[i]
+            if e:
+                y1, y2 = top + ph - ph * (v + e) / top_v, top + ph - ph * max(v - e, 0) / top_v
+                parts.append(f'<line x1="{cx:.1f}" x2="{cx:.1f}" y1="{y1:.1f}" y2="{y2:.1f}" stroke="#222"/>')
+                for yy in (y1, y2):
+                    parts.append(f'<line x1="{cx - 4:.1f}" x2="{cx + 4:.1f}" y1="{yy:.1f}" y2="{yy:.1f}" stroke="#222"/>')
+            parts.append(f'<text x="{cx:.1f}" y="{top + ph - h - 3:.1f}" font-size="10" text-anchor="middle">{v:.3g}</text>')
+        short = lab if len(lab) <= 14 else lab[:13] + "…"
+        parts.append(f'<text x="{cx:.1f}" y="{top + ph + 14}" font-size="10" text-anchor="middle">{escape(short)}</text>')
+    parts.append(f'<line x1="{left}" x2="{left + pw}" y1="{top + ph}" y2="{top + ph}" stroke="#999"/>')
+    parts.append(f'<text x="{left + pw / 2}" y="{height - 8}" font-size="11" text-anchor="middle" fill="#444">'
+                 f'{escape(unit)}</text>')
+    parts.append("</svg>")
+    if not present:
+        return ""
+    return f'<div class="plot"><h3>{escape(title)}</h3>{"".join(parts)}</div>'
+
+
+def scatter(stages: list[Stage], width: int = 520, height: int = 300) -> str:
+    """Accuracy vs p50 latency; the marker's area follows the model size."""
+    pts = [(s.name, _lat(s), _acc(s), _size(s), i) for i, s in enumerate(stages)]
+    pts = [p for p in pts if p[1] is not None and p[2] is not None]
+    if not pts:
+        return ""
+    left, right, top, bottom = 56, 20, 14, 44
+    pw, ph = width - left - right, height - top - bottom
+    xs, ys = [p[1] for p in pts], [p[2] for p in pts]
+    xt = _ticks(0, max(xs) * 1.15)
+    ylo, yhi = min(ys), max(ys)
+    pad = max((yhi - ylo) * 0.3, 0.01)
+    yt = _ticks(max(ylo - pad, 0), min(yhi + pad, 1.0 if yhi <= 1 else yhi + pad))
+    x0, x1, y0, y1 = xt[0], xt[-1] or 1, yt[0], yt[-1]
+    if y1 == y0:
+        y1 = y0 + 1
+    sx = lambda v: left + pw * (v - x0) / (x1 - x0)  # noqa: E731
+    sy = lambda v: top + ph - ph * (v - y0) / (y1 - y0)  # noqa: E731
+    smax = max((p[3] or 0) for p in pts) or 1
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+           f'aria-label="accuracy vs latency">']
+    for t in xt:
+        out.append(f'<line x1="{sx(t):.1f}" x2="{sx(t):.1f}" y1="{top}" y2="{top + ph}" stroke="#eee"/>')
+        out.append(f'<text x="{sx(t):.1f}" y="{top + ph + 14}" font-size="10" text-anchor="middle" fill="#666">{t:g}</text>')
+    for t in yt:
+        out.append(f'<line x1="{left}" x2="{left + pw}" y1="{sy(t):.1f}" y2="{sy(t):.1f}" stroke="#eee"/>')
+        out.append(f'<text x="{left - 6}" y="{sy(t) + 4:.1f}" font-size="10" text-anchor="end" fill="#666">{t:g}</text>')
+    out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>')
+    for name, x, y, size, i in pts:
+        r = 5 + 17 * ((size or 0) / smax) ** 0.5
+        color = PALETTE[i % len(PALETTE)]
+        out.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="{r:.1f}" fill="{color}" fill-opacity="0.55" '
+                   f'stroke="{color}"><title>{escape(name)}: {x:.4g} ms, {y:.4f}, '
+                   f'{(size or 0):.3g} MB</title></circle>')
+        out.append(f'<text x="{sx(x) + r + 3:.1f}" y="{sy(y) + 4:.1f}" font-size="11">{escape(name)}</text>')
+    out.append(f'<text x="{left + pw / 2}" y="{height - 6}" font-size="11" text-anchor="middle" fill="#444">'
+               f'p50 latency (ms)</text>')
+    out.append(f'<text transform="translate(14 {top + ph / 2}) rotate(-90)" font-size="11" text-anchor="middle" '
+               f'fill="#444">accuracy</text>')
+    out.append("</svg>")
+    return ('<div class="plot"><h3>Accuracy vs latency (marker area: size)</h3>' + "".join(out) + "</div>")
+
+
+def to_html(report: Report) -> str:
+    stages = report.stages
+    names = [s.name for s in stages]
+    rows = stage_rows(report)
+    h = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+         '<meta name="viewport" content="width=device-width, initial-scale=1">',
+         f"<title>optkit: {escape(report.command or 'report')}</title><style>{CSS}</style></head><body>",
+         f"<h1>optkit report</h1><div class=\"meta\">{escape(report.command)} &middot; {escape(report.created)}"]
+    if report.run:
+        h.append(f" &middot; run {escape(str(report.run.get('run_id')))}")
+    h.append("</div>")
+    if report.gates:
+        bad = [g for g in report.gates if not g.passed]
+        cls, text = ("bad", f"{len(bad)} of {len(report.gates)} gates failed") if bad else \
+            ("ok", f"all {len(report.gates)} gates passed")
+        h.append(f'<div class="banner {cls}">{text}</div>')
+    h.append("<h2>Stages</h2><table><tr>")
+    left = ("stage", "format", "accuracy", "fidelity")
+    h += [f'<th class="{"l" if c in left else ""}">{escape(c)}</th>' for c in COLUMNS]
+    h.append('<th>noise</th><th class="l">pass</th><th>time</th></tr>')
+    for s, row in zip(stages, rows):
+        lat = s.measurements.get("latency") or {}
+        noise = f"±{lat['ci95_pct']:.1f}%" if lat.get("ci95_pct") is not None else "-"
+        h.append("<tr>" + "".join(f'<td class="{"l" if c in left else ""}">{escape(row[c])}</td>' for c in COLUMNS)
+                 + f"<td>{noise}</td><td class=\"l\">{escape(s.pass_name or '-')}</td>"
+                 + f"<td>{s.duration_s:.2f}s</td></tr>")
+    h.append("</table>")
+    notes = [(s.name, n, False) for s in stages for n in s.notes] + \
+            [(s.name, w, True) for s in stages for w in s.warnings]
+    if notes:
+        h.append('<ul class="notes">' + "".join(
+            f'<li class="{"warn" if w else ""}"><b>{escape(n)}</b>: {escape(t)}</li>' for n, t, w in notes) + "</ul>")
+    h.append('<h2>Plots</h2><div class="plots">')
+    h.append(bar_chart("Size per stage", names, [_size(s) for s in stages], "MB"))
+    errs = []
+    for s in stages:
+        lat = s.measurements.get("latency") or {}
+        p, ci = lat.get("p50_ms"), lat.get("ci95_pct")
+        errs.append(p * ci / 100 if p is not None and ci else None)
+    h.append(bar_chart("p50 latency per stage (95% CI)", names, [_lat(s) for s in stages], "ms", errs))
+    metric = next(((s.measurements.get("accuracy") or {}).get("metric") for s in stages
+                   if s.measurements.get("accuracy")), None)
+    h.append(bar_chart(f"Accuracy per stage ({metric})" if metric else "Accuracy per stage", names,
+                       [_acc(s) for s in stages], metric or ""))
+    h.append(scatter(stages))
+    h.append("</div>")
+    if report.gates:
+        h.append('<h2>Gates</h2><table><tr><th class="l">gate</th><th class="l">stage</th><th>value</th>'
+                 '<th>threshold</th><th>margin</th><th class="l">verdict</th><th class="l">detail</th></tr>')
+        for g, row in zip(report.gates, gate_rows(report)):
+            v = '<span class="pass">pass</span>' if g.passed else '<span class="fail">FAIL</span>'
+            h.append(f'<tr><td class="l">{escape(row["gate"])}</td><td class="l">{escape(g.stage)}</td>'
+                     f'<td>{escape(row["value"])}</td><td>{escape(row["threshold"])}</td>'
+                     f'<td>{escape(row["margin"])}</td><td class="l">{v}</td>'
+                     f'<td class="l">{escape(g.detail)}</td></tr>')
+        h.append("</table>")
+    m = report.machine
+    versions = ", ".join(f"{escape(k)} {escape(v)}" for k, v in report.versions.items())
+    h.append(f'<h2>Machine</h2><div class="meta">{escape(str(m.get("processor", "")))}, {m.get("cpu_count")} cores, '
+             f'{escape(str(m.get("system", "")))} {escape(str(m.get("machine", "")))}, Python {escape(str(m.get("python", "")))}'
+             f"<br>{versions}</div>")
+    h.append("</body></html>\n")
+    return "\n".join(x for x in h if x)

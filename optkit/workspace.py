@@ -1,0 +1,294 @@
+"""The run workspace, the stage cache and progress display.
+
+Layout:
+    runs/<recipe>/<run-id>/run.json                 status: running, complete, failed, interrupted
+    runs/<recipe>/<run-id>/NN-<stage>/              the stage's model and its report.json
+    runs/<recipe>/<run-id>/report.{json,md,html}, junit.xml
+    runs/<recipe>/latest -> <run-id>
+    runs/.cache/<key>/                              a pass output, keyed by (input sha256, pass, config,
+                                                    data, seed, optkit and library versions)
+A stage is built in `.NN-<stage>.partial/` and renamed into place when complete, so a stage folder that
+exists is a complete stage; an interrupted run resumes from the last one.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+from optkit.core.atomic import remove, write_text
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+class Workspace:
+    def __init__(self, root: Path, recipe_name: str):
+        self.root = Path(root)
+        self.recipe_dir = self.root / recipe_name
+        self.cache_dir = self.root / ".cache"
+
+    # ------------------------------------------------------------ runs
+    def open_run(self, loaded, *, resume: bool = True) -> "Run":
+        self.recipe_dir.mkdir(parents=True, exist_ok=True)
+        sha = loaded.sha256()
+        if resume:
+            last = self._latest_run()
+            if last is not None:
+                info = _read_json(last / "run.json")
+                if info and info.get("status") != "complete" and info.get("recipe_sha256") == sha:
+                    run = Run(last, info)
+                    run.resumed = True
+                    run.set_status("running")
+                    return run
+        run_id = datetime.now().strftime("%Y%m%d-%H%M%S")
+        path = self.recipe_dir / run_id
+        n = 1
+        while path.exists():
+            n += 1
+            path = self.recipe_dir / f"{run_id}-{n}"
+        path.mkdir()
+        info = {"run_id": path.name, "recipe": str(loaded.path) if loaded.path else None, "recipe_sha256": sha,
+                "status": "running", "started": _now()}
+        run = Run(path, info)
+        run.set_status("running")
+        _point_latest(self.recipe_dir, path.name)
+        return run
+
+    def _latest_run(self) -> Path | None:
+        link = self.recipe_dir / "latest"
+        if link.is_symlink() and (link.resolve() / "run.json").exists():
+            return self.recipe_dir / os.readlink(link)
+        return None
+
+    # ------------------------------------------------------------ cache
+    def cache_key(self, artifact, pass_name: str, config: dict, data: dict, measure) -> str:
+        import optkit
+        from optkit.core.artifact import config_key
+        from optkit.report.schema import library_versions
+
+        fingerprints = {}
+        for key, spec in sorted(data.get("specs", {}).items()):
+            fingerprints[key] = [_file_sha(spec.path), _file_sha(spec.labels) if spec.labels else None,
+                                 spec.preprocess, spec.max_samples]
+        return config_key("optkit-stage-v1", artifact.sha256, pass_name, config, fingerprints, measure.seed,
+                          measure.shapes, optkit.__version__, library_versions(), sys.version_info[:2])
+
+    def cache_get(self, key: str, dest: Path) -> dict | None:
+        """Copy (hard-link) a cached output into `dest`; None when not cached."""
+        from optkit.core.artifact import Artifact
+        from optkit.core.formats import Format
+
+        entry_dir = self.cache_dir / key[:32]
+        entry = _read_json(entry_dir / "entry.json")
+        if not entry or entry.get("key") != key or not (entry_dir / "files").is_dir():
+            return None
+        shutil.copytree(entry_dir / "files", dest, copy_function=_link_or_copy, dirs_exist_ok=True)
+        a = entry["artifact"]
+        art = Artifact(path=str(dest / a["path"]), format=Format(a["format"]), sha256=a["sha256"],
+                       parent=a.get("parent"), produced_by=a.get("produced_by"), config=a.get("config") or {},
+                       meta=a.get("meta") or {})
+        if not Path(art.path).exists():
+            return None
+        return {**entry, "artifact": art}
+
+    def cache_put(self, key: str, src: Path, result) -> None:
+        """Store a pass output (everything in the stage folder so far) in the cache, atomically."""
+        from optkit.core.atomic import atomic_path
+
+        art = result.output
+        try:
+            rel = Path(art.path).resolve().relative_to(Path(src).resolve())
+        except ValueError:
+            return  # the pass wrote outside its stage folder: not cacheable
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        dest = self.cache_dir / key[:32]
+        a = art.to_dict()
+        a["path"] = str(rel)
+        entry = {"key": key, "created": _now(), "pass": result.pass_name, "artifact": a,
+                 "notes": list(result.ctx.notes), "warnings": list(result.ctx.warnings),
+                 "measurements": _jsonable(result.ctx.measurements), "duration_s": result.duration_s}
+        with atomic_path(dest, directory=True) as tmp:
+            shutil.copytree(src, tmp / "files", copy_function=_link_or_copy)
+            (tmp / "entry.json").write_text(json.dumps(entry, indent=2, default=str))
+
+
+class Run:
+    """One run folder."""
+
+    def __init__(self, path: Path, info: dict):
+        self.path = path
+        self._info = info
+        self.resumed = False
+
+    @property
+    def run_id(self) -> str:
+        return self.path.name
+
+    def info(self) -> dict:
+        return {"run_id": self.run_id, "dir": str(self.path), "resumed": self.resumed,
+                "recipe": self._info.get("recipe"), "recipe_sha256": self._info.get("recipe_sha256")}
+
+    def set_status(self, status: str) -> None:
+        self._info["status"] = status
+        self._info["updated"] = _now()
+        write_text(self.path / "run.json", json.dumps(self._info, indent=2) + "\n")
+
+    def stage_dir(self, i: int, name: str) -> Path:
+        return self.path / f"{i:02d}-{name}"
+
+    def completed_stage(self, i: int, name: str, *, expect_input: str | None, expect_output: str | None = None):
+        """(Stage, Artifact) of a stage completed earlier in this run, when it still matches; else (None, None)."""
+        from optkit.core.artifact import Artifact
+        from optkit.core.formats import Format
+        from optkit.report.schema import Stage
+
+        d = self.stage_dir(i, name)
+        f = d / "report.json"
+        if not f.is_file():
+            if d.exists():
+                remove(d)
+            return None, None
+        try:
+            stage = Stage.model_validate_json(f.read_text())
+        except ValueError:
+            remove(d)
+            return None, None
+        ok = (expect_input is None or (stage.input is not None and stage.input.sha256 == expect_input))
+        ok = ok and (expect_output is None or stage.output.sha256 == expect_output)
+        if not ok or not Path(stage.output.path).exists():
+            remove(d)
+            return None, None
+        o = stage.output
+        art = Artifact(path=o.path, format=Format(o.format), sha256=o.sha256, parent=o.parent,
+                       produced_by=o.produced_by, config=stage.config)
+        return stage, art
+
+    @contextlib.contextmanager
+    def building(self, i: int, name: str) -> Iterator[Path]:
+        """A fresh `.NN-name.partial/` folder, renamed to `NN-name/` when the block succeeds."""
+        final = self.stage_dir(i, name)
+        tmp = self.path / f".{final.name}.partial"
+        remove(tmp)
+        tmp.mkdir()
+        try:
+            yield tmp
+            if final.exists():
+                remove(final)
+            os.replace(tmp, final)
+        except BaseException:
+            remove(tmp)
+            raise
+
+    def write_stage(self, folder: Path, stage) -> None:
+        write_text(folder / "report.json", stage.model_dump_json(indent=2, by_alias=True) + "\n")
+
+    def finish(self, report) -> None:
+        from optkit.report.html import to_html
+        from optkit.report.junit import to_junit
+        from optkit.report.render import to_markdown
+
+        report.save(self.path / "report.json")
+        write_text(self.path / "report.md", to_markdown(report))
+        write_text(self.path / "report.html", to_html(report))
+        write_text(self.path / "junit.xml", to_junit(report))
+        self._info["finished"] = _now()
+        self.set_status("complete")
+
+    def abort(self, status: str) -> None:
+        with contextlib.suppress(Exception):
+            self.set_status(status)
+
+
+def _point_latest(folder: Path, target: str) -> None:
+    link = folder / "latest"
+    tmp = folder / f".latest.tmp-{os.getpid()}"
+    with contextlib.suppress(OSError):
+        remove(tmp)
+        os.symlink(target, tmp)
+        os.replace(tmp, link)
+
+
+def _read_json(p: Path) -> dict | None:
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _file_sha(path: str | None) -> str | None:
+    if not path:
+        return None
+    from optkit.core.artifact import content_sha256
+    from optkit.core.formats import Format
+
+    return content_sha256(path, Format.ONNX)  # any non-factory format: hashes a file or a folder's files
+
+
+def _jsonable(obj: Any) -> Any:
+    return json.loads(json.dumps(obj, default=str))
+
+
+class Progress:
+    """Stage-by-stage progress on stderr: a line per stage, and a spinner for long steps on a terminal."""
+
+    def __init__(self, quiet: bool = False):
+        from rich.console import Console
+
+        self.quiet = quiet
+        self.console = Console(stderr=True, highlight=False)
+        self._status = None
+        self._t0 = 0.0
+        self._total = 0
+        self._label = ""
+
+    def start_run(self, run: Run, total: int) -> None:
+        self._total = total
+        if not self.quiet:
+            what = "resuming" if run.resumed else "run"
+            self.console.print(f"[bold]{what}[/bold] {run.path}")
+
+    def stage_start(self, i: int, name: str, pass_name: str) -> None:
+        self._t0 = time.perf_counter()
+        self._label = f"[{i}/{self._total - 1}] {name}" + (f" ({pass_name})" if pass_name != "-" else "")
+        if not self.quiet and not self.console.is_terminal:
+            self.console.print(f"  - {self._label} ...")
+        if not self.quiet and self.console.is_terminal:
+            self._status = self.console.status(self._label)
+            self._status.start()
+
+    def step(self, text: str) -> None:
+        if self._status is not None:
+            self._status.update(f"{self._label}: {text}  [dim]{time.perf_counter() - self._t0:.0f}s[/dim]")
+
+    def stage_done(self, i: int, name: str, *, cached: bool = False, resumed: bool = False,
+                   seconds: float | None = None) -> None:
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+        if self.quiet:
+            return
+        total = time.perf_counter() - self._t0 if self._t0 else 0.0
+        label = self._label if not resumed else f"[{i}/{self._total - 1}] {name}"
+        how = "resumed" if resumed else ("cached" if cached else "done")
+        took = "" if resumed else f" {total:.1f}s"
+        self.console.print(f"  [green]✓[/green] {label} [dim]{how}{took}[/dim]")
+        self._t0 = 0.0
+
+    def end_run(self, run: Run) -> None:
+        if not self.quiet:
+            self.console.print(f"reports in {run.path}/ (report.md, report.html, junit.xml)")
