@@ -52,6 +52,8 @@ class DataSection(_Strict):
 class StageSpec(_Strict):
     pass_name: str = Field(alias="pass")
     name: str | None = None
+    from_: str | None = Field(default=None, alias="from", description="Input: `input` or an earlier stage's "
+                              "name (default: the previous stage). Lets one recipe try variants side by side.")
     config: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -229,7 +231,7 @@ def _first_error(e: PydanticValidationError) -> tuple[tuple, str]:
     err = errs[0]
     loc = tuple(p for p in err["loc"] if p not in ("str", "GateSpec"))
     # the key path is in the YAML (`pass`), not the Python attribute name
-    loc = tuple("pass" if p == "pass_name" else p for p in loc)
+    loc = tuple({"pass_name": "pass", "from_": "from"}.get(p, p) for p in loc)
     return loc, _message(err)
 
 
@@ -247,7 +249,7 @@ def _message(err: dict) -> str:
 
 # ---------------------------------------------------------------- validation before any work
 
-def check_passes(loaded: LoadedRecipe) -> list:
+def check_passes(loaded: LoadedRecipe, allow_missing: bool = False) -> list:
     """Resolve each stage's pass and config; check the chain of formats. Returns [(cls, config), ...]."""
     from optkit.core.errors import DependencyError
     from optkit.core.registry import all_passes
@@ -265,8 +267,17 @@ def check_passes(loaded: LoadedRecipe) -> list:
     if r.model.weights and not Path(loaded.resolve(r.model.weights)).is_file():
         raise UsageError(f"{loaded.where(('model', 'weights'))}: weights file {r.model.weights} not found")
     out = []
+    names = loaded.stage_names()
+    formats = {"input": fmt}
     for i, st in enumerate(r.stages):
         loc = ("stages", i, "pass")
+        prev = "the model" if i == 0 else f"stage {names[i - 1]!r}"
+        if st.from_ is not None:
+            if st.from_ not in formats:
+                raise UsageError(f"{loaded.where(('stages', i, 'from'))}: no earlier stage named {st.from_!r}; "
+                                 f"choose one of {', '.join(formats)}")
+            fmt = formats[st.from_]
+            prev = "the model" if st.from_ == "input" else f"stage {st.from_!r}"
         if st.pass_name not in passes:
             import difflib
 
@@ -281,15 +292,15 @@ def check_passes(loaded: LoadedRecipe) -> list:
             sub = ("stages", i, "config", *err["loc"])
             raise UsageError(f"{loaded.where(sub)}: {_message(err)} (pass {cls.name})") from None
         if fmt not in cls.accepts:
-            prev = "the model" if i == 0 else f"stage {loaded.stage_names()[i - 1]!r}"
             raise UsageError(
                 f"{loaded.where(loc)}: {cls.name} accepts {', '.join(f.value for f in cls.accepts)}, "
                 f"but {prev} gives {fmt.value}")
         missing = cls.missing()
-        if missing:
+        if missing and not allow_missing:
             raise DependencyError(f"{loaded.where(loc)}: pass {cls.name} is unavailable here: {missing}")
         out.append((cls, cfg))
         fmt = cls.produces
+        formats[names[i]] = fmt
     return out
 
 
@@ -308,13 +319,16 @@ def check_files(loaded: LoadedRecipe) -> None:
         raise UsageError(f"{loaded.where(('baseline',))}: baseline report {r.baseline} not found")
 
 
-def validate(loaded: LoadedRecipe, *, baseline: str | None = None) -> list:
-    """Everything that can be checked before work starts; returns the resolved passes."""
+def validate(loaded: LoadedRecipe, *, baseline: str | None = None, allow_missing: bool = False) -> list:
+    """Everything that can be checked before work starts; returns the resolved passes.
+
+    With allow_missing (dry runs), a pass whose extra is not installed here is not an error.
+    """
     from optkit.gates import check_gates_plan, parse_gates
 
     if not loaded.recipe.stages:
         raise UsageError(f"{loaded.where(('stages',))}: the recipe has no stages")
-    resolved = check_passes(loaded)
+    resolved = check_passes(loaded, allow_missing=allow_missing)
     check_files(loaded)
     names = loaded.stage_names()
     gates = []

@@ -99,13 +99,18 @@ def plan(loaded, baseline: str | None = None) -> list[dict[str, Any]]:
     from optkit.core.formats import detect_format
     from optkit.recipe import validate
 
-    resolved = validate(loaded, baseline=baseline)
-    rows = [{"stage": "00-input", "pass": "-", "accepts": "-",
-             "format": detect_format(loaded.resolve(loaded.recipe.model.path)).value, "config": {}}]
-    for i, ((cls, cfg), name) in enumerate(zip(resolved, loaded.stage_names()), start=1):
+    resolved = validate(loaded, baseline=baseline, allow_missing=True)
+    rows = [{"stage": "00-input", "pass": "-", "from": "-", "accepts": "-",
+             "format": detect_format(loaded.resolve(loaded.recipe.model.path)).value, "config": {},
+             "available": True, "missing": None}]
+    names = loaded.stage_names()
+    for i, ((cls, cfg), name) in enumerate(zip(resolved, names), start=1):
+        spec = loaded.recipe.stages[i - 1]
         rows.append({"stage": f"{i:02d}-{name}", "pass": cls.name,
+                     "from": spec.from_ or (names[i - 2] if i > 1 else "input"),
                      "accepts": ", ".join(f.value for f in cls.accepts), "format": cls.produces.value,
-                     "config": cfg.model_dump(mode="json", exclude_defaults=True)})
+                     "config": cfg.model_dump(mode="json", exclude_defaults=True),
+                     "available": cls.missing() is None, "missing": cls.missing()})
     return rows
 
 
@@ -146,16 +151,19 @@ def execute(loaded, opts: RunOptions | None = None) -> RunOutcome:
             progress.stage_done(0, "input", resumed=True)
         stages.append(stage0)
         current = source
+        outputs = {"input": source}
         names = loaded.stage_names()
         for i, ((cls, cfg), name) in enumerate(zip(resolved, names), start=1):
             spec = r.stages[i - 1]
             config = cfg.model_dump(mode="json")
+            if spec.from_ is not None:
+                current = outputs[spec.from_]
             done, art = run.completed_stage(i, name, expect_input=current.sha256)
             if done is not None:
                 progress.stage_done(i, name, resumed=True)
                 done.notes.append("resumed: completed earlier in this run")
                 stages.append(done)
-                current = art
+                current = outputs[name] = art
                 continue
             progress.stage_start(i, name, cls.name)
             key = ws.cache_key(current, cls.name, config, data, r.measure)
@@ -186,7 +194,7 @@ def execute(loaded, opts: RunOptions | None = None) -> RunOutcome:
                 run.write_stage(tmp, stage)
             progress.stage_done(i, name, cached=result.cached, seconds=result.duration_s)
             stages.append(stage)
-            current = out
+            current = outputs[name] = out
         report = Report(command=opts.command or f"optkit run {loaded.path or ''}".strip(), recipe=loaded.raw,
                         stages=stages, run=run.info())
         if gates:
