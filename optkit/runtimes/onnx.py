@@ -14,6 +14,21 @@ PROVIDERS = {
 }
 
 
+def provider_list(provider: str) -> list:
+    """The providers to ask onnxruntime for; TensorRT keeps its engines and timing cache between sessions."""
+    names = PROVIDERS[provider]
+    if provider != "tensorrt":
+        return list(names)
+    import os
+
+    cache = os.path.join(os.environ.get("OPTKIT_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "optkit"), "ort-tensorrt")
+    os.makedirs(cache, exist_ok=True)
+    options = {"trt_engine_cache_enable": True, "trt_engine_cache_path": cache,
+               "trt_timing_cache_enable": True, "trt_timing_cache_path": cache}
+    return [(names[0], options), *names[1:]]
+
+
 def session_options(threads: int | None = None, optimize: bool = True):
     import onnxruntime as ort
 
@@ -45,11 +60,17 @@ class OnnxSession(Session):
             )
         try:
             self.sess = ort.InferenceSession(
-                artifact.path, sess_options=session_options(threads), providers=PROVIDERS[provider]
+                artifact.path, sess_options=session_options(threads), providers=provider_list(provider)
             )
         except Exception as e:  # onnxruntime raises several exception types for unreadable models
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise UsageError(f"cannot load {artifact.path} with onnxruntime: {first}") from None
+        active = self.sess.get_providers()
+        if active and active[0] != wanted:  # onnxruntime falls back quietly when CUDA/cuDNN/TensorRT fail to load
+            raise DependencyError(
+                f"onnxruntime could not start {wanted} (it fell back to {active[0]}); install the CUDA, cuDNN"
+                + (" and TensorRT" if provider == "tensorrt" else "") + " libraries onnxruntime-gpu needs"
+            )
         self.provider = provider
         self.threads = threads
         self.inputs = [_spec(i) for i in self.sess.get_inputs()]

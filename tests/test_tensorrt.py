@@ -1,0 +1,548 @@
+"""TensorRT: the CPU-only checker, the build pass's planning and its failure without TensorRT or a GPU, and
+(marked `gpu`) real engine builds and measurements where TensorRT and an NVIDIA GPU are present."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from conftest import no_result_files, one_error_line
+
+# -- small real ONNX models --------------------------------------------------------------------------------
+
+
+def _save(model, path: Path) -> Path:
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def conv_model(path: Path, shape=(1, 3, 8, 8), opset: int = 17) -> Path:
+    """input -> Conv(4 filters, 3x3, pad 1) -> Relu -> output."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((4, shape[1], 3, 3)).astype(np.float32), "w")
+    b = numpy_helper.from_array(np.zeros(4, np.float32), "b")
+    nodes = [helper.make_node("Conv", ["input", "w", "b"], ["c"], name="conv0", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["output"], name="relu0")]
+    out_shape = [shape[0], 4, shape[2], shape[3]]
+    g = helper.make_graph(nodes, "conv", [helper.make_tensor_value_info("input", TensorProto.FLOAT, list(shape))],
+                          [helper.make_tensor_value_info("output", TensorProto.FLOAT, out_shape)], [w, b])
+    return _save(helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)]), path)
+
+
+def unsupported_op_model(path: Path) -> Path:
+    """A supported Relu, then Unique (which TensorRT's ONNX parser does not support)."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu0"),
+             helper.make_node("Unique", ["r"], ["y"], name="uniq0", sorted=1)]
+    g = helper.make_graph(nodes, "unique", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M"])])
+    return _save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def int64_model(path: Path) -> Path:
+    """Gather with INT64 indices, and an INT64 table holding values past the INT32 range."""
+    table = numpy_helper.from_array(np.array([1, 2, 3, 2 ** 40] * 32, np.int64), "big_table")
+    idx = numpy_helper.from_array(np.array([0, 2], np.int64), "idx")
+    nodes = [helper.make_node("Gather", ["big_table", "idx"], ["g"], name="gather0"),
+             helper.make_node("Cast", ["g"], ["gf"], name="cast0", to=TensorProto.FLOAT),
+             helper.make_node("Add", ["x", "gf"], ["y"], name="add0")]
+    g = helper.make_graph(nodes, "int64", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], [table, idx])
+    return _save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def qdq_model(path: Path, *, act_type=TensorProto.INT8, act_zp: int = 0, int32_bias: bool = False,
+              shape=(1, 3, 8, 8)) -> Path:
+    """Q/DQ on the activation and the weights of a Conv, like a QDQ static quantization.
+
+    act_type/act_zp choose the activation quantization (UINT8 with zero point 128 is onnxruntime's asymmetric
+    default, which TensorRT rejects); int32_bias adds a quantized INT32 bias with its DequantizeLinear.
+    """
+    rng = np.random.default_rng(0)
+    np_act = {TensorProto.INT8: np.int8, TensorProto.UINT8: np.uint8}[act_type]
+    w = rng.integers(-127, 128, size=(4, shape[1], 3, 3)).astype(np.int8)
+    inits = [
+        numpy_helper.from_array(np.array(0.02, np.float32), "x_scale"),
+        numpy_helper.from_array(np.array(act_zp, np_act), "x_zp"),
+        numpy_helper.from_array(w, "w_q"),
+        numpy_helper.from_array(np.full(4, 0.01, np.float32), "w_scale"),
+        numpy_helper.from_array(np.zeros(4, np.int8), "w_zp"),
+    ]
+    nodes = [
+        helper.make_node("QuantizeLinear", ["input", "x_scale", "x_zp"], ["xq"], name="q_in"),
+        helper.make_node("DequantizeLinear", ["xq", "x_scale", "x_zp"], ["xdq"], name="dq_in"),
+        helper.make_node("DequantizeLinear", ["w_q", "w_scale", "w_zp"], ["w"], name="dq_w", axis=0),
+    ]
+    conv_inputs = ["xdq", "w"]
+    if int32_bias:
+        inits += [numpy_helper.from_array(np.arange(4, dtype=np.int32), "b_q"),
+                  numpy_helper.from_array(np.full(4, 0.0002, np.float32), "b_scale"),
+                  numpy_helper.from_array(np.zeros(4, np.int32), "b_zp")]
+        nodes.append(helper.make_node("DequantizeLinear", ["b_q", "b_scale", "b_zp"], ["b"], name="dq_bias", axis=0))
+        conv_inputs.append("b")
+    nodes += [helper.make_node("Conv", conv_inputs, ["c"], name="conv0", pads=[1, 1, 1, 1]),
+              helper.make_node("Relu", ["c"], ["output"], name="relu0")]
+    g = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("input", TensorProto.FLOAT, list(shape))],
+                          [helper.make_tensor_value_info("output", TensorProto.FLOAT, [shape[0], 4, shape[2], shape[3]])], inits)
+    return _save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def codes(report: dict, severity: str | None = None) -> set[str]:
+    return {f["code"] for f in report["findings"] if severity is None or f["severity"] == severity}
+
+
+def check_json(cli, *args):
+    r = cli("trt", "check", *map(str, args), "--json")
+    return r, json.loads(r.out)
+
+
+# -- optkit trt check (CPU only) ---------------------------------------------------------------------------
+
+
+def test_check_clean_model_exits_0(cli, tmp_path):
+    r, rep = check_json(cli, conv_model(tmp_path / "m.onnx"))
+    assert r.rc == 0, r.err
+    assert rep["ok"] and rep["errors"] == 0 and rep["findings"] == []
+    assert rep["ops"] == {"Conv": 1, "Relu": 1} and rep["opset"] == 17
+
+
+def test_check_table_output(cli, tmp_path):
+    r = cli("trt", "check", unsupported_op_model(tmp_path / "u.onnx"))
+    assert r.rc == 3
+    assert "unsupported-op" in r.out and "uniq0" in r.out and "Unique" in r.out
+    assert "onnx-tensorrt" in r.out  # says which support table it used
+    line = one_error_line(r)
+    assert "block a TensorRT build" in line and "Unique" in line
+
+
+def test_check_unsupported_op_names_node_and_op(cli, tmp_path):
+    r, rep = check_json(cli, unsupported_op_model(tmp_path / "u.onnx"))
+    assert r.rc == 3
+    bad = [f for f in rep["findings"] if f["code"] == "unsupported-op"]
+    assert bad == [{"severity": "error", "code": "unsupported-op", "node": "uniq0", "op": "Unique",
+                    "message": "op Unique is not supported by TensorRT's ONNX parser"}]
+    assert not rep["ok"]
+
+
+def test_check_custom_domain_op_is_an_error(tmp_path):
+    from optkit.trt_check import check_model
+
+    node = helper.make_node("FusedGemm", ["x", "x"], ["y"], name="fg", domain="com.microsoft")
+    g = helper.make_graph([node], "ms", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    onnx.save(m, tmp_path / "ms.onnx")
+    rep = check_model(str(tmp_path / "ms.onnx"))
+    assert [(f.code, f.op) for f in rep.errors] == [("custom-op", "FusedGemm")]
+
+
+def test_check_qoperator_ops_point_to_qdq(tmp_path):
+    from optkit.trt_check import check_model
+
+    node = helper.make_node("MatMulInteger", ["a", "b"], ["y"], name="mmi")
+    g = helper.make_graph([node], "mmi", [helper.make_tensor_value_info("a", TensorProto.INT8, [2, 2]),
+                                          helper.make_tensor_value_info("b", TensorProto.INT8, [2, 2])],
+                          [helper.make_tensor_value_info("y", TensorProto.INT32, [2, 2])])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "q.onnx")
+    rep = check_model(str(tmp_path / "q.onnx"))
+    assert any(f.code == "unsupported-op" and "Q/DQ format" in f.message for f in rep.errors)
+
+
+def test_check_dynamic_dims_need_a_profile(cli, tmp_path):
+    model = conv_model(tmp_path / "dyn.onnx", shape=("N", 3, "H", "W"))
+    r, rep = check_json(cli, model)
+    assert r.rc == 3
+    dyn = [f for f in rep["findings"] if f["code"] == "dynamic-dim"]
+    assert len(dyn) == 1 and "--shape input=" in dyn[0]["message"] and "1, 2, 3" not in dyn[0]["message"]
+    # a profile for the input clears it; a fixed shape does too
+    r, rep = check_json(cli, model, "--shape", "input=1x3x8x8:4x3x16x16:8x3x32x32")
+    assert r.rc == 0 and "dynamic-dim" not in codes(rep)
+    r, rep = check_json(cli, model, "--shape", "1x3x16x16")
+    assert r.rc == 0 and "dynamic-dim" not in codes(rep)
+
+
+def test_check_dynamic_batch_only_is_a_warning(cli, tmp_path):
+    r, rep = check_json(cli, conv_model(tmp_path / "b.onnx", shape=("batch", 3, 8, 8)))
+    assert r.rc == 0
+    assert codes(rep, "warning") == {"dynamic-batch"}
+    r = cli("trt", "check", tmp_path / "b.onnx", "--strict", "--json")
+    assert r.rc == 3 and json.loads(r.out)["ok"] is False
+    assert one_error_line(r).startswith("error: 1 problem would block")
+
+
+def test_check_int64_initializers(cli, tmp_path):
+    r, rep = check_json(cli, int64_model(tmp_path / "i64.onnx"))
+    assert r.rc == 0  # warnings, not errors
+    msgs = [f["message"] for f in rep["findings"] if f["code"] == "int64-weights"]
+    assert any("outside the INT32 range" in m and "big_table" in m for m in msgs)
+    assert any("INT64 weight(s)" in m and "large" in m for m in msgs)
+    assert all(f["severity"] == "warning" for f in rep["findings"] if f["code"] == "int64-weights")
+
+
+def test_check_slice_int64_max_bounds_are_fine(tmp_path):
+    from optkit.trt_check import check_model
+
+    inits = [numpy_helper.from_array(np.array([1], np.int64), "starts"),
+             numpy_helper.from_array(np.array([2 ** 63 - 1], np.int64), "ends")]
+    node = helper.make_node("Slice", ["x", "starts", "ends"], ["y"], name="s")
+    g = helper.make_graph([node], "s", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "s.onnx")
+    rep = check_model(str(tmp_path / "s.onnx"))
+    assert [f.severity for f in rep.findings] == ["info"]  # INT64 noted, not flagged as out of range
+
+
+def test_check_symmetric_int8_qdq_is_clean(cli, tmp_path):
+    model = qdq_model(tmp_path / "qdq.onnx")
+    import onnxruntime as ort  # the model is real: onnxruntime runs it
+
+    ort.InferenceSession(str(model)).run(None, {"input": np.ones((1, 3, 8, 8), np.float32)})
+    r, rep = check_json(cli, model, "--precision", "int8")
+    assert r.rc == 0, rep["findings"]
+    assert rep["quantized"] is True
+    assert codes(rep) == {"qdq"}
+
+
+def test_check_rejects_asymmetric_uint8_qdq(cli, tmp_path):
+    model = qdq_model(tmp_path / "asym.onnx", act_type=TensorProto.UINT8, act_zp=128)
+    r, rep = check_json(cli, model)
+    assert r.rc == 3
+    errs = [(f["code"], f["node"]) for f in rep["findings"] if f["severity"] == "error"]
+    assert ("qdq-zero-point", "q_in") in errs and ("qdq-zero-point", "dq_in") in errs
+    assert ("qdq-uint8", "q_in") in errs
+
+
+def test_check_rejects_int32_bias_dequantize(cli, tmp_path):
+    r, rep = check_json(cli, qdq_model(tmp_path / "bias.onnx", int32_bias=True))
+    assert r.rc == 3
+    bias = [f for f in rep["findings"] if f["code"] == "qdq-int32-bias"]
+    assert len(bias) == 1 and bias[0]["node"] == "dq_bias" and "QuantizeBias=False" in bias[0]["message"]
+
+
+def test_check_rejects_dangling_quantize_and_int8_without_qdq(cli, tmp_path):
+    from optkit.trt_check import check_model
+
+    inits = [numpy_helper.from_array(np.array(0.1, np.float32), "s"), numpy_helper.from_array(np.array(0, np.int8), "z")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], name="q0"),
+             helper.make_node("Cast", ["q"], ["y"], name="cast0", to=TensorProto.FLOAT)]
+    g = helper.make_graph(nodes, "dq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "d.onnx")
+    assert "qdq-dangling-q" in {f.code for f in check_model(str(tmp_path / "d.onnx")).errors}
+    r, rep = check_json(cli, conv_model(tmp_path / "f.onnx"), "--precision", "int8")
+    assert r.rc == 3 and "int8-needs-qdq" in codes(rep, "error")
+
+
+def test_check_per_channel_qdq_needs_opset_13(tmp_path):
+    from optkit.trt_check import check_model
+
+    model = qdq_model(tmp_path / "q.onnx")
+    m = onnx.load(model)
+    m.opset_import[0].version = 11  # the mnist.onnx trap: per-channel QDQ on an old opset
+    onnx.save(m, tmp_path / "old.onnx")
+    rep = check_model(str(tmp_path / "old.onnx"))
+    assert ("qdq-opset", "dq_w") in {(f.code, f.node) for f in rep.errors}
+
+
+def test_check_real_mnist(cli, realcases):
+    r, rep = check_json(cli, realcases / "mnist.onnx")
+    assert r.rc == 0, r.err
+    assert rep["opset"] == 7 and rep["errors"] == 0
+    assert "opset-old" in codes(rep, "warning")  # opset 7 is below TensorRT 10's documented range
+    assert rep["inputs"] == [{"name": "Input3", "shape": [1, 1, 28, 28], "dtype": "float32"}]
+    assert cli("trt", "check", realcases / "mnist.onnx", "--strict").rc == 3
+
+
+def test_check_bad_input(cli, tmp_path):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a model at all")
+    r = cli("trt", "check", bad)
+    assert r.rc == 2 and "cannot read" in one_error_line(r)
+    r = cli("trt", "check", tmp_path / "missing.onnx")
+    assert r.rc == 2
+    r = cli("trt", "check", conv_model(tmp_path / "m.onnx"), "--shape", "input=8x3x8x8:1x3x8x8:4x3x8x8")
+    assert r.rc == 2 and "MIN <= OPT <= MAX" in one_error_line(r)
+
+
+def test_check_table_covers_the_onnx_ops_it_claims():
+    from optkit.trt_check import TRT_SUPPORTED_OPS, TRT_UNSUPPORTED_OPS
+
+    assert not TRT_SUPPORTED_OPS & TRT_UNSUPPORTED_OPS
+    known = {s.name for s in onnx.defs.get_all_schemas_with_history() if s.domain == ""}
+    # every op in the table is a real ONNX op (catches typos), bar the parser's legacy extras
+    assert (TRT_SUPPORTED_OPS | TRT_UNSUPPORTED_OPS) - known <= {"ImageScaler", "ParametricSoftplus", "ScaledTanh",
+                                                                 "Scatter", "Upsample"}
+
+
+# -- profiles and planning (CPU only) ----------------------------------------------------------------------
+
+
+def test_parse_profiles():
+    from optkit.core.errors import UsageError
+    from optkit.trt_check import opt_shapes, parse_profiles
+
+    p = parse_profiles(["x=1x3x8x8:4x3x8x8:8x3x8x8", "y=2x5", "1x2"])
+    assert p["x"] == [[1, 3, 8, 8], [4, 3, 8, 8], [8, 3, 8, 8]]
+    assert p["y"] == [[2, 5]] * 3 and p[""] == [[1, 2]] * 3
+    assert opt_shapes(p)["x"] == [4, 3, 8, 8]
+    for bad in ("x=1x3:2x3", "x=4x3:2x3:8x3", "x=1x3:1x3x1:1x3", "x=0x3"):
+        with pytest.raises(UsageError):
+            parse_profiles([bad])
+
+
+def _cfg(**kw):
+    from optkit.passes.tensorrt import TensorRTBuildConfig
+
+    return TensorRTBuildConfig(**kw)
+
+
+def test_plan_dynamic_batch_defaults_to_one(tmp_path):
+    from optkit.passes.tensorrt import make_plan
+
+    plan = make_plan(str(conv_model(tmp_path / "b.onnx", shape=("batch", 3, 8, 8))), _cfg())
+    assert plan["profiles"] == {"input": [[1, 3, 8, 8]] * 3} and plan["shapes"] == {"input": [1, 3, 8, 8]}
+    assert "batch 1 only" in plan["notes"][0]
+    plan = make_plan(str(tmp_path / "b.onnx"), _cfg(profile={"input": [[1, 3, 8, 8], [4, 3, 8, 8], [16, 3, 8, 8]]}))
+    assert plan["profiles"]["input"][2] == [16, 3, 8, 8] and plan["shapes"]["input"] == [4, 3, 8, 8]
+    plan = make_plan(str(conv_model(tmp_path / "s.onnx")), _cfg())
+    assert plan["profiles"] == {} and plan["shapes"] == {"input": [1, 3, 8, 8]}
+
+
+def test_plan_rejects_bad_profiles_and_configs(tmp_path):
+    from optkit.core.errors import UsageError
+    from optkit.passes.tensorrt import make_plan
+
+    dyn = str(conv_model(tmp_path / "d.onnx", shape=("N", 3, "H", "W")))
+    with pytest.raises(UsageError, match="no optimization profile"):
+        make_plan(dyn, _cfg())
+    with pytest.raises(UsageError, match="fixes it at 3"):
+        make_plan(dyn, _cfg(profile={"input": [[1, 4, 8, 8]] * 3}))
+    with pytest.raises(UsageError, match="model's inputs are input"):
+        make_plan(dyn, _cfg(profile={"image": [[1, 3, 8, 8]] * 3}))
+    static = str(conv_model(tmp_path / "s.onnx"))
+    with pytest.raises(UsageError, match="explicitly quantized"):
+        make_plan(static, _cfg(precision="int8"))
+    with pytest.raises(UsageError, match="strongly typed"):
+        make_plan(static, _cfg(precision="fp16", strongly_typed=True))
+    plan = make_plan(str(qdq_model(tmp_path / "q.onnx")), _cfg(precision="int8", strongly_typed=True))
+    assert plan["quantized"] is True
+
+
+def test_config_rejects_unknown_keys_and_ranges():
+    from pydantic import ValidationError as PydanticError
+
+    for bad in ({"precision": "int4"}, {"optimization_level": 6}, {"workspace": 5}, {"workspace_mb": 0}):
+        with pytest.raises(PydanticError):
+            _cfg(**bad)
+
+
+def test_timing_cache_path(monkeypatch, tmp_path):
+    from optkit.passes.tensorrt import timing_cache_path
+
+    monkeypatch.setenv("OPTKIT_CACHE_DIR", str(tmp_path))
+    auto = timing_cache_path("auto")
+    assert auto.parent == tmp_path and auto.name.startswith("tensorrt-") and auto.suffix == ".cache"
+    assert timing_cache_path(None) is None and timing_cache_path("") is None
+    assert timing_cache_path(str(tmp_path / "t.cache")) == tmp_path / "t.cache"
+
+
+def test_parser_error_names_node_and_op():
+    from optkit.passes.tensorrt import parser_error
+
+    class Err:
+        def __init__(self, name, op, desc):
+            self._n, self._o, self._d = name, op, desc
+
+        def node_name(self):
+            return self._n
+
+        def node_operator(self):
+            return self._o
+
+        def node(self):
+            return 7
+
+        def code(self):
+            return "ErrorCode.UNSUPPORTED_NODE"
+
+        def desc(self):
+            return self._d
+
+    class Parser:
+        errors = [Err("uniq0", "Unique", "No importer registered for op: Unique\nmore text"), Err("", "Foo", "x")]
+        num_errors = 2
+
+        def get_error(self, i):
+            return self.errors[i]
+
+    err = parser_error(Parser(), "m.onnx", [])
+    assert err.exit_code == 3
+    assert str(err) == ("TensorRT's ONNX parser failed at node 'uniq0' (op Unique) in m.onnx: No importer registered "
+                        "for op: Unique (+1 more); `optkit trt check m.onnx` lists what TensorRT does not support")
+    assert err.details["parser_errors"][1]["node"] == ""
+
+
+def test_gpu_problem_honours_cuda_visible_devices(monkeypatch):
+    from optkit.runtimes.tensorrt import gpu_problem
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert "no NVIDIA GPU" in gpu_problem()
+
+
+# -- without TensorRT or a GPU (as on CPU-only CI) ---------------------------------------------------------
+
+needs_no_trt = pytest.mark.skipif(importlib.util.find_spec("tensorrt") is not None, reason="TensorRT is installed")
+
+
+def _gpu_here() -> bool:
+    from optkit.runtimes.tensorrt import gpu_problem
+
+    return gpu_problem() is None
+
+
+@needs_no_trt
+def test_build_without_tensorrt_exits_4_writes_nothing(cli, tmp_path):
+    model = conv_model(tmp_path / "m.onnx")
+    out = tmp_path / "out"
+    out.mkdir()
+    r = cli("trt", "build", model, "-o", out / "m.engine", "--report", out / "r.json")
+    assert r.rc == 4
+    line = one_error_line(r)
+    assert "pip install" in line and "NVIDIA GPU" in line and "tensorrt.build" in line
+    assert no_result_files(out) == []
+
+
+@needs_no_trt
+def test_passes_lists_tensorrt_build_unavailable(cli):
+    r = cli("passes", "--json")
+    assert r.rc == 0
+    row = next(p for p in json.loads(r.out) if p["name"] == "tensorrt.build")
+    assert row["available"] is False and "optkit[trt]" in row["install"] and "NVIDIA GPU" in row["install"]
+    assert row["accepts"] == ["onnx"] and row["produces"] == "trt-engine" and row["extra"] == "trt"
+
+
+@pytest.mark.skipif(_gpu_here(), reason="an NVIDIA GPU is visible here")
+def test_build_with_tensorrt_but_no_gpu_exits_4(cli, tmp_path, monkeypatch):
+    """A tensorrt package that imports but no GPU: still exit 4, saying an NVIDIA GPU is needed."""
+    fake = tmp_path / "site"
+    (fake / "tensorrt").mkdir(parents=True)
+    (fake / "tensorrt" / "__init__.py").write_text("__version__ = '10.0.0'\n")
+    monkeypatch.setenv("PYTHONPATH", str(fake))
+    model = conv_model(tmp_path / "m.onnx")
+    r = cli("trt", "build", model, "-o", tmp_path / "m.engine")
+    assert r.rc == 4
+    assert "NVIDIA GPU" in one_error_line(r)
+    assert not (tmp_path / "m.engine").exists()
+    row = next(p for p in json.loads(cli("passes", "--json").out) if p["name"] == "tensorrt.build")
+    assert row["available"] is False and "no NVIDIA GPU" in row["install"]
+
+
+@needs_no_trt
+def test_engine_measurement_without_tensorrt_exits_4(cli, tmp_path):
+    engine = tmp_path / "m.engine"
+    engine.write_bytes(b"\x00" * 64)
+    r = cli("bench", engine)
+    assert r.rc == 4 and "TensorRT is not installed" in one_error_line(r)
+
+
+def test_onnx_gpu_providers_absent_exit_4(cli, tmp_path):
+    import onnxruntime as ort
+
+    model = conv_model(tmp_path / "m.onnx")
+    for provider, ep in (("cuda", "CUDAExecutionProvider"), ("tensorrt", "TensorrtExecutionProvider")):
+        if ep in ort.get_available_providers():
+            continue
+        r = cli("bench", model, "--provider", provider, "--runs", "2")
+        assert r.rc == 4, r.err
+        assert "onnxruntime-gpu" in one_error_line(r)
+
+
+def test_trt_help_imports_no_framework():
+    import subprocess
+    import sys
+
+    code = ("import sys; from optkit.cli.main import app; import optkit.cli.trt, optkit.passes.tensorrt, "
+            "optkit.runtimes.tensorrt, optkit.trt_check; "
+            "print([m for m in ('tensorrt', 'torch', 'tensorflow', 'cuda') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+# -- on an NVIDIA GPU with TensorRT (skipped elsewhere) ----------------------------------------------------
+
+
+def _trt_and_gpu() -> bool:
+    return importlib.util.find_spec("tensorrt") is not None and _gpu_here()
+
+
+gpu = pytest.mark.skipif(not _trt_and_gpu(), reason="needs TensorRT and an NVIDIA GPU")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_gpu_build_and_measure(cli, tmp_path, precision, monkeypatch):
+    monkeypatch.setenv("OPTKIT_CACHE_DIR", str(tmp_path / "cache"))
+    model = conv_model(tmp_path / "m.onnx")
+    engine = tmp_path / f"m.{precision}.engine"
+    r = cli("trt", "build", model, "-o", engine, "--precision", precision, "--runs", "20", "--json")
+    assert r.rc == 0, r.err
+    rep = json.loads(r.out)
+    stage = rep["stages"][-1]
+    assert stage["output"]["format"] == "trt-engine" and engine.exists()
+    m = stage["measurements"]
+    assert m["latency"]["p50_ms"] > 0 and m["latency"]["provider"].startswith("tensorrt")
+    assert m["fidelity"]["cosine"] > 0.999
+    assert m["tensorrt"]["validation"]["precision"] == precision
+    # the timing cache is saved, then reused by the next build
+    r2 = cli("trt", "build", model, "-o", tmp_path / "again.engine", "--precision", precision, "--runs", "5",
+             "--json")
+    assert r2.rc == 0, r2.err
+    assert json.loads(r2.out)["stages"][-1]["measurements"]["tensorrt"]["timing_cache"]["reused"] is True
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_int8_from_qdq_and_dynamic_profile(cli, tmp_path):
+    qdq = qdq_model(tmp_path / "q.onnx", shape=("N", 3, 8, 8))
+    r = cli("trt", "build", qdq, "-o", tmp_path / "q.engine", "--precision", "int8", "--shape",
+            "input=1x3x8x8:4x3x8x8:8x3x8x8", "--no-timing-cache", "--runs", "10", "--json")
+    assert r.rc == 0, r.err
+    t = json.loads(r.out)["stages"][-1]["measurements"]["tensorrt"]
+    assert t["profiles"]["input"] == [[1, 3, 8, 8], [4, 3, 8, 8], [8, 3, 8, 8]]
+    r = cli("bench", tmp_path / "q.engine", "--shape", "input=8x3x8x8", "--runs", "10", "--json")
+    assert r.rc == 0, r.err
+    r = cli("bench", tmp_path / "q.engine", "--shape", "input=9x3x8x8", "--runs", "2")
+    assert r.rc == 2 and "optimization profile" in one_error_line(r)
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_cuda_graphs_and_parser_error(cli, tmp_path):
+    model = conv_model(tmp_path / "m.onnx")
+    r = cli("trt", "build", model, "-o", tmp_path / "g.engine", "--cuda-graphs", "--runs", "20", "--json")
+    assert r.rc == 0, r.err
+    assert json.loads(r.out)["stages"][-1]["measurements"]["latency"]["provider"] == "tensorrt+cuda-graph"
+    r = cli("trt", "build", unsupported_op_model(tmp_path / "u.onnx"), "-o", tmp_path / "u.engine")
+    assert r.rc == 3 and "uniq0" in one_error_line(r) and "Unique" in one_error_line(r)
+    assert not (tmp_path / "u.engine").exists()
+
+
+def test_onnx_provider_fallback_is_an_error(tmp_path, monkeypatch):
+    """onnxruntime quietly falls back to the CPU when the CUDA libraries fail to load: say so (exit 4)."""
+    import onnxruntime as ort
+
+    from optkit.core.artifact import Artifact
+    from optkit.core.errors import DependencyError
+    from optkit.runtimes.onnx import OnnxSession
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("the CUDA provider is really present")
+    monkeypatch.setattr(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    with pytest.raises(DependencyError, match="could not start CUDAExecutionProvider"):
+        OnnxSession(Artifact.load(conv_model(tmp_path / "m.onnx")), provider="cuda")
