@@ -15,8 +15,8 @@ class TinyTransformer(nn.Module):
         self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
         self.head = nn.Linear(dim, classes)
 
-    def forward(self, x):
-        tokens = x.reshape(x.shape[0], 8, 8)
+    def forward(self, input):  # noqa: A002 (the ONNX input is named `input`, like the data)
+        tokens = input.reshape(input.shape[0], 8, 8)
         h = self.encoder(self.embed(tokens) + self.pos)
         return self.head(h.mean(dim=1))
 
