@@ -5,7 +5,7 @@ from collections import Counter
 from typing import Any
 
 from optkit.core.artifact import Artifact
-from optkit.core.errors import UsageError
+from optkit.core.onnxfile import load_onnx
 from optkit.core.formats import Format
 from optkit.core.isolate import run_isolated
 from optkit.measure.size import measure_size
@@ -21,16 +21,7 @@ def inspect_model(artifact: Artifact) -> dict[str, Any]:
 
 
 def _inspect_onnx(artifact: Artifact) -> dict[str, Any]:
-    import onnx
-    from google.protobuf.message import DecodeError
-
-    try:
-        model = onnx.load(artifact.path, load_external_data=False)
-    except (DecodeError, OSError, ValueError, RuntimeError) as e:
-        raise UsageError(f"cannot read {artifact.path} as ONNX: {str(e).strip().splitlines()[0] or type(e).__name__}; "
-                         "the file is corrupt or truncated") from None
-    if not model.graph.node and not model.graph.output:
-        raise UsageError(f"cannot read {artifact.path} as ONNX: the file holds no graph (corrupt or not ONNX)")
+    model = load_onnx(artifact.path, external_data=False)
     ops: Counter = Counter()
     _count_ops(model.graph, ops)
     return {

@@ -37,10 +37,11 @@ def gzip_bytes(artifact: Artifact) -> int | None:
 
 def onnx_parameters(path: str) -> dict:
     """Parameters and initializer bytes of an ONNX model (external data included, when present)."""
-    import onnx
     from onnx import numpy_helper
 
-    model = onnx.load(path, load_external_data=True)
+    from optkit.core.onnxfile import load_onnx
+
+    model = load_onnx(path)
     params = 0
     nbytes = 0
     nonzero = 0

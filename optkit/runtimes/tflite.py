@@ -67,6 +67,14 @@ class TFLiteSession(Session):
 
         return dict(Counter(op["op_name"] for op in self.interp._get_ops_details()).most_common())
 
+    def parameter_count(self) -> int:
+        """Elements of constant tensors: op inputs that no op produces and that are not model inputs."""
+        ops = self.interp._get_ops_details()
+        produced = {i for op in ops for i in op["outputs"]} | {d["index"] for d in self._in}
+        constants = {i for op in ops for i in op["inputs"] if i >= 0 and i not in produced}
+        shapes = {d["index"]: d["shape"] for d in self.interp.get_tensor_details()}
+        return int(sum(np.prod(shapes[i]) for i in constants if i in shapes))
+
     def quantization(self) -> dict:
         """Scale and zero point of quantized inputs and outputs (int8 I/O models)."""
         return {d["name"]: d["quantization"] for d in self._in + self._out if d["quantization"] != (0.0, 0)}
