@@ -141,7 +141,26 @@ def compact(model) -> int:
             node.input[i] = short(n)
         for i, n in enumerate(node.output):
             node.output[i] = short(n)
+    _prune(model)
     return before - model.ByteSize()
+
+
+def _prune(model) -> None:
+    """Drop unused initializers, initializers listed as graph inputs (IR >= 4), and unused opset imports."""
+    g = model.graph
+    used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+    keep = [i for i in g.initializer if i.name in used]
+    del g.initializer[:]
+    g.initializer.extend(keep)
+    names = {i.name for i in keep}
+    if model.ir_version >= 4:
+        inputs = [v for v in g.input if v.name not in names]
+        del g.input[:]
+        g.input.extend(inputs)
+    domains = {n.domain or "" for n in g.node}
+    ops_ = [o for o in model.opset_import if (o.domain or "") in domains or o.domain in ("", "ai.onnx")]
+    del model.opset_import[:]
+    model.opset_import.extend(ops_)
 
 
 def is_quantized(model) -> list[str]:

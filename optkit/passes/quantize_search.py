@@ -217,7 +217,9 @@ class Quantizer:
         cfg = self.cfg
         vnni = ops.has_vnni()
         act = cfg.activation_type if cfg.activation_type != "auto" else ("int8" if vnni else "uint8")
-        per_channel = cfg.per_channel if cfg.per_channel is not None else self.mode == "static"
+        # onnxruntime's QOperator per-channel path crashes on int32-bias scale adjustment: per-tensor there
+        per_channel = cfg.per_channel if cfg.per_channel is not None else (
+            self.mode == "static" and cfg.format == "qdq")
         reduce_range = cfg.reduce_range if cfg.reduce_range is not None else (
             not vnni and cfg.weight_type == "int8")
         return {"activation_type": act, "weight_type": cfg.weight_type, "per_channel": per_channel,

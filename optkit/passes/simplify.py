@@ -1,0 +1,212 @@
+"""ONNX simplification: onnxslim, then onnxruntime's portable offline optimizations (or onnxsim instead).
+
+The result must compute the same outputs (within `tolerance`) and may not grow past `max_growth` times the
+input's size (constant folding can multiply it); otherwise the pass tries the safer variants and, when none fits,
+fails with exit 3 saying why.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Literal, Optional
+
+from pydantic import Field
+
+from optkit.core.artifact import Artifact
+from optkit.core.atomic import atomic_path
+from optkit.core.errors import PassError, UsageError, ValidationError
+from optkit.core.formats import Format
+from optkit.core.registry import Pass, PassConfig, PassContext, register
+
+
+class SimplifyConfig(PassConfig):
+    engine: Literal["onnxslim", "onnxsim"] = "onnxslim"
+    ort_optimize: bool = True          # onnxruntime offline optimizations after the engine
+    provider: Optional[str] = None     # target a provider: allows its fused ops (not portable)
+    max_growth: float = Field(default=1.5, gt=0)
+    tolerance: float = Field(default=1e-5, ge=0)  # max |diff| allowed, scaled by max(1, |reference|)
+    check_samples: int = Field(default=8, ge=1)
+
+
+@register
+class SimplifyOnnx(Pass):
+    name = "simplify.onnx"
+    summary = "onnxslim + onnxruntime offline optimizations (portable ONNX), checked for equal outputs"
+    accepts = (Format.ONNX,)
+    produces = Format.ONNX
+    extra = "simplify"
+    Config = SimplifyConfig
+
+    def run(self, artifact: Artifact, config: SimplifyConfig, ctx: PassContext) -> Artifact:
+        from optkit.passes import quantize_ops as ops
+
+        model = ops.load_model(artifact.path)
+        before = ops.op_counts(model)
+        size_in = artifact.size_bytes()
+        tmp = Path(tempfile.mkdtemp(prefix="optkit-simplify-"))
+        try:
+            feeds, ref, names = _reference(artifact, ctx, config, ops)
+            tried = []
+            for label, path in _variants(artifact, config, tmp, ctx):
+                m = ops.load_model(path)
+                size = path.stat().st_size
+                entry = {"variant": label, "bytes": size, "growth": size / size_in,
+                         "nodes": sum(ops.op_counts(m).values())}
+                tried.append(entry)
+                if size > config.max_growth * size_in:
+                    entry["rejected"] = f"grew the file {size / size_in:.2f}x"
+                    continue
+                try:
+                    out = ops.run_all(ops.session(path), feeds, names)
+                except UsageError as e:
+                    entry["rejected"] = e.message
+                    continue
+                err = _max_scaled_error(ref, out)
+                entry["max_scaled_error"] = err
+                if err > config.tolerance:
+                    entry["rejected"] = f"outputs moved by {err:.3g} (tolerance {config.tolerance:g})"
+                    continue
+                after = ops.op_counts(m)
+                ctx.measurements["simplify"] = {
+                    "variant": label, "nodes_before": sum(before.values()), "nodes_after": sum(after.values()),
+                    "ops_before": before, "ops_after": after, "bytes_before": size_in, "bytes_after": size,
+                    "max_scaled_error": err, "tried": tried}
+                ctx.note(f"{label}: nodes {sum(before.values())} -> {sum(after.values())} "
+                         f"({_op_delta(before, after)}); size {size_in:,} -> {size:,} bytes; outputs equal "
+                         f"within {err:.2g} on {len(next(iter(feeds.values())))} inputs")
+                with atomic_path(ctx.output) as out_tmp:
+                    shutil.copyfile(path, out_tmp)
+                return artifact.derive(ctx.output, Format.ONNX, self.name, config.model_dump(mode="json"))
+            ctx.measurements["simplify"] = {"tried": tried}
+            grown = [t for t in tried if "grew" in t.get("rejected", "")]
+            if grown and len(grown) == len(tried):
+                worst = min(grown, key=lambda t: t["growth"])
+                raise ValidationError(
+                    f"simplification would grow the model {worst['growth']:.2f}x (from {size_in:,} to "
+                    f"{worst['bytes']:,} bytes), past --max-growth {config.max_growth:g}: constant folding "
+                    "materialized large tensors; nothing was written (raise --max-growth to accept it)",
+                    details={"tried": tried})
+            reasons = "; ".join(f"{t['variant']}: {t['rejected']}" for t in tried)
+            raise ValidationError(f"no simplified model kept the outputs and size: {reasons}; nothing was written",
+                                  details={"tried": tried})
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _reference(artifact, ctx, config, ops):
+    """Inputs (data when given, else synthesized) and the parent's outputs on them."""
+    from optkit.measure.inputs import synthesize
+
+    sess = ops.session(artifact.path)
+    specs = ops.input_specs(sess)
+    names = [o.name for o in sess.get_outputs()]
+    data = ctx.data.get("eval") or ctx.data.get("calibration")
+    if data is not None:
+        feeds = data.subset(config.check_samples, ctx.seed).bind(specs)
+    else:
+        import numpy as np
+
+        parts = [synthesize(specs, ctx.shapes, 1, ctx.seed + i) for i in range(config.check_samples)]
+        feeds = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    return feeds, ops.run_all(sess, feeds, names), names
+
+
+def _variants(artifact, config, tmp: Path, ctx):
+    """Candidate simplifications, best first: engine + ort, engine alone, (onnxslim without folding)."""
+    from optkit.passes import quantize_ops as ops
+
+    engine_out = tmp / "engine.onnx"
+    label = config.engine
+    try:
+        if config.engine == "onnxslim":
+            import onnxslim
+
+            model = onnxslim.slim(ops.load_model(artifact.path))
+        else:
+            try:
+                import onnxsim  # imports torch: only when chosen
+            except ImportError:
+                from optkit.core.errors import DependencyError
+
+                raise DependencyError("engine onnxsim is not installed: pip install onnxsim") from None
+            model, ok = onnxsim.simplify(ops.load_model(artifact.path))
+            if not ok:
+                raise PassError("onnxsim could not validate its simplified model")
+        ops.save_model(model, engine_out)
+    except (PassError, UsageError):
+        raise
+    except Exception as e:
+        if type(e).__name__ == "DependencyError":
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise PassError(f"{config.engine} failed on {artifact.path}: {first[:200]}") from None
+    candidates = []
+    if config.ort_optimize:
+        ort_out = tmp / "ort.onnx"
+        try:
+            _ort_offline(engine_out, ort_out, config.provider)
+            n_ort = sum(ops.op_counts(ops.load_model(ort_out)).values())
+            n_eng = sum(ops.op_counts(ops.load_model(engine_out)).values())
+            if n_ort <= n_eng:  # never more nodes than the engine alone
+                candidates.append((f"{label} + onnxruntime", ort_out))
+        except Exception as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            ctx.note(f"onnxruntime offline optimization skipped: {first[:120]}")
+    candidates.append((label, engine_out))
+    yield from candidates
+    if config.engine == "onnxslim":
+        import onnxslim
+
+        nofold = tmp / "nofold.onnx"
+        ops.save_model(onnxslim.slim(ops.load_model(artifact.path), no_constant_folding=True), nofold)
+        yield "onnxslim (no constant folding)", nofold
+
+
+def _ort_offline(src: Path, dest: Path, provider: Optional[str]) -> None:
+    """onnxruntime's offline optimizations saved as ONNX: basic level (standard ops only) unless a provider
+    is targeted (extended level, which adds onnxruntime-specific fused ops)."""
+    import onnx
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED if provider
+                                   else ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
+    so.optimized_model_filepath = str(dest)
+    from optkit.runtimes.onnx import PROVIDERS
+
+    ort.InferenceSession(str(src), so, providers=PROVIDERS.get(provider or "cpu", PROVIDERS["cpu"]))
+    m = onnx.load(str(dest))
+    if not provider:
+        bad = sorted({n.domain for n in m.graph.node if n.domain not in ("", "ai.onnx")})
+        if bad:
+            raise PassError(f"onnxruntime added non-portable ops ({', '.join(bad)})")
+    onnx.save(m, str(dest))
+
+
+def _max_scaled_error(ref, out) -> float:
+    import numpy as np
+
+    worst = 0.0
+    if len(ref) != len(out):
+        return float("inf")
+    for a, b in zip(ref, out):
+        a = np.asarray(a, dtype=np.float64)
+        b = np.asarray(b, dtype=np.float64)
+        if a.shape != b.shape:
+            return float("inf")
+        if a.size == 0:
+            continue
+        scale = max(1.0, float(np.abs(a).max()))
+        worst = max(worst, float(np.abs(a - b).max()) / scale)
+    return worst
+
+
+def _op_delta(before: dict, after: dict) -> str:
+    parts = []
+    for op in sorted(set(before) | set(after)):
+        a, b = before.get(op, 0), after.get(op, 0)
+        if a != b:
+            parts.append(f"{op} {a}->{b}")
+    return ", ".join(parts) or "same ops"
