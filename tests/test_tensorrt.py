@@ -331,6 +331,10 @@ def test_plan_rejects_bad_profiles_and_configs(tmp_path):
         make_plan(static, _cfg(precision="fp16", strongly_typed=True))
     plan = make_plan(str(qdq_model(tmp_path / "q.onnx")), _cfg(precision="int8", strongly_typed=True))
     assert plan["quantized"] is True
+    # onnxruntime's default static QDQ (asymmetric activations, INT32 bias) can never build: exit 2, before the GPU
+    asym = str(qdq_model(tmp_path / "asym.onnx", act_type=TensorProto.INT8, act_zp=-128, int32_bias=True))
+    with pytest.raises(UsageError, match="quantized in a way TensorRT rejects"):
+        make_plan(asym, _cfg(precision="int8"))
 
 
 def test_config_rejects_unknown_keys_and_ranges():

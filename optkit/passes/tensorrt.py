@@ -112,6 +112,10 @@ def make_plan(onnx_path: str, config: TensorRTBuildConfig, shapes: dict[str, lis
         raise UsageError("int8 needs an explicitly quantized model (QuantizeLinear/DequantizeLinear nodes); "
                          "TensorRT's implicit INT8 calibration is deprecated: quantize to QDQ first "
                          "(optkit quantize MODEL --format qdq), then build with --precision int8")
+    qdq = [f for f in report.errors if f.code.startswith("qdq-")]
+    if qdq:  # TensorRT's explicit quantization is symmetric INT8: no build can succeed, so say why now
+        raise UsageError(f"{onnx_path} is quantized in a way TensorRT rejects ({len(qdq)} Q/DQ problem(s); first at "
+                         f"{qdq[0].node}: {qdq[0].message}); `optkit trt check {onnx_path}` lists them all")
     given: dict[str, list[list[int]]] = {k: [list(s) for s in v] for k, v in config.profile.items()}
     for name, shape in (shapes or {}).items():
         given.setdefault(name, [list(shape)] * 3)
