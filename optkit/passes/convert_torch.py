@@ -41,7 +41,7 @@ def convert_torch(artifact: Artifact, config, ctx: PassContext) -> Artifact:
     exporter = config.exporter
     export_obj = model
     if artifact.format == Format.TORCH_EXPORT:
-        export_obj = artifact.meta.get("_program") or model
+        export_obj = artifact.meta.pop("_program", None) or model
     with Staging(ctx.output) as stage:
         used = _export(export_obj, model, tensors, specs, out_names, dynamic, config, stage.model, ctx)
         import onnx
@@ -222,6 +222,12 @@ def _grow_dynamic(t, dims: dict[int, str]):
     return t
 
 
+def _is_script(model) -> bool:
+    import torch
+
+    return isinstance(model, torch.jit.ScriptModule)
+
+
 def _call(model, tensors):
     return model(*tensors)
 
@@ -239,7 +245,10 @@ def _export(export_obj, model, tensors, specs, out_names, dynamic, config, dest:
     """Export with the chosen exporter; dynamo failures fall back to the TorchScript exporter. Returns the one used."""
     from torch.onnx import _constants
 
-    if config.exporter == "dynamo":
+    if config.exporter == "dynamo" and _is_script(model):
+        ctx.note("TorchScript models go through the TorchScript exporter (the dynamo exporter cannot take a "
+                 "ScriptModule)")
+    elif config.exporter == "dynamo":
         opset = choose_opset(config.opset, _constants.ONNX_MAX_OPSET, "the dynamo exporter")
         try:
             _export_dynamo(export_obj, tensors, specs, out_names, dynamic, opset, dest)
@@ -282,7 +291,7 @@ def _quiet():
         logging.getLogger(name).setLevel(logging.ERROR)
     buf = io.StringIO()
     try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(buf):
+        with warnings.catch_warnings(), contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
             warnings.simplefilter("ignore")
             yield
     finally:
@@ -331,14 +340,13 @@ _OP = re.compile(r"(?:aten|prim|[A-Za-z_]\w*)(?:::|\.)[A-Za-z_]\w*(?:\.[A-Za-z_]
 
 def _describe_export_error(e: BaseException) -> str:
     """One line naming the op (and node) the exporter could not handle, when the message says so."""
-    text = str(e)
-    full = text
+    full = _ANSI.sub("", str(e))
     cause = e.__cause__ or e.__context__
     while cause is not None:
-        full += "\n" + str(cause)
+        full += "\n" + _ANSI.sub("", str(cause))
         cause = cause.__cause__ or cause.__context__
     op = None
-    m = re.search(r"(?:operator|OpOverload\(op=)['\"]?(?P<op>[\w:.]+)", full)
+    m = re.search(r"(?:OpOverload\(op=|operator\s|namespace\s)['\"]?(?P<op>\w+(?:::|\.)\w+(?:\.\w+)?)", full)
     if m:
         op = m["op"]
     node = None
@@ -350,7 +358,13 @@ def _describe_export_error(e: BaseException) -> str:
         op = m["op"] if m else None
     if op:
         return f"unsupported op {op}" + (f" at node {node}" if node else "") + f" ({type(e).__name__})"
-    return f"{type(e).__name__}: {first_line(e)}"
+    summary = re.search(r"## Exception summary\s*\n\s*(?P<line>[^\n]+)", full)
+    if summary:
+        return _ANSI.sub("", summary["line"]).strip()
+    return f"{type(e).__name__}: {_ANSI.sub('', first_line(e))}"
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 # ------------------------------------------------------------------------------------------------ validation

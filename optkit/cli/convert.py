@@ -1,0 +1,111 @@
+"""optkit convert SRC -o OUT.onnx: PyTorch and TensorFlow models to validated ONNX."""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+from optkit.cli import common
+
+TORCH_FORMATS = ("torch-module", "torchscript", "torch-export")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("convert")
+    def convert_cmd(
+        model: str = typer.Argument(..., help="file.py:make_model, pkg.mod:make_model, TorchScript .pt, "
+                                               ".pt2, SavedModel folder, .keras, .h5 or .tflite."),
+        output: str = typer.Option(..., "--output", "-o", help="The ONNX file to write."),
+        weights: Optional[str] = common.WEIGHTS,
+        trust_pickle: bool = typer.Option(False, "--trust-pickle",
+                                          help="Allow --weights to be a pickled whole model (runs code from it)."),
+        signature: Optional[str] = typer.Option(None, "--signature", help="SavedModel signature to convert."),
+        shape: Optional[List[str]] = common.SHAPE,
+        dynamic: Optional[List[str]] = typer.Option(
+            None, "--dynamic", help="Dynamic axes (PyTorch): 'batch', or NAME:DIM[=LABEL] (repeatable)."),
+        exporter: str = typer.Option("dynamo", "--exporter", help="PyTorch exporter: dynamo or legacy."),
+        no_fallback: bool = typer.Option(False, "--no-fallback",
+                                         help="Fail instead of falling back to the legacy exporter."),
+        opset: Optional[int] = typer.Option(None, "--opset", min=7,
+                                            help="ONNX opset (default: newest the exporter and onnxruntime share)."),
+        data: Optional[str] = typer.Option(None, "--data", help="Sample inputs for validation (.npz, images, IDX)."),
+        samples: int = typer.Option(64, "--samples", min=1, help="Validation samples taken from --data."),
+        atol: Optional[float] = typer.Option(None, "--atol", min=0, help="Absolute tolerance (default per dtype)."),
+        rtol: Optional[float] = typer.Option(None, "--rtol", min=0, help="Relative tolerance (default per dtype)."),
+        external_data: str = typer.Option("auto", "--external-data",
+                                          help="auto (only over 2 GB), always or never."),
+        threads: Optional[int] = common.THREADS,
+        runs: int = typer.Option(50, "--runs", min=1, help="Timed runs for the latency figures."),
+        report: Optional[str] = common.OUTPUT_REPORT,
+        as_json: bool = common.JSON,
+    ) -> None:
+        """Convert a PyTorch or TensorFlow model to ONNX, validated against the source framework."""
+        from optkit.core.errors import UsageError
+        from optkit.core.formats import Format, detect_format
+        from optkit.core.shapes import parse_shapes
+        from optkit.measure.model import MeasureSettings
+
+        if exporter not in ("dynamo", "legacy"):
+            raise UsageError(f"--exporter {exporter!r}: choose dynamo or legacy")
+        if external_data not in ("auto", "always", "never"):
+            raise UsageError(f"--external-data {external_data!r}: choose auto, always or never")
+        fmt = detect_format(model)
+        shapes = parse_shapes(shape)
+        dataset = None
+        if data:
+            from optkit.measure.datasets import load_dataset
+
+            dataset = load_dataset(data)
+        common_cfg = {"opset": opset, "atol": atol, "rtol": rtol, "samples": samples,
+                      "external_data": external_data}
+        source_meta = {}
+        if fmt.value in TORCH_FORMATS:
+            pass_name = "convert.torch"
+            config = {**common_cfg, "exporter": exporter, "dynamic": list(dynamic or []),
+                      "fallback": not no_fallback, "trust_pickle": trust_pickle}
+            if signature:
+                raise UsageError("--signature applies to SavedModels")
+            if not shapes and dataset is not None and fmt == Format.TORCHSCRIPT and set(dataset.arrays) == {""}:
+                shapes = {"": [1, *dataset.arrays[""].shape[1:]]}  # TorchScript does not declare its input shape
+            if shapes and fmt == Format.TORCH_MODULE:
+                source_meta["input_shapes"] = {k or "input": v for k, v in shapes.items()}
+        elif fmt in (Format.KERAS, Format.TF_SAVEDMODEL, Format.TFLITE):
+            pass_name = "convert.tf"
+            config = {**common_cfg, "signature": signature}
+            for flag, value in (("--dynamic", dynamic), ("--weights", weights), ("--trust-pickle", trust_pickle)):
+                if value:
+                    raise UsageError(f"{flag} applies to PyTorch models, not {fmt.value}")
+            if exporter != "dynamo" or no_fallback:
+                raise UsageError(f"--exporter/--no-fallback apply to PyTorch models, not {fmt.value}")
+        else:
+            raise UsageError(f"convert takes PyTorch or TensorFlow models; {model} is {fmt.value}")
+        settings = MeasureSettings(threads=threads, shapes=shapes, runs=runs, warmup=min(10, runs))
+        rep = common.run_single_stage(
+            pass_name, model, output, config, command=f"optkit convert {model}", settings=settings,
+            weights=weights, report_path=report, as_json=as_json, signature=signature,
+            source_meta=source_meta, data={"eval": dataset} if dataset is not None else {},
+        )
+        if not as_json:
+            _print_validation(rep)
+
+
+def _print_validation(report) -> None:
+    from rich.table import Table
+
+    stage = report.stages[-1]
+    val = stage.measurements.get("validation") or {}
+    if not val:
+        return
+    table = Table(title=f"validation: source vs onnxruntime on {val.get('inputs', '')}", title_justify="left")
+    for col in ("output", "dtype", "max abs err", "max rel err", "top-1 agree", "atol", "rtol"):
+        table.add_column(col, justify="left" if col in ("output", "dtype") else "right")
+    for name, o in val.get("outputs", {}).items():
+        agree = o.get("top1_agreement")
+        table.add_row(name, o.get("dtype", ""), f"{o['max_abs_error']:.3g}", f"{o['max_rel_error']:.3g}",
+                      "-" if agree is None else f"{agree:.4f}", f"{o.get('atol', 0):g}", f"{o.get('rtol', 0):g}")
+    con = common.console()
+    con.print(table)
+    extra = [f"exporter {val['exporter']}" if "exporter" in val else "", f"opset {val['opset']}" if "opset" in val else ""]
+    if "onnx_top1" in val:
+        extra.append(f"top-1 on the labels: source {val['source_top1']:.4f}, onnx {val['onnx_top1']:.4f}")
+    con.print(", ".join(e for e in extra if e))

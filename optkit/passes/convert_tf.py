@@ -1,0 +1,396 @@
+"""convert.tf: Keras (.keras/.h5), SavedModel and TFLite (float and int8) -> ONNX through tf2onnx."""
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import tempfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from optkit.core.artifact import Artifact
+from optkit.core.errors import OptkitError, PassError, UsageError
+from optkit.core.formats import Format
+from optkit.core.registry import PassContext
+from optkit.passes.convert import (Staging, check_model, choose_opset, first_line, opset_of, run_batched,
+                                   unsupported_nodes, validate, validation_feeds)
+from optkit.runtimes.base import TensorSpec
+
+PASS = "convert.tf"
+
+
+def convert_tf(artifact: Artifact, config, ctx: PassContext) -> Artifact:
+    from optkit.runtimes.tf import import_tf
+
+    tf = import_tf()
+    from tf2onnx import constants
+
+    opset = choose_opset(config.opset, max(constants.OPSET_TO_IR_VERSION), "tf2onnx")
+    signature = config.signature or artifact.meta.get("signature")
+    with Staging(ctx.output) as stage, tempfile.TemporaryDirectory(prefix="optkit-convert-") as work:
+        if artifact.format == Format.TFLITE:
+            if signature:
+                raise UsageError("--signature applies to SavedModels, not TFLite models")
+            reference = _convert_tflite(artifact.path, opset, stage.model, ctx)
+        elif artifact.format == Format.KERAS:
+            if signature:
+                raise UsageError("--signature applies to SavedModels, not Keras models")
+            reference = _convert_keras(tf, artifact.path, opset, stage.model, Path(work), config, ctx)
+        else:
+            reference = _convert_saved_model(tf, artifact.path, signature, opset, stage.model)
+        import onnx
+
+        proto = onnx.load(str(stage.model), load_external_data=False)
+        bad = unsupported_nodes(proto)
+        if bad:
+            domain, op, node = bad[0]
+            raise PassError(f"tf2onnx cannot convert op {op.removeprefix('TFL_')} (node {node!r}); "
+                            "the ONNX model would not run")
+        stage.finalize(config.external_data, ctx)
+        check_model(stage.model)
+        figures = _validate(reference, stage.model, config, ctx)
+        figures["exporter"] = "tf2onnx"
+        figures["opset"] = opset_of(onnx.load(str(stage.model), load_external_data=False))
+        ctx.measurements["validation"] = figures
+        stage.commit()
+    return artifact.derive(ctx.output, Format.ONNX, PASS, config.model_dump(mode="json"), exporter="tf2onnx",
+                           opset=figures["opset"])
+
+
+@contextlib.contextmanager
+def _quiet():
+    buf = io.StringIO()
+    loggers = [logging.getLogger(n) for n in ("tf2onnx", "tensorflow", "absl")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+def _tf2onnx_error(e: BaseException, what: str) -> PassError:
+    text = str(e)
+    import re
+
+    m = re.search(r"(?:op|Op)\s*\[?(?P<node>[\w/:.]*)\s*:\s*(?P<op>\w+)\]?\s*is not supported", text)
+    if m:
+        return PassError(f"tf2onnx cannot convert op {m['op']} (node {m['node']!r}) in {what}")
+    return PassError(f"tf2onnx failed on {what}: {type(e).__name__}: {first_line(e)}")
+
+
+# ------------------------------------------------------------------------------------------------ sources
+
+
+class Reference:
+    """The source model as the framework runs it: named inputs -> list of outputs in ONNX output order."""
+
+    def __init__(self, specs: list[TensorSpec], run, batch: int | None = None, steps: dict | None = None,
+                 source: str = "TensorFlow"):
+        self.specs = specs
+        self.run = run
+        self.batch = batch
+        self.steps = steps or {}   # output name -> quantization step (int8 outputs exposed as real values)
+        self.source = source
+
+
+def _tflite_io(path: Path, session) -> dict[str, float]:
+    """Give the ONNX model the TFLite session's interface: signature names, and real-valued inputs and outputs
+    where the TFLite model's are quantized (QuantizeLinear / DequantizeLinear at the boundary), the way optkit's
+    TFLite runtime presents them. Returns the quantization step of each dequantized output."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(path))
+    g = model.graph
+    interp = session.interp
+    steps: dict[str, float] = {}
+
+    def rename(old: str, new: str) -> None:
+        for node in g.node:
+            node.input[:] = [new if x == old else x for x in node.input]
+            node.output[:] = [new if x == old else x for x in node.output]
+
+    def qparams(d, tag):
+        scale, zero = d["quantization"]
+        z = np.array(zero, dtype=np.dtype(d["dtype"]))
+        names = (f"{tag}_scale", f"{tag}_zero_point")
+        g.initializer.extend([numpy_helper.from_array(np.array(scale, np.float32), names[0]),
+                              numpy_helper.from_array(z, names[1])])
+        return names, scale
+
+    by_name = {v.name: v for v in g.input}
+    for d, spec in zip(interp.get_input_details(), session.inputs):
+        vi = by_name.get(d["name"])
+        if vi is None or spec.name in by_name and spec.name != d["name"]:
+            continue
+        quantized = np.dtype(d["dtype"]).kind in "iu" and d["quantization"][0] != 0.0
+        if quantized:
+            (sc, zp), _ = qparams(d, f"{spec.name}_q")
+            g.node.insert(0, helper.make_node("QuantizeLinear", [spec.name, sc, zp], [d["name"]],
+                                              name=f"{spec.name}_quantize"))
+            vi.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+        else:
+            rename(d["name"], spec.name)
+        vi.name = spec.name
+    by_out = {v.name: v for v in g.output}
+    for d, spec in zip(interp.get_output_details(), session.outputs):
+        vi = by_out.get(d["name"])
+        if vi is None:
+            continue
+        quantized = np.dtype(d["dtype"]).kind in "iu" and d["quantization"][0] != 0.0
+        if quantized:
+            (sc, zp), scale = qparams(d, f"{spec.name}_dq")
+            g.node.append(helper.make_node("DequantizeLinear", [d["name"], sc, zp], [spec.name],
+                                           name=f"{spec.name}_dequantize"))
+            vi.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+            steps[spec.name] = float(scale)
+        else:
+            rename(d["name"], spec.name)
+        vi.name = spec.name
+    onnx.save_model(model, str(path))
+    return steps
+
+
+def _convert_tflite(path: str, opset: int, dest: Path, ctx: PassContext) -> Reference:
+    import tensorflow as tf
+    from tf2onnx import convert
+
+    from optkit.runtimes.tflite import TFLiteSession
+
+    session = TFLiteSession(Artifact(path=path, format=Format.TFLITE, sha256=""))
+    _LSTM_NOTES.clear()
+    try:
+        with _quiet(), tf.device("/cpu:0"):
+            convert._convert_common(
+                None, tflite_path=path, name=Path(path).stem, continue_on_error=True, opset=opset,
+                custom_op_handlers={"TFL_UNIDIRECTIONAL_SEQUENCE_LSTM": (_tfl_lstm, [])},
+                tensors_to_rename=None, initialized_tables=None, output_path=str(dest))
+    except OptkitError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise _tf2onnx_error(e, path) from None
+    if _LSTM_NOTES:
+        raise PassError(_LSTM_NOTES[0])
+    steps = _tflite_io(dest, session)
+    ops = {op["op_name"] for op in session.interp._get_ops_details()}
+    if steps and "UNIDIRECTIONAL_SEQUENCE_LSTM" in ops:
+        steps = {k: v * 32 for k, v in steps.items()}
+        ctx.note("the int8 LSTM runs in float in ONNX (ONNX has no integer LSTM), so outputs may move by a few "
+                 "quantization steps; default tolerance: 32 output steps")
+
+    def run(feeds):
+        interp = session.interp
+        if hasattr(interp, "reset_all_variables"):
+            interp.reset_all_variables()   # stateful kernels (LSTM) carry state across invokes otherwise
+        return session.run(feeds)
+
+    batch = session.inputs[0].shape[0] if session.inputs and session.inputs[0].shape and session.inputs[0].shape[0] else None
+    return Reference(session.inputs, run, batch=batch, steps=steps, source="TFLite")
+
+
+def _convert_keras(tf, path: str, opset: int, dest: Path, work: Path, config, ctx: PassContext) -> Reference:
+    import tf_keras
+
+    from optkit.runtimes.tf import load_keras
+
+    model = load_keras(path)
+    inputs = list(model.inputs)
+    specs = [TensorSpec(t.name.split(":")[0], [None if config.dynamic_batch and i == 0 else d
+                                               for i, d in enumerate(t.shape)], t.dtype.name if hasattr(
+        t.dtype, "name") else str(t.dtype)) for t in inputs]
+    if isinstance(model, tf_keras.Model):
+        from tf2onnx import convert
+
+        sig = [tf.TensorSpec(s.shape, s.dtype, name=s.name) for s in specs]
+        try:
+            with _quiet():
+                convert.from_keras(model, input_signature=sig, opset=opset, output_path=str(dest))
+        except OptkitError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise _tf2onnx_error(e, path) from None
+
+        def run(feeds):
+            xs = [tf.constant(feeds[s.name]) for s in specs]
+            out = model(xs if len(xs) > 1 else xs[0], training=False)
+            out = out if isinstance(out, (list, tuple)) else [out]
+            return [np.asarray(o) for o in out]
+
+        return Reference(specs, run, source="Keras")
+    # Keras 3: tf2onnx cannot take the model itself; export a SavedModel first and convert that.
+    saved = work / "saved_model"
+    try:
+        with _quiet():
+            model.export(str(saved), format="tf_saved_model")
+    except Exception as e:  # noqa: BLE001
+        raise PassError(f"exporting the Keras 3 model {path} as a SavedModel failed: {first_line(e)}") from None
+    ctx.note("Keras 3 model: exported as a SavedModel first, then converted")
+    ref = _convert_saved_model(tf, str(saved), "serving_default", opset, dest)
+    ref.source = "Keras"
+    return ref
+
+
+def _convert_saved_model(tf, path: str, signature: str | None, opset: int, dest: Path) -> Reference:
+    from tf2onnx import convert, tf_loader
+
+    from optkit.runtimes.tf import load_signature
+
+    loaded, fn, signature = load_signature(path, signature)
+    args = fn.structured_input_signature[1]
+    specs = [TensorSpec(name, [int(d) if d is not None else None for d in spec.shape], spec.dtype.name)
+             for name, spec in sorted(args.items())]
+    try:
+        with _quiet():
+            graph_def, inputs, outputs, tables, renames = tf_loader.from_saved_model(
+                path, None, None, None, [signature], None, False, return_initialized_tables=True,
+                return_tensors_to_rename=True)
+            with tf.device("/cpu:0"):
+                convert._convert_common(graph_def, name=Path(path).name, continue_on_error=False, opset=opset,
+                                        input_names=inputs, output_names=outputs, tensors_to_rename=renames,
+                                        initialized_tables=tables, output_path=str(dest))
+    except OptkitError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise _tf2onnx_error(e, f"SavedModel {path}") from None
+    import onnx
+
+    out_names = [o.name for o in onnx.load(str(dest), load_external_data=False).graph.output]
+
+    def run(feeds):
+        out = fn(**{k: tf.constant(v) for k, v in feeds.items()})
+        keys = out_names if all(k in out for k in out_names) else sorted(out)
+        return [out[k].numpy() for k in keys]
+
+    return Reference(specs, run, source="SavedModel")
+
+
+# ------------------------------------------------------------------------------------------------ TFLite LSTM
+
+_LSTM_NOTES: list[str] = []
+
+
+def _tfl_lstm(ctx, node, name, args):
+    """TFLite UNIDIRECTIONAL_SEQUENCE_LSTM (tf2onnx has no handler) -> ONNX LSTM.
+
+    Supported: the plain variant Keras produces (no peephole, projection, layer norm or CIFG): 15 inputs
+    after tf2onnx drops the absent ones: x, 4 input weights, 4 recurrent weights, 4 biases, 2 state tensors.
+    Gate order: TFLite i, f, c, o -> ONNX i, o, f, c. Initial states are zero (TFLite resets them between runs
+    when asked; constant non-zero states are fed as initial_h / initial_c).
+    """
+    from tf2onnx import utils
+
+    ins = list(node.input)
+    if len(ins) != 15:
+        _LSTM_NOTES.append(f"tf2onnx cannot convert op UNIDIRECTIONAL_SEQUENCE_LSTM (node {node.name!r}): only the "
+                           "plain variant is supported (no peephole, projection, layer norm or coupled gates)")
+        return
+    act = node.get_attr_value("fused_activation_function")
+    act = act.decode() if isinstance(act, bytes) else act
+    if act not in (None, "TANH"):
+        _LSTM_NOTES.append(f"tf2onnx cannot convert op UNIDIRECTIONAL_SEQUENCE_LSTM (node {node.name!r}) with "
+                           f"activation {act}")
+        return
+    x = ins[0]
+    wi, wf, wc, wo = ins[1:5]
+    ri, rf, rc, ro = ins[5:9]
+    bi, bf, bc, bo = ins[9:13]
+    h0, c0 = ins[13:15]
+    hidden = ctx.get_shape(ri)[0]
+    time_major = bool(node.get_attr_value("time_major"))
+    out = node.output[0]
+    out_shape, out_dtype = ctx.get_shape(out), ctx.get_dtype(out)
+    ctx.remove_node(node.name)
+
+    def const(arr):
+        return ctx.make_const(utils.make_name(node.name + "_c"), arr).output[0]
+
+    def cat(vals):
+        return ctx.make_node("Concat", vals, attr={"axis": 0}).output[0]
+
+    def unsq(v):
+        return ctx.make_node("Unsqueeze", [v, const(np.array([0], np.int64))]).output[0]
+
+    w = unsq(cat([wi, wo, wf, wc]))
+    r = unsq(cat([ri, ro, rf, rc]))
+    b = unsq(cat([bi, bo, bf, bc, const(np.zeros(4 * hidden, np.float32))]))
+    if not time_major:
+        x = ctx.make_node("Transpose", [x], attr={"perm": [1, 0, 2]}).output[0]
+    lstm_inputs = [x, w, r, b]
+    states = [s if ctx.get_node_by_output(s) is not None and not _is_zero_const(ctx, s) else None for s in (h0, c0)]
+    if any(states):
+        zeros = None
+        lstm_inputs += ["", ]
+        for s in states:
+            if s is None:
+                if zeros is None:
+                    zeros = ctx.make_node("Mul", [h0 if states[0] else c0, const(np.zeros((), np.float32))]).output[0]
+                s = zeros
+            lstm_inputs.append(unsq(s))
+    lstm = ctx.make_node("LSTM", lstm_inputs, attr={"hidden_size": hidden}, output_count=3)
+    axis = const(np.array([1], np.int64))
+    if time_major:
+        ctx.make_node("Squeeze", [lstm.output[0], axis], outputs=[out], shapes=[out_shape], dtypes=[out_dtype])
+    else:
+        y = ctx.make_node("Squeeze", [lstm.output[0], axis]).output[0]
+        ctx.make_node("Transpose", [y], attr={"perm": [1, 0, 2]}, outputs=[out], shapes=[out_shape],
+                      dtypes=[out_dtype])
+
+
+def _is_zero_const(ctx, name) -> bool:
+    node = ctx.get_node_by_output(name)
+    while node is not None and node.type in ("DequantizeLinear", "TFL_DEQUANTIZE", "Identity"):
+        node = ctx.get_node_by_output(node.input[0])
+    if node is None:
+        return True   # a variable state tensor with no producer: zero at the start of a run
+    if node.is_const():
+        return not np.any(node.get_tensor_value(as_list=False))
+    return False
+
+
+# ------------------------------------------------------------------------------------------------ validation
+
+
+def _validate(ref: Reference, onnx_path: Path, config, ctx: PassContext) -> dict:
+    import onnxruntime as ort
+
+    from optkit.runtimes.onnx import _spec, session_options
+
+    sess = ort.InferenceSession(str(onnx_path), sess_options=session_options(), providers=["CPUExecutionProvider"])
+    onnx_inputs = [_spec(i) for i in sess.get_inputs()]
+    onnx_outputs = [_spec(o) for o in sess.get_outputs()]
+    if len(onnx_inputs) != len(ref.specs):
+        raise PassError(f"the ONNX model has {len(onnx_inputs)} inputs but the source model {len(ref.specs)}")
+    by_name = {s.name for s in ref.specs} == {o.name for o in onnx_inputs}
+    src_for = {o.name: (o.name if by_name else s.name) for o, s in zip(onnx_inputs, ref.specs)}
+    feed_specs = []
+    for o, s in zip(onnx_inputs, ref.specs):
+        src = next(x for x in ref.specs if x.name == src_for[o.name])
+        shape = [d if isinstance(d, int) else None for d in (o.shape or [])] or src.shape
+        feed_specs.append(TensorSpec(o.name, shape, o.dtype))
+    feeds, labels, where = validation_feeds(ctx, feed_specs, config)
+    fixed = feed_specs[0].shape[0] if feed_specs and feed_specs[0].shape and isinstance(feed_specs[0].shape[0], int) else None
+    batch = ref.batch or fixed or 64
+
+    def run_source(f):
+        return ref.run({src_for[k]: v for k, v in f.items()})
+
+    try:
+        source_out = run_batched(run_source, feeds, batch)
+    except OptkitError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise PassError(f"the {ref.source} model fails on the validation inputs: {type(e).__name__}: "
+                        f"{first_line(e)}") from None
+    out = run_batched(lambda f: sess.run(None, f), feeds, batch)
+    names = [o.name for o in onnx_outputs]
+    figures = validate(source_out, out, names, [str(np.asarray(r).dtype) for r in source_out], config, ref.source,
+                       labels, steps={n: ref.steps[n] for n in names if n in ref.steps})
+    figures["inputs"] = where
+    return figures
