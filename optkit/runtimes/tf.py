@@ -1,6 +1,7 @@
 """TensorFlow: Keras models (.keras, .h5) and SavedModel folders."""
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import numpy as np
@@ -31,6 +32,14 @@ def load_keras(path: str):
     try:
         return tf_keras.models.load_model(path, compile=False)
     except Exception as legacy_error:
+        if "Quantize" in str(legacy_error) and importlib.util.find_spec("tensorflow_model_optimization"):
+            try:  # a quantization-aware (TF-MOT) model: its wrappers load inside the quantize scope
+                import tensorflow_model_optimization as tfmot
+
+                with tfmot.quantization.keras.quantize_scope():
+                    return tf_keras.models.load_model(path, compile=False)
+            except Exception:
+                pass
         try:
             import keras
 
