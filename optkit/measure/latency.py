@@ -15,19 +15,20 @@ def measure_latency(session, feeds: dict[str, np.ndarray], *, warmup: int = 10, 
         run(feeds)
     times: list[float] = []
     start = time.perf_counter()
-    target = runs if duration is None else None
+    clock = time.perf_counter
     while True:
         if device_timer is not None:
             times.append(device_timer(lambda: run(feeds)))
         else:
-            t0 = time.perf_counter()
+            t0 = clock()
             run(feeds)
-            times.append(time.perf_counter() - t0)
+            times.append(clock() - t0)
         if progress:
             progress(len(times))
-        if target is not None and len(times) >= target:
-            break
-        if duration is not None and time.perf_counter() - start >= duration and len(times) >= 5:
+        if duration is None:
+            if len(times) >= runs:
+                break
+        elif clock() - start >= duration and len(times) >= 5:
             break
     return summarize(times, batch=batch, warmup=warmup, threads=session.threads, provider=session.provider)
 
