@@ -188,6 +188,11 @@ def torch_fit(model, x: np.ndarray, y: np.ndarray, cfg: FinetuneConfig, *, seed:
             count += len(mine)
         losses.append(total / max(count, 1))
     model.eval().to("cpu")
+    if ddp:
+        import torch.distributed as dist
+
+        dist.barrier()
+        dist.destroy_process_group()  # from here on every rank works alone (export, checks)
     return {"loss": losses, "world_size": world}
 
 

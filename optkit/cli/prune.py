@@ -1,0 +1,163 @@
+"""optkit prune MODEL -o OUT --train DATA [--sparsity 0.5] [--method channels|unstructured] ...
+
+Keras models (.keras / .h5) go through `prune.keras` (TF-MOT), PyTorch factories (file.py:make_model) through
+`prune.torch`. Fine-tuning may run distributed: --strategy mirrored / multi-worker (TF_CONFIG) for Keras, and
+--strategy ddp under torchrun for PyTorch (see docs/distributed.md).
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+from optkit.cli import common
+
+# Fine-tuning options shared with `optkit qat`.
+TRAIN = typer.Option(None, "--train", help="Labelled fine-tuning data: .npz (input + labels) or an image folder.")
+EVAL = typer.Option(None, "--eval-data", help="Labelled data for accuracy before and after.")
+METRIC = typer.Option("top1", "--metric", help="Metric for --eval-data: top1, top5 or module:function.")
+LAYOUT = typer.Option(None, "--layout", help="Image folders: nchw or nhwc (default: nhwc for Keras, nchw for torch).")
+COLOR = typer.Option("rgb", "--color", help="Image folders: rgb, bgr or gray.")
+EPOCHS = typer.Option(2, "--epochs", min=0, help="Fine-tuning epochs.")
+BATCH = typer.Option(32, "--batch-size", min=1, help="Global batch size (split over replicas and workers).")
+LR = typer.Option(None, "--learning-rate", help="Learning rate (default 1e-3; 1e-4 for QAT).")
+OPTIMIZER = typer.Option("adam", "--optimizer", help="adam, adamw, sgd or rmsprop.")
+STRATEGY = typer.Option("none", "--strategy",
+                        help="none; Keras: mirrored (local devices) or multi-worker (TF_CONFIG); torch: ddp (torchrun).")
+MAX_DROP = typer.Option(0.05, "--max-accuracy-drop", min=0,
+                        help="Fail (exit 3) when fine-tuned top-1 falls more than this (0.05 = 5 pt); -1 disables.")
+PRINT_RECIPE = typer.Option(False, "--print-recipe", help="Print the equivalent recipe and run nothing.")
+
+
+def split_names(values: Optional[List[str]]) -> Optional[List[str]]:
+    if values is None:
+        return None
+    return [n.strip() for v in values for n in v.split(",") if n.strip()]
+
+
+def pair(value: Optional[str], option: str, sep: str) -> Optional[list[int]]:
+    from optkit.core.errors import UsageError
+
+    if value is None:
+        return None
+    try:
+        a, b = (int(v) for v in value.lower().replace("x", sep).split(sep))
+    except ValueError:
+        raise UsageError(f"bad {option} {value!r}: expected two integers like 2{sep}4") from None
+    return [a, b]
+
+
+def load_train_data(train, eval_data, layout, color, default_layout):
+    from optkit.measure.datasets import load_dataset
+
+    pre = {"layout": layout or default_layout, "color": color}
+    data = {}
+    if train:
+        data["train"] = load_dataset(train, pre)
+    if eval_data:
+        data["eval"] = load_dataset(eval_data, pre)
+    return data
+
+
+def finetune_config(epochs, batch_size, learning_rate, optimizer, strategy, max_drop) -> dict:
+    cfg = {"epochs": epochs, "batch_size": batch_size, "optimizer": optimizer, "strategy": strategy,
+           "max_accuracy_drop": None if max_drop is not None and max_drop < 0 else max_drop}
+    if learning_rate is not None:
+        cfg["learning_rate"] = learning_rate
+    return cfg
+
+
+def run_stage(pass_name, model, output, config, *, data, eval_data, metric, settings, command, weights,
+              report, as_json, print_recipe, preprocess=None):
+    """run_single_stage on the chief; other workers of a distributed job train, then write and report nothing."""
+    from optkit.distributed import is_chief
+    from optkit.measure.model import DataSpec
+
+    spec = DataSpec(path=eval_data, preprocess=preprocess) if eval_data else None
+    if print_recipe or is_chief():
+        return common.run_single_stage(pass_name, model, output, config, command=command, settings=settings,
+                                       weights=weights, eval_data=spec, metric=metric if eval_data else None,
+                                       report_path=report, as_json=as_json, print_recipe=print_recipe, data=data)
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from optkit.core.pipeline import run_pass
+
+    scratch = Path(tempfile.mkdtemp(prefix="optkit-worker-"))
+    try:  # a worker takes part in every collective (training, saving) but its copy is thrown away
+        run_pass(common.load_artifact(model, weights), pass_name, config, scratch / Path(output).name,
+                 shapes=settings.shapes, seed=settings.seed, data=data)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    print(f"worker done: fine-tuning finished; the chief writes {output}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("prune")
+    def prune_cmd(
+        model: str = typer.Argument(..., help="Keras model (.keras/.h5) or PyTorch factory (file.py:make_model)."),
+        output: str = typer.Option(..., "-o", "--output",
+                                   help="Keras: .keras/.h5; torch: .pt2 (torch.export) or .pt (TorchScript)."),
+        sparsity: float = typer.Option(0.5, "--sparsity", help="Share of weights (or channels) to remove, in (0, 1)."),
+        method: str = typer.Option("channels", "--method",
+                                   help="torch: channels (removes them) or unstructured (global L1)."),
+        schedule: str = typer.Option("polynomial", "--schedule", help="Keras: polynomial or constant."),
+        frequency: Optional[int] = typer.Option(None, "--frequency", min=1,
+                                                help="Keras: steps between mask updates (default: from the data)."),
+        block_size: Optional[str] = typer.Option(None, "--block-size", help="Keras: block sparsity, e.g. 1x4."),
+        m_by_n: Optional[str] = typer.Option(None, "--m-by-n", help="Keras: M zeros in every N weights, e.g. 2:4."),
+        layers: Optional[List[str]] = typer.Option(None, "--layers", help="Prune only these layers (comma list)."),
+        exclude: Optional[List[str]] = typer.Option(None, "--exclude", help="Never prune these layers."),
+        skip_unsupported: bool = typer.Option(False, "--skip-unsupported",
+                                              help="Keras: skip layers TF-MOT cannot prune instead of failing."),
+        round_to: Optional[int] = typer.Option(None, "--round-to", min=1, help="torch channels: multiple of this."),
+        train: Optional[str] = TRAIN,
+        eval_data: Optional[str] = EVAL,
+        metric: str = METRIC,
+        layout: Optional[str] = LAYOUT,
+        color: str = COLOR,
+        epochs: int = EPOCHS,
+        batch_size: int = BATCH,
+        learning_rate: Optional[float] = LR,
+        optimizer: str = OPTIMIZER,
+        strategy: str = STRATEGY,
+        max_accuracy_drop: float = MAX_DROP,
+        threads: Optional[int] = common.THREADS,
+        shape: Optional[List[str]] = common.SHAPE,
+        weights: Optional[str] = common.WEIGHTS,
+        report: Optional[str] = common.OUTPUT_REPORT,
+        as_json: bool = common.JSON,
+        print_recipe: bool = PRINT_RECIPE,
+    ) -> None:
+        """Prune a Keras or PyTorch model and fine-tune it on your data; the result continues to convert/quantize."""
+        from optkit.core.errors import UsageError
+        from optkit.core.formats import Format, detect_format
+        from optkit.core.shapes import parse_shapes
+        from optkit.measure.model import MeasureSettings
+
+        fmt = detect_format(model)
+        common_cfg = finetune_config(epochs, batch_size, learning_rate, optimizer, strategy, max_accuracy_drop)
+        common_cfg.update(sparsity=sparsity, layers=split_names(layers), exclude=split_names(exclude) or [])
+        if fmt == Format.KERAS:
+            pass_name, default_layout = "prune.keras", "nhwc"
+            config = {**common_cfg, "schedule": schedule, "frequency": frequency,
+                      "block_size": pair(block_size, "--block-size", "x"), "m_by_n": pair(m_by_n, "--m-by-n", ":"),
+                      "skip_unsupported": skip_unsupported}
+        elif fmt == Format.TORCH_MODULE:
+            pass_name, default_layout = "prune.torch", "nchw"
+            config = {**common_cfg, "method": method, "round_to": round_to}
+        else:
+            raise UsageError(f"prune fine-tunes Keras models (.keras/.h5) and PyTorch factories (file.py:make_model "
+                             f"with --weights); {model} is {fmt.value}: prune the source model, then export it")
+        config = {k: v for k, v in config.items() if v is not None or k in ("max_accuracy_drop",)}
+        settings = MeasureSettings(threads=threads, shapes=parse_shapes(shape))
+        from optkit.core.pipeline import build_config
+        from optkit.core.registry import get_pass
+
+        build_config(get_pass(pass_name), config)  # bad options fail before any data is read
+        data = {} if print_recipe else load_train_data(train, eval_data, layout, color, default_layout)
+        run_stage(pass_name, model, output, config, data=data, eval_data=eval_data, metric=metric,
+                  settings=settings, command=f"optkit prune {model}", weights=weights, report=report,
+                  as_json=as_json, print_recipe=print_recipe,
+                  preprocess={"layout": layout or default_layout, "color": color})

@@ -1,0 +1,51 @@
+"""optkit qat MODEL.keras -o OUT.h5 --train DATA: quantization-aware training (TF-MOT) with fine-tuning."""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+from optkit.cli import common
+from optkit.cli.prune import (BATCH, COLOR, EPOCHS, EVAL, LAYOUT, LR, MAX_DROP, METRIC, OPTIMIZER, PRINT_RECIPE,
+                              STRATEGY, TRAIN, finetune_config, load_train_data, run_stage, split_names)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("qat")
+    def qat_cmd(
+        model: str = typer.Argument(..., help="tf-keras model (.keras / .h5)."),
+        output: str = typer.Option(..., "-o", "--output", help="Where to write the QAT model (.h5)."),
+        layers: Optional[List[str]] = typer.Option(None, "--layers",
+                                                   help="Quantize only these layers (default: the whole model)."),
+        train: Optional[str] = TRAIN,
+        eval_data: Optional[str] = EVAL,
+        metric: str = METRIC,
+        layout: Optional[str] = LAYOUT,
+        color: str = COLOR,
+        epochs: int = EPOCHS,
+        batch_size: int = BATCH,
+        learning_rate: Optional[float] = LR,
+        optimizer: str = OPTIMIZER,
+        strategy: str = STRATEGY,
+        max_accuracy_drop: float = MAX_DROP,
+        threads: Optional[int] = common.THREADS,
+        shape: Optional[List[str]] = common.SHAPE,
+        report: Optional[str] = common.OUTPUT_REPORT,
+        as_json: bool = common.JSON,
+        print_recipe: bool = PRINT_RECIPE,
+    ) -> None:
+        """Quantization-aware training for a Keras model; export it with `optkit tflite --mode int8`."""
+        from optkit.core.pipeline import build_config
+        from optkit.core.registry import get_pass
+        from optkit.core.shapes import parse_shapes
+        from optkit.measure.model import MeasureSettings
+
+        config = finetune_config(epochs, batch_size, learning_rate, optimizer, strategy, max_accuracy_drop)
+        if layers:
+            config["layers"] = split_names(layers)
+        build_config(get_pass("qat.keras"), config)
+        settings = MeasureSettings(threads=threads, shapes=parse_shapes(shape))
+        data = {} if print_recipe else load_train_data(train, eval_data, layout, color, "nhwc")
+        run_stage("qat.keras", model, output, config, data=data, eval_data=eval_data, metric=metric,
+                  settings=settings, command=f"optkit qat {model}", weights=None, report=report, as_json=as_json,
+                  print_recipe=print_recipe, preprocess={"layout": layout or "nhwc", "color": color})

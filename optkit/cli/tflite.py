@@ -1,0 +1,56 @@
+"""optkit tflite MODEL -o OUT.tflite --mode float32|float16|dynamic|int8 [--io int8] [--calib DATA]"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+from optkit.cli import common
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("tflite")
+    def tflite_cmd(
+        model: str = typer.Argument(..., help="Keras model (.keras / .h5, QAT included) or SavedModel folder."),
+        output: str = typer.Option(..., "-o", "--output", help="Where to write the .tflite model."),
+        mode: str = typer.Option("float32", "--mode", help="float32, float16, dynamic or int8."),
+        io: str = typer.Option("float", "--io", help="int8 mode: float or int8 inputs and outputs."),
+        calib: Optional[str] = typer.Option(None, "--calib", help="Representative data for int8 (.npz, images)."),
+        calibration_samples: int = typer.Option(200, "--calibration-samples", min=1, help="Samples used from --calib."),
+        eval_data: Optional[str] = typer.Option(None, "--eval-data", help="Labelled data for accuracy."),
+        metric: str = typer.Option("top1", "--metric", help="Metric for --eval-data."),
+        layout: str = typer.Option("nhwc", "--layout", help="Image folders: nhwc or nchw."),
+        min_cosine: Optional[float] = typer.Option(None, "--min-cosine",
+                                                   help="Fail below this output cosine to the source (default per mode)."),
+        signature: Optional[str] = typer.Option(None, "--signature", help="SavedModel signature."),
+        threads: Optional[int] = common.THREADS,
+        shape: Optional[List[str]] = common.SHAPE,
+        report: Optional[str] = common.OUTPUT_REPORT,
+        as_json: bool = common.JSON,
+        print_recipe: bool = typer.Option(False, "--print-recipe", help="Print the equivalent recipe and run nothing."),
+    ) -> None:
+        """Export a Keras model or SavedModel to TFLite (float32, float16, dynamic range or int8)."""
+        from optkit.core.pipeline import build_config
+        from optkit.core.registry import get_pass
+        from optkit.core.shapes import parse_shapes
+        from optkit.measure.datasets import load_dataset
+        from optkit.measure.model import DataSpec, MeasureSettings
+
+        config = {"mode": mode, "io": io, "calibration_samples": calibration_samples}
+        if min_cosine is not None:
+            config["min_cosine"] = min_cosine
+        if signature:
+            config["signature"] = signature
+        build_config(get_pass("tflite.export"), config)
+        pre = {"layout": layout}
+        data = {}
+        if calib and not print_recipe:
+            data["calibration"] = load_dataset(calib, pre)
+        if eval_data and not print_recipe:
+            data["eval"] = load_dataset(eval_data, pre)
+        settings = MeasureSettings(threads=threads, shapes=parse_shapes(shape))
+        common.run_single_stage(
+            "tflite.export", model, output, config, command=f"optkit tflite {model} --mode {mode}",
+            settings=settings, eval_data=DataSpec(path=eval_data, preprocess=pre) if eval_data else None,
+            metric=metric if eval_data else None, report_path=report, as_json=as_json, signature=signature,
+            print_recipe=print_recipe, data=data)
