@@ -11,11 +11,23 @@ def to_console(report: Report, console=None) -> None:
 
     console = console or Console()
     table = Table(title=report.command or "optkit report", title_justify="left")
-    for col in COLUMNS:
-        table.add_column(col, justify="right" if col not in ("stage", "format", "accuracy", "fidelity") else "left")
-    for row in stage_rows(report):
-        table.add_row(*(row[c] for c in COLUMNS))
+    rows = stage_rows(report)
+    # a column with no figure in any row only takes width from the ones that matter
+    columns = [c for c in COLUMNS if c in ("stage", "format") or any(r[c] != "-" for r in rows)]
+    if len(rows) == 1:
+        columns = [c for c in columns if c not in ("vs first", "speedup")]
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("stage", "format", "accuracy", "fidelity") else "right")
+    for row in rows:
+        table.add_row(*(row[c] for c in columns))
     console.print(table)
+    for stage in report.stages:
+        lat = stage.measurements.get("latency")
+        if lat and len(report.stages) == 1:
+            console.print(f"latency: p50 {lat['p50_ms']:.4f} ms, p90 {lat['p90_ms']:.4f}, p99 {lat['p99_ms']:.4f}, "
+                          f"mean {lat['mean_ms']:.4f} ± {lat['std_ms']:.4f} ms over {lat['runs']} runs; "
+                          f"batch {lat['batch']}, threads {lat.get('threads') or 'default'}, "
+                          f"{lat['throughput_per_s']:.1f} samples/s")
     for stage in report.stages:
         for note in stage.notes:
             console.print(f"[dim]{stage.name}: {note}[/dim]")

@@ -1,8 +1,10 @@
 """TensorFlow: Keras models (.keras, .h5) and SavedModel folders."""
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import sys
 
 import numpy as np
 
@@ -18,10 +20,27 @@ def import_tf():
     require_extra("tf", "TensorFlow models")
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import tensorflow as tf
-
+    if "tensorflow" in sys.modules:
+        return sys.modules["tensorflow"]
+    with native_stderr_silenced():
+        import tensorflow as tf
     tf.get_logger().setLevel("ERROR")
     return tf
+
+
+@contextlib.contextmanager
+def native_stderr_silenced():
+    """TensorFlow's C++ start-up prints absl/CUDA notices that no environment variable turns off."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def load_keras(path: str):

@@ -19,10 +19,9 @@ def interpreter_class():
     except ImportError:
         pass
     require_extra("tf", "running a TFLite model")
-    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import tensorflow as tf
+    from optkit.runtimes.tf import import_tf
 
+    tf = import_tf()
     warnings.filterwarnings("ignore", message=".*tf.lite.Interpreter is deprecated.*")
     return tf.lite.Interpreter
 
@@ -32,9 +31,12 @@ class TFLiteSession(Session):
 
     def __init__(self, artifact: Artifact, threads: int | None = None):
         Interpreter = interpreter_class()
+        from optkit.runtimes.tf import native_stderr_silenced
+
         try:
-            self.interp = Interpreter(model_path=artifact.path, num_threads=threads)
-            self.interp.allocate_tensors()
+            with native_stderr_silenced():  # the XNNPACK delegate announces itself on stderr
+                self.interp = Interpreter(model_path=artifact.path, num_threads=threads)
+                self.interp.allocate_tensors()
         except (ValueError, RuntimeError) as e:
             raise UsageError(f"cannot load {artifact.path} as TFLite: {str(e).strip().splitlines()[0]}") from None
         self.threads = threads
