@@ -68,6 +68,8 @@ THREADS = typer.Option(None, "--threads", min=1, help="Intra-op threads (default
 PROVIDER = typer.Option("cpu", "--provider", help="onnxruntime provider: cpu, cuda, tensorrt (ONNX models).")
 WEIGHTS = typer.Option(None, "--weights", help="State dict for a factory model (loaded with weights_only=True).")
 OUTPUT_REPORT = typer.Option(None, "--report", help="Also write the JSON report to this file.")
+PRINT_RECIPE = typer.Option(False, "--print-recipe",
+                            help="Print the equivalent one-stage recipe (for `optkit run`) and exit.")
 
 
 def load_artifact(model: str, weights: Optional[str] = None, signature: Optional[str] = None):
@@ -105,8 +107,14 @@ def emit(report, report_path: Optional[str], as_json: bool) -> None:
 def run_single_stage(pass_name: str, model: str, output: str, config: dict, *, command: str, settings,
                      weights: Optional[str] = None, eval_data=None, metric: Optional[str] = None,
                      report_path: Optional[str] = None, as_json: bool = False, measure_input: bool = True,
-                     **ctx_fields):
-    """The machinery of every single-stage command: run one pass, measure input and output, report."""
+                     print_recipe: bool = False, **ctx_fields):
+    """The machinery of every single-stage command: run one pass, measure input and output, report.
+
+    With print_recipe (the commands' --print-recipe), print the equivalent one-stage recipe and run nothing.
+    """
+    if print_recipe:
+        return print_stage_recipe(pass_name, model, config, settings=settings, weights=weights,
+                                  eval_data=eval_data, metric=metric, data=ctx_fields.get("data"))
     from optkit.core.pipeline import run_pass
     from optkit.measure.model import measure
     from optkit.report.build import input_stage, pass_stage
@@ -124,3 +132,18 @@ def run_single_stage(pass_name: str, model: str, output: str, config: dict, *, c
     report = Report(command=command, stages=stages)
     emit(report, report_path, as_json)
     return report
+
+
+def print_stage_recipe(pass_name: str, model: str, config: dict, *, settings=None, weights: Optional[str] = None,
+                       eval_data=None, metric: Optional[str] = None, data: Optional[dict] = None) -> None:
+    """Print the one-stage recipe a single-stage command is equivalent to (validated first)."""
+    from optkit.core.pipeline import build_config
+    from optkit.core.registry import get_pass
+    from optkit.recipe import from_dict, one_stage_recipe, to_yaml
+
+    cfg = build_config(get_pass(pass_name), config)
+    rec = one_stage_recipe(pass_name, model, cfg.model_dump(mode="json", exclude_defaults=True), settings=settings,
+                           weights=weights, eval_data=eval_data, metric=metric, data=data)
+    from_dict(rec)  # the printed recipe must load
+    sys.stdout.write("# optkit recipe: the same as this command; save it and run `optkit run FILE.yaml`\n"
+                     + to_yaml(rec))

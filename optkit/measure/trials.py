@@ -6,7 +6,8 @@ workload (a small ONNX MLP on onnxruntime with the same threads), so slow-downs 
 
 - p50_ms ... max_ms: over all timed runs of all trials
 - trial_p50_ms: each trial's median; ci95_pct: the 95% half-width of their mean, in % of it
-- reference_p50_ms, normalized (median over trials of model p50 / reference p50), normalized_ci95_pct
+- reference_p50_ms; normalized: the median over trials of each trial's median ratio of a model call to
+  the reference call right after it; normalized_ci95_pct
 """
 from __future__ import annotations
 
@@ -117,20 +118,21 @@ def _trials(artifact: Artifact, settings, trials: int, normalize: bool, data) ->
             ref()
     all_times: list[float] = []
     trial_p50, ref_p50, ratios = [], [], []
-    ref_runs = max(10, min(settings.runs, 50))
     for _ in range(trials):
+        times, rt, pair = [], [], []
+        for _ in range(settings.runs):
+            # model and reference alternate call by call, so both see the same machine load;
+            # the median of the per-pair ratios ignores the pairs a preemption hit
+            t = time_one(model_call)
+            times.append(t)
+            if ref is not None:
+                r = time_one(ref)
+                rt.append(r)
+                pair.append(t / r)
+        trial_p50.append(float(np.median(times)) * 1e3)
         if ref is not None:
-            rt = [time_one(ref) for _ in range(ref_runs)]
-        times = [time_one(model_call) for _ in range(settings.runs)]
-        if ref is not None:
-            # time the reference on both sides of the model, so a load change mid-trial affects both
-            rt += [time_one(ref) for _ in range(ref_runs)]
-            r = float(np.median(rt)) * 1e3
-            ref_p50.append(r)
-        p = float(np.median(times)) * 1e3
-        trial_p50.append(p)
-        if ref is not None:
-            ratios.append(p / r)
+            ref_p50.append(float(np.median(rt)) * 1e3)
+            ratios.append(float(np.median(pair)))
         all_times += times
     session.close()
     out = summarize(all_times, batch=settings.batch, warmup=settings.warmup, threads=session.threads,

@@ -51,7 +51,7 @@ def _ticks(lo: float, hi: float, n: int = 4) -> list[float]:
     step = min((m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= step), default=step)
     start = math.floor(lo / step) * step
     out, v = [], start
-    while v <= hi + step * 0.001:
+    while not out or out[-1] < hi - step * 1e-6:   # the last tick is at or above the highest value
         out.append(round(v, 10))
         v += step
     return out
