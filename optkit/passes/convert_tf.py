@@ -388,7 +388,10 @@ def _validate(ref: Reference, onnx_path: Path, config, ctx: PassContext) -> dict
     except Exception as e:  # noqa: BLE001
         raise PassError(f"the {ref.source} model fails on the validation inputs: {type(e).__name__}: "
                         f"{first_line(e)}") from None
-    out = run_batched(lambda f: sess.run(None, f), feeds, batch)
+    try:
+        out = run_batched(lambda f: sess.run(None, f), feeds, batch)
+    except Exception as e:  # noqa: BLE001 - onnxruntime errors
+        raise PassError(f"onnxruntime cannot run the converted model: {first_line(e)[:300]}") from None
     names = [o.name for o in onnx_outputs]
     figures = validate(source_out, out, names, [str(np.asarray(r).dtype) for r in source_out], config, ref.source,
                        labels, steps={n: ref.steps[n] for n in names if n in ref.steps})

@@ -43,25 +43,56 @@ def convert_torch(artifact: Artifact, config, ctx: PassContext) -> Artifact:
     if artifact.format == Format.TORCH_EXPORT:
         export_obj = artifact.meta.pop("_program", None) or model
     with Staging(ctx.output) as stage:
-        used = _export(export_obj, model, tensors, specs, out_names, dynamic, config, stage.model, ctx)
-        import onnx
-
-        proto = onnx.load(str(stage.model), load_external_data=False)
-        bad = unsupported_nodes(proto)
-        if bad:
-            domain, op, node = bad[0]
-            raise PassError(f"the exported model contains op {domain + '::' if domain else ''}{op} (node {node!r}) "
-                            "that is not a standard ONNX operator; onnxruntime cannot run it")
-        stage.finalize(config.external_data, ctx)
-        check_model(stage.model)
-        figures = _validate(model, names, stage.model, specs, config, ctx)
-        figures["exporter"] = used
-        figures["opset"] = opset_of(onnx.load(str(stage.model), load_external_data=False))
+        try:
+            used, figures = _export_and_validate(export_obj, model, tensors, specs, out_names, dynamic, config,
+                                                 stage, ctx, names)
+        except _RuntimeFailure as e:
+            if config.opset is not None:
+                raise PassError(str(e)) from None
+            # onnxruntime may not run every op of the newest opset (e.g. opset 23 Attention with broadcast masks)
+            retry = config.model_copy(update={"opset": e.opset - 1})
+            used, figures = _export_and_validate(export_obj, model, tensors, specs, out_names, dynamic, retry,
+                                                 stage, ctx, names)
+            ctx.note(f"onnxruntime could not run the opset {e.opset} export ({e.detail}); exported at opset "
+                     f"{e.opset - 1}")
         ctx.measurements["validation"] = figures
         stage.commit()
     artifact.meta.setdefault("input_names", names)
     return artifact.derive(ctx.output, Format.ONNX, PASS, config.model_dump(mode="json"),
                            exporter=used, opset=figures["opset"], input_names=names, output_names=out_names)
+
+
+class _RuntimeFailure(Exception):
+    def __init__(self, opset: int, detail: str):
+        super().__init__(f"onnxruntime cannot run the exported model (opset {opset}): {detail}")
+        self.opset = opset
+        self.detail = detail
+
+
+def _export_and_validate(export_obj, model, tensors, specs, out_names, dynamic, config, stage, ctx, names):
+    import onnx
+
+    used = _export(export_obj, model, tensors, specs, out_names, dynamic, config, stage.model, ctx)
+    proto = onnx.load(str(stage.model), load_external_data=False)
+    bad = unsupported_nodes(proto)
+    if bad:
+        domain, op, node = bad[0]
+        raise PassError(f"the exported model contains op {domain + '::' if domain else ''}{op} (node {node!r}) "
+                        "that is not a standard ONNX operator; onnxruntime cannot run it")
+    stage.finalize(config.external_data, ctx)
+    check_model(stage.model)
+    opset = opset_of(onnx.load(str(stage.model), load_external_data=False))
+    try:
+        figures = _validate(model, names, stage.model, specs, config, ctx)
+    except OptkitError:
+        raise
+    except Exception as e:  # noqa: BLE001 - onnxruntime errors
+        detail = re.sub(r"\s+", " ", first_line(e))
+        m = re.search(r"running (\w+) node\. Name:'([^']+)'", detail)
+        raise _RuntimeFailure(opset, f"{m[1]} node {m[2]!r}" if m else detail[:200]) from None
+    figures["exporter"] = used
+    figures["opset"] = opset
+    return used, figures
 
 
 # ------------------------------------------------------------------------------------------------ loading
