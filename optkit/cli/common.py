@@ -72,10 +72,10 @@ PRINT_RECIPE = typer.Option(False, "--print-recipe",
                             help="Print the equivalent one-stage recipe (for `optkit run`) and exit.")
 
 
-def load_artifact(model: str, weights: Optional[str] = None, signature: Optional[str] = None):
+def load_artifact(model: str, weights: Optional[str] = None, signature: Optional[str] = None, **meta):
     from optkit.core.artifact import Artifact
 
-    return Artifact.load(model, weights=weights, signature=signature)
+    return Artifact.load(model, weights=weights, signature=signature, **meta)
 
 
 def measure_and_report(artifact, settings, *, command: str, report_path: Optional[str], as_json: bool,
@@ -107,6 +107,7 @@ def emit(report, report_path: Optional[str], as_json: bool) -> None:
 def run_single_stage(pass_name: str, model: str, output: str, config: dict, *, command: str, settings,
                      weights: Optional[str] = None, eval_data=None, metric: Optional[str] = None,
                      report_path: Optional[str] = None, as_json: bool = False, measure_input: bool = True,
+                     signature: Optional[str] = None, source_meta: Optional[dict] = None,
                      print_recipe: bool = False, **ctx_fields):
     """The machinery of every single-stage command: run one pass, measure input and output, report.
 
@@ -122,7 +123,7 @@ def run_single_stage(pass_name: str, model: str, output: str, config: dict, *, c
 
     if report_path:
         check_output_path(report_path)
-    source = load_artifact(model, weights)
+    source = load_artifact(model, weights, signature, **(source_meta or {}))
     result = run_pass(source, pass_name, config, output, shapes=settings.shapes, seed=settings.seed, **ctx_fields)
     stages = []
     if measure_input:
