@@ -125,12 +125,17 @@ def compact(model) -> int:
         return before - model.ByteSize()
     keep = {v.name for v in g.input} | {v.name for v in g.output} | {""}
     mapping: dict[str, str] = {}
+    skipped: list[str] = []
 
     def short(name: str) -> str:
         if name in keep:
             return name
         if name not in mapping:
-            mapping[name] = np.base_repr(len(mapping), 36).lower()
+            new = np.base_repr(len(mapping) + len(skipped), 36).lower()
+            while new in keep:  # never collide with an input or output name
+                skipped.append(new)
+                new = np.base_repr(len(mapping) + len(skipped), 36).lower()
+            mapping[name] = new
         return mapping[name]
 
     for init in g.initializer:

@@ -138,8 +138,16 @@ class Quantizer:
         have = ops.opset(model)
         if have < need:
             model = ops.upgrade_opset(model, need)
+            model.ir_version = max(model.ir_version, 7)  # opset 13 needs IR 7 (initializers need not be inputs)
             ctx.note(f"upgraded the model from opset {have} to {need} first ({self.mode} quantization, "
                      "per-channel QDQ and dynamic quantization need opset 13 or later)")
+        inits = {i.name for i in model.graph.initializer}
+        as_inputs = [v for v in model.graph.input if v.name in inits]
+        if as_inputs and model.ir_version >= 4:  # weights listed as inputs are not constant: nothing would fold
+            keep = [v for v in model.graph.input if v.name not in inits]
+            del model.graph.input[:]
+            model.graph.input.extend(keep)
+            ctx.note(f"treated {len(as_inputs)} initializers listed as graph inputs as constants")
         named = ops.name_nodes(model)
         if named:
             ctx.note(f"named {named} unnamed nodes so they can be listed and excluded")
@@ -298,7 +306,11 @@ class Quantizer:
         idx = len(self.candidates)
         raw = self.tmp / f"cand{idx}.raw.onnx"
         try:
-            self._quantize(float_nodes, raw)
+            import contextlib
+            import sys
+
+            with contextlib.redirect_stdout(sys.stderr):  # onnxruntime prints progress; keep --json clean
+                self._quantize(float_nodes, raw)
         except (UsageError, ValidationError):
             raise
         except Exception as e:
@@ -450,7 +462,7 @@ def _Reader(feeds: dict[str, np.ndarray], parent_session):
     fixed = fixed_batch(ops.input_specs(parent_session))
     step = fixed or 16
     n = len(next(iter(feeds.values())))
-    stop = n - n % step if fixed else n
+    stop = n - n % step if (fixed or n >= step) else n  # equal batches: histogram calibrators stack them
     items = [{k: v[s:s + step] for k, v in feeds.items()} for s in range(0, stop, step)]
 
     class Reader(CalibrationDataReader):
