@@ -86,13 +86,15 @@ def test_eval_mnist_published_top1(cli, realcases):
 
 
 def test_eval_tflite_lstms(cli, realcases):
+    # Each image is its own sequence: the runtime resets the LSTM state between calls. (Letting the state
+    # leak from one image into the next gives the 0.9205 / 0.9190 that SOURCES.md quotes.)
     figures = {}
     for name in ("trained_lstm.tflite", "trained_lstm_int8.tflite"):
         r = cli("eval", realcases / name, "--data", realcases / "t10k-images-idx3-ubyte.gz", "--json")
         assert r.rc == 0, r.err
         figures[name] = json.loads(r.out)["stages"][0]["measurements"]["accuracy"]["top1"]
-    assert figures["trained_lstm.tflite"] == pytest.approx(0.9205, abs=0.001)
-    assert figures["trained_lstm_int8.tflite"] == pytest.approx(0.919, abs=0.001)
+    assert figures["trained_lstm.tflite"] == pytest.approx(0.9853, abs=0.0005)
+    assert figures["trained_lstm_int8.tflite"] == pytest.approx(0.985, abs=0.001)
 
 
 def test_eval_every_sample_format_agrees(cli, samples):
@@ -138,7 +140,7 @@ def test_markdown_renderer(samples):
         measurements={"size": {"bytes": 2_000_000}, "latency": {"p50_ms": 1.5, "p90_ms": 2.0},
                       "accuracy": {"top1": 0.97, "metric": "top1"}})])
     md = to_markdown(report)
-    assert "| model | onnx | 2.0 MB |" in md and "top1 0.9700" in md and "1.500" in md
+    assert "| model | onnx | 2.0 MB |" in md and "| top1 |" in md and "| 0.9700 |" in md and "1.500" in md
 
 
 def test_runtime_crash_becomes_exit_3(cli, samples, tmp_path):

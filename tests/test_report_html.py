@@ -46,7 +46,7 @@ def test_html_is_self_contained_with_table_plots_and_gates():
     assert urls <= {"http://www.w3.org/2000/svg"}, urls          # the SVG namespace is a name, not a fetch
     assert html.count("<svg") == 4                              # size, latency, accuracy, accuracy vs latency
     assert "Accuracy vs latency (marker area: size)" in html
-    for words in ("simplify", "int8", "62.0 KB", "top1 0.9718", "±4.0%", "1 of 3 gates failed", "speedup &gt;= 2",
+    for words in ("simplify", "int8", "62.0 KB", "0.9718", "±4.0%", "1 of 3 gates failed", "speedup &gt;= 2",
                   "FAIL", "&lt;b&gt;escaped&lt;/b&gt;"):
         assert words in html, words
     assert "<b>escaped</b>" not in html

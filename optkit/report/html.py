@@ -4,7 +4,7 @@ from __future__ import annotations
 from html import escape
 
 from optkit.report.schema import Report, Stage
-from optkit.report.table import COLUMNS, gate_rows, stage_rows
+from optkit.report.table import columns, gate_rows, stage_rows
 
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")
 
@@ -163,13 +163,14 @@ def to_html(report: Report) -> str:
             ("ok", f"all {len(report.gates)} gates passed")
         h.append(f'<div class="banner {cls}">{text}</div>')
     h.append("<h2>Stages</h2><table><tr>")
-    left = ("stage", "format", "accuracy", "fidelity")
-    h += [f'<th class="{"l" if c in left else ""}">{escape(c)}</th>' for c in COLUMNS]
+    left = ("stage", "format")
+    cols = columns(report)
+    h += [f'<th class="{"l" if c in left else ""}">{escape(c)}</th>' for c in cols]
     h.append('<th>noise</th><th class="l">pass</th><th>time</th></tr>')
     for s, row in zip(stages, rows):
         lat = s.measurements.get("latency") or {}
         noise = f"±{lat['ci95_pct']:.1f}%" if lat.get("ci95_pct") is not None else "-"
-        h.append("<tr>" + "".join(f'<td class="{"l" if c in left else ""}">{escape(row[c])}</td>' for c in COLUMNS)
+        h.append("<tr>" + "".join(f'<td class="{"l" if c in left else ""}">{escape(row[c])}</td>' for c in cols)
                  + f"<td>{noise}</td><td class=\"l\">{escape(s.pass_name or '-')}</td>"
                  + f"<td>{s.duration_s:.2f}s</td></tr>")
     h.append("</table>")

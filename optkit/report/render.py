@@ -2,24 +2,27 @@
 from __future__ import annotations
 
 from optkit.report.schema import Report
-from optkit.report.table import COLUMNS, gate_rows, stage_rows
+from optkit.report.table import columns, gate_rows, stage_rows
 
 
 def to_console(report: Report, console=None) -> None:
     from rich.console import Console
+    from rich import box
     from rich.table import Table
 
     console = console or Console()
-    table = Table(title=report.command or "optkit report", title_justify="left")
+    table = Table(title=report.command or "optkit report", title_justify="left", box=box.SIMPLE_HEAD)
     rows = stage_rows(report)
     # a column with no figure in any row only takes width from the ones that matter
-    columns = [c for c in COLUMNS if c in ("stage", "format") or any(r[c] != "-" for r in rows)]
+    shown = [c for c in columns(report, console=True) if c in ("stage", "format") or any(r[c] != "-" for r in rows)]
     if len(rows) == 1:
-        columns = [c for c in columns if c not in ("vs first", "speedup")]
-    for col in columns:
-        table.add_column(col, justify="left" if col in ("stage", "format", "accuracy", "fidelity") else "right")
+        shown = [c for c in shown if c not in ("size x", "speedup")]
+    widest_stage = max((len(r["stage"]) for r in rows), default=5)
+    for col in shown:
+        table.add_column(col, justify="left" if col in ("stage", "format") else "right", no_wrap=True,
+                         min_width=min(widest_stage, 16) if col == "stage" else None)
     for row in rows:
-        table.add_row(*(row[c] for c in columns))
+        table.add_row(*(row[c] for c in shown))
     console.print(table)
     for stage in report.stages:
         lat = stage.measurements.get("latency")
@@ -46,11 +49,11 @@ def to_console(report: Report, console=None) -> None:
 
 def to_markdown(report: Report) -> str:
     lines = [f"### optkit: {report.command or 'report'}", ""]
-    lines.append("| " + " | ".join(COLUMNS) + " |")
-    lines.append("|" + "|".join("---" if c in ("stage", "format", "accuracy", "fidelity") else "---:"
-                                for c in COLUMNS) + "|")
+    cols = columns(report)
+    lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cols) + " |")
+    lines.append("|" + "|".join("---" if c in ("stage", "format") else "---:" for c in cols) + "|")
     for row in stage_rows(report):
-        lines.append("| " + " | ".join(row[c].replace("|", "\\|") for c in COLUMNS) + " |")
+        lines.append("| " + " | ".join(row[c].replace("|", "\\|") for c in cols) + " |")
     notes = [f"- **{s.name}**: {n}" for s in report.stages for n in s.notes]
     warnings = [f"- :warning: **{s.name}**: {w}" for s in report.stages for w in s.warnings]
     if notes or warnings:

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 from optkit.report.schema import Report, Stage
 
-COLUMNS = ("stage", "format", "size", "vs first", "params", "p50 ms", "p90 ms", "speedup", "accuracy", "fidelity")
+# Every renderer's stage columns; the accuracy column is named after the metric (see columns()).
+COLUMNS = ("stage", "format", "size", "size x", "params", "p50 ms", "p90 ms", "speedup", "accuracy", "cosine",
+           "top-1 agree", "max |diff|")
+CONSOLE_COLUMNS = ("stage", "format", "size", "size x", "p50 ms", "speedup", "accuracy", "cosine", "top-1 agree")
 
 
 def _size(stage: Stage) -> float | None:
@@ -24,44 +27,50 @@ def human_bytes(n: float | None) -> str:
     return "-"
 
 
-def accuracy_cell(stage: Stage) -> str:
+def accuracy_label(report: Report) -> str:
+    """The accuracy column's header: the metric's name when every stage used the same one."""
+    metrics = {(s.measurements.get("accuracy") or {}).get("metric") for s in report.stages} - {None}
+    return metrics.pop() if len(metrics) == 1 else "accuracy"
+
+
+def columns(report: Report, console: bool = False) -> list[str]:
+    label = accuracy_label(report)
+    return [label if c == "accuracy" else c for c in (CONSOLE_COLUMNS if console else COLUMNS)]
+
+
+def accuracy_cell(stage: Stage, label: str) -> str:
     acc = stage.measurements.get("accuracy") or {}
     metric = acc.get("metric")
     if metric and metric in acc:
-        return f"{metric} {acc[metric]:.4f}"
+        return f"{acc[metric]:.4f}" if metric == label else f"{metric} {acc[metric]:.4f}"
     values = [f"{k} {v:.4f}" for k, v in acc.items() if isinstance(v, float)]
     return ", ".join(values) or "-"
-
-
-def fidelity_cell(stage: Stage) -> str:
-    fid = stage.measurements.get("fidelity") or {}
-    if not fid:
-        return "-"
-    cell = f"cos {fid['cosine']:.4f}, max|d| {fid['max_abs_error']:.2g}"
-    if fid.get("top1_agreement") is not None:
-        cell += f", top1 agree {fid['top1_agreement']:.3f}"
-    return cell
 
 
 def stage_rows(report: Report) -> list[dict[str, str]]:
     rows = []
     first = report.stages[0] if report.stages else None
+    label = accuracy_label(report)
     for stage in report.stages:
         size, p50 = _size(stage), _p50(stage)
         base_size, base_p50 = (_size(first), _p50(first)) if first else (None, None)
         lat = stage.measurements.get("latency") or {}
+        fid = stage.measurements.get("fidelity") or {}
         params = (stage.measurements.get("size") or {}).get("parameters")
+        agree = fid.get("top1_agreement")
         rows.append({
             "stage": stage.name + (" (cached)" if stage.cached else ""),
             "format": stage.output.format,
             "size": human_bytes(size),
-            "vs first": f"{size / base_size:.2f}x" if size and base_size else "-",
+            "size x": f"{size / base_size:.2f}" if size and base_size else "-",
             "params": f"{params:,}" if params is not None else "-",
             "p50 ms": f"{p50:.3f}" if p50 is not None else "-",
             "p90 ms": f"{lat['p90_ms']:.3f}" if "p90_ms" in lat else "-",
             "speedup": f"{base_p50 / p50:.2f}x" if p50 and base_p50 else "-",
-            "accuracy": accuracy_cell(stage),
-            "fidelity": fidelity_cell(stage),
+            label: accuracy_cell(stage, label),
+            "cosine": f"{fid['cosine']:.5f}" if "cosine" in fid else "-",
+            "top-1 agree": f"{agree:.4f}" if agree is not None else "-",
+            "max |diff|": f"{fid['max_abs_error']:.3g}" if "max_abs_error" in fid else "-",
         })
     return rows
 

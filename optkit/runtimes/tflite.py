@@ -61,6 +61,9 @@ class TFLiteSession(Session):
             self.interp.allocate_tensors()
         for d, name in zip(self._in, self._feed_names):
             self.interp.set_tensor(d["index"], _quantize(feeds[name], d))
+        # Stateful ops (LSTM) keep their state in variable tensors between invokes; each call is an
+        # independent sample, so results must not depend on what ran before.
+        self.interp.reset_all_variables()
         self.interp.invoke()
         return [_dequantize(self.interp.get_tensor(d["index"]), d) for d in self._out]
 
