@@ -98,6 +98,11 @@ def _select_keras_layers(model, cfg: KerasPruneConfig, ctx: PassContext) -> list
         bad = [n for n in selected if not isinstance(model.get_layer(n), (tf_keras.layers.Conv2D, tf_keras.layers.Dense))]
         if bad:
             raise UsageError(f"m-by-n sparsity applies to Conv2D and Dense layers; exclude {', '.join(bad)}")
+        n = cfg.m_by_n[1]  # M-of-N groups run along the input channels, which must fill whole groups
+        narrow = [name for name in selected if model.get_layer(name).kernel.shape[-2] % n]
+        if narrow:
+            ctx.warn(f"not pruned ({cfg.m_by_n[0]}:{n} needs input channels in multiples of {n}): {', '.join(narrow)}")
+            selected = [name for name in selected if name not in narrow]
     if not selected:
         raise UsageError("no layer left to prune (check --layers / --exclude)")
     return selected
