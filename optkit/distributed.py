@@ -65,8 +65,7 @@ def make_tf_strategy(strategy: str):
     if strategy == "none":
         return tf.distribute.get_strategy()  # the default (no-op) strategy
     if strategy == "mirrored":
-        gpus = tf.config.list_logical_devices("GPU")
-        if gpus:
+        if tf.config.list_physical_devices("GPU"):  # physical: listing logical devices would fix the CPU split
             return tf.distribute.MirroredStrategy()
         replicas = int(os.environ.get("OPTKIT_CPU_REPLICAS", "1"))
         if replicas > 1:
