@@ -38,6 +38,7 @@ def register(app: typer.Typer) -> None:
         runs: int = typer.Option(50, "--runs", min=1, help="Timed runs for the latency figures."),
         report: Optional[str] = common.OUTPUT_REPORT,
         as_json: bool = common.JSON,
+        print_recipe: bool = common.PRINT_RECIPE,
     ) -> None:
         """Convert a PyTorch or TensorFlow model to ONNX, validated against the source framework."""
         from optkit.core.errors import UsageError
@@ -84,8 +85,9 @@ def register(app: typer.Typer) -> None:
             pass_name, model, output, config, command=f"optkit convert {model}", settings=settings,
             weights=weights, report_path=report, as_json=as_json, signature=signature,
             source_meta=source_meta, data={"eval": dataset} if dataset is not None else {},
+            print_recipe=print_recipe,
         )
-        if not as_json:
+        if rep is not None and not as_json:
             _print_validation(rep)
 
 

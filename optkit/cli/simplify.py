@@ -25,6 +25,7 @@ def register(app: typer.Typer) -> None:
         shape: Optional[List[str]] = common.SHAPE,
         report: Optional[str] = common.OUTPUT_REPORT,
         as_json: bool = common.JSON,
+        print_recipe: bool = common.PRINT_RECIPE,
     ) -> None:
         """onnxslim + onnxruntime offline optimizations, checked for equal outputs and bounded growth."""
         from optkit.core.errors import UsageError
@@ -43,4 +44,4 @@ def register(app: typer.Typer) -> None:
                       tolerance=tolerance)
         common.run_single_stage("simplify.onnx", model, output, config, command=f"optkit simplify {model}",
                                 settings=settings, eval_data=DataSpec(path=data, max_samples=256) if data else None,
-                                report_path=report, as_json=as_json, data=ctx_data)
+                                report_path=report, as_json=as_json, data=ctx_data, print_recipe=print_recipe)

@@ -50,6 +50,7 @@ def build_cmd(
     metric: Optional[str] = typer.Option(None, "--metric", help="Metric on --data: top1, top5, mse, ..."),
     report: Optional[str] = common.OUTPUT_REPORT,
     as_json: bool = common.JSON,
+    print_recipe: bool = common.PRINT_RECIPE,
 ) -> None:
     """Build a TensorRT engine from an ONNX model, check it against the model, and measure both."""
     from optkit.core.errors import UsageError
@@ -73,6 +74,7 @@ def build_cmd(
     common.run_single_stage(
         "tensorrt.build", model, output, config, command=f"optkit trt build {model}", settings=settings,
         eval_data=DataSpec(path=data) if data else None, metric=metric, report_path=report, as_json=as_json,
+        print_recipe=print_recipe,
     )
 
 
