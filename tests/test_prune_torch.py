@@ -134,3 +134,23 @@ def test_cli_inconsistent_channels_exit_3_nothing_written(cli, samples, train_np
     line = one_error_line(r)
     assert "cannot prune the channels of this model consistently" in line and "--method unstructured" in line
     assert no_result_files(out) == []
+
+
+def test_finetunes_on_an_image_folder(samples, tmp_path):
+    from PIL import Image
+
+    from optkit.core.pipeline import run_pass
+    from optkit.measure.datasets import load_dataset
+
+    z = np.load(samples / "digits_eval_nchw.npz")
+    for i, (x, y) in enumerate(zip(z["input"][:120], z["labels"][:120])):
+        folder = tmp_path / "imgs" / str(y)
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray((x[0] * 255).astype(np.uint8), mode="L").save(folder / f"{i}.png")
+    train = load_dataset(tmp_path / "imgs", {"color": "gray", "layout": "nchw"})
+    assert train.arrays[""].shape == (120, 1, 8, 8)
+    result = run_pass(_source(samples), "prune.torch", {"method": "unstructured", "epochs": 1,
+                                                        "max_accuracy_drop": None},
+                      tmp_path / "p.pt2", data={"train": train})
+    assert result.ctx.measurements["pruning"]["weight_sparsity"] == pytest.approx(0.5, abs=0.01)
+    assert "top1_after" in result.ctx.measurements["finetune"]

@@ -24,7 +24,7 @@ LR = typer.Option(None, "--learning-rate", help="Learning rate (default 1e-3; 1e
 OPTIMIZER = typer.Option("adam", "--optimizer", help="adam, adamw, sgd or rmsprop.")
 STRATEGY = typer.Option("none", "--strategy",
                         help="none; Keras: mirrored (local devices) or multi-worker (TF_CONFIG); torch: ddp (torchrun).")
-MAX_DROP = typer.Option(0.05, "--max-accuracy-drop", min=0,
+MAX_DROP = typer.Option(0.05, "--max-accuracy-drop",
                         help="Fail (exit 3) when fine-tuned top-1 falls more than this (0.05 = 5 pt); -1 disables.")
 PRINT_RECIPE = typer.Option(False, "--print-recipe", help="Print the equivalent recipe and run nothing.")
 
