@@ -21,7 +21,23 @@ def register(app: typer.Typer) -> None:
                                                help="minmax, entropy or percentile."),
         synthetic_calibration: bool = typer.Option(False, "--synthetic-calibration",
                                                    help="Calibrate on random inputs (warned loudly)."),
-        fmt: str = typer.Option("qdq", "--format", help="Static INT8 format: qdq or qoperator."),
+        fmt: str = typer.Option("auto", "--format",
+                                help="Static INT8 format: auto (both built, the fastest within budgets kept), qdq or "
+                                     "qoperator."),
+        target: str = typer.Option("cpu", "--target",
+                                   help="cpu (onnxruntime, latency-aware) or tensorrt (symmetric int8 QDQ, zero points "
+                                        "0, float bias: what TensorRT builds)."),
+        max_size_ratio: Optional[float] = typer.Option(None, "--max-size-ratio", min=0,
+                                                       help="Budget: output size / input size (e.g. 0.3)."),
+        allow_slower: bool = typer.Option(False, "--allow-slower",
+                                          help="Static INT8: write the result even when it is slower than its parent "
+                                               "(otherwise exit 3, the model kept as .REJECTED.onnx)."),
+        max_latency_ratio: float = typer.Option(1.05, "--max-latency-ratio", min=0,
+                                                help="Static INT8: slower means p50 (batch 1, 1 thread) above this x "
+                                                     "the parent's."),
+        no_latency_search: bool = typer.Option(False, "--no-latency-search",
+                                               help="Static INT8: build only the requested variant (no timing of "
+                                                    "format / float-node variants)."),
         per_channel: Optional[bool] = typer.Option(None, "--per-channel/--per-tensor",
                                                    help="Per-channel weights (default: on for static)."),
         reduce_range: Optional[bool] = typer.Option(None, "--reduce-range/--no-reduce-range",
@@ -70,7 +86,8 @@ def register(app: typer.Typer) -> None:
             data["eval"] = _load(eval_data, labels).subset(max_samples, settings.seed)
             spec = DataSpec(path=eval_data, labels=labels, max_samples=max_samples)
         config = dict(
-            mode=mode, format=fmt, per_channel=per_channel, reduce_range=reduce_range,
+            mode=mode, format=fmt, target=target, max_size_ratio=max_size_ratio, allow_slower=allow_slower,
+            max_latency_ratio=max_latency_ratio, latency_search=not no_latency_search, per_channel=per_channel, reduce_range=reduce_range,
             activation_type=activation_type, weight_type=weight_type, calibration_method=calibration_method,
             calibration_size=calibration_size, synthetic_calibration=synthetic_calibration,
             preprocess=not no_preprocess, nodes_include=include_nodes or [], nodes_exclude=exclude_nodes or [],
@@ -124,7 +141,7 @@ def print_candidates(cands, title: str) -> None:
     from rich.table import Table
 
     table = Table(title=title, title_justify="left")
-    for col in ("#", "float nodes", "size", "size ratio", "p50 ms", "latency ratio", "accuracy", "drop",
+    for col in ("#", "variant", "float nodes", "size", "size ratio", "p50 ms", "latency ratio", "accuracy", "drop",
                 "cosine", "verdict"):
         table.add_column(col)
     for c in cands:
@@ -133,7 +150,7 @@ def print_candidates(cands, title: str) -> None:
         if c.get("rejected_file"):
             verdict = f"best, kept as {c['rejected_file']}"
         table.add_row(
-            str(c.get("index")), str(len(c.get("float_nodes") or [])), f"{c.get('bytes', 0):,}",
+            str(c.get("index")), str(c.get("variant") or "-"), str(len(c.get("float_nodes") or [])), f"{c.get('bytes', 0):,}",
             f"{c['ratio']:.3f}x" if c.get("ratio") else "-",
             f"{c['p50_ms']:.3f}" if c.get("p50_ms") else "-",
             f"{c['latency_ratio']:.2f}x" if c.get("latency_ratio") else "-",

@@ -27,7 +27,11 @@ LOWER_IS_BETTER = ("mse", "mae")
 class QuantizeConfig(PassConfig):
     mode: Literal["dynamic", "static", "fp16", "int4"] = "static"
     # static / dynamic INT8
-    format: Literal["qdq", "qoperator"] = "qdq"
+    # auto: QDQ and QOperator are both built and the fastest (then smallest) that meets the budgets is kept
+    format: Literal["auto", "qdq", "qoperator"] = "auto"
+    # cpu: tuned for onnxruntime on this CPU (latency-aware); tensorrt: symmetric INT8 QDQ that TensorRT builds
+    # (int8 activations and weights, zero points 0, per-channel weights, float bias), no CPU latency search
+    target: Literal["cpu", "tensorrt"] = "cpu"
     per_channel: Optional[bool] = None      # default: on for static, off for dynamic
     reduce_range: Optional[bool] = None     # default: on where the CPU lacks VNNI (u8s8 saturation), else off
     activation_type: Literal["auto", "uint8", "int8"] = "auto"  # auto: int8 with VNNI, uint8 without
@@ -55,6 +59,15 @@ class QuantizeConfig(PassConfig):
     max_candidates: int = Field(default=8, ge=1)
     check_samples: int = Field(default=256, ge=1)
     measure_candidates: bool = True         # latency of every candidate (in a child process)
+    # static, target cpu: also build variants that keep int8-unfriendly nodes in float (Conv with <= 4 input
+    # channels x kernel, whose int8 kernels are slower than float ones) and the other format; all are timed by
+    # optkit.measure (batch 1, one thread, interleaved rounds) and the fastest within the budgets is kept
+    latency_search: bool = True
+    max_size_ratio: Optional[float] = Field(default=None, gt=0)   # size budget: output bytes / input bytes
+    # A static INT8 model slower than its parent is an error (exit 3) unless allowed: p50 at batch 1 on one
+    # thread must be <= max_latency_ratio x the parent's (the 5% default margin covers measurement noise)
+    max_latency_ratio: float = Field(default=1.05, gt=0)
+    allow_slower: bool = False
     compact: bool = True                    # short internal names: smaller files, same math
 
 

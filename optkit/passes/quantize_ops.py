@@ -123,6 +123,8 @@ def compact(model) -> int:
     g.doc_string = ""
     if has_subgraphs(model):
         return before - model.ByteSize()
+    _drop_zero_points(g)
+    _dedupe_initializers(g)
     keep = {v.name for v in g.input} | {v.name for v in g.output} | {""}
     mapping: dict[str, str] = {}
     skipped: list[str] = []
@@ -148,6 +150,58 @@ def compact(model) -> int:
             node.output[i] = short(n)
     _prune(model)
     return before - model.ByteSize()
+
+
+def _drop_zero_points(g) -> int:
+    """DequantizeLinear's zero point is optional and defaults to 0 of the input's type: an all-zero INT32
+    zero point (quantized biases) is bytes for nothing. QuantizeLinear keeps its zero point
+    (it sets the output type). Returns the number of inputs dropped."""
+    from onnx import TensorProto, numpy_helper
+
+    inits = {i.name: i for i in g.initializer}
+    dropped = 0
+    for node in g.node:
+        if node.op_type != "DequantizeLinear" or len(node.input) < 3 or node.input[2] not in inits:
+            continue
+        zp, x = inits[node.input[2]], inits.get(node.input[0])
+        # INT32 (quantized bias) only: without an INT8 weight zero point onnxruntime stops fusing DQ -> Gemm into
+        # QGemm (and then trips on its own per-axis bias DQ), so those stay
+        if zp.data_type != TensorProto.INT32 or (x is not None and x.data_type != zp.data_type):
+            continue
+        scale = inits.get(node.input[1])
+        if scale is None or (x is None and list(scale.dims) not in ([], [1])):
+            continue
+        if list(scale.dims) not in ([], [1]):  # per-axis: only where scale and axis agree (onnxruntime checks
+            axis = next((at.i for at in node.attribute if at.name == "axis"), 1)  # them once the zp is gone)
+            dims = list(x.dims)
+            if not dims or not -len(dims) <= axis < len(dims) or dims[axis] != int(np.prod(scale.dims)):
+                continue
+        if not np.any(numpy_helper.to_array(zp)):
+            del node.input[2]
+            dropped += 1
+    return dropped
+
+
+def _dedupe_initializers(g) -> int:
+    """Point every use of a byte-identical initializer (same type, shape, data) at one copy."""
+    seen: dict[tuple, str] = {}
+    alias: dict[str, str] = {}
+    for init in g.initializer:
+        anon = type(init)()
+        anon.CopyFrom(init)
+        anon.name = ""
+        key = (init.data_type, tuple(init.dims), anon.SerializeToString())
+        if key in seen:
+            alias[init.name] = seen[key]
+        else:
+            seen[key] = init.name
+    if not alias:
+        return 0
+    for node in g.node:
+        for i, n in enumerate(node.input):
+            if n in alias:
+                node.input[i] = alias[n]
+    return len(alias)
 
 
 def _prune(model) -> None:

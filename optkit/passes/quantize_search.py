@@ -15,6 +15,9 @@ from optkit.core.registry import PassContext, require_extra
 from optkit.passes import quantize_ops as ops
 from optkit.passes.quantize import LOWER_IS_BETTER, MIN_OPSET, TOLERANCE, QuantizeConfig, rejected_path
 
+# onnxruntime extra_options for TensorRT-ready QDQ: symmetric int8 (zero points 0), bias left float
+TENSORRT_OPTIONS = {"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False}
+
 
 class Quantizer:
     def __init__(self, artifact: Artifact, cfg: QuantizeConfig, ctx: PassContext):
@@ -23,6 +26,8 @@ class Quantizer:
         self.tmp = Path(tempfile.mkdtemp(prefix="optkit-quant-"))
         self.candidates: list[dict[str, Any]] = []
         self.settings: dict[str, Any] = {}
+        # the format of the candidate being built (auto starts with QDQ; the latency search tries both)
+        self.fmt = "qoperator" if cfg.format == "qoperator" and cfg.target == "cpu" else "qdq"
 
     # ------------------------------------------------------------ orchestration
     def execute(self) -> Path:
@@ -50,11 +55,7 @@ class Quantizer:
 
         first = self._candidate([])
         if self._passes(first):
-            first["chosen"] = True
-            if self._search_on():
-                self._latency([first])
-            self._say_chosen(first)
-            return first["path"]
+            return self._finish(first)
         if not self._search_on():
             self._latency([first])
             raise ValidationError(
@@ -68,12 +69,11 @@ class Quantizer:
             tried.append(cand)
             if self._passes(cand):
                 break
-        self._latency(tried)
+        if not any(c["passed"] for c in tried) or not self._speed_search_on():
+            self._latency(tried)
         ok = [c for c in tried if c["passed"]]
         if ok:
-            ok[0]["chosen"] = True
-            self._say_chosen(ok[0])
-            return ok[0]["path"]
+            return self._finish(ok[0])
         best = max(tried, key=self._score)
         dest = rejected_path(ctx.output)
         with atomic_path(dest) as tmp:
@@ -224,10 +224,13 @@ class Quantizer:
     def _resolved(self) -> dict[str, Any]:
         cfg = self.cfg
         vnni = ops.has_vnni()
+        if cfg.target == "tensorrt":  # TensorRT: signed symmetric INT8 everywhere, per-channel weights, full range
+            return {"activation_type": "int8", "weight_type": "int8", "per_channel": True, "reduce_range": False,
+                    "vnni": vnni, "target": "tensorrt"}
         act = cfg.activation_type if cfg.activation_type != "auto" else ("int8" if vnni else "uint8")
         # onnxruntime's QOperator per-channel path crashes on int32-bias scale adjustment: per-tensor there
         per_channel = cfg.per_channel if cfg.per_channel is not None else (
-            self.mode == "static" and cfg.format == "qdq")
+            self.mode == "static" and self.fmt == "qdq")
         reduce_range = cfg.reduce_range if cfg.reduce_range is not None else (
             not vnni and cfg.weight_type == "int8")
         return {"activation_type": act, "weight_type": cfg.weight_type, "per_channel": per_channel,
@@ -257,12 +260,13 @@ class Quantizer:
                       "percentile": CalibrationMethod.Percentile}[cfg.calibration_method]
             quantize_static(
                 str(self.prepared), str(dest), _Reader(self.calib_feeds, self.parent),
-                quant_format=QuantFormat.QDQ if cfg.format == "qdq" else QuantFormat.QOperator,
+                quant_format=QuantFormat.QDQ if self.fmt == "qdq" else QuantFormat.QOperator,
                 op_types_to_quantize=op_types, per_channel=r["per_channel"], reduce_range=r["reduce_range"],
                 activation_type=qt[r["activation_type"]], weight_type=qt[r["weight_type"]],
                 nodes_to_quantize=cfg.nodes_include or None, nodes_to_exclude=exclude, calibrate_method=method,
                 # the per-channel int32-bias weight-scale adjustment crashes in onnxruntime 1.2x-1.3x
-                extra_options={"QDQDisableWeightAdjustForInt32Bias": True, "WeightAdjustForInt32Bias": False},
+                extra_options={"QDQDisableWeightAdjustForInt32Bias": True, "WeightAdjustForInt32Bias": False,
+                               **(TENSORRT_OPTIONS if cfg.target == "tensorrt" else {})},
             )
             return
         if mode == "fp16":
@@ -298,7 +302,7 @@ class Quantizer:
             from onnxruntime.quantization.registry import IntegerOpsRegistry, QDQRegistry, QLinearOpsRegistry
 
             reg = IntegerOpsRegistry if self.mode == "dynamic" else (
-                QDQRegistry if cfg.format == "qdq" else QLinearOpsRegistry)
+                QDQRegistry if self.fmt == "qdq" else QLinearOpsRegistry)
             base = sorted(reg)
         return [t for t in base if t not in cfg.op_types_exclude]
 
@@ -325,6 +329,7 @@ class Quantizer:
             ops.compact(model)
         ops.save_model(model, final)
         cand: dict[str, Any] = {"index": idx, "float_nodes": list(float_nodes), "raw": raw, "path": final,
+                                "format": self.fmt if self.mode == "static" else None,
                                 "bytes": ops.file_size(final), "ratio": ops.file_size(final) / self.artifact.size_bytes(),
                                 "chosen": False}
         try:
@@ -388,7 +393,8 @@ class Quantizer:
             ctx.note(f"{self.mode} INT8: activations {r['activation_type']}, weights {r['weight_type']}, "
                      f"per-channel {'on' if r['per_channel'] else 'off'}, reduce-range "
                      f"{'on' if r['reduce_range'] else 'off'} ({why})"
-                     + (f", {self.cfg.format.upper()}" if self.mode == "static" else ""))
+                     + (f", {cand.get('format', self.fmt).upper()}" if self.mode == "static" else "")
+                     + (", symmetric for TensorRT (zero points 0, float bias)" if r.get("target") else ""))
         ctx.note(f"checked against the parent on {r['check']['samples']} {r['check']['source']} inputs: "
                  f"{self._figures(cand)}")
         if cand["float_nodes"]:
@@ -434,6 +440,132 @@ class Quantizer:
         self.settings["sensitivity"] = [{"node": n, "added_error": round(s, 6)} for n, s in scores[:20]]
         return scores
 
+    # ------------------------------------------------------------ choosing: size, speed
+    def _speed_search_on(self) -> bool:
+        return self.mode == "static" and self.cfg.target == "cpu" and self.cfg.measure_candidates
+
+    def _finish(self, cand: dict[str, Any]) -> Path:
+        """The accuracy search found `cand`. For static INT8 on the CPU, build its faster-maybe variants (other
+        format, int8-unfriendly nodes kept float), time them all against the parent and keep the fastest that
+        meets the budgets; refuse (exit 3) a result slower than its parent unless allowed."""
+        cfg = self.cfg
+        pool = [cand]
+        if self._speed_search_on() and cfg.latency_search:
+            slow = [n for n in self._int8_unfriendly() if n not in cand["float_nodes"]]
+            fmts = ["qdq", "qoperator"] if cfg.format == "auto" else [cand["format"]]
+            for fmt in fmts:
+                for extra in ([], slow) if slow else ([],):
+                    if fmt == cand["format"] and not extra:
+                        continue
+                    self.fmt = fmt
+                    try:
+                        v = self._candidate(cand["float_nodes"] + extra)
+                    except Exception as e:  # a variant onnxruntime cannot build is skipped, said in the notes
+                        self.ctx.note(f"variant {fmt} (+{len(extra)} float nodes) not built: {e}")
+                        continue
+                    v["variant"] = f"{fmt}" + (f", {len(extra)} int8-slow nodes float" if extra else "")
+                    if v["passed"]:
+                        pool.append(v)
+            if slow:
+                self.settings["int8_slow_nodes"] = slow
+        cand.setdefault("variant", cand.get("format") or self.mode)
+        if self._speed_search_on():
+            self._time(pool)
+        elif self._search_on():
+            self._latency(pool)
+        budget = cfg.max_size_ratio
+        fits = [c for c in pool if budget is None or c["ratio"] <= budget + 1e-12]
+        if not fits:
+            best = min(pool, key=lambda c: c["bytes"])
+            dest = rejected_path(self.ctx.output)
+            with atomic_path(dest) as tmp:
+                tmp.write_bytes(Path(best["path"]).read_bytes())
+            best["rejected_file"] = str(dest)
+            raise ValidationError(
+                f"no {self.mode} candidate met the size budget ({best['ratio']:.3f}x of the parent at best, budget "
+                f"{budget:g}x); the smallest was kept as {dest}", details={"candidates": [_public(c) for c in pool]})
+        chosen = self._fastest(fits)
+        if self._speed_search_on() and chosen.get("latency_ratio") and \
+                chosen["latency_ratio"] > cfg.max_latency_ratio:
+            # every variant is slower than the parent: speed is lost anyway, so the smallest one is kept
+            chosen = min(fits, key=lambda c: (c["bytes"], c.get("p50_ms") or 0))
+        for c in self.candidates:
+            c["chosen"] = c is chosen
+        if chosen.get("format"):
+            self.fmt = chosen["format"]
+        self._say_chosen(chosen)
+        if self._speed_search_on():
+            self._slower_check(chosen, pool)
+        return chosen["path"]
+
+    def _int8_unfriendly(self) -> list[str]:
+        """Conv nodes with <= 4 input channels per group (the 1-channel first conv of an image model, depthwise
+        convs): their int8 kernels (im2col + a GEMM with a tiny K, layout transposes) run slower than the float
+        NCHWc ones on CPUs without VNNI; measured, not assumed: they only stay float when that variant wins."""
+        inits = {i.name: i for i in self.float_model.graph.initializer}
+        out = []
+        for n in self.float_model.graph.node:
+            if n.op_type == "Conv" and len(n.input) > 1 and n.input[1] in inits:
+                dims = list(inits[n.input[1]].dims)
+                if len(dims) >= 3 and dims[1] <= 4 and n.name not in self.cfg.nodes_exclude:
+                    out.append(n.name)
+        return out
+
+    def _fastest(self, pool: list[dict[str, Any]]) -> dict[str, Any]:
+        timed = [c for c in pool if c.get("p50_ms")]
+        if not timed:
+            return min(pool, key=lambda c: c["bytes"])
+        best = min(c["p50_ms"] for c in timed)
+        near = [c for c in timed if c["p50_ms"] <= best * 1.03]  # within noise: the smaller file wins
+        return min(near, key=lambda c: (c["bytes"], c["p50_ms"]))
+
+    def _time(self, pool: list[dict[str, Any]], rounds: int = 5) -> None:
+        """p50 at batch 1 on one thread, parent and candidates interleaved over rounds in one child process
+        (optkit.measure's latency module on optkit's onnxruntime sessions), best round kept: the machine may be
+        shared, the low figure is the model's, the high ones are the neighbours'."""
+        from optkit.core.isolate import run_isolated
+
+        paths = [str(self.artifact.path)] + [str(c["path"]) for c in pool]
+        try:
+            best = run_isolated(_time_interleaved, paths, self.ctx.shapes, self.ctx.seed, rounds,
+                                what="timing the quantized candidates")
+        except Exception as e:  # latency informs the choice; a failure must not hide the result
+            self.ctx.note(f"candidate latency not measured: {e}")
+            return
+        base = best[0]
+        self.settings.update(parent_p50_ms=base, latency_settings=f"batch 1, 1 thread, best p50 of {rounds} "
+                                                                  "interleaved rounds")
+        for c, t in zip(pool, best[1:]):
+            c["p50_ms"] = t
+            c["latency_ratio"] = t / base if base else None
+
+    def _slower_check(self, chosen: dict[str, Any], pool: list[dict[str, Any]]) -> None:
+        cfg, ratio = self.cfg, chosen.get("latency_ratio")
+        if ratio is None:
+            return
+        self.settings["speed"] = {"latency_ratio": ratio, "max_latency_ratio": cfg.max_latency_ratio,
+                                  "slower": ratio > cfg.max_latency_ratio}
+        if ratio <= cfg.max_latency_ratio:
+            self.ctx.note(f"latency: {ratio:.2f}x the parent's p50 at batch 1 on one thread "
+                          f"({chosen['p50_ms']:.3f} ms vs {self.settings['parent_p50_ms']:.3f} ms), the fastest "
+                          f"of {len(pool)} variants")
+            return
+        tried = "; ".join(f"{c.get('variant')}: {c['latency_ratio']:.2f}x" for c in pool if c.get("latency_ratio"))
+        msg = (f"static INT8 is SLOWER than its FP32 parent on this CPU: p50 {chosen['p50_ms']:.3f} ms vs "
+               f"{self.settings['parent_p50_ms']:.3f} ms ({ratio:.2f}x at batch 1, one thread; variants tried: "
+               f"{tried}); int8 kernels do not pay off on a model this small"
+               + ("" if ops.has_vnni() else " on a CPU without VNNI"))
+        if cfg.allow_slower:
+            self.ctx.warn(msg + "; written anyway (--allow-slower)")
+            return
+        dest = rejected_path(self.ctx.output)
+        with atomic_path(dest) as tmp:
+            tmp.write_bytes(Path(chosen["path"]).read_bytes())
+        chosen["rejected_file"] = str(dest)
+        raise ValidationError(msg + f"; kept as {dest}. Pass --allow-slower to accept it (e.g. for size), "
+                              "or keep the model float", details={"candidates": [_public(c) for c in pool],
+                                                                 "rejected": str(dest)})
+
     def _latency(self, cands: list[dict[str, Any]]) -> None:
         if not self.cfg.measure_candidates:
             return
@@ -478,6 +610,20 @@ def _Reader(feeds: dict[str, np.ndarray], parent_session):
     return Reader()
 
 
+def _time_interleaved(paths: list[str], shapes, seed: int, rounds: int) -> list[float]:
+    from optkit.measure.inputs import synthesize
+    from optkit.measure.latency import measure_latency
+    from optkit.runtimes.base import open_session
+
+    sessions = [open_session(Artifact.load(p), provider="cpu", threads=1) for p in paths]
+    feeds = [synthesize(s.inputs, shapes, batch=1, seed=seed) for s in sessions]
+    best = [float("inf")] * len(paths)
+    for _ in range(rounds):
+        for i, (s, f) in enumerate(zip(sessions, feeds)):
+            best[i] = min(best[i], measure_latency(s, f, warmup=10, runs=60)["p50_ms"])
+    return best
+
+
 def _stack(feeds_list: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     return {k: np.concatenate([f[k] for f in feeds_list], axis=0) for k in feeds_list[0]}
 
@@ -499,7 +645,7 @@ def _schedule(n: int, budget: int) -> list[int]:
 
 
 def _public(c: dict[str, Any]) -> dict[str, Any]:
-    keep = ("index", "float_nodes", "bytes", "ratio", "accuracy", "accuracy_drop", "p50_ms", "latency_ratio",
+    keep = ("index", "variant", "format", "float_nodes", "bytes", "ratio", "accuracy", "accuracy_drop", "p50_ms", "latency_ratio",
             "passed", "chosen", "error", "rejected_file")
     d = {k: c[k] for k in keep if k in c}
     if "fidelity" in c:
