@@ -68,6 +68,11 @@ def _pruning_schedule(cfg: KerasPruneConfig, total_steps: int, steps_epoch: int)
         frequency=freq), freq, end
 
 
+def _kernel_shape(layer) -> list | None:
+    w = next((w for w in layer.weights if "kernel" in w.name), None)
+    return list(w.shape) if w is not None else None
+
+
 def _select_keras_layers(model, cfg: KerasPruneConfig, ctx: PassContext) -> list[str]:
     from tensorflow_model_optimization.python.core.sparsity.keras.prunable_layer import PrunableLayer
     from tensorflow_model_optimization.python.core.sparsity.keras.prune_registry import PruneRegistry
@@ -99,7 +104,7 @@ def _select_keras_layers(model, cfg: KerasPruneConfig, ctx: PassContext) -> list
         if bad:
             raise UsageError(f"m-by-n sparsity applies to Conv2D and Dense layers; exclude {', '.join(bad)}")
         n = cfg.m_by_n[1]  # M-of-N groups run along the input channels, which must fill whole groups
-        narrow = [name for name in selected if model.get_layer(name).kernel.shape[-2] % n]
+        narrow = [name for name in selected if (_kernel_shape(model.get_layer(name)) or [0, 0])[-2] % n]
         if narrow:
             ctx.warn(f"not pruned ({cfg.m_by_n[0]}:{n} needs input channels in multiples of {n}): {', '.join(narrow)}")
             selected = [name for name in selected if name not in narrow]
@@ -147,10 +152,18 @@ class KerasPrune(Pass):
         if config.m_by_n is not None:
             params["sparsity_m_by_n"] = tuple(config.m_by_n)
 
+        blocks_2d_only = config.block_size is not None and tuple(config.block_size) != (1, 1)
+        unblocked = [n for n in selected if blocks_2d_only and len(_kernel_shape(original.get_layer(n)) or []) != 2] \
+            if blocks_2d_only else []
+        if unblocked:  # TF-MOT blocks only 2-D kernels (Dense): other layers get element-wise pruning
+            ctx.note(f"block sparsity applies to 2-D kernels; pruned element-wise: {', '.join(unblocked)}")
+
         def wrap(layer):
             if layer.name in selected:
+                own = {k: v for k, v in params.items() if k not in ("block_size", "block_pooling_type")} \
+                    if layer.name in unblocked else params
                 try:
-                    return tfmot.sparsity.keras.prune_low_magnitude(layer, **params)
+                    return tfmot.sparsity.keras.prune_low_magnitude(layer, **own)
                 except ValueError as e:
                     raise UsageError(f"TF-MOT cannot prune layer {layer.name!r} ({type(layer).__name__}) with these "
                                      f"settings: {str(e).splitlines()[0]}; skip it with --exclude {layer.name}") from None
