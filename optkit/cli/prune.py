@@ -75,9 +75,12 @@ def run_stage(pass_name, model, output, config, *, data, eval_data, metric, sett
 
     spec = DataSpec(path=eval_data, preprocess=preprocess) if eval_data else None
     if print_recipe or is_chief():
-        return common.run_single_stage(pass_name, model, output, config, command=command, settings=settings,
-                                       weights=weights, eval_data=spec, metric=metric if eval_data else None,
-                                       report_path=report, as_json=as_json, print_recipe=print_recipe, data=data)
+        result = common.run_single_stage(pass_name, model, output, config, command=command, settings=settings,
+                                         weights=weights, eval_data=spec, metric=metric if eval_data else None,
+                                         report_path=report, as_json=as_json, print_recipe=print_recipe, data=data)
+        if result is not None and not as_json:
+            print_details(result)
+        return result
     import shutil
     import tempfile
     from pathlib import Path
@@ -91,6 +94,30 @@ def run_stage(pass_name, model, output, config, *, data, eval_data, metric, sett
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     print(f"worker done: fine-tuning finished; the chief writes {output}")
+
+
+def print_details(report) -> None:
+    """Per-layer sparsity (or channels) and the gzip sizes, under the report table."""
+    from rich.table import Table
+
+    stages = report.stages
+    m = stages[-1].measurements
+    layers = (m.get("sparsity") or m.get("pruning") or {}).get("layers")
+    if layers:
+        channels = (m.get("pruning") or {}).get("channels") or {}
+        table = Table(title="per-layer sparsity", title_justify="left")
+        for col in ("layer", "weights", "zeros", "sparsity") + (("channels",) if channels else ()):
+            table.add_column(col)
+        for name, v in layers.items():
+            row = [name, f"{v['weights']:,}", f"{v['zeros']:,}", f"{v['sparsity']:.1%}"]
+            if channels:
+                c = channels.get(name)
+                row.append(f"{c['before']} -> {c['after']}" if c else "-")
+            table.add_row(*row)
+        common.console().print(table)
+    sizes = [(s.measurements.get("size") or {}).get("gzip_bytes") for s in stages]
+    if len(sizes) == 2 and all(sizes):
+        common.console().print(f"gzip size: {sizes[0]:,} -> {sizes[1]:,} bytes ({sizes[1] / sizes[0]:.2f}x)")
 
 
 def register(app: typer.Typer) -> None:
