@@ -116,25 +116,28 @@ def test_static_sample_cnn_accuracy_and_size(cli, samples, tmp_path):
     out = tmp_path / "q.onnx"
     r = cli("quantize", samples / "torch_cnn.onnx", "-o", out, "--mode", "static",
             "--calibration-data", samples / "digits_calib_nchw.npz", "--eval-data", samples / "digits_eval_nchw.npz",
-            "--metric", "top1", "--json")
+            "--metric", "top1", "--allow-slower", "--json")
     rep = _json(r)
     inp, res = _stages(rep)
     assert out.exists()
-    assert res["size"]["bytes"] <= 0.35 * inp["size"]["bytes"]
+    assert res["size"]["bytes"] <= 0.30 * inp["size"]["bytes"]
+    cands = res["quantize"]["candidates"]  # latency-aware: both formats, the 1-channel conv float or not
+    assert {c["format"] for c in cands} == {"qdq", "qoperator"} and len(cands) == 4
+    assert sum(c["chosen"] for c in cands) == 1 and all(c.get("p50_ms") for c in cands)
     assert inp["accuracy"]["top1"] - res["accuracy"]["top1"] <= 0.01
     assert res["fidelity"]["cosine"] > 0.99
     q = res["quantize"]
     assert q["settings"]["activation_type"] in ("uint8", "int8")
     assert any("checked against the parent" in n for n in rep["stages"][1]["notes"])
     m = onnx.load(out)
-    assert any(n.op_type == "QuantizeLinear" for n in m.graph.node)  # QDQ by default
+    assert any(n.op_type == "QuantizeLinear" for n in m.graph.node)
 
 
 def test_static_mnist_opset_upgrade_and_accuracy(cli, realcases, tmp_path):
     out = tmp_path / "mnist_int8.onnx"
     images = realcases / MNIST_IMAGES
     r = cli("quantize", realcases / "mnist.onnx", "-o", out, "--calibration-data", images, "--calibration-size", "200",
-            "--eval-data", images, "--max-samples", "1000", "--metric", "top1", "--json")
+            "--eval-data", images, "--max-samples", "1000", "--metric", "top1", "--allow-slower", "--json")
     rep = _json(r)
     inp, res = _stages(rep)
     notes = " ".join(rep["stages"][1]["notes"])
@@ -142,18 +145,71 @@ def test_static_mnist_opset_upgrade_and_accuracy(cli, realcases, tmp_path):
     assert inp["accuracy"]["top1"] - res["accuracy"]["top1"] <= 0.003
     assert onnx.load(out).opset_import[0].version >= 13
     onnx.checker.check_model(onnx.load(out))
-    assert res["size"]["bytes"] <= 0.36 * inp["size"]["bytes"]
+    assert res["size"]["bytes"] <= 0.30 * inp["size"]["bytes"]
+    speed = res["quantize"]["settings"]["speed"]
+    if speed["slower"]:  # allowed, but never silent
+        assert any("SLOWER than its FP32 parent" in w for w in rep["stages"][1]["warnings"])
 
 
 def test_static_qoperator_mnist_size_target(cli, realcases, tmp_path):
     out = tmp_path / "mnist_qop.onnx"
     images = realcases / MNIST_IMAGES
     r = cli("quantize", realcases / "mnist.onnx", "-o", out, "--calibration-data", images, "--calibration-size", "100",
-            "--format", "qoperator", "--eval-data", images, "--max-samples", "1000", "--metric", "top1", "--json")
+            "--format", "qoperator", "--eval-data", images, "--max-samples", "1000", "--metric", "top1",
+            "--allow-slower", "--no-latency-search", "--json")
     inp, res = _stages(_json(r))
     assert res["size"]["bytes"] <= 0.30 * inp["size"]["bytes"]
     assert inp["accuracy"]["top1"] - res["accuracy"]["top1"] <= 0.003
     assert any(n.op_type == "QLinearConv" for n in onnx.load(out).graph.node)
+
+
+def test_slower_than_parent_is_exit_3(cli, samples, tmp_path):
+    """No timing assertion: a ratio no model can meet forces the slower-than-parent path, deterministically."""
+    out = tmp_path / "q.onnx"
+    r = cli("quantize", samples / "torch_cnn.onnx", "-o", out, "--calibration-data", samples / "digits_calib_nchw.npz",
+            "--max-latency-ratio", "0.0001", "--no-latency-search")
+    assert r.rc == 3, r.err
+    line = one_error_line(r)
+    assert "SLOWER than its FP32 parent" in line and "--allow-slower" in line
+    assert not out.exists() and (tmp_path / "q.REJECTED.onnx").exists()
+
+
+def test_size_budget(cli, samples, tmp_path):
+    out = tmp_path / "q.onnx"
+    r = cli("quantize", samples / "torch_cnn.onnx", "-o", out, "--calibration-data", samples / "digits_calib_nchw.npz",
+            "--max-size-ratio", "0.01", "--allow-slower", "--no-latency-search")
+    assert r.rc == 3, r.err
+    assert "size budget" in one_error_line(r)
+    assert not out.exists()
+
+
+def test_target_tensorrt_passes_trt_check(cli, samples, tmp_path):
+    out = tmp_path / "trt.onnx"
+    r = cli("quantize", samples / "torch_cnn.onnx", "-o", out, "--target", "tensorrt", "--calibration-data",
+            samples / "digits_calib_nchw.npz", "--eval-data", samples / "digits_eval_nchw.npz", "--metric", "top1",
+            "--json")
+    inp, res = _stages(_json(r))
+    assert inp["accuracy"]["top1"] - res["accuracy"]["top1"] <= 0.02
+    m = onnx.load(out)
+    inits = {i.name: numpy_helper.to_array(i) for i in m.graph.initializer}
+    for n in m.graph.node:
+        if n.op_type in ("QuantizeLinear", "DequantizeLinear") and len(n.input) > 2:
+            assert not np.any(inits[n.input[2]]) and inits[n.input[2]].dtype == np.int8
+        if n.op_type == "DequantizeLinear":
+            assert inits.get(n.input[0], np.zeros(1, np.int8)).dtype != np.int32  # float bias
+    chk = cli("trt", "check", out, "--precision", "int8")
+    assert chk.rc == 0, chk.out + chk.err
+    assert "nothing blocks a build" in chk.out
+
+
+def test_tensorrt_recipes_dry_run(cli):
+    from pathlib import Path as _P
+
+    root = _P(__file__).resolve().parents[1] / "recipes"
+    for name in ("tensorrt.yaml", "onnx-tensorrt.yaml"):
+        r = cli("run", root / name, "--dry-run")
+        assert r.rc == 0, r.err
+        assert "int8-qdq" in r.out
 
 
 def test_static_needs_calibration_data(cli, samples, tmp_path):
@@ -165,7 +221,7 @@ def test_static_needs_calibration_data(cli, samples, tmp_path):
 
 def test_synthetic_calibration_is_warned(cli, samples, tmp_path):
     r = cli("quantize", samples / "torch_cnn.onnx", "-o", tmp_path / "q.onnx", "--synthetic-calibration",
-            "--tolerance", "0.5", "--json")
+            "--tolerance", "0.5", "--allow-slower", "--no-latency-search", "--json")
     rep = _json(r)
     assert any("SYNTHETIC CALIBRATION" in w for w in rep["stages"][1]["warnings"])
 
@@ -205,7 +261,8 @@ def test_accuracy_aware_keeps_sensitive_nodes_float(cli, samples, tmp_path):
     out = tmp_path / "q.onnx"
     r = cli("quantize", samples / "torch_cnn.onnx", "-o", out, "--calibration-data",
             samples / "digits_calib_nchw.npz", "--eval-data", samples / "digits_eval_nchw.npz",
-            "--calibration-method", "percentile", "--max-fidelity-loss", "2e-5", "--max-candidates", "6", "--json")
+            "--calibration-method", "percentile", "--max-fidelity-loss", "2e-5", "--max-candidates", "6",
+            "--allow-slower", "--no-latency-search", "--json")
     if r.rc == 3:  # on some machines even all-float-but-one misses 2e-5: the search must still be honest
         assert (tmp_path / "q.REJECTED.onnx").exists()
         return
@@ -221,8 +278,9 @@ def test_accuracy_aware_keeps_sensitive_nodes_float(cli, samples, tmp_path):
 def test_accuracy_budget_met_first_try(cli, samples, tmp_path):
     r = cli("quantize", samples / "torch_cnn.onnx", "-o", tmp_path / "q.onnx", "--calibration-data",
             samples / "digits_calib_nchw.npz", "--eval-data", samples / "digits_eval_nchw.npz",
-            "--metric", "top1", "--max-accuracy-drop", "0.01", "--json")
+            "--metric", "top1", "--max-accuracy-drop", "0.01", "--allow-slower", "--no-latency-search", "--json")
     q = _json(r)["stages"][1]["measurements"]["quantize"]
+    assert len(q["candidates"]) == 1
     assert q["candidates"][0]["chosen"] and q["candidates"][0]["accuracy_drop"] <= 0.01
 
 
@@ -243,7 +301,7 @@ def test_static_lstm_damage_or_checked(cli, built, tmp_path):
     """Static INT8 on an LSTM: either it holds the tolerance or it exits 3: never silent."""
     out = tmp_path / "lstm_s.onnx"
     r = cli("quantize", built["lstm"], "-o", out, "--mode", "static", "--calibration-data",
-            built["dir"] / "lstm_data.npz", "--tolerance", "0.001", "--json")
+            built["dir"] / "lstm_data.npz", "--tolerance", "0.001", "--allow-slower", "--no-latency-search", "--json")
     if r.rc == 0:
         assert _stages(json.loads(r.out))[1]["fidelity"]["cosine"] >= 0.999
     else:
@@ -254,7 +312,7 @@ def test_static_lstm_damage_or_checked(cli, built, tmp_path):
 def test_loop_model_dynamic_and_fallback(cli, built, tmp_path):
     out = tmp_path / "loop_q.onnx"
     r = cli("quantize", built["loop"], "-o", out, "--mode", "static", "--calibration-data",
-            built["dir"] / "loop_data.npz", "--fallback", "--json")
+            built["dir"] / "loop_data.npz", "--fallback", "--allow-slower", "--no-latency-search", "--json")
     rep = _json(r)
     assert _stages(rep)[1]["fidelity"]["cosine"] >= 0.98
     assert any(n.op_type == "Loop" for n in onnx.load(out).graph.node)
