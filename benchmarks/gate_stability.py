@@ -3,14 +3,16 @@
 A baseline is measured once on model A; then the same gate (`latency_regression_pct <= 10` by default) is
 checked REPEATS times on an unchanged model A (any failure is a false alarm) and REPEATS times on model B,
 which is A with 20% more layers (a real ~20% slowdown that must be caught every time). Each measurement
-is what `optkit run` does: `trials` trials of `runs` timed runs, with the fixed reference workload timed
-in the same trials (machine-normalised latency).
+is what `optkit run` does: `trials` trials of `runs` timed runs, one thread, with the size-matched
+reference workloads timed call by call in the same trials (machine-normalised latency; see
+optkit/measure/trials.py and the rule in optkit/gates.py).
 
     .venv/bin/python benchmarks/gate_stability.py [--repeats 10] [--gate "latency_regression_pct <= 10"]
 """
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -44,9 +46,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--gate", default="latency_regression_pct <= 10")
     ap.add_argument("--layers", type=int, default=10, help="layers of model A (B has 20%% more)")
-    ap.add_argument("--trials", type=int, default=5)
+    ap.add_argument("--trials", type=int, default=12)
     ap.add_argument("--runs", type=int, default=30)
-    ap.add_argument("--raw", action="store_true", help="gate on raw p50, not machine-normalised latency")
+    ap.add_argument("--raw", action="store_true", help="gate on raw latency, not machine-normalised latency")
+    ap.add_argument("--save", type=Path, help="folder to write every measured report to (base.json, A1.json, ...)")
     args = ap.parse_args()
 
     from optkit.core.artifact import Artifact
@@ -63,37 +66,55 @@ def main() -> None:
     settings = MeasureSettings(threads=1, warmup=5, runs=args.runs)
     gate = parse_gates([args.gate])
 
+    secs: list[float] = []
+
     def measure(art) -> Report:
+        t = time.perf_counter()
         lat = latency_trials(art, settings, trials=args.trials, normalize=True)
+        secs.append(time.perf_counter() - t)
         if args.raw:
-            lat.pop("normalized", None)
+            for k in ("normalized", "references", "reference", "reference_name"):
+                lat.pop(k, None)
         return Report(command="bench", stages=[Stage(name="model", output=ArtifactRef(
             path=art.path, format="onnx", sha256=art.sha256), measurements={"latency": lat})])
 
     t0 = time.perf_counter()
     base = measure(a)
+    if args.save:
+        args.save.mkdir(parents=True, exist_ok=True)
+        base.save(args.save / "base.json")
     bl = base.stages[0].measurements["latency"]
     print(f"gate: {args.gate}   ({'raw p50' if args.raw else 'machine-normalised'}; "
           f"{args.trials} trials x {args.runs} runs; model A {args.layers} layers, "
           f"B {round(args.layers * 1.2)} layers)")
-    print(f"baseline A: p50 {bl['p50_ms']:.3f} ms ±{bl['ci95_pct']:.1f}%, normalised {bl['normalized']:.3f} "
-          f"±{bl['normalized_ci95_pct']:.1f}%")
-    print(f"{'run':>3} {'model':>5} {'p50 ms':>8} {'raw Δ%':>7} {'gated Δ%':>9} {'noise ±%':>9}  verdict")
+    print(f"baseline A: p50 {bl['p50_ms']:.3f} ms ±{bl['ci95_pct']:.1f}%, p10 {bl['low_ms']:.3f} ms "
+          f"±{bl['low_ci95_pct']:.1f}%, normalised {bl['normalized']:.3f} ±{bl['normalized_ci95_pct']:.1f}% "
+          f"(reference {bl['reference_name']}; rungs {', '.join(bl['references'])})")
+    print(f"{'run':>3} {'model':>5} {'p50 ms':>8} {'raw Δ%':>7} {'gated Δ%':>9} {'noise ±%':>9}  verdict  detail")
+    gated: dict[str, list[float]] = {"A": [], "B": []}
+    noises: list[float] = []
     counts = {"A": 0, "B": 0}
     order = [("A", a), ("B", b)] * args.repeats  # interleaved, so load changes hit both alike
     for i, (label, art) in enumerate(order):
         rep = measure(art)
+        if args.save:
+            rep.save(args.save / f"{label}{i // 2 + 1}.json")
         (res,) = evaluate(rep, gate, base)
         p50 = rep.stages[0].measurements["latency"]["p50_ms"]
         noise = float(res.detail.split('±')[-1]) if '±' in res.detail else 0.0
         failed = not res.passed
         counts[label] += failed
+        gated[label].append(res.value)
+        noises.append(noise)
         verdict = "FAIL" if failed else "pass"
         print(f"{i // 2 + 1:>3} {label:>5} {p50:8.3f} {100 * (p50 / bl['p50_ms'] - 1):+7.1f} {res.value:+9.1f} "
-              f"{noise:9.1f}  {verdict}")
+              f"{noise:9.1f}  {verdict}    {res.detail.split('; ')[-2] if '; ' in res.detail else ''}")
     n = args.repeats
     print(f"\nunchanged model A: {counts['A']}/{n} false failures;  model B (+20% layers): {counts['B']}/{n} caught"
           f"   ({time.perf_counter() - t0:.0f} s)")
+    print(f"gated change A {min(gated['A']):+.1f} .. {max(gated['A']):+.1f}%, B {min(gated['B']):+.1f} .. "
+          f"{max(gated['B']):+.1f}%; noise ±{min(noises):.1f} .. ±{max(noises):.1f}%; "
+          f"{np.mean(secs):.1f} s per measurement (max {max(secs):.1f} s); load average {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

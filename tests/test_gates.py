@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -137,3 +138,108 @@ def test_gate_cli_exit_codes(cli, tmp_path):
     no_lat.save(tmp_path / "nolat.json")
     r = cli("gate", tmp_path / "nolat.json", "latency_p90_ms <= 1")
     assert r.rc == 2 and "no latency figures" in one_error_line(r)
+
+
+# ---------------------------------------------------------------- trial distributions (optkit.measure.trials)
+
+def trial_stage(name, trials, *, rungs=("mlp16x256", "mlp32x256"), scale=(1.0, 0.5), low=None):
+    """A stage as latency_trials reports it: per-trial normalised latency on two reference rungs."""
+    refs = {r: {"normalized": float(sorted(trials)[len(trials) // 2]) * k, "trial_normalized": [t * k for t in trials]}
+            for r, k in zip(rungs, scale)}
+    lat = {"p50_ms": 1.0, "trials": len(trials), "references": refs, "reference_name": rungs[0],
+           "normalized": refs[rungs[0]]["normalized"], "trial_normalized": refs[rungs[0]]["trial_normalized"]}
+    if low is not None:
+        lat.update(trial_low_ms=low, low_ms=float(sorted(low)[len(low) // 2]))
+    return Stage(name=name, output=ArtifactRef(path=f"{name}.onnx", format="onnx", sha256=name),
+                 measurements={"latency": lat})
+
+
+BASE_TRIALS = [1.00, 1.03, 0.98, 1.01, 0.99, 1.02, 1.00, 0.97]
+
+
+def test_shift_ci_is_the_hodges_lehmann_estimate_with_a_mann_whitney_interval():
+    from optkit.gates import shift_ci
+
+    cur = [t * 1.2 for t in BASE_TRIALS]
+    est, lo, hi = shift_ci(BASE_TRIALS, cur)
+    assert est == pytest.approx(math.log(1.2), abs=1e-9)          # a pure shift is recovered exactly
+    assert lo < est < hi and hi - lo < 0.1
+    # n = m = 8: K = floor(32 - 1.96 * sqrt(64 * 17 / 12)) = 13, so the 13th smallest / largest of 64 differences
+    d = sorted(math.log(c) - math.log(b) for c in cur for b in BASE_TRIALS)
+    assert (lo, hi) == (pytest.approx(d[12]), pytest.approx(d[64 - 13]))
+    # one wild trial (a preemption storm) moves the estimate by little
+    est2, _, _ = shift_ci(BASE_TRIALS, cur[:-1] + [cur[-1] * 3])
+    assert abs(est2 - est) < 0.02
+    # two trials a side: no K >= 1 inside the range, the interval is the whole range of differences
+    _, lo, hi = shift_ci([1.0, 1.1], [1.2, 1.3])
+    assert (lo, hi) == (pytest.approx(math.log(1.2 / 1.1)), pytest.approx(math.log(1.3)))
+
+
+def test_regression_gate_uses_both_sides_trials():
+    base = report(trial_stage("m", BASE_TRIALS))
+    gate = parse_gates(["latency_regression_pct <= 10"])
+    (same,) = evaluate(report(trial_stage("m", [t * 1.02 for t in reversed(BASE_TRIALS)])), gate, base)
+    assert same.passed and same.value == pytest.approx(2.0, abs=0.5) and "95% CI" in same.detail
+    (slow,) = evaluate(report(trial_stage("m", [t * 1.2 for t in BASE_TRIALS])), gate, base)
+    assert not slow.passed and slow.value == pytest.approx(20.0, abs=0.5) and slow.margin < 0
+    assert "normalised (mlp16x256+mlp32x256)" in slow.detail and "8+8 trials" in slow.detail
+    # +15% over the threshold but the trials overlap so much that the slowdown is not above the noise: pass
+    noisy = [0.7, 1.5, 0.9, 1.4, 1.0, 1.6, 0.8, 1.3]
+    (r,) = evaluate(report(trial_stage("m", [t * 1.15 for t in noisy])), gate, report(trial_stage("m", noisy)))
+    assert r.passed and r.value > 10 and r.margin > 0
+
+
+def test_regression_gate_compares_only_a_shared_reference_rung():
+    gate = parse_gates(["latency_regression_pct <= 10"])
+    base = report(trial_stage("m", BASE_TRIALS))
+    # a bigger model brackets other rungs: only the one both timed is compared, on its own scale
+    cur = report(trial_stage("m", [t * 1.2 for t in BASE_TRIALS], rungs=("mlp32x256", "mlp64x256"), scale=(0.5, 0.2)))
+    (r,) = evaluate(cur, gate, base)
+    assert "normalised (mlp32x256)" in r.detail and r.value == pytest.approx(20.0, abs=0.5) and not r.passed
+    # both rungs shared, in the other order: combined per trial by their geometric mean, still +20%
+    cur = report(trial_stage("m", [t * 1.2 for t in BASE_TRIALS], rungs=("mlp32x256", "mlp16x256"), scale=(0.5, 1.0)))
+    (r,) = evaluate(cur, gate, base)
+    assert r.value == pytest.approx(20.0, abs=0.5) and not r.passed
+    # no rung in common: normalised figures are not comparable, the raw per-trial p10 is used instead
+    base = report(trial_stage("m", BASE_TRIALS, low=[0.50] * 8))
+    far = report(trial_stage("m", [t * 3 for t in BASE_TRIALS], rungs=("mlp64x256", "mlp128x256"), low=[0.51] * 8))
+    (r,) = evaluate(far, gate, base)
+    assert r.passed and "raw p10" in r.detail and r.value == pytest.approx(2.0)
+
+
+def test_reference_rungs_depend_on_size_only_and_bracket_it():
+    from optkit.measure.trials import REFERENCE_LAYER_BYTES as L, reference_rungs
+
+    assert reference_rungs(22 * L) == (16, 32) and reference_rungs(27 * L) == (32, 16)   # share both rungs
+    assert reference_rungs(int(8.4 * 2 ** 20)) == (32, 64)
+    assert reference_rungs(10) == (1, 2) and reference_rungs(10 ** 10) == (128, 64)
+    for size in (3 * L, 5 * L, 40 * L, 100 * L):
+        a, b = reference_rungs(size)
+        assert min(a, b) * L <= size <= max(a, b) * L and abs(math.log(a * L / size)) <= abs(math.log(b * L / size))
+
+
+def test_latency_trials_reports_trial_distributions(tmp_path):
+    from optkit.core.artifact import Artifact
+    from optkit.measure.model import MeasureSettings
+    from optkit.measure.trials import LOW_Q, reference_model_bytes, reference_rungs
+
+    path = tmp_path / "m.onnx"
+    path.write_bytes(reference_model_bytes(2))
+    art = Artifact.load(str(path))
+    from optkit.measure.trials import latency_trials
+
+    lat = latency_trials(art, MeasureSettings(threads=1, warmup=1, runs=5), trials=3, normalize=True)
+    assert lat["trials"] == 3 and lat["runs"] == 15 and lat["low_quantile"] == LOW_Q
+    assert len(lat["trial_low_ms"]) == len(lat["trial_p50_ms"]) == 3
+    assert all(lo <= p50 for lo, p50 in zip(lat["trial_low_ms"], lat["trial_p50_ms"]))
+    names = [f"mlp{r}x256" for r in reference_rungs(art.size_bytes())]
+    assert list(lat["references"]) == names and lat["reference_name"] == names[0]
+    assert lat["trial_normalized"] == lat["references"][names[0]]["trial_normalized"]
+    assert all(len(v["trial_normalized"]) == 3 and v["normalized"] > 0 for v in lat["references"].values())
+    # the same model as its own baseline is no regression
+    rep = report(Stage(name="m", output=ArtifactRef(path=str(path), format="onnx", sha256="x"),
+                       measurements={"latency": lat}))
+    (r,) = evaluate(rep, parse_gates(["latency_regression_pct <= 10"]), rep)
+    assert r.passed and r.value == pytest.approx(0.0)
+    raw = latency_trials(art, MeasureSettings(threads=1, warmup=1, runs=5), trials=2, normalize=False)
+    assert "references" not in raw and "normalized" not in raw and len(raw["trial_low_ms"]) == 2
