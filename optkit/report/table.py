@@ -38,7 +38,8 @@ def columns(report: Report, console: bool = False) -> list[str]:
     return [label if c == "accuracy" else c for c in (CONSOLE_COLUMNS if console else COLUMNS)]
 
 
-def accuracy_cell(stage: Stage, label: str) -> str:
+def accuracy_cell(stage: Stage, label: str | None = None) -> str:
+    """The accuracy figure; named ("top1 0.97") unless the column header already names the metric."""
     acc = stage.measurements.get("accuracy") or {}
     metric = acc.get("metric")
     if metric and metric in acc:
