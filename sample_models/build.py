@@ -68,6 +68,7 @@ def write_data(d: dict[str, np.ndarray]) -> None:
     for layout, to in (("nchw", nchw), ("nhwc", nhwc)):
         np.savez(HERE / f"digits_calib_{layout}.npz", input=to(d["x_calib"]))
         np.savez(HERE / f"digits_eval_{layout}.npz", input=to(d["x_eval"]), labels=d["y_eval"])
+        np.savez_compressed(HERE / f"digits_train_{layout}.npz", input=to(d["x_train"]), labels=d["y_train"])
 
 
 def top1(logits: np.ndarray, labels: np.ndarray) -> float:
