@@ -11,7 +11,7 @@ def to_console(report: Report, console=None) -> None:
     from rich.table import Table
 
     console = console or Console()
-    table = Table(title=report.command or "optkit report", title_justify="left", box=box.SIMPLE_HEAD)
+    table = Table(title=report.command or "optkit report", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     rows = stage_rows(report)
     # a column with no figure in any row only takes width from the ones that matter
     shown = [c for c in columns(report, console=True) if c in ("stage", "format") or any(r[c] != "-" for r in rows)]
@@ -19,8 +19,8 @@ def to_console(report: Report, console=None) -> None:
         shown = [c for c in shown if c not in ("size x", "speedup")]
     widest_stage = max((len(r["stage"]) for r in rows), default=5)
     for col in shown:
-        table.add_column(col, justify="left" if col in ("stage", "format") else "right", no_wrap=True,
-                         min_width=min(widest_stage, 16) if col == "stage" else None)
+        table.add_column(col, justify="left" if col in ("stage", "format") else "right", no_wrap=col != "stage",
+                         min_width=min(widest_stage, 12) if col == "stage" else None)
     for row in rows:
         table.add_row(*(row[c] for c in shown))
     console.print(table)

@@ -6,7 +6,7 @@ from optkit.report.schema import Report, Stage
 # Every renderer's stage columns; the accuracy column is named after the metric (see columns()).
 COLUMNS = ("stage", "format", "size", "size x", "params", "p50 ms", "p90 ms", "speedup", "accuracy", "cosine",
            "top-1 agree", "max |diff|")
-CONSOLE_COLUMNS = ("stage", "format", "size", "size x", "p50 ms", "speedup", "accuracy", "cosine", "top-1 agree")
+CONSOLE_COLUMNS = ("stage", "format", "size", "size x", "p50 ms", "speedup", "accuracy", "cosine", "agree")
 
 
 def _size(stage: Stage) -> float | None:
@@ -22,7 +22,7 @@ def human_bytes(n: float | None) -> str:
         return "-"
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+            return f"{n:.0f} {unit}" if unit == "B" or n >= 100 else f"{n:.1f} {unit}"
         n /= 1000
     return "-"
 
@@ -71,6 +71,7 @@ def stage_rows(report: Report) -> list[dict[str, str]]:
             label: accuracy_cell(stage, label),
             "cosine": f"{fid['cosine']:.5f}" if "cosine" in fid else "-",
             "top-1 agree": f"{agree:.4f}" if agree is not None else "-",
+            "agree": f"{agree:.3f}" if agree is not None else "-",
             "max |diff|": f"{fid['max_abs_error']:.3g}" if "max_abs_error" in fid else "-",
         })
     return rows
