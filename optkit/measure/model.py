@@ -56,6 +56,11 @@ def _measure(artifact: Artifact, settings: MeasureSettings, latency: bool, data:
     count = getattr(session, "parameter_count", None)
     if "parameters" not in result["size"] and count is not None:
         result["size"]["parameters"] = count()
+    if not result["size"]["bytes"] and hasattr(session, "state_dict_bytes"):
+        # a factory without a weights file has nothing on disk: count what its state dict would take
+        result["size"]["bytes"] = session.state_dict_bytes()
+        result["size"]["size_mb"] = result["size"]["bytes"] / 1e6
+        result["size"]["bytes_from"] = "state dict"
     feeds = synthesize(session.inputs, settings.shapes, batch=settings.batch, seed=settings.seed)
     eval_feeds, labels, ds = feeds, None, None
     if data is not None:

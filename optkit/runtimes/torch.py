@@ -141,6 +141,7 @@ class TorchSession(Session):
         if self.inputs is None:
             raise UsageError(
                 f"{artifact.path} does not say what inputs it takes; define example_inputs() next to the factory"
+                " or give --shape NAME=DIMS"
             )
         self.outputs = []  # filled on first run
         self._torch = torch
@@ -167,6 +168,13 @@ class TorchSession(Session):
         leaves = [m for m in self.model.modules() if not list(m.children())]
         return dict(Counter(getattr(m, "original_name", type(m).__name__) for m in leaves).most_common())
 
+    def state_dict_bytes(self) -> int:
+        import io
+
+        buf = io.BytesIO()
+        self._torch.save(self.model.state_dict(), buf)
+        return buf.tell()
+
     def parameter_count(self) -> int | None:
         params = getattr(self.model, "parameters", None)
         return sum(p.numel() for p in params()) if params else None
@@ -190,14 +198,26 @@ def _input_specs(artifact: Artifact, examples, model=None) -> list[TensorSpec] |
     if examples is not None:
         return [TensorSpec(_input_name(artifact, i, len(examples)), [None, *list(t.shape)[1:]],
                            _torch_dtype_name(t.dtype)) for i, t in enumerate(examples)]
-    if artifact.format == Format.TORCHSCRIPT:  # names are known, shapes are not (shape None)
-        return [TensorSpec(_input_name(artifact, i, n), None, "float32") for i in range(n)] if (n := _arity(model)) else None
-    return None
+    # The number of inputs is known, their shapes are not (shape None: --shape or data must give them).
+    n = _arity(model)
+    if not n:
+        return None
+    shapes = artifact.meta.get("input_shapes") or {}
+    return [TensorSpec(name := _input_name(artifact, i, n), shapes.get(name), "float32") for i in range(n)]
 
 
 def _arity(model) -> int:
+    """How many tensors forward() takes: from the TorchScript graph, or the Python signature."""
+    import inspect
+
     graph = getattr(model, "graph", None)
-    return len(list(graph.inputs())) - 1 if graph is not None else 0  # minus `self`
+    if graph is not None and hasattr(graph, "inputs"):
+        return len(list(graph.inputs())) - 1  # minus `self`
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return 0
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty for p in params)
 
 
 def _input_name(artifact: Artifact, i: int, n: int) -> str:
