@@ -215,3 +215,17 @@ def test_passes_lists_plugins_from_entry_points(cli, tmp_path):
     demo = next(p for p in json.loads(r.out) if p["name"] == "demo.noop")
     assert demo["available"] is False and "optkit[trt]" in demo["install"]
     assert demo["summary"] == "a third-party pass"
+
+
+def test_factory_without_example_inputs_takes_shape(cli, tmp_path):
+    factory = tmp_path / "noex.py"
+    factory.write_text("import torch\n"
+                       "def make_model():\n"
+                       "    torch.manual_seed(0)\n"
+                       "    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 10))\n")
+    r = cli("bench", f"{factory}:make_model", "--runs", "3")
+    assert r.rc == 2 and "--shape input=" in one_error_line(r)
+    r = cli("bench", f"{factory}:make_model", "--runs", "3", "--shape", "input=2x1x8x8", "--json")
+    assert r.rc == 0, r.err
+    size = json.loads(r.out)["stages"][0]["measurements"]["size"]
+    assert size["parameters"] == 650 and size["bytes_from"] == "state dict" and size["bytes"] > 650 * 4
