@@ -1,6 +1,7 @@
 """Quantization side by side: the naive onnxruntime call vs optkit, in one run.
 
     .venv/bin/python benchmarks/quantize.py            # MNIST (full 10k test set), sample CNN, transformer
+    .venv/bin/python benchmarks/quantize.py --only transformer   # one section (mnist, cnn, transformer)
 
 Prints size ratio, accuracy drop (or cosine) and latency ratio at batch 1 and 32 (p50 vs the FP32 parent, one
 thread, best of 3 interleaved optkit.measure calls: the machine may be shared) for each. optkit runs with
@@ -57,6 +58,61 @@ def show(name, row):
     print(f"  {name:<34} size {row['size']:.3f}x  {lat}  cosine {row['cosine']:.5f}  {extra}")
 
 
+TR = {"vocab": 64, "d_model": 256, "layers": 4, "heads": 4, "seq": 32, "steps": 60, "batch": 16, "lr": 1e-3}
+
+
+def trained_transformer(cache: Path) -> tuple[Path, float]:
+    """A token-classification transformer encoder (embedding, learned positions, 4 post-norm layers, linear
+    head) trained briefly on CPU (seeded, fixed step count) to copy integer sequences, so its embedding,
+    attention and MLP weights have moved off their init. Exported with the legacy exporter at opset 17 (no
+    ONNX Attention op). Cached under `cache`; returns (path, token accuracy on a held-out batch)."""
+    import json
+
+    out, meta = cache / "tr_trained.onnx", cache / "tr_trained.json"
+    key = json.dumps(TR, sort_keys=True)
+    if out.exists() and meta.exists() and json.loads(meta.read_text()).get("key") == key:
+        return out, json.loads(meta.read_text())["accuracy"]
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    torch.set_num_threads(2)
+    v, d, s = TR["vocab"], TR["d_model"], TR["seq"]
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(v, d)
+            self.pos = nn.Parameter(torch.randn(1, s, d) * 0.02)
+            layer = nn.TransformerEncoderLayer(d, TR["heads"], 4 * d, dropout=0.0, batch_first=True)
+            self.encoder = nn.TransformerEncoder(layer, TR["layers"], enable_nested_tensor=False)
+            self.head = nn.Linear(d, v)
+
+        def forward(self, tokens):
+            return self.head(self.encoder(self.embed(tokens) + self.pos))
+
+    net = Net()
+    opt = torch.optim.AdamW(net.parameters(), lr=TR["lr"])
+    g = torch.Generator().manual_seed(0)
+    for _ in range(TR["steps"]):
+        x = torch.randint(0, v, (TR["batch"], s), generator=g)
+        loss = nn.functional.cross_entropy(net(x).reshape(-1, v), x.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    net.eval()
+    with torch.no_grad():
+        x = torch.randint(0, v, (64, s), generator=g)
+        acc = float((net(x).argmax(-1) == x).float().mean())
+        torch.backends.mha.set_fastpath_enabled(False)  # the fused fast path does not export
+        cache.mkdir(parents=True, exist_ok=True)
+        torch.onnx.export(net, (x[:2],), str(out), input_names=["tokens"], output_names=["logits"],
+                          dynamic_axes={"tokens": {0: "batch"}, "logits": {0: "batch"}}, opset_version=17,
+                          dynamo=False)
+    meta.write_text(json.dumps({"key": key, "accuracy": acc}))
+    return out, acc
+
+
 def main() -> None:
     import onnx
     from onnx import version_converter
@@ -64,8 +120,13 @@ def main() -> None:
 
     from optkit.measure.datasets import load_dataset
 
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", choices=("mnist", "cnn", "transformer"), help="run one of the three sections")
+    only = ap.parse_args().only
     tmp = Path(tempfile.mkdtemp(prefix="optkit-bench-"))
-    if (REAL / "mnist.onnx").exists():
+    if (REAL / "mnist.onnx").exists() and only in (None, "mnist"):
         images = str(REAL / "t10k-images-idx3-ubyte.gz")
         print("MNIST (mnist.onnx, 10k test images; calibration 256 images)")
         x = load_dataset(images).subset(256, 0).arrays[""].reshape(-1, 1, 1, 28, 28)
@@ -92,7 +153,7 @@ def main() -> None:
                 show(label, figures(out, REAL / "mnist.onnx", images, "top1"))
 
     samples = ROOT / "sample_models"
-    if (samples / "torch_cnn.onnx").exists():
+    if (samples / "torch_cnn.onnx").exists() and only in (None, "cnn"):
         print("sample CNN (torch_cnn.onnx, digits eval set)")
         ev, cal = str(samples / "digits_eval_nchw.npz"), samples / "digits_calib_nchw.npz"
         xs = np.load(cal)["input"]
@@ -111,20 +172,22 @@ def main() -> None:
         optkit(samples / "torch_cnn.onnx", "-o", out, "--calibration-data", cal, "--eval-data", ev, "--allow-slower")
         show("optkit static", figures(out, samples / "torch_cnn.onnx", ev, "top1"))
 
-    from test_quantize import build_transformer
-
-    print("transformer encoder (d_model 256, 4 layers, seq 32, trunc-normal weights)")
-    tr = build_transformer(tmp / "tr.onnx", d_model=256, layers=4, seq=32)
-    np.savez(tmp / "tr.npz", x=np.random.default_rng(0).standard_normal((32, 32, 256)).astype(np.float32))
+    if only and only != "transformer":
+        return
+    cache = Path(tempfile.gettempdir()) / "optkit-bench-cache"
+    tr, acc = trained_transformer(cache)
+    print(f"transformer encoder (vocab {TR['vocab']}, d_model {TR['d_model']}, {TR['layers']} layers, seq "
+          f"{TR['seq']}; trained {TR['steps']} steps to copy tokens, held-out token accuracy {acc:.3f})")
+    np.savez(tmp / "tr.npz", tokens=np.random.default_rng(0).integers(0, TR["vocab"], (64, TR["seq"])))
     naive = tmp / "tr_naive.onnx"
     quantize_dynamic(str(tr), str(naive))
     show("naive quantize_dynamic", figures(naive, tr, str(tmp / "tr.npz"), None))
-    for mode in ("dynamic", "int4"):
-        out = tmp / f"tr_{mode}.onnx"
-        optkit(tr, "-o", out, "--mode", mode, "--eval-data", tmp / "tr.npz")
+    for label, mode, extra in (("optkit dynamic", "dynamic", []), ("optkit int4 (block 32, default)", "int4", []),
+                               ("optkit int4 --block-size 128", "int4", ["--block-size", "128"])):
+        out = tmp / f"tr_{mode}_{len(extra)}.onnx"
+        optkit(tr, "-o", out, "--mode", mode, "--eval-data", tmp / "tr.npz", *extra)
         if out.exists():
-            show(f"optkit {mode}", figures(out, tr, str(tmp / "tr.npz"), None))
-
+            show(label, figures(out, tr, str(tmp / "tr.npz"), None))
 
 if __name__ == "__main__":
     main()

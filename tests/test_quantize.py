@@ -327,8 +327,37 @@ def test_transformer_dynamic_and_int4(cli, built, tmp_path):
     r = cli("quantize", built["transformer"], "-o", tmp_path / "i4.onnx", "--mode", "int4",
             "--eval-data", built["dir"] / "tr_data.npz", "--json")
     inp, res = _stages(_json(r))
+    assert res["size"]["bytes"] <= 0.20 * inp["size"]["bytes"]  # attention out_proj (Gemm) is quantized too
+    assert res["fidelity"]["cosine"] >= 0.97
+    ops = [n.op_type for n in onnx.load(tmp_path / "i4.onnx").graph.node]
+    assert "MatMulNBits" in ops and "Gemm" not in ops
+
+
+def test_int4_gemm_and_embedding(cli, tmp_path):
+    """Gemm (transB=1, with bias) is rewritten to MatMul + Add and quantized; a float embedding table becomes
+    GatherBlockQuantized; the outputs stay close to the float model."""
+    rng = np.random.default_rng(0)
+    E = numpy_helper.from_array(rng.standard_normal((64, 128)).astype(np.float32), "E")
+    W = numpy_helper.from_array((rng.standard_normal((128, 128)) * 0.05).astype(np.float32), "W")
+    b = numpy_helper.from_array((rng.standard_normal(128) * 0.05).astype(np.float32), "b")
+    shape = numpy_helper.from_array(np.array([-1, 128], np.int64), "shape")
+    graph = helper.make_graph(
+        [helper.make_node("Gather", ["E", "tok"], ["e"], name="embed"),
+         helper.make_node("Reshape", ["e", "shape"], ["e2"], name="flat"),
+         helper.make_node("Gemm", ["e2", "W", "b"], ["y"], name="fc", transB=1)],
+        "embgemm", [helper.make_tensor_value_info("tok", TensorProto.INT64, ["N"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 128])], [E, W, b, shape])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "eg.onnx")
+    np.savez(tmp_path / "eg.npz", tok=rng.integers(0, 64, (32,)))
+    r = cli("quantize", tmp_path / "eg.onnx", "-o", tmp_path / "q.onnx", "--mode", "int4",
+            "--eval-data", tmp_path / "eg.npz", "--json")
+    inp, res = _stages(_json(r))
+    ops = [n.op_type for n in onnx.load(tmp_path / "q.onnx").graph.node]
+    assert "MatMulNBits" in ops and "GatherBlockQuantized" in ops and "Gemm" not in ops
     assert res["size"]["bytes"] <= 0.25 * inp["size"]["bytes"]
-    assert any(n.op_type == "MatMulNBits" for n in onnx.load(tmp_path / "i4.onnx").graph.node)
+    assert res["fidelity"]["cosine"] >= 0.98
 
 
 def test_fp16_keeps_io_types(cli, samples, tmp_path):

@@ -124,7 +124,7 @@ class QuantizeFP16(QuantizeOnnx):
 @register
 class QuantizeInt4(QuantizeOnnx):
     name = "quantize.onnx-int4"
-    summary = "INT4 weight-only MatMul (onnxruntime MatMulNBits)"
+    summary = "INT4 weight-only MatMul/Gemm (onnxruntime MatMulNBits) and embedding tables (GatherBlockQuantized)"
     Config = _fixed("int4")
 
 

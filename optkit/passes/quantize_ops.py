@@ -17,7 +17,9 @@ from optkit.core.errors import UsageError
 WEIGHT_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm", "Attention", "LSTM", "Gather", "EmbedLayerNormalization")
 DYNAMIC_OPS = ("Conv", "MatMul", "Attention", "LSTM", "Gather", "EmbedLayerNormalization")
 STATIC_ANCHORS = ("Conv", "ConvTranspose", "MatMul", "Gemm")  # ops that carry weights in a static model
-INT4_OPS = ("MatMul",)
+# Gemm: rewritten to MatMul (+ Add) first (gemm_to_matmul); Gather: embedding tables (GatherBlockQuantized)
+INT4_OPS = ("MatMul", "Gemm", "Gather")
+INT4_WEIGHT_INPUT = {"MatMul": 1, "Gemm": 1, "Gather": 0}  # which input carries the constant weight
 QUANTIZED_OPS = {
     "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul", "QGemm",
     "MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul", "DynamicQuantizeLSTM", "MatMulNBits",
@@ -110,6 +112,57 @@ def upgrade_opset(model, target: int):
         raise UsageError(f"cannot upgrade the model from opset {opset(model)} to {target} "
                          f"(needed for this mode): {str(e).splitlines()[0] if str(e) else type(e).__name__}") \
             from None
+
+
+def gemm_to_matmul(model, exclude=()) -> int:
+    """Rewrite Gemm nodes with a constant float B (alpha 1, beta 1, transA 0) as MatMul [+ Add], in place, so
+    onnxruntime's MatMulNBits quantizer (which matches MatMul only) can take their weights. transB=1 weights
+    are transposed in the file. The MatMul keeps the Gemm's name (exclusions by name still apply).
+    Returns the number of nodes rewritten."""
+    from onnx import helper, numpy_helper
+
+    g = model.graph
+    inits = {i.name: i for i in g.initializer}
+    uses: dict[str, int] = {}
+    for n in all_nodes(g):
+        for x in n.input:
+            uses[x] = uses.get(x, 0) + 1
+    out, done = [], 0
+    for n in g.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        b = inits.get(n.input[1]) if n.op_type == "Gemm" and len(n.input) > 1 else None
+        if (b is None or n.name in exclude or b.data_type != 1 or len(b.dims) != 2
+                or attrs.get("alpha", 1.0) != 1.0 or attrs.get("transA", 0)
+                or (len(n.input) > 2 and n.input[2] and attrs.get("beta", 1.0) != 1.0)):
+            out.append(n)
+            continue
+        name = n.input[1]
+        if attrs.get("transB", 0):
+            w = numpy_helper.to_array(b).T.copy()
+            name = b.name if uses.get(b.name, 0) == 1 else f"{b.name}_T"
+            if name == b.name:
+                g.initializer.remove(b)
+            g.initializer.append(numpy_helper.from_array(w, name))
+        has_c = len(n.input) > 2 and bool(n.input[2])
+        mm_out = f"{n.output[0]}_mm" if has_c else n.output[0]
+        out.append(helper.make_node("MatMul", [n.input[0], name], [mm_out], name=n.name))
+        if has_c:
+            out.append(helper.make_node("Add", [mm_out, n.input[2]], [n.output[0]], name=f"{n.name}_bias"))
+        done += 1
+    if done:
+        del g.node[:]
+        g.node.extend(out)
+    return done
+
+
+def int4_gathers(model) -> list[str]:
+    """Gather nodes whose data is a constant 2-D float table (embeddings): what GatherBlockQuantized takes."""
+    inits = {i.name: i for i in model.graph.initializer}
+    def axis(n) -> int:
+        return next((a.i for a in n.attribute if a.name == "axis"), 0)
+
+    return [n.name for n in model.graph.node if n.op_type == "Gather" and n.input[0] in inits
+            and inits[n.input[0]].data_type == 1 and len(inits[n.input[0]].dims) == 2 and axis(n) == 0]
 
 
 def compact(model) -> int:

@@ -122,8 +122,9 @@ class Quantizer:
             import onnx
 
             inits = {i.name for i in model.graph.initializer}
-            present = [op for op in present if any(
-                n.op_type == op and len(n.input) > 1 and n.input[1] in inits for n in model.graph.node)]
+            k = ops.INT4_WEIGHT_INPUT
+            present = [op for op in present if (ops.int4_gathers(model) if op == "Gather" else any(
+                n.op_type == op and len(n.input) > k[op] and n.input[k[op]] in inits for n in model.graph.node))]
             _ = onnx
         if not present:
             have = ", ".join(sorted(counts)) or "no ops"
@@ -151,6 +152,8 @@ class Quantizer:
         named = ops.name_nodes(model)
         if named:
             ctx.note(f"named {named} unnamed nodes so they can be listed and excluded")
+        if self.mode == "int4":
+            model = self._prepare_int4(model)
         raw = self.tmp / "float.onnx"
         ops.save_model(model, raw)
         prepared = self.tmp / "prepared.onnx"
@@ -171,6 +174,32 @@ class Quantizer:
             shutil.copyfile(raw, prepared)
         self.float_model = ops.load_model(prepared)
         return prepared
+
+    def _prepare_int4(self, model):
+        """MatMulNBits takes MatMul only: Gemm layers (torch Linear on 2-D inputs, attention out_proj) are
+        rewritten as MatMul [+ Add] first. Embedding tables (constant Gather data) become GatherBlockQuantized,
+        whose int4 type needs opset 21: the model is upgraded when it has one (skipped with a note if the
+        upgrade fails)."""
+        cfg, ctx = self.cfg, self.ctx
+        if "Gemm" not in cfg.op_types_exclude and (not cfg.op_types_include or "Gemm" in cfg.op_types_include):
+            n = ops.gemm_to_matmul(model, exclude=set(cfg.nodes_exclude))
+            if n:
+                ctx.note(f"int4: rewrote {n} Gemm nodes as MatMul (+ Add) so their weights can be quantized")
+        self.int4_gathers: list[str] = []
+        if "Gather" not in cfg.op_types_exclude and (not cfg.op_types_include or "Gather" in cfg.op_types_include):
+            gathers = ops.int4_gathers(model)
+            if gathers and ops.opset(model) < 21:
+                have = ops.opset(model)
+                try:
+                    model = ops.upgrade_opset(model, 21)
+                    model.ir_version = max(model.ir_version, 10)
+                    ctx.note(f"int4: upgraded the model from opset {have} to 21 (int4 embedding tables)")
+                except Exception as e:
+                    ctx.note(f"int4: embedding tables stay float (opset {have} -> 21 upgrade failed: "
+                             f"{str(e).splitlines()[0][:100] if str(e) else type(e).__name__})")
+                    gathers = []
+            self.int4_gathers = gathers
+        return model
 
     def _load_data(self) -> None:
         cfg, ctx = self.cfg, self.ctx
@@ -286,10 +315,16 @@ class Quantizer:
             return
         from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-        q = MatMulNBitsQuantizer(ops.load_model(self.prepared), bits=4, block_size=cfg.block_size,
+        model = ops.load_model(self.prepared)
+        gathers = getattr(self, "int4_gathers", [])
+        # only float embedding tables: any other Gather (shape arithmetic, int tables) is left alone
+        exclude = sorted(set(exclude) | {n.name for n in model.graph.node
+                                         if n.op_type == "Gather" and n.name not in gathers})
+        types = ("MatMul", "Gather") if gathers else ("MatMul",)
+        q = MatMulNBitsQuantizer(model, bits=4, block_size=cfg.block_size,
                                  is_symmetric=cfg.symmetric, accuracy_level=cfg.accuracy_level,
                                  nodes_to_exclude=exclude, nodes_to_include=cfg.nodes_include or None,
-                                 op_types_to_quantize=("MatMul",))
+                                 op_types_to_quantize=types)
         q.process()
         ops.save_model(q.model.model, dest)
         self.settings.update(block_size=cfg.block_size, symmetric=cfg.symmetric)
