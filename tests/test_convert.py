@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +9,7 @@ import pytest
 
 from conftest import SAMPLES, no_result_files, one_error_line
 from optkit.core.artifact import Artifact
-from optkit.core.errors import OptkitError, PassError, UsageError, ValidationError
+from optkit.core.errors import PassError, UsageError, ValidationError
 from optkit.core.pipeline import run_pass
 from optkit.measure.datasets import Dataset, load_dataset
 

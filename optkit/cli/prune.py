@@ -26,7 +26,6 @@ STRATEGY = typer.Option("none", "--strategy",
                         help="none; Keras: mirrored (local devices) or multi-worker (TF_CONFIG); torch: ddp (torchrun).")
 MAX_DROP = typer.Option(0.05, "--max-accuracy-drop",
                         help="Fail (exit 3) when fine-tuned top-1 falls more than this (0.05 = 5 pt); -1 disables.")
-PRINT_RECIPE = typer.Option(False, "--print-recipe", help="Print the equivalent recipe and run nothing.")
 
 
 def split_names(values: Optional[List[str]]) -> Optional[List[str]]:
@@ -155,7 +154,7 @@ def register(app: typer.Typer) -> None:
         weights: Optional[str] = common.WEIGHTS,
         report: Optional[str] = common.OUTPUT_REPORT,
         as_json: bool = common.JSON,
-        print_recipe: bool = PRINT_RECIPE,
+        print_recipe: bool = common.PRINT_RECIPE,
     ) -> None:
         """Prune a Keras or PyTorch model and fine-tune it on your data; the result continues to convert/quantize."""
         from optkit.core.errors import UsageError

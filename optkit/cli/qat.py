@@ -6,7 +6,7 @@ from typing import List, Optional
 import typer
 
 from optkit.cli import common
-from optkit.cli.prune import (BATCH, COLOR, EPOCHS, EVAL, LAYOUT, LR, MAX_DROP, METRIC, OPTIMIZER, PRINT_RECIPE,
+from optkit.cli.prune import (BATCH, COLOR, EPOCHS, EVAL, LAYOUT, LR, MAX_DROP, METRIC, OPTIMIZER,
                               STRATEGY, TRAIN, finetune_config, load_train_data, run_stage, split_names)
 
 
@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
         shape: Optional[List[str]] = common.SHAPE,
         report: Optional[str] = common.OUTPUT_REPORT,
         as_json: bool = common.JSON,
-        print_recipe: bool = PRINT_RECIPE,
+        print_recipe: bool = common.PRINT_RECIPE,
     ) -> None:
         """Quantization-aware training for a Keras model; export it with `optkit tflite --mode int8`."""
         from optkit.core.pipeline import build_config

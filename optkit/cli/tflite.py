@@ -27,7 +27,7 @@ def register(app: typer.Typer) -> None:
         shape: Optional[List[str]] = common.SHAPE,
         report: Optional[str] = common.OUTPUT_REPORT,
         as_json: bool = common.JSON,
-        print_recipe: bool = typer.Option(False, "--print-recipe", help="Print the equivalent recipe and run nothing."),
+        print_recipe: bool = common.PRINT_RECIPE,
     ) -> None:
         """Export a Keras model or SavedModel to TFLite (float32, float16, dynamic range or int8)."""
         from optkit.core.pipeline import build_config

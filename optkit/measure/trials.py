@@ -93,7 +93,6 @@ def reference_rungs(model_bytes: int) -> tuple[int, int]:
 @functools.lru_cache(maxsize=None)
 def reference_model_bytes(layers: int = 8) -> bytes:
     """A fixed ONNX workload: `layers` x (MatMul 256x256 + Relu), batch 8, seeded weights."""
-    import onnx  # noqa: F401
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(1234)

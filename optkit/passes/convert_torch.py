@@ -38,7 +38,6 @@ def convert_torch(artifact: Artifact, config, ctx: PassContext) -> Artifact:
                          f"{', '.join(str(list(t.shape)) for t in tensors)}: {type(e).__name__}: {first_line(e)}"
                          ) from None
     out_names = ["output"] if len(sample_out) == 1 else [f"output_{i}" for i in range(len(sample_out))]
-    exporter = config.exporter
     export_obj = model
     if artifact.format == Format.TORCH_EXPORT:
         export_obj = artifact.meta.pop("_program", None) or model

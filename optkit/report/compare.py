@@ -89,7 +89,7 @@ def to_console(a_name: str, b_name: str, rows: list[dict], console=None) -> None
 
 
 def to_markdown(a_name: str, b_name: str, rows: list[dict]) -> str:
-    lines = [f"### optkit: compare", "", f"A: `{a_name}`  ", f"B: `{b_name}`", "",
+    lines = ["### optkit: compare", "", f"A: `{a_name}`  ", f"B: `{b_name}`", "",
              "| " + " | ".join(COLUMNS) + " |", "|---|" + "---:|" * (len(COLUMNS) - 1)]
     for r in rows:
         lines.append("| " + " | ".join(r[c].replace("|", "\\|") for c in COLUMNS) + " |")

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
-
 from optkit.core.artifact import Artifact
 from optkit.core.errors import DependencyError, UsageError
 from optkit.runtimes.base import DTYPES, Session, TensorSpec

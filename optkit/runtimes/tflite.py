@@ -1,7 +1,6 @@
 """The TFLite interpreter (LiteRT's when installed, else TensorFlow's)."""
 from __future__ import annotations
 
-import os
 import warnings
 
 import numpy as np

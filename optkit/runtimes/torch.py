@@ -108,8 +108,6 @@ def load_weights(model, weights: str) -> None:
 
 
 def _example_from_program(ep):
-    import torch
-
     specs = [s for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
     vals = []
     for s in specs:
