@@ -11,6 +11,8 @@ from conftest import no_result_files
     (["convert", "torch_cnn.py:make_model", "--data", "digits_eval_nchw.npz"], "convert.torch"),
     (["simplify", "torch_cnn.onnx"], "simplify.onnx"),
     (["trt", "build", "torch_cnn.onnx", "--precision", "fp16"], "tensorrt.build"),
+    (["prune", "keras_cnn.keras", "--train", "digits_train_nhwc.npz"], "prune.keras"),
+    (["tflite", "keras_cnn.keras", "--mode", "int8", "--calib", "digits_calib_nhwc.npz"], "tflite.export"),
 ])
 def test_printed_recipe_is_valid_and_nothing_runs(cli, samples, tmp_path, args, pass_name):
     out = tmp_path / "out.model"
@@ -18,6 +20,9 @@ def test_printed_recipe_is_valid_and_nothing_runs(cli, samples, tmp_path, args, 
     assert r.rc == 0, r.err
     recipe = yaml.safe_load(r.out)
     assert recipe["stages"][0]["pass"] == pass_name
+    for flag, key in (("--train", "train"), ("--calib", "calibration")):
+        if flag in args:  # the data the command was given is in the recipe
+            assert recipe["data"][key]["path"].endswith(args[args.index(flag) + 1])
     assert no_result_files(tmp_path) == []  # printing runs nothing
     path = tmp_path / "recipe.yaml"
     path.write_text(r.out)

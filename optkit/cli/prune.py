@@ -182,7 +182,8 @@ def register(app: typer.Typer) -> None:
         from optkit.core.registry import get_pass
 
         build_config(get_pass(pass_name), config)  # bad options fail before any data is read
-        data = {} if print_recipe else load_train_data(train, eval_data, layout, color, default_layout)
+        data = ({"train": train} if train else {}) if print_recipe else \
+            load_train_data(train, eval_data, layout, color, default_layout)
         run_stage(pass_name, model, output, config, data=data, eval_data=eval_data, metric=metric,
                   settings=settings, command=f"optkit prune {model}", weights=weights, report=report,
                   as_json=as_json, print_recipe=print_recipe,

@@ -45,7 +45,8 @@ def register(app: typer.Typer) -> None:
             config["layers"] = split_names(layers)
         build_config(get_pass("qat.keras"), config)
         settings = MeasureSettings(threads=threads, shapes=parse_shapes(shape))
-        data = {} if print_recipe else load_train_data(train, eval_data, layout, color, "nhwc")
+        data = ({"train": train} if train else {}) if print_recipe else \
+            load_train_data(train, eval_data, layout, color, "nhwc")
         run_stage("qat.keras", model, output, config, data=data, eval_data=eval_data, metric=metric,
                   settings=settings, command=f"optkit qat {model}", weights=None, report=report, as_json=as_json,
                   print_recipe=print_recipe, preprocess={"layout": layout or "nhwc", "color": color})

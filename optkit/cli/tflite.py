@@ -44,8 +44,8 @@ def register(app: typer.Typer) -> None:
         build_config(get_pass("tflite.export"), config)
         pre = {"layout": layout}
         data = {}
-        if calib and not print_recipe:
-            data["calibration"] = load_dataset(calib, pre)
+        if calib:
+            data["calibration"] = calib if print_recipe else load_dataset(calib, pre)
         if eval_data and not print_recipe:
             data["eval"] = load_dataset(eval_data, pre)
         settings = MeasureSettings(threads=threads, shapes=parse_shapes(shape))
