@@ -229,3 +229,14 @@ def test_factory_without_example_inputs_takes_shape(cli, tmp_path):
     assert r.rc == 0, r.err
     size = json.loads(r.out)["stages"][0]["measurements"]["size"]
     assert size["parameters"] == 650 and size["bytes_from"] == "state dict" and size["bytes"] > 650 * 4
+
+
+@pytest.mark.parametrize("words", [[], ["inspect"], ["trt", "build"], ["report", "compare"]])
+def test_fast_help_is_typers_help_without_pydantic(words):
+    fast = subprocess.run([sys.executable, "-X", "importtime", "-m", "optkit", *words, "--help"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert fast.returncode == 0 and "pydantic" not in fast.stderr  # typer's option parser would import it
+    parsed = subprocess.run([sys.executable, "-c", "import sys; from optkit.cli import common, main; "
+                             f"sys.argv = ['optkit', *{words!r}, '--help']; sys.exit(common.run_app(main.app))"],
+                            capture_output=True, text=True, cwd=ROOT)
+    assert parsed.returncode == 0 and parsed.stdout == fast.stdout

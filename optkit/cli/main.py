@@ -41,7 +41,27 @@ def _register() -> None:
 _register()
 
 
+def _fast_help(argv: list[str]) -> bool:
+    """`optkit [COMMAND...] --help` printed without parsing options: typer's parser imports pydantic (~0.2 s).
+
+    Only a plain chain of command names before --help takes this path; anything else parses normally.
+    """
+    if not argv or argv[-1] != "--help" or any(w.startswith("-") for w in argv[:-1]):
+        return False
+    cmd = typer.main.get_command(app)
+    ctx = cmd.context_class(cmd, info_name="optkit")
+    for word in argv[:-1]:
+        sub = cmd.get_command(ctx, word) if hasattr(cmd, "get_command") else None
+        if sub is None:
+            return False
+        cmd, ctx = sub, sub.context_class(sub, info_name=word, parent=ctx)
+    sys.stdout.write(cmd.get_help(ctx) + "\n")
+    return True
+
+
 def main() -> None:
+    if _fast_help(sys.argv[1:]):
+        sys.exit(0)
     sys.exit(common.run_app(app))
 
 
