@@ -58,13 +58,13 @@ def _ticks(lo: float, hi: float, n: int = 4) -> list[float]:
 
 
 def bar_chart(title: str, labels: list[str], values: list, unit: str, errors: list | None = None,
-              width: int = 340, height: int = 220) -> str:
-    """Vertical bars, one per stage; missing values are shown as 'n/a'."""
+              width: int = 340, height: int = 220, limit: float | None = None) -> str:
+    """Vertical bars, one per stage; missing values are shown as 'n/a'. `limit` caps the axis (e.g. 1 for a rate)."""
     left, right, top, bottom = 48, 10, 10, 46
     pw, ph = width - left - right, height - top - bottom
     present = [v for v in values if v is not None]
     hi = max([v + (e or 0) for v, e in zip(values, errors or [0] * len(values)) if v is not None] or [1])
-    ticks = _ticks(0, hi * 1.1)
+    ticks = _ticks(0, min(hi * 1.1, limit) if limit is not None and hi <= limit else hi * 1.1)
     top_v = ticks[-1] or 1
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
              f'aria-label="{escape(title)}">']
@@ -190,7 +190,7 @@ def to_html(report: Report) -> str:
     metric = next(((s.measurements.get("accuracy") or {}).get("metric") for s in stages
                    if s.measurements.get("accuracy")), None)
     h.append(bar_chart(f"Accuracy per stage ({metric})" if metric else "Accuracy per stage", names,
-                       [_acc(s) for s in stages], metric or ""))
+                       [_acc(s) for s in stages], metric or "", limit=1.0))
     h.append(scatter(stages))
     h.append("</div>")
     if report.gates:
