@@ -80,7 +80,7 @@ def _export_and_validate(export_obj, model, tensors, specs, out_names, dynamic, 
                         "that is not a standard ONNX operator; onnxruntime cannot run it")
     stage.finalize(config.external_data, ctx)
     check_model(stage.model)
-    opset = opset_of(onnx.load(str(stage.model), load_external_data=False))
+    opset = opset_of(proto)  # finalize() re-saves the same graph: its opset is unchanged
     try:
         figures = _validate(model, names, stage.model, specs, config, ctx)
     except OptkitError:
