@@ -94,6 +94,8 @@ def test_bad_inputs(samples, data, tmp_path):
         run_pass(src, "tflite.export", {"mode": "int8"}, tmp_path / "x.tflite", data={})
     with pytest.raises(UsageError, match="io int8 needs mode int8"):
         run_pass(src, "tflite.export", {"mode": "float16", "io": "int8"}, tmp_path / "x.tflite")
+    with pytest.raises(UsageError, match="sparse needs mode float32"):
+        run_pass(src, "tflite.export", {"mode": "int8", "sparse": True}, tmp_path / "x.tflite", data=data)
     with pytest.raises(UsageError, match=r"\*\.h5"):
         run_pass(src, "qat.keras", {"epochs": 1}, tmp_path / "q.keras", data=data)
     with pytest.raises(ValidationError, match="drifts from the source"):  # an impossible tolerance: nothing kept

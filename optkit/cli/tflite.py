@@ -1,4 +1,4 @@
-"""optkit tflite MODEL -o OUT.tflite --mode float32|float16|dynamic|int8 [--io int8] [--calib DATA]"""
+"""optkit tflite MODEL -o OUT.tflite --mode float32|float16|dynamic|int8 [--io int8] [--sparse] [--calib DATA]"""
 from __future__ import annotations
 
 from typing import List, Optional
@@ -15,6 +15,7 @@ def register(app: typer.Typer) -> None:
         output: str = typer.Option(..., "-o", "--output", help="Where to write the .tflite model."),
         mode: str = typer.Option("float32", "--mode", help="float32, float16, dynamic or int8."),
         io: str = typer.Option("float", "--io", help="int8 mode: float or int8 inputs and outputs."),
+        sparse: bool = typer.Option(False, "--sparse", help="float32: store pruned weights sparse (values + indices)."),
         calib: Optional[str] = typer.Option(None, "--calib", help="Representative data for int8 (.npz, images)."),
         calibration_samples: int = typer.Option(200, "--calibration-samples", min=1, help="Samples used from --calib."),
         eval_data: Optional[str] = typer.Option(None, "--eval-data", help="Labelled data for accuracy."),
@@ -36,7 +37,7 @@ def register(app: typer.Typer) -> None:
         from optkit.measure.datasets import load_dataset
         from optkit.measure.model import DataSpec, MeasureSettings
 
-        config = {"mode": mode, "io": io, "calibration_samples": calibration_samples}
+        config = {"mode": mode, "io": io, "calibration_samples": calibration_samples, "sparse": sparse}
         if min_cosine is not None:
             config["min_cosine"] = min_cosine
         if signature:
