@@ -120,6 +120,8 @@ def keras_section(tmp: Path, runs: int) -> dict:
 def torch_one(tmp: Path, spec: str, runs: int, data: dict, epochs: int, lr: float) -> dict:
     from optkit.core.artifact import Artifact
     from optkit.core.pipeline import run_pass
+    from optkit.measure.model import MeasureSettings
+    from optkit.measure.trials import latency_trials
 
     ev = str(SAMPLES / "digits_eval_nchw.npz")
     src = Artifact.load(spec)
@@ -132,12 +134,14 @@ def torch_one(tmp: Path, spec: str, runs: int, data: dict, epochs: int, lr: floa
            "drop_pt": (f["top1_before"] - f["top1_after"]) * 100}
     onnx_a = run_pass(src, "convert.torch", {"dynamic": ["batch"]}, tmp / f"{name}.onnx").output
     onnx_b = run_pass(r.output, "convert.torch", {"dynamic": ["batch"]}, tmp / f"{name}_pruned.onnx").output
+    res["top1_onnx_after"] = measure(onnx_b, ev, 10)["accuracy"]["top1"]
     for batch in (1, 32):
-        a = measure(onnx_a, ev, runs, batch)
-        b = measure(onnx_b, ev, runs, batch)
-        res[f"onnx_b{batch}"] = {"p50_ms_before": a["latency"]["p50_ms"], "p50_ms_after": b["latency"]["p50_ms"],
-                                 "speedup": a["latency"]["p50_ms"] / b["latency"]["p50_ms"],
-                                 "top1_onnx_after": b["accuracy"]["top1"]}
+        # low_ms: the median over trials of each trial's 10th percentile, the figure contention moves least
+        settings = MeasureSettings(threads=1, runs=runs, warmup=20, batch=batch)
+        a, b = (latency_trials(m, settings, trials=7, normalize=False) for m in (onnx_a, onnx_b))
+        res[f"onnx_b{batch}"] = {"low_ms_before": a["low_ms"], "low_ms_after": b["low_ms"],
+                                 "p50_ms_before": a["p50_ms"], "p50_ms_after": b["p50_ms"],
+                                 "speedup": a["low_ms"] / b["low_ms"], "speedup_p50": a["p50_ms"] / b["p50_ms"]}
     return res
 
 
@@ -209,8 +213,11 @@ def verdicts(res: dict) -> list[tuple[str, str, bool]]:
                      f"{k['block 1x4']['gzip_ratio']:.3f}x", ratio["pruned sparse"] <= 0.6))
     for name, t in (res.get("torch") or {}).items():
         rows.append((f"{name}: parameters <= 0.35x", f"{t['parameter_ratio']:.3f}x", t["parameter_ratio"] <= 0.35))
-        rows.append((f"{name}: ONNX >= 1.5x faster", f"b1 {t['onnx_b1']['speedup']:.2f}x, b32 "
-                     f"{t['onnx_b32']['speedup']:.2f}x", max(t["onnx_b1"]["speedup"], t["onnx_b32"]["speedup"]) >= 1.5))
+        for batch in (1, 32):
+            lat = t[f"onnx_b{batch}"]
+            rows.append((f"{name}: ONNX >= 1.5x faster, batch {batch}", f"{lat['speedup']:.2f}x ({lat['low_ms_before'] * 1e3:.1f}"
+                         f" -> {lat['low_ms_after'] * 1e3:.1f} us; p50 ratio {lat['speedup_p50']:.2f}x)",
+                         lat["speedup"] >= 1.5))
         rows.append((f"{name}: top-1 drop <= 2 pt", f"{t['drop_pt']:+.2f} pt", t["drop_pt"] <= 2))
     q = res.get("qat")
     if q:
@@ -239,7 +246,7 @@ def main() -> None:
     print(json.dumps(res, indent=2, default=float))
     print()
     for target, value, ok in rows:
-        print(f"{'MET ' if ok else 'MISS'}  {target:36s} {value}")
+        print(f"{'MET ' if ok else 'MISS'}  {target:42s} {value}")
 
 
 if __name__ == "__main__":

@@ -197,3 +197,16 @@ def test_quickstart_runs_in_under_a_minute(cli, tmp_path):
     run = tmp_path / "runs" / "quickstart" / "latest"
     for f in ("report.json", "report.md", "report.html", "junit.xml", "02-int8/model.onnx"):
         assert (run / f).exists(), f
+
+
+def test_torch_prune_recipe_chains_prune_convert_and_int8(cli, tmp_path):
+    path = RECIPES / "torch-prune-int8.yaml"
+    needs(*recipe_passes(path))
+    r = cli("run", path, "--workspace", tmp_path / "runs", "--json")
+    assert r.rc == 0, r.err
+    rep = json.loads(r.out)
+    stages = {s["name"]: s for s in rep["stages"]}
+    assert [s["name"] for s in rep["stages"]] == ["input", "pruned", "onnx", "int8"]
+    assert stages["pruned"]["measurements"]["pruning"]["parameter_ratio"] < 0.3
+    assert all(g["passed"] for g in rep["gates"]) and len(rep["gates"]) == 3
+    assert (tmp_path / "runs" / "torch-prune-int8" / "latest" / "03-int8" / "model.onnx").exists()
