@@ -144,7 +144,7 @@ def main() -> None:
         naive = tmp / "naive.onnx"
         quantize_static(str(m13), str(naive), R())
         show("naive quantize_static", figures(naive, REAL / "mnist.onnx", images, "top1"))
-        for label, extra in (("optkit static (QDQ, default)", []), ("optkit static --format qoperator",
+        for label, extra in (("optkit static (latency search)", []), ("optkit static --format qoperator",
                                                                     ["--format", "qoperator"])):
             out = tmp / f"ok_{len(extra)}.onnx"
             optkit(REAL / "mnist.onnx", "-o", out, "--calibration-data", images, "--eval-data", images,

@@ -145,7 +145,12 @@ def test_static_mnist_opset_upgrade_and_accuracy(cli, realcases, tmp_path):
     assert inp["accuracy"]["top1"] - res["accuracy"]["top1"] <= 0.003
     assert onnx.load(out).opset_import[0].version >= 13
     onnx.checker.check_model(onnx.load(out))
-    assert res["size"]["bytes"] <= 0.30 * inp["size"]["bytes"]
+    # the latency search keeps the fastest variant: 0.28x-0.33x here (the size-first 0.28x is tested below)
+    assert res["size"]["bytes"] <= 0.34 * inp["size"]["bytes"]
+    chosen = [c for c in res["quantize"]["candidates"] if c["chosen"]][0]
+    assert res["quantize"]["settings"]["activation_type"] == chosen["activation_type"]  # the chosen one's settings
+    assert all(c["activation_type"] == "uint8" for c in res["quantize"]["candidates"]
+               if c["format"] == "qoperator")  # int8-activation QOperator is slow on x86
     speed = res["quantize"]["settings"]["speed"]
     if speed["slower"]:  # allowed, but never silent
         assert any("SLOWER than its FP32 parent" in w for w in rep["stages"][1]["warnings"])

@@ -34,7 +34,7 @@ class QuantizeConfig(PassConfig):
     target: Literal["cpu", "tensorrt"] = "cpu"
     per_channel: Optional[bool] = None      # default: on for static, off for dynamic
     reduce_range: Optional[bool] = None     # default: on where the CPU lacks VNNI (u8s8 saturation), else off
-    activation_type: Literal["auto", "uint8", "int8"] = "auto"  # auto: int8 with VNNI, uint8 without
+    activation_type: Literal["auto", "uint8", "int8"] = "auto"  # auto: int8 for QDQ with VNNI, else uint8
     weight_type: Literal["int8", "uint8"] = "int8"
     calibration_method: Literal["minmax", "entropy", "percentile"] = "minmax"
     calibration_size: int = Field(default=256, ge=1)

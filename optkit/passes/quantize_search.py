@@ -258,7 +258,10 @@ class Quantizer:
             # the sample CNN to cosine 0.979 (per-tensor: 0.996); --per-channel asks for it anyway
             return {"activation_type": "int8", "weight_type": "int8", "per_channel": bool(cfg.per_channel),
                     "reduce_range": False, "vnni": vnni, "target": "tensorrt"}
-        act = cfg.activation_type if cfg.activation_type != "auto" else ("int8" if vnni else "uint8")
+        # onnxruntime's int8-activation QOperator kernels are slow on x86 with or without VNNI (measured 3x
+        # slower than uint8 on MNIST with VNNI; its docs say the same): auto gives QOperator uint8 activations
+        act = cfg.activation_type if cfg.activation_type != "auto" else (
+            "int8" if vnni and self.fmt == "qdq" else "uint8")
         # onnxruntime's QOperator per-channel path crashes on int32-bias scale adjustment: per-tensor there
         per_channel = cfg.per_channel if cfg.per_channel is not None else (
             self.mode == "static" and self.fmt == "qdq")
@@ -367,6 +370,7 @@ class Quantizer:
         ops.save_model(model, final)
         cand: dict[str, Any] = {"index": idx, "float_nodes": list(float_nodes), "raw": raw, "path": final,
                                 "format": self.fmt if self.mode == "static" else None,
+                                "activation_type": self.settings.get("activation_type"),
                                 "bytes": ops.file_size(final), "ratio": ops.file_size(final) / self.artifact.size_bytes(),
                                 "chosen": False}
         try:
@@ -521,15 +525,12 @@ class Quantizer:
             raise ValidationError(
                 f"no {self.mode} candidate met the size budget ({best['ratio']:.3f}x of the parent at best, budget "
                 f"{budget:g}x); the smallest was kept as {dest}", details={"candidates": [_public(c) for c in pool]})
-        chosen = self._fastest(fits)
-        if self._speed_search_on() and chosen.get("latency_ratio") and \
-                chosen["latency_ratio"] > cfg.max_latency_ratio:
-            # every variant is slower than the parent: speed is lost anyway, so the smallest one is kept
-            chosen = min(fits, key=lambda c: (c["bytes"], c.get("p50_ms") or 0))
+        chosen = self._fastest(fits)  # when every variant is slower than the parent, this is the least slow
         for c in self.candidates:
             c["chosen"] = c is chosen
         if chosen.get("format"):
             self.fmt = chosen["format"]
+            self.settings.update(self._resolved())  # the settings reported are the chosen candidate's
         self._say_chosen(chosen)
         if self._speed_search_on():
             self._slower_check(chosen, pool)
@@ -682,7 +683,7 @@ def _schedule(n: int, budget: int) -> list[int]:
 
 
 def _public(c: dict[str, Any]) -> dict[str, Any]:
-    keep = ("index", "variant", "format", "float_nodes", "bytes", "ratio", "accuracy", "accuracy_drop", "p50_ms", "latency_ratio",
+    keep = ("index", "variant", "format", "activation_type", "float_nodes", "bytes", "ratio", "accuracy", "accuracy_drop", "p50_ms", "latency_ratio",
             "passed", "chosen", "error", "rejected_file")
     d = {k: c[k] for k in keep if k in c}
     if "fidelity" in c:
