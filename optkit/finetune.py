@@ -147,8 +147,8 @@ def torch_optimizer(cfg: FinetuneConfig, params):
 def torch_fit(model, x: np.ndarray, y: np.ndarray, cfg: FinetuneConfig, *, seed: int) -> dict[str, Any]:
     """Train `model` in place; under torchrun (strategy ddp) it is wrapped in DistributedDataParallel.
 
-    The global batch is cfg.batch_size, split evenly over the ranks, so a 2-process run takes the same
-    optimizer steps on the same samples per step as a 1-process run.
+    The global batch is cfg.batch_size, split over the ranks (no sample dropped), so an N-process run takes
+    the same optimizer steps on the same samples, with the same gradients, as a 1-process run.
     """
     import torch
     import torch.nn.functional as F
@@ -169,23 +169,25 @@ def torch_fit(model, x: np.ndarray, y: np.ndarray, cfg: FinetuneConfig, *, seed:
     opt = torch_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
     gen = torch.Generator().manual_seed(seed)
-    per_rank = max(1, cfg.batch_size // world)
     losses = []
     for _ in range(cfg.epochs):
         order = torch.randperm(len(xt), generator=gen)  # same order on every rank (same seed)
         total, count = 0.0, 0
         for start in range(0, len(order), cfg.batch_size):
             batch = order[start:start + cfg.batch_size]
-            mine = batch[rank * per_rank:(rank + 1) * per_rank] if world > 1 else batch
-            if len(mine) == 0:  # a short last batch: every rank must still take part in the step
-                mine = batch[:1]
+            mine = torch.tensor_split(batch, world)[rank]  # every sample of the global batch, on some rank
+            weight = 1.0
+            if len(mine) == 0:  # fewer samples than ranks: this rank still joins the step, adding nothing
+                mine, weight = batch[:1], 0.0
             xb, yb = xt[mine].to(device), yt[mine].to(device)
             opt.zero_grad(set_to_none=True)
-            loss = F.cross_entropy(net(xb), yb)
-            loss.backward()
+            # DDP averages gradients over the ranks; scaling each rank's summed loss by world / len(batch)
+            # makes that average the gradient of the global batch's mean loss, whatever the shard sizes
+            summed = F.cross_entropy(net(xb), yb, reduction="sum") * weight
+            (summed * (world / len(batch))).backward()
             opt.step()
-            total += loss.item() * len(mine)
-            count += len(mine)
+            total += summed.item()
+            count += len(mine) if weight else 0
         losses.append(total / max(count, 1))
     model.eval().to("cpu")
     if ddp:
