@@ -106,7 +106,7 @@ def keras_section(tmp: Path, runs: int) -> dict:
                        data=data).output
         mt = measure(tfl, ev, runs)
         out.setdefault("tflite", {})[name] = {"top1": mt["accuracy"]["top1"], "p50_ms": mt["latency"]["p50_ms"],
-                                              "bytes": Path(tfl.path).stat().st_size, "gzip_bytes": gz(tfl.path)}
+                                              "bytes": tfl.size_bytes(), "gzip_bytes": gz(tfl.path)}
         if sparse:
             continue
         try:
@@ -134,10 +134,10 @@ def identity_like(model, path: Path):
 
 
 def torch_one(tmp: Path, spec: str, runs: int, data: dict, epochs: int, lr: float) -> dict:
-    from optkit.core.artifact import Artifact
-    from optkit.core.pipeline import run_pass
     import numpy as np
 
+    from optkit.core.artifact import Artifact
+    from optkit.core.pipeline import run_pass
     from optkit.measure.model import MeasureSettings
     from optkit.measure.trials import latency_trials
 

@@ -134,6 +134,13 @@ def test_ddp_without_torchrun_is_a_usage_error(cli, samples, tmp_path):
     assert not (tmp_path / "p.pt2").exists()
 
 
+def _tiny_net():
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.ReLU(), torch.nn.Linear(16, 10))
+
+
 def _ddp_worker(rank: int, world: int, port: int, x, y, out: str) -> None:
     import torch
 
@@ -141,8 +148,7 @@ def _ddp_worker(rank: int, world: int, port: int, x, y, out: str) -> None:
 
     os.environ.update(MASTER_ADDR="localhost", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.ReLU(), torch.nn.Linear(16, 10))
+    model = _tiny_net()
     torch_fit(model, x, y, FinetuneConfig(epochs=2, batch_size=10, strategy="ddp", learning_rate=0.01), seed=0)
     if rank == 0:
         torch.save(model.state_dict(), out)
@@ -164,8 +170,7 @@ def test_ddp_shards_uneven_batches_without_dropping_samples(tmp_path, monkeypatc
 
     for k in ("RANK", "WORLD_SIZE"):
         monkeypatch.delenv(k, raising=False)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 16), torch.nn.ReLU(), torch.nn.Linear(16, 10))
+    model = _tiny_net()
     torch_fit(model, x, y, FinetuneConfig(epochs=2, batch_size=10, learning_rate=0.01), seed=0)
     ddp = torch.load(tmp_path / "ddp.pt", weights_only=True)
     for name, w in model.state_dict().items():
