@@ -29,6 +29,7 @@ def register(app: typer.Typer) -> None:
         from optkit.core.shapes import parse_shapes
         from optkit.measure.model import DataSpec, MeasureSettings
 
+        common.guard_outputs({"--report": report}, [model, weights, data])
         settings = MeasureSettings(provider=provider, threads=threads, batch=batch, warmup=warmup, runs=runs,
                                    duration=duration, shapes=parse_shapes(shape))
         artifact = common.load_artifact(model, weights)

@@ -1,60 +1,145 @@
-"""What every command shares: error handling and exit codes, output, shared options."""
+"""What every command shares: error handling and exit codes, signals, output, shared options."""
 from __future__ import annotations
 
+import errno
+import logging
+import os
+import signal
 import sys
 import traceback
+import warnings
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterable, Optional
 
 import typer
 
-from optkit.core.atomic import check_output_path
-from optkit.core.errors import EXIT_INTERRUPTED, EXIT_PASS, OptkitError
+from optkit.core.atomic import check_output_path, check_outputs
+from optkit.core.errors import (EXIT_INTERRUPTED, EXIT_PASS, EXIT_TERMINATED, EXIT_USAGE, OptkitError,
+                                Terminated)
 
 
 @dataclass
 class _State:
     debug: bool = False
+    signal: Optional[str] = None   # the signal that stopped the command, if one did
+    after_interrupt: str = "nothing was written"  # what an interrupted command leaves behind
 
 
 STATE = _State()
 
+# errno values that mean the user's path or file system is at fault, not optkit
+_USER_ERRNOS = {errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.ENAMETOOLONG,
+                errno.EROFS, errno.ENOSPC, errno.EEXIST, errno.ELOOP, errno.EDQUOT, errno.EXDEV, errno.ENOTEMPTY}
 
-def run_app(app) -> int:
+
+def _on_sigterm(signum, frame):
+    STATE.signal = "SIGTERM"
+    raise Terminated()
+
+
+def quiet_third_parties(debug: bool) -> None:
+    """Keep TensorFlow, onnxruntime and Python warnings off stderr unless --debug (children inherit it)."""
+    if debug:
+        return
+    for key, value in (("TF_CPP_MIN_LOG_LEVEL", "3"), ("GLOG_minloglevel", "3"), ("GRPC_VERBOSITY", "ERROR"),
+                       ("PYTHONWARNINGS", "ignore"), ("ORT_LOG_SEVERITY", "3")):
+        os.environ.setdefault(key, value)
+    warnings.simplefilter("ignore")
+    logging.basicConfig(level=logging.ERROR)
+
+
+def run_app(app, argv: Optional[list[str]] = None) -> int:
     """Run the typer app and turn every outcome into an exit code and at most one error line."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        app(standalone_mode=False)
+        rv = app(args=argv, standalone_mode=False)
+        if isinstance(rv, int) and rv:  # typer turns KeyboardInterrupt into a returned 130
+            return _interrupted()
         return 0
     except OptkitError as e:
         if STATE.debug:
             traceback.print_exc()
             if "traceback" in e.details:
                 print(e.details["traceback"], file=sys.stderr)
-        print(f"error: {e.message}", file=sys.stderr)
-        return e.exit_code
+        return _fail(e.message, e.exit_code)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return _interrupted()
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else 0
-    except Exception as e:  # click usage errors (typer vendors click in newer releases) and internal errors
-        if type(e).__name__ == "Abort":
-            print("interrupted", file=sys.stderr)
-            return EXIT_INTERRUPTED
-        if hasattr(e, "show") and isinstance(getattr(e, "exit_code", None), int):
-            e.show()
-            return e.exit_code
+    except BrokenPipeError:
+        # the reader went away (`optkit ... | head`): not an error of ours, and not a gate verdict
+        _silence_stdout()
+        return 128 + signal.SIGPIPE
+    except OSError as e:
+        if e.errno not in _USER_ERRNOS:
+            return _internal(e)
         if STATE.debug:
             traceback.print_exc()
-        print(f"error: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback)",
-              file=sys.stderr)
-        return EXIT_PASS
+        where = f"{e.filename}: " if e.filename else ""
+        return _fail(f"{where}{e.strerror or e}", EXIT_USAGE)
+    except Exception as e:  # click usage errors (typer vendors click in newer releases) and internal errors
+        if type(e).__name__ == "Abort":
+            return _interrupted()
+        if hasattr(e, "format_message") and isinstance(getattr(e, "exit_code", None), int):
+            return _fail(_usage_line(e), e.exit_code)
+        return _internal(e)
+
+
+def _fail(message: str, code: int) -> int:
+    text = " ".join(str(message).split()) or "failed"
+    try:
+        print(f"error: {text}", file=sys.stderr)
+    except (BrokenPipeError, OSError):
+        pass
+    return code
+
+
+def _internal(e: BaseException) -> int:
+    if STATE.debug:
+        traceback.print_exc()
+    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return _fail(f"internal error: {type(e).__name__}: {first} (rerun with --debug for the traceback)", EXIT_PASS)
+
+
+def _interrupted() -> int:
+    if STATE.signal == "SIGTERM":
+        return _fail(f"terminated (SIGTERM); {STATE.after_interrupt}", EXIT_TERMINATED)
+    return _fail(f"interrupted (Ctrl-C); {STATE.after_interrupt}", EXIT_INTERRUPTED)
+
+
+def _usage_line(e) -> str:
+    """A click usage error as one line, with where to look for help."""
+    msg = e.format_message()
+    ctx = getattr(e, "ctx", None)
+    hint = f" (see `{ctx.command_path} --help`)" if ctx is not None and ctx.command_path else ""
+    return msg[:1].lower() + msg[1:] + hint
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not complain about the closed pipe."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def guard_outputs(outputs: dict, inputs: Iterable = ()) -> None:
+    """Before any work: every output is a new or regular file (never a folder, a device or a link) and none
+    is an input of the same command. `outputs` maps the flag to its path, e.g. {"-o": out, "--report": rep}."""
+    check_outputs(outputs, inputs)
 
 
 def console():
+    """The stdout console. Markup is off, so user text (file names, shapes like [batch,3]) prints as it is;
+    style with rich Text objects or the style= argument instead."""
     from rich.console import Console
 
-    return Console(stderr=False, highlight=False)
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:  # rich exits 1 here, which reads as "gate failed"
+            raise BrokenPipeError()
+
+    return _Console(stderr=False, highlight=False, markup=False)
 
 
 def print_json(text: str) -> None:

@@ -17,8 +17,6 @@ def register(app: typer.Typer) -> None:
                                                ".pt2, SavedModel folder, .keras, .h5 or .tflite."),
         output: str = typer.Option(..., "--output", "-o", help="The ONNX file to write."),
         weights: Optional[str] = common.WEIGHTS,
-        trust_pickle: bool = typer.Option(False, "--trust-pickle",
-                                          help="Allow --weights to be a pickled whole model (runs code from it)."),
         signature: Optional[str] = typer.Option(None, "--signature", help="SavedModel signature to convert."),
         shape: Optional[List[str]] = common.SHAPE,
         dynamic: Optional[List[str]] = typer.Option(
@@ -46,6 +44,7 @@ def register(app: typer.Typer) -> None:
         from optkit.core.shapes import parse_shapes
         from optkit.measure.model import MeasureSettings
 
+        common.guard_outputs({"-o": output, "--report": report}, [model, weights, data])
         if exporter not in ("dynamo", "legacy"):
             raise UsageError(f"--exporter {exporter!r}: choose dynamo or legacy")
         if external_data not in ("auto", "always", "never"):
@@ -63,7 +62,7 @@ def register(app: typer.Typer) -> None:
         if fmt.value in TORCH_FORMATS:
             pass_name = "convert.torch"
             config = {**common_cfg, "exporter": exporter, "dynamic": list(dynamic or []),
-                      "fallback": not no_fallback, "trust_pickle": trust_pickle}
+                      "fallback": not no_fallback}
             if signature:
                 raise UsageError("--signature applies to SavedModels")
             if not shapes and dataset is not None and fmt == Format.TORCHSCRIPT and set(dataset.arrays) == {""}:
@@ -73,7 +72,7 @@ def register(app: typer.Typer) -> None:
         elif fmt in (Format.KERAS, Format.TF_SAVEDMODEL, Format.TFLITE):
             pass_name = "convert.tf"
             config = {**common_cfg, "signature": signature}
-            for flag, value in (("--dynamic", dynamic), ("--weights", weights), ("--trust-pickle", trust_pickle)):
+            for flag, value in (("--dynamic", dynamic), ("--weights", weights)):
                 if value:
                     raise UsageError(f"{flag} applies to PyTorch models, not {fmt.value}")
             if exporter != "dynamo" or no_fallback:

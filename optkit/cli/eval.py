@@ -32,6 +32,7 @@ def register(app: typer.Typer) -> None:
         from optkit.core.shapes import parse_shapes
         from optkit.measure.model import DataSpec, MeasureSettings
 
+        common.guard_outputs({"--report": report}, [model, weights, data, labels, reference])
         if no_metric and reference is None:
             raise UsageError("--no-metric leaves nothing to measure; add --reference REF")
         settings = MeasureSettings(provider=provider, threads=threads, shapes=parse_shapes(shape))

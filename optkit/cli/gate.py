@@ -24,14 +24,12 @@ def register(app: typer.Typer) -> None:
         """Check gates on a report: exit 1 when one fails, with a table of every gate and its margin."""
         import json
 
-        from optkit.core.atomic import check_output_path, write_text
+        from optkit.core.atomic import write_text
         from optkit.core.errors import GateFailed, UsageError
         from optkit.gates import evaluate, parse_gates
         from optkit.report.schema import Report
 
-        for p in (junit, markdown, output):
-            if p:
-                check_output_path(p)
+        common.guard_outputs({"--junit": junit, "--markdown": markdown, "--output": output}, [report, baseline])
         rep = Report.load(report)
         specs = list(gates or []) or list((rep.recipe or {}).get("gates") or [])
         if not specs:
@@ -61,6 +59,7 @@ def register(app: typer.Typer) -> None:
 
 def _print_gates(rep) -> None:
     from rich.table import Table
+    from rich.text import Text
 
     from optkit.report.table import gate_rows
 
@@ -70,5 +69,5 @@ def _print_gates(rep) -> None:
     for g, row in zip(rep.gates, gate_rows(rep)):
         style = "green" if g.passed else "bold red"
         t.add_row(row["gate"], g.stage, row["value"], row["threshold"], row["margin"],
-                  f"[{style}]{row['verdict']}[/{style}]", g.detail)
+                  Text(row["verdict"], style), g.detail)
     common.console().print(t)

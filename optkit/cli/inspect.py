@@ -34,7 +34,9 @@ def _render(info: dict) -> None:
 
     con = common.console()
     size = info.get("size", {})
-    con.print(f"[bold]{info['path']}[/bold]  format {info['format']}"
+    from rich.text import Text
+
+    con.print(Text(str(info["path"]), "bold"), f" format {info['format']}"
               + (f", opset {info['opset']}" if "opset" in info else "")
               + (f", producer {info['producer']}" if info.get("producer") else ""))
     params = size.get("parameters")

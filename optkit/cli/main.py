@@ -6,6 +6,10 @@ import sys
 import typer
 
 from optkit.cli import common
+from optkit.core import trust
+
+# Flags of the root command that may also be written after the sub-command (`optkit inspect M --trust-code`).
+GLOBAL_FLAGS = ("--debug", "--trust-code")
 
 app = typer.Typer(
     name="optkit",
@@ -20,8 +24,13 @@ app = typer.Typer(
 
 
 @app.callback()
-def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks on errors.")) -> None:
+def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks and third-party log output."),
+          trust_code: bool = typer.Option(False, "--trust-code",
+                                          help="Allow loading models that run their own code (pickled whole "
+                                               "models, Keras Lambda layers).")) -> None:
     common.STATE.debug = debug
+    if trust_code:
+        trust.allow()
 
 
 # Command modules in help order; each has register(app). Frameworks are imported inside the commands.
@@ -59,10 +68,19 @@ def _fast_help(argv: list[str]) -> bool:
     return True
 
 
+def hoist_global_flags(argv: list[str]) -> list[str]:
+    """Move the root's flags in front of the sub-command, wherever the user wrote them (not after `--`)."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    flags = [a for a in argv[:end] if a in GLOBAL_FLAGS]
+    return flags + [a for a in argv[:end] if a not in GLOBAL_FLAGS] + argv[end:]
+
+
 def main() -> None:
-    if _fast_help(sys.argv[1:]):
+    argv = hoist_global_flags(sys.argv[1:])
+    if _fast_help(argv):
         sys.exit(0)
-    sys.exit(common.run_app(app))
+    common.quiet_third_parties(debug="--debug" in argv)
+    sys.exit(common.run_app(app, argv))
 
 
 if __name__ == "__main__":

@@ -24,9 +24,10 @@ def register(app: typer.Typer) -> None:
             common.print_json(json.dumps(rows, indent=2))
             return
         from rich.table import Table
+        from rich.text import Text
 
         table = Table("pass", "accepts", "produces", "status", "summary")
         for r in rows:
-            status = "[green]available[/green]" if r["available"] else f"[yellow]unavailable: {r['install']}[/yellow]"
+            status = Text("available", "green") if r["available"] else Text(f"unavailable: {r['install']}", "yellow")
             table.add_row(r["name"], ", ".join(r["accepts"]), r["produces"], status, r["summary"])
         common.console().print(table)

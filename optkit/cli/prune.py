@@ -162,6 +162,7 @@ def register(app: typer.Typer) -> None:
         from optkit.core.shapes import parse_shapes
         from optkit.measure.model import MeasureSettings
 
+        common.guard_outputs({"-o": output, "--report": report}, [model, weights, train, eval_data])
         fmt = detect_format(model)
         common_cfg = finetune_config(epochs, batch_size, learning_rate, optimizer, strategy, max_accuracy_drop)
         common_cfg.update(sparsity=sparsity, layers=split_names(layers), exclude=split_names(exclude) or [])

@@ -40,6 +40,7 @@ def register(app: typer.Typer) -> None:
         from optkit.core.shapes import parse_shapes
         from optkit.measure.model import MeasureSettings
 
+        common.guard_outputs({"-o": output, "--report": report}, [model, train, eval_data])
         config = finetune_config(epochs, batch_size, learning_rate, optimizer, strategy, max_accuracy_drop)
         if layers:
             config["layers"] = split_names(layers)

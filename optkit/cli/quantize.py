@@ -75,6 +75,7 @@ def register(app: typer.Typer) -> None:
         from optkit.core.shapes import parse_shapes
         from optkit.measure.model import DataSpec, MeasureSettings
 
+        common.guard_outputs({"-o": output, "--report": report}, [model, calibration_data, eval_data, labels])
         if mode not in ("dynamic", "static", "fp16", "int4"):
             raise UsageError(f"unknown --mode {mode!r}; choose dynamic, static, fp16 or int4")
         settings = MeasureSettings(threads=threads, shapes=parse_shapes(shape))
@@ -131,7 +132,10 @@ def run_and_explain(pass_name, model, output, config, *, as_json, **kwargs):
         a = (report.stages[0].measurements.get("latency") or {}).get("p50_ms")
         b = (stage.measurements.get("latency") or {}).get("p50_ms")
         if a and b and b > a * 1.05:
-            common.console().print(f"[bold yellow]warning[/bold yellow] the result is slower than its parent "
+            from rich.text import Text
+
+
+            common.console().print(Text("warning", "bold yellow"), f"the result is slower than its parent "
                                    f"(p50 {b:.3f} ms vs {a:.3f} ms): int8 kernels do not pay off on a model "
                                    f"this small on this CPU; consider keeping it float or --mode fp16/dynamic")
     return report

@@ -20,12 +20,12 @@ def register(app: typer.Typer) -> None:
         """Write a commented starter recipe."""
         from pathlib import Path
 
-        from optkit.core.atomic import check_output_path, write_text
+        from optkit.core.atomic import write_text
         from optkit.core.errors import UsageError
         from optkit.recipe import STARTER
 
         p = Path(path)
-        check_output_path(p)
+        common.guard_outputs({"recipe file": p})
         if p.exists() and not force:
             raise UsageError(f"{p} exists; choose another path or add --force")
         name = p.stem.replace(" ", "-") or "recipe"

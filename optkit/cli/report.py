@@ -41,7 +41,7 @@ def register(app: typer.Typer) -> None:
         output: Optional[str] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout."),
     ) -> None:
         """Render a report as a table, Markdown, self-contained HTML or JUnit XML."""
-        from optkit.core.atomic import check_output_path, write_text
+        from optkit.core.atomic import write_text
         from optkit.core.errors import UsageError
         from optkit.report.schema import Report
 
@@ -50,8 +50,7 @@ def register(app: typer.Typer) -> None:
                      "json": "optkit.report.render:to_json"}
         if fmt not in renderers and fmt != "console":
             raise UsageError(f"unknown --format {fmt!r}; choose console, md, html, junit or json")
-        if output:
-            check_output_path(output)
+        common.guard_outputs({"-o": output}, [report])
         rep = Report.load(report)
         if fmt == "console":
             from optkit.report.render import to_console

@@ -70,11 +70,11 @@ def _print_plan(loaded, rows, as_json: bool) -> None:
         t.add_row(r["stage"], r["pass"], r["from"], r["accepts"], r["format"],
                   ", ".join(f"{k}={v}" for k, v in r["config"].items()) or "-")
     con.print(t)
-    from rich.markup import escape
+    from rich.text import Text
 
     for p, missing in dict((r["pass"], r["missing"]) for r in rows if not r["available"]).items():
-        con.print(f"[yellow]note[/yellow]: {p} is not available on this machine ({escape(missing)}); "
-                  "the recipe is valid, but running it here exits 4")
+        con.print(Text("note", "yellow"), f": {p} is not available on this machine ({missing}); "
+                  "the recipe is valid, but running it here exits 4", sep="")
     lat = (f"latency {m.trials} trials x {m.runs} runs (warm-up {m.warmup}), batch {m.batch}, "
            f"threads {m.threads or 'default'}, provider {m.provider}" + (", normalised" if m.normalize else "")) \
         if m.latency else "no latency"

@@ -32,6 +32,7 @@ def register(app: typer.Typer) -> None:
         from optkit.core.shapes import parse_shapes
         from optkit.measure.model import DataSpec, MeasureSettings
 
+        common.guard_outputs({"-o": output, "--report": report}, [model, data])
         if engine not in ("onnxslim", "onnxsim"):
             raise UsageError(f"unknown --engine {engine!r}; choose onnxslim or onnxsim")
         settings = MeasureSettings(threads=threads, shapes=parse_shapes(shape))

@@ -37,6 +37,7 @@ def register(app: typer.Typer) -> None:
         from optkit.measure.datasets import load_dataset
         from optkit.measure.model import DataSpec, MeasureSettings
 
+        common.guard_outputs({"-o": output, "--report": report}, [model, calib, eval_data])
         config = {"mode": mode, "io": io, "calibration_samples": calibration_samples, "sparse": sparse}
         if min_cosine is not None:
             config["min_cosine"] = min_cosine

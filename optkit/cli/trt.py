@@ -57,6 +57,8 @@ def build_cmd(
     from optkit.measure.model import DataSpec, MeasureSettings
     from optkit.trt_check import opt_shapes, parse_profiles
 
+    cache_file = None if no_timing_cache or timing_cache == "auto" else timing_cache
+    common.guard_outputs({"-o": output, "--report": report, "--timing-cache": cache_file}, [model, data])
     if precision not in ("fp32", "fp16", "bf16", "int8"):
         raise UsageError(f"unknown --precision {precision!r}; choose fp32, fp16, bf16 or int8")
     if metric and not data:
@@ -111,18 +113,19 @@ def check_cmd(
 
 def _render(result, strict: bool) -> None:
     from rich.table import Table
+    from rich.text import Text
 
     con = common.console()
-    con.print(f"[bold]{result.model}[/bold]  opset {result.opset}, {result.nodes} nodes"
+    con.print(Text(str(result.model), "bold"), f" opset {result.opset}, {result.nodes} nodes"
               + (", explicitly quantized (Q/DQ)" if result.quantized else ""))
     con.print(f"checked against {result.table}")
     if not result.findings:
-        con.print("[green]no problems found[/green]")
+        con.print("no problems found", style="green")
         return
     table = Table("severity", "check", "node", "op", "finding", title_justify="left")
     style = {"error": "red", "warning": "yellow", "info": "dim"}
     for f in result.findings:
-        table.add_row(f"[{style[f.severity]}]{f.severity}[/{style[f.severity]}]", f.code, f.node or "", f.op or "",
+        table.add_row(Text(f.severity, style[f.severity]), f.code, f.node or "", f.op or "",
                       f.message)
     con.print(table)
     blocking = result.blocking(strict)

@@ -1,54 +1,116 @@
-"""Nothing half-written: outputs are built next to their destination and renamed into place."""
+"""Nothing half-written, nothing destroyed: outputs are regular files built next to their destination and
+renamed into place; an output that is a folder, a device, a link or an input of the same command is refused.
+"""
 from __future__ import annotations
 
 import contextlib
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from optkit.core.errors import UsageError
+from optkit.core.formats import split_factory
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
+_NAME_MAX = 255
 
 
-def check_output_path(dest: str | os.PathLike, *, inputs: tuple = ()) -> Path:
-    """Fail early (exit 2) when `dest` cannot be written or would overwrite an input."""
+def check_output_path(dest: str | os.PathLike, *, inputs: Iterable = (), what: str = "output") -> Path:
+    """Fail early (exit 2, nothing touched) unless `dest` is a new or existing regular file we may replace.
+
+    Refused: an existing folder, device, FIFO, socket or symbolic link; a missing or non-writable parent
+    folder; a name too long for the file system; and any of `inputs` (the same file through links too).
+    """
     dest = Path(dest)
-    if not dest.parent.exists():
-        raise UsageError(f"output folder {dest.parent} does not exist; create it first")
+    if str(dest) in ("", ".", "..") or dest.name in ("", ".", ".."):
+        raise UsageError(f"{what} {str(dest)!r} is a folder, not a file name; name the file to write")
+    if len(os.fsencode(dest.name)) > _NAME_MAX:
+        raise UsageError(f"{what} file name is {len(os.fsencode(dest.name))} bytes long; the limit is {_NAME_MAX}")
+    parent = dest.parent
+    if not parent.exists():
+        raise UsageError(f"{what} folder {parent} does not exist; create it first")
+    if not parent.is_dir():
+        raise UsageError(f"{what} {dest}: {parent} is not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UsageError(f"{what} folder {parent} is not writable")
+    if dest.is_symlink():
+        raise UsageError(f"{what} {dest} is a symbolic link; name the real file instead")
+    if dest.exists():
+        mode = dest.stat().st_mode
+        if stat.S_ISDIR(mode):
+            raise UsageError(f"{what} {dest} is an existing folder; optkit writes files only, name a file in it")
+        if not stat.S_ISREG(mode):
+            raise UsageError(f"{what} {dest} exists and is not a regular file (a device, FIFO or socket)")
     for src in inputs:
-        if src is not None and Path(src).exists() and dest.exists() and dest.resolve() == Path(src).resolve():
-            raise UsageError(f"output {dest} is the input model; choose another output path")
+        if src is not None and _same_file(dest, src):
+            raise UsageError(f"{what} {dest} is also an input of this command ({src}); choose another path")
     return dest
+
+
+def check_outputs(outputs: dict[str, str | os.PathLike | None], inputs: Iterable = ()) -> None:
+    """check_output_path for each named output (e.g. {"-o": out, "--report": rep}), and no two the same."""
+    inputs = [p for p in inputs if p is not None]
+    seen: dict[Path, str] = {}
+    for flag, dest in outputs.items():
+        if dest is None:
+            continue
+        check_output_path(dest, inputs=inputs, what=flag)
+        key = Path(os.path.abspath(dest))
+        if key in seen:
+            raise UsageError(f"{flag} and {seen[key]} name the same file {dest}; give each its own path")
+        seen[key] = flag
+
+
+def _same_file(dest: Path, src) -> bool:
+    src = str(src)
+    factory = split_factory(src)
+    if factory and not Path(src).exists():
+        src = factory[0]
+    try:
+        if dest.exists() and Path(src).exists() and os.path.samefile(dest, src):
+            return True
+    except OSError:
+        pass
+    return os.path.realpath(dest) == os.path.realpath(src)
 
 
 @contextlib.contextmanager
 def atomic_path(dest: str | os.PathLike, *, directory: bool = False) -> Iterator[Path]:
-    """Yield a temporary path next to `dest`; rename it onto `dest` only if the block succeeds."""
+    """Yield a temporary path next to `dest`; rename it onto `dest` only if the block succeeds.
+
+    A file replaces an existing regular file; a folder (directory=True) is only ever created, never replaces.
+    The temporary is removed on every exit path, interrupts included.
+    """
     dest = Path(dest)
     check_output_path(dest)
-    prefix = f".{dest.name}.tmp-"
+    if directory and dest.exists():
+        raise UsageError(f"{dest} already exists; optkit does not replace folders")
+    prefix = f".{dest.name[:200]}.tmp-"
     if directory:
         tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=dest.parent))
     else:
-        fd, name = tempfile.mkstemp(prefix=prefix, dir=dest.parent, suffix=dest.suffix)
+        fd, name = tempfile.mkstemp(prefix=prefix, dir=dest.parent, suffix=dest.suffix[:20])
         os.close(fd)
         tmp = Path(name)
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; give results normal permissions
     try:
         yield tmp
-        if dest.is_dir() and not dest.is_symlink():
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
-    except BaseException:
+        if directory:
+            os.rename(tmp, dest)  # fails rather than replace a folder that appeared meanwhile
+        else:
+            check_output_path(dest)  # it may have become a folder or link while we worked
+            os.replace(tmp, dest)
+    finally:
         remove(tmp)
-        raise
 
 
 def remove(path: Path) -> None:
+    """Remove a temporary file or folder of our own; missing is fine."""
+    path = Path(path)
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
     else:

@@ -7,6 +7,7 @@ EXIT_USAGE = 2
 EXIT_PASS = 3
 EXIT_DEPENDENCY = 4
 EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
 
 
 class OptkitError(Exception):
@@ -53,3 +54,7 @@ class GateFailed(OptkitError):
     """One or more gates failed (exit 1)."""
 
     exit_code = EXIT_GATE
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that every cleanup path runs (exit 143)."""

@@ -34,9 +34,8 @@ def run_isolated(fn: Callable[..., Any], *args: Any, what: str, **kwargs: Any) -
         proc.join()
         raise PassError(f"the runtime crashed while {what} ({_describe(proc.exitcode)}); "
                         "the model is probably malformed or unsupported") from None
-    except BaseException:
-        proc.terminate()
-        proc.join()
+    except BaseException:  # Ctrl-C or SIGTERM in the parent: stop the child too, then go on unwinding
+        _stop(proc)
         raise
     proc.join()
     if status == "ok":
@@ -49,7 +48,19 @@ def run_isolated(fn: Callable[..., Any], *args: Any, what: str, **kwargs: Any) -
     raise err
 
 
+def _stop(proc) -> None:
+    proc.terminate()
+    proc.join(5)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+
+
 def _child(send, fn, args, kwargs) -> None:
+    # the parent decides about interrupts: a terminal's Ctrl-C reaches the whole process group, and the
+    # parent's SIGTERM handler (inherited through fork) must not make the child report an error
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         result = ("ok", fn(*args, **kwargs))
     except OptkitError as e:
@@ -57,8 +68,11 @@ def _child(send, fn, args, kwargs) -> None:
     except BaseException as e:  # anything else crosses as text: it may not pickle
         result = ("exc", (f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}",
                           traceback.format_exc()))
-    send.send(result)
-    send.close()
+    try:
+        send.send(result)
+        send.close()
+    except (BrokenPipeError, OSError):
+        pass  # the parent is gone (interrupted): nobody to tell
 
 
 def _describe(code: int | None) -> str:

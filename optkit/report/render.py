@@ -9,8 +9,9 @@ def to_console(report: Report, console=None) -> None:
     from rich.console import Console
     from rich import box
     from rich.table import Table
+    from rich.text import Text
 
-    console = console or Console()
+    console = console or Console(markup=False, highlight=False)
     table = Table(title=report.command or "optkit report", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     rows = stage_rows(report)
     # a column with no figure in any row only takes width from the ones that matter
@@ -33,9 +34,9 @@ def to_console(report: Report, console=None) -> None:
                           f"{lat['throughput_per_s']:.1f} samples/s")
     for stage in report.stages:
         for note in stage.notes:
-            console.print(f"[dim]{stage.name}: {note}[/dim]")
+            console.print(Text(f"{stage.name}: {note}", "dim"))
         for warning in stage.warnings:
-            console.print(f"[bold yellow]warning[/bold yellow] {stage.name}: {warning}")
+            console.print(Text("warning", "bold yellow"), f"{stage.name}: {warning}")
     if report.gates:
         gates = Table(title="gates", title_justify="left")
         for col in ("gate", "value", "threshold", "margin", "verdict"):
@@ -43,7 +44,7 @@ def to_console(report: Report, console=None) -> None:
         for row in gate_rows(report):
             style = "green" if row["verdict"] == "pass" else "bold red"
             gates.add_row(row["gate"], row["value"], row["threshold"], row["margin"],
-                          f"[{style}]{row['verdict']}[/{style}]")
+                          Text(row["verdict"], style))
         console.print(gates)
 
 
