@@ -14,14 +14,13 @@ from typing import Iterable, Optional
 import typer
 
 from optkit.core.atomic import check_output_path, check_outputs
-from optkit.core.errors import (EXIT_INTERRUPTED, EXIT_PASS, EXIT_TERMINATED, EXIT_USAGE, OptkitError,
-                                Terminated)
+from optkit.core import interrupts
+from optkit.core.errors import EXIT_INTERRUPTED, EXIT_PASS, EXIT_TERMINATED, EXIT_USAGE, OptkitError
 
 
 @dataclass
 class _State:
     debug: bool = False
-    signal: Optional[str] = None   # the signal that stopped the command, if one did
     after_interrupt: str = "nothing was written"  # what an interrupted command leaves behind
 
 
@@ -30,11 +29,6 @@ STATE = _State()
 # errno values that mean the user's path or file system is at fault, not optkit
 _USER_ERRNOS = {errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.ENAMETOOLONG,
                 errno.EROFS, errno.ENOSPC, errno.EEXIST, errno.ELOOP, errno.EDQUOT, errno.EXDEV, errno.ENOTEMPTY}
-
-
-def _on_sigterm(signum, frame):
-    STATE.signal = "SIGTERM"
-    raise Terminated()
 
 
 def quiet_third_parties(debug: bool) -> None:
@@ -50,10 +44,10 @@ def quiet_third_parties(debug: bool) -> None:
 
 def run_app(app, argv: Optional[list[str]] = None) -> int:
     """Run the typer app and turn every outcome into an exit code and at most one error line."""
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    interrupts.install()
     try:
         rv = app(args=argv, standalone_mode=False)
-        if isinstance(rv, int) and rv:  # typer turns KeyboardInterrupt into a returned 130
+        if (isinstance(rv, int) and rv) or interrupts.received:  # typer turns KeyboardInterrupt into 130
             return _interrupted()
         return 0
     except OptkitError as e:
@@ -102,7 +96,7 @@ def _internal(e: BaseException) -> int:
 
 
 def _interrupted() -> int:
-    if STATE.signal == "SIGTERM":
+    if interrupts.received == "SIGTERM":
         return _fail(f"terminated (SIGTERM); {STATE.after_interrupt}", EXIT_TERMINATED)
     return _fail(f"interrupted (Ctrl-C); {STATE.after_interrupt}", EXIT_INTERRUPTED)
 

@@ -36,6 +36,8 @@ def register(app: typer.Typer) -> None:
             return
         from optkit.workspace import Progress
 
+        common.STATE.after_interrupt = "completed stages are kept; rerun the same command to resume"
+
         opts = RunOptions(workspace=Path(workspace), use_cache=not no_cache, resume=not new, baseline=baseline,
                           command=f"optkit run {recipe}", progress=Progress(quiet=False))
         outcome = execute(loaded, opts)

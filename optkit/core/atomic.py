@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from optkit.core import interrupts
 from optkit.core.errors import UsageError
 from optkit.core.formats import split_factory
 
@@ -99,6 +100,7 @@ def atomic_path(dest: str | os.PathLike, *, directory: bool = False) -> Iterator
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; give results normal permissions
     try:
         yield tmp
+        interrupts.check()  # a library may have swallowed Ctrl-C: never commit a result after one
         if directory:
             os.rename(tmp, dest)  # fails rather than replace a folder that appeared meanwhile
         else:
