@@ -36,7 +36,7 @@ def quiet_third_parties(debug: bool) -> None:
     if debug:
         return
     for key, value in (("TF_CPP_MIN_LOG_LEVEL", "3"), ("GLOG_minloglevel", "3"), ("GRPC_VERBOSITY", "ERROR"),
-                       ("PYTHONWARNINGS", "ignore"), ("ORT_LOG_SEVERITY", "3")):
+                       ("PYTHONWARNINGS", "ignore")):
         os.environ.setdefault(key, value)
     warnings.simplefilter("ignore")
     logging.basicConfig(level=logging.ERROR)
