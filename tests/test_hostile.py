@@ -175,6 +175,19 @@ def test_unwritable_output_folder_is_a_usage_error(cli, work):
     assert "internal error" not in line
 
 
+def test_a_long_output_name_leaves_room_for_the_temporary(cli, work):
+    name = "y" * 245 + ".onnx"  # 250 bytes: the name is legal, a naive ".NAME.tmp-XXXX.onnx" is not
+    r = cli("simplify", CNN, "-o", name, cwd=work)
+    assert r.rc == 0, r.err
+    assert (work / name).is_file() and not list(work.glob(".*"))
+
+
+def test_no_arguments_prints_the_help(cli, work):
+    for args in ([], ["report"], ["trt"]):
+        r = cli(*args, cwd=work)
+        assert r.rc == 2 and "Usage:" in r.out + r.err and "Traceback" not in r.err, (args, r.err)
+
+
 def test_a_regular_output_file_is_replaced(cli, work):
     (work / "s.onnx").write_bytes(b"an old result")
     r = cli("simplify", CNN, "-o", "s.onnx", cwd=work)

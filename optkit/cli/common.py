@@ -74,6 +74,9 @@ def run_app(app, argv: Optional[list[str]] = None) -> int:
     except Exception as e:  # click usage errors (typer vendors click in newer releases) and internal errors
         if type(e).__name__ == "Abort":
             return _interrupted()
+        if type(e).__name__ == "NoArgsIsHelpError":  # `optkit` or `optkit report` alone: the help is the answer
+            e.show()
+            return e.exit_code
         if hasattr(e, "format_message") and isinstance(getattr(e, "exit_code", None), int):
             return _fail(_usage_line(e), e.exit_code)
         return _internal(e)
