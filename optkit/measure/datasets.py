@@ -46,6 +46,8 @@ class Dataset:
 
     def subset(self, n: int | None, seed: int = 0) -> "Dataset":
         """A deterministic sample of n items (all of them when n is None or >= len)."""
+        if n is not None and n < 1:
+            raise UsageError(f"max_samples {n} leaves no samples of {self.source} to use; give 1 or more")
         if n is None or n >= len(self):
             return self
         idx = np.sort(np.random.default_rng(seed).choice(len(self), size=n, replace=False))
@@ -106,12 +108,12 @@ def load_dataset(spec: str | Path, preprocess: Preprocess | dict[str, Any] | Non
     if not path.exists():
         raise UsageError(f"data {path} not found")
     if path.is_dir():
-        return _image_folder(path, pre)
+        return _checked(_image_folder(path, pre))
     name = path.name.lower()
     if name.endswith(".npz"):
-        return _npz(path)
+        return _checked(_npz(path))
     if "idx" in name or name.endswith(("-ubyte", "-ubyte.gz")):
-        return _idx_dataset(path, labels, pre)
+        return _checked(_idx_dataset(path, labels, pre))
     raise UsageError(f"cannot read data {path}: expected an .npz, an image folder or IDX (-ubyte) files")
 
 
@@ -124,12 +126,30 @@ def _npz(path: Path) -> Dataset:
     labels = arrays.pop(LABELS, None)
     if not arrays:
         raise UsageError(f"{path} holds no input arrays (only {LABELS!r})")
-    lengths = {k: len(v) for k, v in arrays.items()}
-    if labels is not None:
-        lengths[LABELS] = len(labels)
-    if len(set(lengths.values())) != 1:
-        raise UsageError(f"arrays in {path} have different sample counts: {lengths}")
     return Dataset(arrays, labels, str(path))
+
+
+def _checked(ds: Dataset) -> Dataset:
+    """Refuse data that would give figures without meaning: no samples, or NaN / Inf values."""
+    named = [(f"array {k!r}" if k else "the images", v) for k, v in ds.arrays.items()]
+    if ds.labels is not None:
+        named.append((f"array {LABELS!r}", ds.labels))
+    for what, v in named:
+        if v.ndim == 0:
+            raise UsageError(f"{ds.source}: {what} is a scalar (0-d); every array needs a leading sample axis")
+    lengths = {k or "images": len(v) for k, v in [*ds.arrays.items(), (LABELS, ds.labels)] if v is not None}
+    if len(set(lengths.values())) != 1:
+        raise UsageError(f"arrays in {ds.source} have different sample counts: {lengths}")
+    if len(ds) == 0:
+        raise UsageError(f"{ds.source} holds 0 samples; give data with at least one")
+    for what, v in named:
+        if v.dtype.kind in "fc":
+            bad = int(v.size - np.count_nonzero(np.isfinite(v)))
+            if bad:
+                hint = "check the preprocess mean/std" if what == "the images" else "clean the data"
+                raise UsageError(f"{ds.source}: {what} has {bad} non-finite values (NaN or Inf) out of {v.size}; "
+                                 f"{hint}")
+    return ds
 
 
 def read_idx(path: Path) -> np.ndarray:
@@ -155,7 +175,9 @@ def _idx_dataset(path: Path, labels: str | Path | None, pre: Preprocess) -> Data
     if labels is None:  # t10k-images-idx3-ubyte(.gz) -> t10k-labels-idx1-ubyte(.gz)
         guess = path.with_name(path.name.replace("images-idx3", "labels-idx1"))
         labels = guess if guess != path and guess.exists() else None
-    y = read_idx(Path(labels)).astype(np.int64) if labels else None
+    y = read_idx(Path(labels)) if labels else None
+    if y is not None and y.dtype.kind in "iu":
+        y = y.astype(np.int64)  # float labels stay float: _checked refuses NaN, the metric checks the values
     if y is not None and len(y) != len(images):
         raise UsageError(f"{labels} has {len(y)} labels for {len(images)} images")
     x = images.astype(np.float32) * pre.scale
