@@ -9,7 +9,7 @@ from typing import Callable
 
 import numpy as np
 
-from optkit.core.errors import UsageError
+from optkit.core.errors import PassError, UsageError
 from optkit.measure.inputs import batches, fixed_batch
 
 LABELLED = ("top1", "top5", "mse", "mae", "cosine")
@@ -18,7 +18,7 @@ LABELLED = ("top1", "top5", "mse", "mae", "cosine")
 def _topk(k: int) -> Callable:
     def metric(logits: np.ndarray, labels: np.ndarray) -> float:
         logits = logits.reshape(len(logits), -1)
-        top = np.argsort(-logits, axis=1)[:, :k]
+        top = np.argsort(-logits, axis=1, kind="stable")[:, :k]  # ties go to the lowest index, like argmax
         return float((top == labels.reshape(-1, 1)).any(axis=1).mean())
     return metric
 
@@ -83,11 +83,72 @@ def run_over(session, feeds: dict[str, np.ndarray], batch: int | None = None, pr
     return [np.concatenate([c[i] for c in chunks], axis=0) for i in range(len(chunks[0]))]
 
 
-def compute(metric: str, outputs: list[np.ndarray], labels: np.ndarray | None) -> dict:
+def compute(metric: str, outputs: list[np.ndarray], labels: np.ndarray | None,
+            names: list[str] | None = None) -> dict:
+    """The metric on outputs[0]. Non-finite outputs fail (exit 3); labels that do not fit the metric and
+    the output (class range, one-hot, shape) are a usage error (exit 2)."""
     fn = resolve_metric(metric)
     if labels is None:
         raise UsageError(f"metric {metric!r} needs labels, and the data has none (add a 'labels' array)")
-    value = fn(outputs[0], labels)
-    if isinstance(value, dict):
-        return {k: float(v) for k, v in value.items()}
-    return {metric: float(value)}
+    out = np.asarray(outputs[0])
+    name = names[0] if names else "0"
+    if out.dtype.kind in "fc":
+        bad = int(out.size - np.count_nonzero(np.isfinite(out)))
+        if bad:
+            raise PassError(f"model output {name!r} has {bad} non-finite values (NaN or Inf) out of {out.size}; "
+                            f"no {metric} figure is computed from them")
+    if metric in BUILTIN:
+        labels = check_labels(metric, out, np.asarray(labels), name)
+    value = fn(out, labels)
+    values = {k: float(v) for k, v in value.items()} if isinstance(value, dict) else {metric: float(value)}
+    for k, v in values.items():
+        if not np.isfinite(v):
+            raise PassError(f"metric {metric!r} gave {v} for {k!r}; a non-finite figure cannot be compared")
+    return values
+
+
+def check_labels(metric: str, out: np.ndarray, labels: np.ndarray, name: str = "0") -> np.ndarray:
+    """The labels a built-in metric can score against `out`; one-hot [N, C] labels become class indices."""
+    n = len(out)
+    if len(labels) != n:
+        raise UsageError(f"{len(labels)} labels for {n} model outputs")
+    classes = int(np.prod(out.shape[1:], dtype=np.int64)) if out.ndim >= 2 else 1
+    if metric in ("top1", "top5"):
+        k = 1 if metric == "top1" else 5
+        if out.ndim < 2 or classes < 2:
+            raise UsageError(f"metric {metric} needs class scores [N, C] but output {name!r} has shape "
+                             f"{list(out.shape)}; use mse or mae for a regression output")
+        if k > classes:
+            raise UsageError(f"metric top5 needs at least 5 classes but output {name!r} has {classes}; use top1")
+        if labels.ndim == 2 and labels.shape[1] == classes and classes > 1:
+            onehot = np.isin(labels, (0, 1)).all() and (labels.sum(axis=1) == 1).all()
+            if not onehot:
+                raise UsageError(f"labels have shape {list(labels.shape)} but are not one-hot (one 1 per row); "
+                                 f"{metric} needs class indices [N] or one-hot rows")
+            labels = labels.argmax(axis=1)
+        if labels.ndim > 1 and all(d == 1 for d in labels.shape[1:]):
+            labels = labels.reshape(n)
+        if labels.ndim != 1:
+            raise UsageError(f"labels have shape {list(labels.shape)}; {metric} needs class indices [N] "
+                             f"(or one-hot [N, {classes}])")
+        if labels.dtype.kind == "b":
+            labels = labels.astype(np.int64)
+        if labels.dtype.kind == "f" and not np.array_equal(labels, np.round(labels)):
+            raise UsageError(f"labels are {labels.dtype.name}, not whole class indices; {metric} needs integers "
+                             f"in 0..{classes - 1}")
+        if labels.dtype.kind not in "iuf":
+            raise UsageError(f"labels are {labels.dtype.name}; {metric} needs integer class indices")
+        lo, hi = labels.min(), labels.max()
+        if lo < 0 or hi >= classes:
+            raise UsageError(f"labels range {lo:g}..{hi:g} but the model's output has {classes} classes")
+        return labels.astype(np.int64)
+    # mse, mae, cosine: targets of the output's shape
+    if labels.dtype.kind not in "iuf":
+        raise UsageError(f"labels are {labels.dtype.name}; metric {metric} needs numeric targets")
+    if labels.size != out.size:
+        if labels.ndim == 1 and labels.dtype.kind in "iu" and classes > 1:
+            raise UsageError(f"metric {metric} compares the output with targets of its shape, but the labels are "
+                             f"class indices [{n}] and output {name!r} is {list(out.shape)}; use --metric top1")
+        raise UsageError(f"metric {metric}: labels have shape {list(labels.shape)} but output {name!r} has "
+                         f"{list(out.shape)}; give targets with the output's shape")
+    return labels

@@ -1,26 +1,56 @@
 """One entry point that measures an artifact: size, latency, accuracy and fidelity, in an isolated process."""
 from __future__ import annotations
 
+import math
+import os
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from optkit.core.artifact import Artifact
+from optkit.core.errors import UsageError
 from optkit.core.isolate import run_isolated
+
+MAX_THREADS_FLOOR = 64    # a recipe written for a big machine still runs on a 2-CPU runner
+MAX_BATCH = 65536
+MAX_WARMUP = 100_000
+MAX_RUNS = 1_000_000
+MAX_DURATION_S = 3600.0
 
 
 class MeasureSettings(BaseModel):
-    """How to measure: runtime provider, threads, batch, warm-up and runs (or a duration)."""
+    """How to measure: runtime provider, threads, batch, warm-up and runs (or a duration).
+
+    Bounds (so a typo cannot hang a run): threads 1..max(64, 4x the CPUs), batch 1..65536, warmup
+    0..100,000, runs 1..1,000,000, duration finite, over 0 and at most 3600 s. Out of bounds is a UsageError
+    naming the command-line option (exit 2), not a pydantic ValidationError."""
 
     model_config = ConfigDict(extra="forbid")
     provider: str = "cpu"
-    threads: int | None = Field(default=None, ge=1)
-    batch: int = Field(default=1, ge=1)
-    warmup: int = Field(default=10, ge=0)
-    runs: int = Field(default=100, ge=1)
-    duration: float | None = Field(default=None, gt=0)
+    threads: int | None = None
+    batch: int = 1
+    warmup: int = 10
+    runs: int = 100
+    duration: float | None = None
     shapes: dict[str, list[int]] = Field(default_factory=dict)
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "MeasureSettings":
+        # UsageError is not a ValueError, so pydantic lets it through unwrapped
+        cpus = os.cpu_count() or 1
+        most = max(MAX_THREADS_FLOOR, 4 * cpus)
+        if self.threads is not None and not 1 <= self.threads <= most:
+            raise UsageError(f"--threads {self.threads} is out of range: give 1 to {most} (4x the {cpus} CPUs "
+                             f"here, at least {MAX_THREADS_FLOOR})")
+        for option, value, lo, hi in (("--batch", self.batch, 1, MAX_BATCH), ("--warmup", self.warmup, 0, MAX_WARMUP),
+                                      ("--runs", self.runs, 1, MAX_RUNS)):
+            if not lo <= value <= hi:
+                raise UsageError(f"{option} {value} is out of range: give {lo} to {hi:,}")
+        if self.duration is not None and not (math.isfinite(self.duration) and 0 < self.duration <= MAX_DURATION_S):
+            raise UsageError(f"--duration {self.duration:g} is out of range: give seconds over 0 and at most "
+                             f"{MAX_DURATION_S:g}")
+        return self
 
 
 class DataSpec(BaseModel):
@@ -31,6 +61,15 @@ class DataSpec(BaseModel):
     labels: str | None = None             # IDX labels file, when not beside the images
     preprocess: dict[str, Any] | None = None
     max_samples: int | None = Field(default=None, ge=1)
+
+
+def latency_feeds(bound: dict, batch: int, source: str) -> dict:
+    """The first `batch` samples of bound data, to time; fewer samples than the batch is a usage error."""
+    n = len(next(iter(bound.values())))
+    if n < batch:
+        raise UsageError(f"--batch {batch} is more than the {n} samples in {source}; give a smaller --batch "
+                         "or more data")
+    return {k: v[:batch] for k, v in bound.items()}
 
 
 def measure(artifact: Artifact, settings: MeasureSettings | None = None, *, latency: bool = True,
@@ -66,7 +105,9 @@ def _measure(artifact: Artifact, settings: MeasureSettings, latency: bool, data:
     if data is not None:
         ds = load_dataset(data.path, data.preprocess, data.labels).subset(data.max_samples, settings.seed)
         eval_feeds, labels = ds.bind(session.inputs), ds.labels
-        feeds = {k: v[:settings.batch] for k, v in eval_feeds.items()}  # time real samples
+        # time real samples
+        feeds = latency_feeds(eval_feeds, settings.batch, ds.source) if latency else {
+            k: v[:settings.batch] for k, v in eval_feeds.items()}
     session.check_feeds(feeds)
     if latency:
         result["latency"] = measure_latency(session, feeds, warmup=settings.warmup, runs=settings.runs,
@@ -75,7 +116,8 @@ def _measure(artifact: Artifact, settings: MeasureSettings, latency: bool, data:
     result["io"] = {"inputs": [s.to_dict() for s in session.inputs],
                     "outputs": [s.to_dict() for s in session.outputs], "runtime": session.runtime}
     if metric:
-        result["accuracy"] = {**compute(metric, outputs, labels), "metric": metric, "samples": len(labels)}
+        names = [s.name for s in session.outputs]
+        result["accuracy"] = {**compute(metric, outputs, labels, names), "metric": metric, "samples": len(labels)}
     if reference is not None:
         ref_session = open_session(reference, provider="cpu")
         ref_feeds = ds.bind(ref_session.inputs) if ds is not None else dict(

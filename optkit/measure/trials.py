@@ -132,26 +132,33 @@ def low(times: list[float]) -> float:
 
 
 def latency_trials(artifact: Artifact, settings, *, trials: int = 5, normalize: bool = True,
-                   data=None) -> dict[str, Any]:
-    """Measure latency in `trials` trials of settings.runs runs each, in an isolated child process."""
-    return run_isolated(_trials, artifact, settings, trials, normalize, data,
+                   data=None, limit_s: float | None = None) -> dict[str, Any]:
+    """Measure latency in `trials` trials of settings.runs runs each, in an isolated child process.
+
+    All trials together stop after `limit_s` seconds (default latency.LIMIT_S) whatever settings.runs asks;
+    then `time_limited` is set and `runs_per_trial` is the fewest runs a trial got."""
+    return run_isolated(_trials, artifact, settings, trials, normalize, data, limit_s,
                         what=f"benchmarking {artifact.path}")
 
 
-def _trials(artifact: Artifact, settings, trials: int, normalize: bool, data) -> dict[str, Any]:
+def _trials(artifact: Artifact, settings, trials: int, normalize: bool, data, limit_s: float | None
+            ) -> dict[str, Any]:
     import gc
     import time
 
     from optkit.measure.datasets import load_dataset
     from optkit.measure.inputs import synthesize
-    from optkit.measure.latency import summarize
+    from optkit.measure.latency import LIMIT_S, summarize
+    from optkit.measure.model import latency_feeds
     from optkit.runtimes.base import open_session
 
+    # each trial's warm-up and its timed runs get half of the trial's share of the limit
+    trial_limit = (LIMIT_S if limit_s is None else limit_s) / (2 * trials)
     session = open_session(artifact, provider=settings.provider, threads=settings.threads)
     feeds = synthesize(session.inputs, settings.shapes, batch=settings.batch, seed=settings.seed)
     if data is not None:
         ds = load_dataset(data.path, data.preprocess, data.labels)
-        feeds = {k: v[:settings.batch] for k, v in ds.bind(session.inputs).items()}
+        feeds = latency_feeds(ds.bind(session.inputs), settings.batch, ds.source)
     session.check_feeds(feeds)
     model_bytes = artifact.size_bytes()
     rungs = reference_rungs(model_bytes) if normalize else ()
@@ -169,11 +176,16 @@ def _trials(artifact: Artifact, settings, trials: int, normalize: bool, data) ->
             session = open_session(artifact, provider=settings.provider, threads=settings.threads)
         state.update(run=session.run, timer=session.timer(),
                      refs=[_reference_runner(r, settings.threads) for r in rungs])
+        start = clock()
         for _ in range(settings.warmup):
             session.run(feeds)
+            if clock() - start >= trial_limit:
+                break
         for ref in state["refs"]:
-            for _ in range(max(3, settings.warmup)):
+            for i in range(max(3, settings.warmup)):
                 ref()
+                if i >= 3 and clock() - start >= trial_limit:
+                    break
 
     def time_model() -> float:
         run, timer = state["run"], state["timer"]
@@ -190,6 +202,8 @@ def _trials(artifact: Artifact, settings, trials: int, normalize: bool, data) ->
     ref_low: list[list[float]] = [[] for _ in refs]
     ratios: list[list[float]] = [[] for _ in refs]
     ref_all: list[list[float]] = [[] for _ in refs]
+    counts: list[int] = []
+    limited = False
     gc_was = gc.isenabled()
     gc.disable()                                  # no collector pauses inside the timed loop
     try:
@@ -198,7 +212,11 @@ def _trials(artifact: Artifact, settings, trials: int, normalize: bool, data) ->
                 open_all(False)
                 refs = state["refs"]
             times, rt = [], [[] for _ in refs]
+            start = clock()
             for _ in range(settings.runs):
+                if len(times) >= 5 and clock() - start >= trial_limit:
+                    limited = True
+                    break
                 # model and references alternate call by call, so all see the same machine state
                 times.append(time_model())
                 for j, ref in enumerate(refs):
@@ -212,13 +230,16 @@ def _trials(artifact: Artifact, settings, trials: int, normalize: bool, data) ->
                 ratios[j].append(low(times) / low(rt[j]))
                 ref_all[j] += rt[j]
             all_times += times
+            counts.append(len(times))
     finally:
         if gc_was:
             gc.enable()
     session.close()
     out = summarize(all_times, batch=settings.batch, warmup=settings.warmup, threads=session.threads,
                     provider=session.provider)
-    out.update(trials=trials, runs_per_trial=settings.runs, trial_p50_ms=trial_p50, ci95_pct=ci95_pct(trial_p50),
+    if limited:
+        out["time_limited"] = True
+    out.update(trials=trials, runs_per_trial=min(counts), trial_p50_ms=trial_p50, ci95_pct=ci95_pct(trial_p50),
                trial_low_ms=trial_low, low_ms=float(np.median(trial_low)), low_quantile=LOW_Q,
                low_ci95_pct=ci95_pct(trial_low))
     if refs:
