@@ -60,7 +60,7 @@ class DataSpec(BaseModel):
     path: str
     labels: str | None = None             # IDX labels file, when not beside the images
     preprocess: dict[str, Any] | None = None
-    max_samples: int | None = Field(default=None, ge=1)
+    max_samples: int | None = None       # 0 or less is refused when the data is loaded (UsageError)
 
 
 def latency_feeds(bound: dict, batch: int, source: str) -> dict:
