@@ -358,3 +358,13 @@ def test_latency_loop_stops_on_time(samples):
     assert time.monotonic() - start < 10
     assert lat["time_limited"] is True and 1 <= lat["runs"] < 10 ** 6
     session.close()
+
+
+def test_values_overflowing_a_float16_input(tmp_path):
+    from optkit.measure.datasets import load_dataset
+    from optkit.runtimes.base import TensorSpec
+
+    ds = load_dataset(_npz(tmp_path / "big.npz", input=np.full((2, 3), 1e6, np.float32)))
+    with pytest.raises(UsageError, match="does not fit float16: 6 values overflow"):
+        ds.bind([TensorSpec("input", [None, 3], "float16")])
+    assert ds.bind([TensorSpec("input", [None, 3], "float32")])["input"].shape == (2, 3)

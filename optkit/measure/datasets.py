@@ -96,7 +96,12 @@ def _fit(arr: np.ndarray, spec, source: str) -> np.ndarray:
         if np.issubdtype(arr.dtype, np.floating) and not np.issubdtype(dtype, np.floating) and dtype != np.bool_:
             if dtype.kind in "iu" and arr.size and not np.allclose(arr, np.round(arr)):
                 raise UsageError(f"data for input {spec.name!r} is float but the model expects {dtype.name}")
-        arr = arr.astype(dtype)
+        with np.errstate(over="ignore"):
+            cast = arr.astype(dtype)
+        if dtype.kind == "f" and not np.isfinite(cast).all():  # finite at load, so the cast overflowed
+            raise UsageError(f"data for input {spec.name!r} from {source} does not fit {dtype.name}: "
+                             f"{int(cast.size - np.count_nonzero(np.isfinite(cast)))} values overflow to Inf")
+        arr = cast
     return arr
 
 
