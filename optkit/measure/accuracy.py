@@ -91,11 +91,11 @@ def compute(metric: str, outputs: list[np.ndarray], labels: np.ndarray | None,
     if labels is None:
         raise UsageError(f"metric {metric!r} needs labels, and the data has none (add a 'labels' array)")
     out = np.asarray(outputs[0])
-    name = names[0] if names else "0"
+    name = repr(names[0]) if names else "0"
     if out.dtype.kind in "fc":
         bad = int(out.size - np.count_nonzero(np.isfinite(out)))
         if bad:
-            raise PassError(f"model output {name!r} has {bad} non-finite values (NaN or Inf) out of {out.size}; "
+            raise PassError(f"model output {name} has {bad} non-finite values (NaN or Inf) out of {out.size}; "
                             f"no {metric} figure is computed from them")
     if metric in BUILTIN:
         labels = check_labels(metric, out, np.asarray(labels), name)
@@ -108,7 +108,8 @@ def compute(metric: str, outputs: list[np.ndarray], labels: np.ndarray | None,
 
 
 def check_labels(metric: str, out: np.ndarray, labels: np.ndarray, name: str = "0") -> np.ndarray:
-    """The labels a built-in metric can score against `out`; one-hot [N, C] labels become class indices."""
+    """The labels a built-in metric can score against `out`; one-hot [N, C] labels become class indices.
+    `name` is how messages call the output: "'logits'" or "0"."""
     n = len(out)
     if len(labels) != n:
         raise UsageError(f"{len(labels)} labels for {n} model outputs")
@@ -116,10 +117,10 @@ def check_labels(metric: str, out: np.ndarray, labels: np.ndarray, name: str = "
     if metric in ("top1", "top5"):
         k = 1 if metric == "top1" else 5
         if out.ndim < 2 or classes < 2:
-            raise UsageError(f"metric {metric} needs class scores [N, C] but output {name!r} has shape "
+            raise UsageError(f"metric {metric} needs class scores [N, C] but output {name} has shape "
                              f"{list(out.shape)}; use mse or mae for a regression output")
         if k > classes:
-            raise UsageError(f"metric top5 needs at least 5 classes but output {name!r} has {classes}; use top1")
+            raise UsageError(f"metric top5 needs at least 5 classes but output {name} has {classes}; use top1")
         if labels.ndim == 2 and labels.shape[1] == classes and classes > 1:
             onehot = np.isin(labels, (0, 1)).all() and (labels.sum(axis=1) == 1).all()
             if not onehot:
@@ -148,7 +149,7 @@ def check_labels(metric: str, out: np.ndarray, labels: np.ndarray, name: str = "
     if labels.size != out.size:
         if labels.ndim == 1 and labels.dtype.kind in "iu" and classes > 1:
             raise UsageError(f"metric {metric} compares the output with targets of its shape, but the labels are "
-                             f"class indices [{n}] and output {name!r} is {list(out.shape)}; use --metric top1")
-        raise UsageError(f"metric {metric}: labels have shape {list(labels.shape)} but output {name!r} has "
+                             f"class indices [{n}] and output {name} is {list(out.shape)}; use --metric top1")
+        raise UsageError(f"metric {metric}: labels have shape {list(labels.shape)} but output {name} has "
                          f"{list(out.shape)}; give targets with the output's shape")
     return labels
