@@ -69,12 +69,20 @@ def stage_rows(report: Report) -> list[dict[str, str]]:
             "p90 ms": f"{lat['p90_ms']:.3f}" if "p90_ms" in lat else "-",
             "speedup": f"{base_p50 / p50:.2f}x" if p50 and base_p50 else "-",
             label: accuracy_cell(stage, label),
-            "cosine": f"{fid['cosine']:.5f}" if "cosine" in fid else "-",
+            "cosine": _num(fid, "cosine", ".5f"),
             "top-1 agree": f"{agree:.4f}" if agree is not None else "-",
             "agree": f"{agree:.3f}" if agree is not None else "-",
-            "max |diff|": f"{fid['max_abs_error']:.3g}" if "max_abs_error" in fid else "-",
+            "max |diff|": _num(fid, "max_abs_error", ".3g"),
         })
     return rows
+
+
+def _num(figures: dict, key: str, spec: str) -> str:
+    """A figure as text: '-' when absent; 'inf' when the JSON report stored a non-finite value as null."""
+    if key not in figures:
+        return "-"
+    v = figures[key]
+    return format(v, spec) if isinstance(v, (int, float)) else "inf"
 
 
 def gate_rows(report: Report) -> list[dict[str, str]]:
