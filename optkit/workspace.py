@@ -29,50 +29,67 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
-def _link_or_copy(src: str, dst: str) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
-
-
 class Workspace:
     def __init__(self, root: Path, recipe_name: str):
+        from optkit.core.errors import UsageError
+
         self.root = Path(root)
         self.recipe_dir = self.root / recipe_name
         self.cache_dir = self.root / ".cache"
+        # recipe names are checked when the recipe loads; this guards every other caller
+        base, inside = os.path.abspath(self.root), os.path.abspath(self.recipe_dir)
+        if os.path.dirname(inside) != base or recipe_name.startswith("."):
+            raise UsageError(f"recipe name {recipe_name!r} is not a plain folder name inside {self.root}; "
+                             "use letters, digits, '.', '_' and '-'")
 
     # ------------------------------------------------------------ runs
     def open_run(self, loaded, *, resume: bool = True) -> "Run":
+        """Resume the last run of this recipe when it was interrupted and no live process holds it, else start one.
+
+        Each run folder is locked (flock on the folder itself) for the life of the process running it, so two
+        concurrent `optkit run`s never share a folder; the kernel drops the lock when the process dies.
+        """
         self.recipe_dir.mkdir(parents=True, exist_ok=True)
+        if os.path.realpath(self.recipe_dir) != os.path.join(os.path.realpath(self.root), self.recipe_dir.name):
+            from optkit.core.errors import UsageError
+
+            raise UsageError(f"{self.recipe_dir} is a link out of the workspace {self.root}; remove it")
         sha = loaded.sha256()
         if resume:
             last = self._latest_run()
-            if last is not None:
+            lock = _try_lock(last) if last is not None else None
+            if lock is not None:
                 info = _read_json(last / "run.json")
                 if info and info.get("status") != "complete" and info.get("recipe_sha256") == sha:
-                    run = Run(last, info)
+                    run = Run(last, info, lock)
                     run.resumed = True
                     run.set_status("running")
                     return run
+                os.close(lock)
         run_id = datetime.now().strftime("%Y%m%d-%H%M%S")
-        path = self.recipe_dir / run_id
-        n = 1
-        while path.exists():
-            n += 1
-            path = self.recipe_dir / f"{run_id}-{n}"
-        path.mkdir()
+        path, n = self.recipe_dir / run_id, 1
+        while True:  # mkdir is the exclusive claim: a folder another process made first is never shared
+            try:
+                path.mkdir()
+                break
+            except FileExistsError:
+                n += 1
+                path = self.recipe_dir / f"{run_id}-{n}"
+        lock = _try_lock(path)
         info = {"run_id": path.name, "recipe": str(loaded.path) if loaded.path else None, "recipe_sha256": sha,
-                "status": "running", "started": _now()}
-        run = Run(path, info)
+                "status": "running", "started": _now(), "pid": os.getpid()}
+        run = Run(path, info, lock)
         run.set_status("running")
-        _point_latest(self.recipe_dir, path.name)
+        _point_latest(self.recipe_dir, path.name)  # only now, locked and with run.json, may others see it
         return run
 
     def _latest_run(self) -> Path | None:
         link = self.recipe_dir / "latest"
-        if link.is_symlink() and (link.resolve() / "run.json").exists():
-            return self.recipe_dir / os.readlink(link)
+        if link.is_symlink():
+            target = os.readlink(link)
+            path = self.recipe_dir / target
+            if os.sep not in target and not target.startswith(".") and (path / "run.json").is_file():
+                return path
         return None
 
     # ------------------------------------------------------------ cache
@@ -88,26 +105,56 @@ class Workspace:
         return config_key("optkit-stage-v1", artifact.sha256, pass_name, config, fingerprints, measure.seed,
                           measure.shapes, optkit.__version__, library_versions(), sys.version_info[:2])
 
-    def cache_get(self, key: str, dest: Path) -> dict | None:
-        """Copy (hard-link) a cached output into `dest`; None when not cached."""
-        from optkit.core.artifact import Artifact
+    @contextlib.contextmanager
+    def cache_lock(self, key: str) -> Iterator[None]:
+        """Hold the cache key across processes while it is looked up, computed and stored: a second run
+        computing the same stage waits, then reuses the first one's result."""
+        import fcntl
+
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.cache_dir / f"{key[:32]}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def cache_get(self, key: str, dest: Path, notes: list | None = None) -> dict | None:
+        """Copy a cached output into `dest`; None when not cached.
+
+        The entry is re-hashed first: one whose files no longer match the sha256 recorded when it was stored
+        is dropped (a note says so) and the stage is computed again.
+        """
+        from optkit.core.artifact import Artifact, content_sha256
         from optkit.core.formats import Format
 
         entry_dir = self.cache_dir / key[:32]
         entry = _read_json(entry_dir / "entry.json")
         if not entry or entry.get("key") != key or not (entry_dir / "files").is_dir():
             return None
-        shutil.copytree(entry_dir / "files", dest, copy_function=_link_or_copy, dirs_exist_ok=True)
         a = entry["artifact"]
-        art = Artifact(path=str(dest / a["path"]), format=Format(a["format"]), sha256=a["sha256"],
+        try:
+            fmt = Format(a["format"])
+            cached = entry_dir / "files" / a["path"]
+            ok = cached.exists() and content_sha256(cached, fmt) == a["sha256"]
+        except Exception:  # an unreadable or damaged entry is a miss, never an error
+            ok = False
+        if not ok:
+            remove(entry_dir)
+            if notes is not None:
+                notes.append(f"cache entry {key[:12]} no longer matched its sha256 and was dropped; recomputed")
+            return None
+        shutil.copytree(entry_dir / "files", dest, dirs_exist_ok=True)
+        art = Artifact(path=str(dest / a["path"]), format=fmt, sha256=a["sha256"],
                        parent=a.get("parent"), produced_by=a.get("produced_by"), config=a.get("config") or {},
                        meta=a.get("meta") or {})
-        if not Path(art.path).exists():
-            return None
         return {**entry, "artifact": art}
 
     def cache_put(self, key: str, src: Path, result) -> None:
-        """Store a pass output (everything in the stage folder so far) in the cache, atomically."""
+        """Store a pass output (everything in the stage folder so far) in the cache, atomically.
+
+        The cache holds copies, not hard links: a link would let an edit of a run's output change the cache.
+        """
         from optkit.core.atomic import atomic_path
 
         art = result.output
@@ -117,22 +164,24 @@ class Workspace:
             return  # the pass wrote outside its stage folder: not cacheable
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         dest = self.cache_dir / key[:32]
+        remove(dest)  # a stale or damaged entry (the caller holds the key's lock)
         a = art.to_dict()
         a["path"] = str(rel)
         entry = {"key": key, "created": _now(), "pass": result.pass_name, "artifact": a,
                  "notes": list(result.ctx.notes), "warnings": list(result.ctx.warnings),
                  "measurements": _jsonable(result.ctx.measurements), "duration_s": result.duration_s}
         with atomic_path(dest, directory=True) as tmp:
-            shutil.copytree(src, tmp / "files", copy_function=_link_or_copy)
+            shutil.copytree(src, tmp / "files")
             (tmp / "entry.json").write_text(json.dumps(entry, indent=2, default=str))
 
 
 class Run:
     """One run folder."""
 
-    def __init__(self, path: Path, info: dict):
+    def __init__(self, path: Path, info: dict, lock: int | None = None):
         self.path = path
         self._info = info
+        self._lock = lock  # fd holding flock on the folder for as long as this process runs it
         self.resumed = False
 
     @property
@@ -170,7 +219,7 @@ class Run:
             return None, None
         ok = (expect_input is None or (stage.input is not None and stage.input.sha256 == expect_input))
         ok = ok and (expect_output is None or stage.output.sha256 == expect_output)
-        if not ok or not Path(stage.output.path).exists():
+        if not ok or not Path(stage.output.path).exists() or (expect_output is None and not _unchanged(stage.output)):
             remove(d)
             return None, None
         o = stage.output
@@ -213,6 +262,27 @@ class Run:
         with contextlib.suppress(Exception):
             self.set_status(status)
 
+    def release(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
+
+def _try_lock(folder: Path) -> int | None:
+    """An fd holding an exclusive flock on `folder`, or None when another process holds it."""
+    import fcntl
+
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
 
 def _point_latest(folder: Path, target: str) -> None:
     link = folder / "latest"
@@ -221,6 +291,17 @@ def _point_latest(folder: Path, target: str) -> None:
         remove(tmp)
         os.symlink(target, tmp)
         os.replace(tmp, link)
+
+
+def _unchanged(ref) -> bool:
+    """Whether an output still has the sha256 its stage recorded (a resumed run must give the same result)."""
+    from optkit.core.artifact import content_sha256
+    from optkit.core.formats import Format
+
+    try:
+        return content_sha256(ref.path, Format(ref.format)) == ref.sha256
+    except Exception:
+        return False
 
 
 def _read_json(p: Path) -> dict | None:
@@ -233,10 +314,9 @@ def _read_json(p: Path) -> dict | None:
 def _file_sha(path: str | None) -> str | None:
     if not path:
         return None
-    from optkit.core.artifact import content_sha256
-    from optkit.core.formats import Format
+    from optkit.core.artifact import path_sha256
 
-    return content_sha256(path, Format.ONNX)  # any non-factory format: hashes a file or a folder's files
+    return path_sha256(path)
 
 
 def _jsonable(obj: Any) -> Any:

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from optkit.core.errors import UsageError
 from optkit.core.formats import Format, detect_format, split_factory
 
 
@@ -46,7 +48,8 @@ class Artifact:
             return Path(weights).stat().st_size if weights else 0
         if p.is_dir():
             return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
-        return p.stat().st_size
+        extra = external_data_files(p) if self.format == Format.ONNX else []
+        return p.stat().st_size + sum(f.stat().st_size for _, f in extra)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -67,13 +70,59 @@ def content_sha256(spec: str | Path, fmt: Format, weights: str | None = None) ->
             _hash_file(h, Path(weights))
         return h.hexdigest()
     p = Path(spec)
+    _hash_path(h, p)
+    if fmt == Format.ONNX and not p.is_dir():
+        for location, f in external_data_files(p):
+            h.update(b"\0external:" + location.encode())
+            _hash_file(h, f)
+    return h.hexdigest()
+
+
+def path_sha256(path: str | Path) -> str:
+    """sha256 of a plain file, or of a folder's files and their relative names (data files, not models)."""
+    h = hashlib.sha256()
+    _hash_path(h, Path(path))
+    return h.hexdigest()
+
+
+def _hash_path(h, p: Path) -> None:
     if p.is_dir():
         for f in sorted(x for x in p.rglob("*") if x.is_file()):
             h.update(str(f.relative_to(p)).encode())
             _hash_file(h, f)
     else:
         _hash_file(h, p)
-    return h.hexdigest()
+
+
+def external_data_files(model: str | Path) -> list[tuple[str, Path]]:
+    """The external data files an ONNX model file references: [(location, path)], sorted, each once.
+
+    The model is read without its external data. A location that leaves the model's folder or a file that
+    is missing is a usage error: the model's weights would not be what the hash and the size describe.
+    """
+    model = Path(model)
+    try:
+        import onnx
+        from onnx.external_data_helper import _get_all_tensors
+
+        proto = onnx.load(str(model), load_external_data=False)
+        locations = set()
+        for t in _get_all_tensors(proto):
+            if t.data_location == onnx.TensorProto.EXTERNAL:
+                locations.update(e.value for e in t.external_data if e.key == "location")
+    except Exception:  # not a readable ONNX file: its bytes are all there is (loading it reports the problem)
+        return []
+    out = []
+    for loc in sorted(locations):
+        norm = os.path.normpath(loc)
+        if os.path.isabs(loc) or norm == ".." or norm.startswith(".." + os.sep) or norm == ".":
+            raise UsageError(f"{model}: external data location {loc!r} is outside the model's folder; "
+                             "keep the .data file next to the model")
+        f = model.parent / norm
+        if not f.is_file():
+            raise UsageError(f"{model}: external data file {f} is missing; copy it next to the model")
+        out.append((loc, f))
+    return out
 
 
 def _hash_file(h, path: Path) -> None:

@@ -1,6 +1,7 @@
 """Running passes: one stage at a time, each output measured. Single-stage commands use this too."""
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -169,22 +170,8 @@ def execute(loaded, opts: RunOptions | None = None) -> RunOutcome:
             key = ws.cache_key(current, cls.name, config, data, r.measure)
             with run.building(i, name) as tmp:
                 final_dir = run.stage_dir(i, name)
-                hit = ws.cache_get(key, tmp) if opts.use_cache else None
-                if hit is not None:
-                    result = StageResult(name=name, pass_name=cls.name, input=current, output=hit["artifact"],
-                                         config=config, duration_s=hit["duration_s"],
-                                         ctx=PassContext(output=tmp / stage_output_name(cls.produces),
-                                                         notes=list(hit["notes"]), warnings=list(hit["warnings"]),
-                                                         measurements=dict(hit["measurements"])),
-                                         cached=True)
-                    result.ctx.note(f"reused from the cache (key {key[:12]}, computed {hit['created']})")
-                else:
-                    progress.step(f"running {cls.name}" + _long_hint(cls.name))
-                    result = run_pass(current, cls.name, spec.config, tmp / stage_output_name(cls.produces),
-                                      shapes=r.measure.shapes, seed=r.measure.seed, data=data["datasets"])
-                    result.name = name
-                    if opts.use_cache:
-                        ws.cache_put(key, tmp, result)
+                with ws.cache_lock(key) if opts.use_cache else contextlib.nullcontext():
+                    result = _compute_stage(ws, key, tmp, opts, name, cls, current, config, spec, r, data, progress)
                 out = _relocate(result.output, tmp, final_dir)
                 result.output = out
                 measured_art = _relocate(out, final_dir, tmp)  # measure where the files are now
@@ -201,10 +188,35 @@ def execute(loaded, opts: RunOptions | None = None) -> RunOutcome:
             report.gates = evaluate(report, gates, baseline)
         run.finish(report)
     except BaseException as e:
-        run.abort("interrupted" if isinstance(e, KeyboardInterrupt) else "failed")
+        run.abort("interrupted" if isinstance(e, KeyboardInterrupt) else "failed")  # SIGTERM's Terminated too
         raise
+    finally:
+        run.release()
     progress.end_run(run)
     return RunOutcome(report=report, run_dir=run.path, gate_results=list(report.gates))
+
+
+def _compute_stage(ws, key, tmp, opts, name, cls, current, config, spec, r, data, progress) -> StageResult:
+    """A stage's pass output in `tmp`: from the cache when a verified entry exists, else computed (and stored)."""
+    cache_notes: list[str] = []
+    hit = ws.cache_get(key, tmp, cache_notes) if opts.use_cache else None
+    if hit is not None:
+        result = StageResult(name=name, pass_name=cls.name, input=current, output=hit["artifact"],
+                             config=config, duration_s=hit["duration_s"],
+                             ctx=PassContext(output=tmp / stage_output_name(cls.produces),
+                                             notes=list(hit["notes"]), warnings=list(hit["warnings"]),
+                                             measurements=dict(hit["measurements"])),
+                             cached=True)
+        result.ctx.note(f"reused from the cache (key {key[:12]}, computed {hit['created']})")
+        return result
+    progress.step(f"running {cls.name}" + _long_hint(cls.name))
+    result = run_pass(current, cls.name, spec.config, tmp / stage_output_name(cls.produces),
+                      shapes=r.measure.shapes, seed=r.measure.seed, data=data["datasets"])
+    result.name = name
+    if opts.use_cache:
+        ws.cache_put(key, tmp, result)
+    result.ctx.notes.extend(cache_notes)  # after storing: the note is about this run only
+    return result
 
 
 def _preload() -> None:
