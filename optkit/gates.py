@@ -114,7 +114,7 @@ def parse_gate(spec: Any) -> Gate:
         m = _GATE.match(spec)
         if not m:
             raise UsageError(f"cannot read gate {spec!r}; write it as `metric <= value`, e.g. `size_mb <= 5`")
-        return Gate(_metric(m["metric"]), m["op"], float(m["value"]), m["stage"])
+        return Gate(_metric(m["metric"]), m["op"], _threshold(m["value"], spec), m["stage"])
     d = spec.model_dump() if hasattr(spec, "model_dump") else dict(spec)
     metric = _metric(str(d.get("metric")))
     given = [k for k in ("max", "min", "value") if d.get(k) is not None]
@@ -128,7 +128,17 @@ def parse_gate(spec: Any) -> Gate:
         if not d.get("op"):
             raise UsageError(f"gate on {metric} has a value but no op (<=, <, >=, >)")
         op, value = d["op"], d["value"]
-    return Gate(metric, op, float(value), d.get("stage"))
+    return Gate(metric, op, _threshold(value, f"{metric} {op} {value}"), d.get("stage"))
+
+
+def _threshold(value: Any, gate: str) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"gate {gate!r}: threshold {value!r} is not a number") from None
+    if not math.isfinite(v):  # NaN compares false with everything; an infinite bound checks nothing
+        raise UsageError(f"gate {gate!r}: threshold {value!r} is not a finite number")
+    return v
 
 
 def parse_gates(specs) -> list[Gate]:
@@ -331,6 +341,10 @@ def evaluate(report: Report, gates: list[Gate], baseline: Report | None = None) 
             other = {"first": f" or for the first stage {report.stages[0].name!r}",
                      "baseline": " or in the baseline report"}.get(meta.kind, "")
             raise UsageError(f"gate {g.text!r}: the report has no {meta.needs} figures for stage {stage!r}{other}")
+        if isinstance(value, float) and math.isnan(value):  # a NaN figure never passes: it compares false
+            results.append(GateResult(gate=g.text, metric=g.metric, stage=stage, value=value, threshold=g.threshold,
+                                      op=g.op, passed=False, margin=None, detail="value is NaN"))
+            continue
         # noise-aware. A regression is declared only when it is over its threshold and real (the lower bound
         # of its 95% interval is above 0); any other latency figure fails only when past its threshold by
         # more than its noise.

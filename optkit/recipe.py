@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union
@@ -20,6 +22,22 @@ from optkit.core.errors import UsageError
 from optkit.measure.datasets import Preprocess
 
 RECIPE_VERSION = 1
+MAX_RECIPE_BYTES = 1 << 20     # a recipe is a page of YAML; anything this big is a mistake or an attack
+MAX_ALIASES = 100              # YAML aliases (*name); a "billion laughs" file needs many
+MAX_NODES = 100_000            # YAML nodes once every alias is expanded
+_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
+
+
+def _folder_name(v: str | None, what: str) -> str | None:
+    """A recipe or stage name becomes a folder name: keep it to one plain path component."""
+    if v is not None and not _NAME.fullmatch(v):
+        raise ValueError(f"{what} {v!r} must be 1-100 of A-Z a-z 0-9 . _ - and not start with '.' "
+                         "(it names a folder in the workspace)")
+    return v
+
+
+def _max_threads() -> int:
+    return max(64, 4 * (os.cpu_count() or 1))
 
 
 class _Strict(BaseModel):
@@ -56,13 +74,18 @@ class StageSpec(_Strict):
                               "name (default: the previous stage). Lets one recipe try variants side by side.")
     config: dict[str, Any] = Field(default_factory=dict)
 
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        return _folder_name(v, "stage name")
+
 
 class MeasureSection(_Strict):
     provider: str = "cpu"
-    threads: int | None = Field(default=1, ge=1)
-    batch: int = Field(default=1, ge=1)
-    warmup: int = Field(default=10, ge=0)
-    runs: int = Field(default=50, ge=1, description="Timed runs per trial.")
+    threads: int | None = Field(default=1, ge=1, le=_max_threads())
+    batch: int = Field(default=1, ge=1, le=65536)
+    warmup: int = Field(default=10, ge=0, le=100_000)
+    runs: int = Field(default=50, ge=1, le=1_000_000, description="Timed runs per trial.")
     trials: int = Field(default=5, ge=1, le=100, description="Latency trials (noise and confidence interval).")
     latency: bool = True
     normalize: bool = Field(default=True, description="Also time a fixed reference workload in the same run.")
@@ -74,9 +97,10 @@ class GateSpec(_Strict):
     metric: str
     stage: str | None = None          # default: the last stage
     op: Literal["<=", "<", ">=", ">"] | None = None
-    value: float | None = None
-    max: float | None = None
-    min: float | None = None
+    # a NaN or infinite threshold means nothing (every comparison with NaN is false)
+    value: float | None = Field(default=None, allow_inf_nan=False)
+    max: float | None = Field(default=None, allow_inf_nan=False)
+    min: float | None = Field(default=None, allow_inf_nan=False)
 
 
 class Recipe(_Strict):
@@ -97,6 +121,11 @@ class Recipe(_Strict):
             raise ValueError(f"this optkit reads recipe version {RECIPE_VERSION}, not {v}")
         return v
 
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        return _folder_name(v, "recipe name")
+
 
 # ---------------------------------------------------------------- loading with line numbers
 
@@ -113,7 +142,11 @@ class LoadedRecipe:
 
     @property
     def name(self) -> str:
-        return self.recipe.name or (self.path.stem if self.path else "recipe")
+        if self.recipe.name:
+            return self.recipe.name
+        # from the file name: made a plain folder name (`my recipe.yaml` -> `my_recipe`)
+        stem = re.sub(r"[^A-Za-z0-9._-]", "_", self.path.stem if self.path else "").lstrip(".")[:100]
+        return stem or "recipe"
 
     def where(self, loc: tuple) -> str:
         """`file:line: key.path` for an error at `loc` (the nearest known line)."""
@@ -169,17 +202,27 @@ def _dotted(loc: tuple) -> str:
 
 
 def _yaml_with_lines(text: str, source: str) -> tuple[Any, dict[tuple, int]]:
-    """Parse YAML with the safe loader, and record the line of every key and list item."""
+    """Parse YAML with the safe loader, and record the line of every key and list item.
+
+    Bounded: at most MAX_ALIASES aliases and MAX_NODES nodes once aliases are expanded, so a small file
+    cannot expand into gigabytes ("billion laughs") or loop through a recursive alias.
+    """
     import yaml
 
     try:
+        aliases = sum(isinstance(e, yaml.AliasEvent) for e in yaml.parse(text, Loader=yaml.SafeLoader))
+        if aliases > MAX_ALIASES:
+            raise UsageError(f"{source}: {aliases} YAML aliases (*name); a recipe may use at most {MAX_ALIASES}")
         node = yaml.compose(text, Loader=yaml.SafeLoader)
+        _check_expansion(node, source)
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark else source
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise UsageError(f"{where}: not valid YAML: {problem}") from None
+    except RecursionError:
+        raise UsageError(f"{source}: the YAML is nested too deeply for a recipe") from None
     lines: dict[tuple, int] = {}
 
     def walk(n, path: tuple) -> None:
@@ -199,12 +242,47 @@ def _yaml_with_lines(text: str, source: str) -> tuple[Any, dict[tuple, int]]:
     return data, lines
 
 
+def _check_expansion(root, source: str) -> None:
+    """Refuse a YAML graph that is recursive or expands to more than MAX_NODES nodes (linear time: each node
+    shared through aliases is sized once)."""
+    import yaml
+
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+
+    def size(n) -> int:
+        if id(n) in sizes:
+            return sizes[id(n)]
+        if id(n) in active:
+            raise UsageError(f"{source}:{n.start_mark.line + 1}: a YAML alias refers to itself (a recursive "
+                             "structure); recipes cannot use one")
+        active.add(id(n))
+        total = 1
+        if isinstance(n, yaml.MappingNode):
+            total += sum(size(k) + size(v) for k, v in n.value)
+        elif isinstance(n, yaml.SequenceNode):
+            total += sum(size(v) for v in n.value)
+        active.discard(id(n))
+        sizes[id(n)] = total
+        if total > MAX_NODES:
+            raise UsageError(f"{source}: the YAML expands to more than {MAX_NODES} values through its aliases; "
+                             "write the recipe out without them")
+        return total
+
+    if root is not None:
+        size(root)
+
+
 def load_recipe(path: str | Path) -> LoadedRecipe:
     p = Path(path)
     if not p.is_file():
         raise UsageError(f"recipe {p} not found")
     try:
-        text = p.read_text(encoding="utf-8")
+        with open(p, "rb") as f:
+            raw = f.read(MAX_RECIPE_BYTES + 1)
+        if len(raw) > MAX_RECIPE_BYTES:
+            raise UsageError(f"recipe {p} is over {MAX_RECIPE_BYTES} bytes; a recipe is a page of YAML")
+        text = raw.decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"cannot read recipe {p}: {e}") from None
     data, lines = _yaml_with_lines(text, str(p))

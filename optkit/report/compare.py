@@ -1,6 +1,7 @@
 """Side-by-side differences of two reports (stages matched by name, else by position)."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from optkit.report.schema import Report, Stage
@@ -10,24 +11,39 @@ COLUMNS = ("stage", "size A", "size B", "size Δ", "p50 A", "p50 B", "p50 Δ", "
            "accuracy Δ")
 
 
+def _figure(s: Stage | None, group: str, key: str):
+    """A finite number from a stage's measurements, else None (a hand-edited report may hold anything)."""
+    d = None if s is None else s.measurements.get(group)
+    v = d.get(key) if isinstance(d, dict) and isinstance(key, str) else None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return v
+
+
 def _size(s: Stage | None):
-    return None if s is None else (s.measurements.get("size") or {}).get("bytes")
+    return _figure(s, "size", "bytes")
 
 
 def _p50(s: Stage | None):
-    return None if s is None else (s.measurements.get("latency") or {}).get("p50_ms")
+    return _figure(s, "latency", "p50_ms")
 
 
 def _ci(s: Stage | None):
-    return None if s is None else (s.measurements.get("latency") or {}).get("ci95_pct")
+    return _figure(s, "latency", "ci95_pct")
 
 
 def _acc(s: Stage | None):
+    acc = None if s is None else s.measurements.get("accuracy")
+    return _figure(s, "accuracy", acc.get("metric")) if isinstance(acc, dict) else None
+
+
+def _acc_cell(s: Stage | None) -> str:
     if s is None:
-        return None
-    acc = s.measurements.get("accuracy") or {}
-    m = acc.get("metric")
-    return acc.get(m) if m else None
+        return "-"
+    try:
+        return accuracy_cell(s)
+    except (TypeError, ValueError, AttributeError):  # a figure of the wrong type
+        return "-"
 
 
 def pair_stages(a: Report, b: Report) -> list[tuple[str, Stage | None, Stage | None]]:
@@ -67,7 +83,7 @@ def compare(a: Report, b: Report) -> list[dict[str, Any]]:
             "size A": human_bytes(_size(sa)), "size B": human_bytes(_size(sb)), "size Δ": _pct(_size(sa), _size(sb)),
             "p50 A": "-" if pa is None else f"{pa:.3f}", "p50 B": "-" if pb is None else f"{pb:.3f}",
             "p50 Δ": lat_delta,
-            "accuracy A": accuracy_cell(sa) if sa else "-", "accuracy B": accuracy_cell(sb) if sb else "-",
+            "accuracy A": _acc_cell(sa), "accuracy B": _acc_cell(sb),
             "accuracy Δ": "-" if aa is None or ab is None else f"{ab - aa:+.4f}",
             "raw": {"size_a": _size(sa), "size_b": _size(sb), "p50_a": pa, "p50_b": pb, "accuracy_a": aa,
                     "accuracy_b": ab, "latency_noise_pct": noise or None},

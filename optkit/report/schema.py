@@ -14,6 +14,7 @@ from optkit.core.atomic import write_text
 from optkit.core.errors import UsageError
 
 SCHEMA_VERSION = "1.0"
+MAX_REPORT_BYTES = 256 << 20
 TRACKED = ("optkit", "numpy", "onnx", "onnxruntime", "onnxruntime-gpu", "torch", "onnxscript", "tensorflow",
            "tf-keras", "tensorflow-model-optimization", "tf2onnx", "onnxslim", "onnxsim",
            "onnxconverter-common", "tensorrt")
@@ -74,13 +75,34 @@ class Report(BaseModel):
 
     @classmethod
     def load(cls, path: str | Path) -> "Report":
+        import json
+
         p = Path(path)
+        if p.is_dir():
+            raise UsageError(f"report {p} is a folder; name its report.json")
         if not p.is_file():
             raise UsageError(f"report {p} not found")
         try:
-            report = cls.model_validate_json(p.read_text())
+            with open(p, "rb") as f:
+                raw = f.read(MAX_REPORT_BYTES + 1)
+            if len(raw) > MAX_REPORT_BYTES:
+                raise UsageError(f"{p} is over {MAX_REPORT_BYTES >> 20} MB; not an optkit report")
+            data = json.loads(raw)
+        except OSError as e:
+            raise UsageError(f"cannot read report {p}: {e.strerror or e}") from None
+        except ValueError as e:  # also bad UTF-8
+            raise UsageError(f"{p} is not an optkit report: not valid JSON ({str(e).splitlines()[0]})") from None
+        # a report is what optkit writes: the tool, a schema version and at least the input stage
+        if not isinstance(data, dict) or data.get("tool") != "optkit" or "schema_version" not in data:
+            raise UsageError(f"{p} is not an optkit report (no \"tool\": \"optkit\" and \"schema_version\")")
+        if not isinstance(data.get("stages"), list) or not data["stages"]:
+            raise UsageError(f"{p} is not a complete optkit report: it has no stages")
+        try:
+            report = cls.model_validate(data)
         except ValueError as e:
-            raise UsageError(f"{p} is not an optkit report: {str(e).splitlines()[0]}") from None
+            err = e.errors()[0] if hasattr(e, "errors") else None
+            what = (".".join(str(x) for x in err["loc"]) + ": " + err["msg"]) if err else str(e).splitlines()[0]
+            raise UsageError(f"{p} is not an optkit report: {what}") from None
         if report.schema_version.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
             raise UsageError(f"{p} has report schema {report.schema_version}; this optkit reads {SCHEMA_VERSION}")
         return report
