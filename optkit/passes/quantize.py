@@ -91,10 +91,10 @@ class QuantizeOnnx(Pass):
     def run(self, artifact: Artifact, config: QuantizeConfig, ctx: PassContext) -> Artifact:
         from optkit.passes.quantize_search import Quantizer
 
-        q = Quantizer(artifact, config, ctx)
-        chosen = q.execute()
-        with atomic_path(ctx.output) as tmp:
-            tmp.write_bytes(Path(chosen).read_bytes())
+        with Quantizer(artifact, config, ctx) as q:
+            chosen = q.execute()
+            with atomic_path(ctx.output) as tmp:
+                tmp.write_bytes(Path(chosen).read_bytes())
         return artifact.derive(ctx.output, Format.ONNX, self.name, config.model_dump(mode="json"),
                                mode=config.mode)
 

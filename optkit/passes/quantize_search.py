@@ -1,6 +1,7 @@
 """The quantize pass's engine: prepare, quantize, check against the parent, and the accuracy-aware search."""
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 from pathlib import Path
@@ -23,11 +24,17 @@ class Quantizer:
     def __init__(self, artifact: Artifact, cfg: QuantizeConfig, ctx: PassContext):
         self.artifact, self.cfg, self.ctx = artifact, cfg, ctx
         self.mode = cfg.mode
-        self.tmp = Path(tempfile.mkdtemp(prefix="optkit-quant-"))
+        self.tmp = Path(tempfile.mkdtemp(prefix="optkit-quant-"))  # removed by __exit__ on every path
         self.candidates: list[dict[str, Any]] = []
         self.settings: dict[str, Any] = {}
         # the format of the candidate being built (auto starts with QDQ; the latency search tries both)
         self.fmt = "qoperator" if cfg.format == "qoperator" and cfg.target == "cpu" else "qdq"
+
+    def __enter__(self) -> "Quantizer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
     # ------------------------------------------------------------ orchestration
     def execute(self) -> Path:
@@ -160,8 +167,9 @@ class Quantizer:
         if cfg.preprocess and self.mode in ("static", "dynamic"):
             from onnxruntime.quantization.shape_inference import quant_pre_process
 
-            try:
-                quant_pre_process(str(raw), str(prepared), skip_symbolic_shape=ops.has_subgraphs(model))
+            try:  # in our scratch folder: it writes <uuid>.data and sym_shape_infer_temp.onnx to the cwd
+                with contextlib.chdir(self.tmp):
+                    quant_pre_process(str(raw), str(prepared), skip_symbolic_shape=ops.has_subgraphs(model))
                 m = ops.load_model(prepared)
                 ops.name_nodes(m)
                 ops.save_model(m, prepared)
