@@ -25,6 +25,7 @@ RECIPE_VERSION = 1
 MAX_RECIPE_BYTES = 1 << 20     # a recipe is a page of YAML; anything this big is a mistake or an attack
 MAX_ALIASES = 100              # YAML aliases (*name); a "billion laughs" file needs many
 MAX_NODES = 100_000            # YAML nodes once every alias is expanded
+MAX_DEPTH = 64                 # nested mappings and lists; a recipe needs a handful
 _NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
 
 
@@ -201,21 +202,32 @@ def _dotted(loc: tuple) -> str:
     return out or "recipe"
 
 
+def _yaml_loader():
+    import yaml
+
+    return getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: linear, and fast on hostile input
+
+
 def _yaml_with_lines(text: str, source: str) -> tuple[Any, dict[tuple, int]]:
     """Parse YAML with the safe loader, and record the line of every key and list item.
 
-    Bounded: at most MAX_ALIASES aliases and MAX_NODES nodes once aliases are expanded, so a small file
-    cannot expand into gigabytes ("billion laughs") or loop through a recursive alias.
+    Bounded before anything is built: at most MAX_ALIASES aliases, MAX_NODES values as written, MAX_DEPTH levels
+    of nesting (one streaming pass over the events, stopped at the first excess), then at most MAX_NODES nodes
+    once aliases are expanded, so a small file cannot expand into gigabytes ("billion laughs"), loop through a
+    recursive alias, or keep the parser busy for minutes.
     """
     import yaml
 
+    loader_cls = _yaml_loader()
     try:
-        aliases = sum(isinstance(e, yaml.AliasEvent) for e in yaml.parse(text, Loader=yaml.SafeLoader))
-        if aliases > MAX_ALIASES:
-            raise UsageError(f"{source}: {aliases} YAML aliases (*name); a recipe may use at most {MAX_ALIASES}")
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        _check_expansion(node, source)
-        data = yaml.safe_load(text)
+        _check_events(yaml.parse(text, Loader=loader_cls), source)
+        loader = loader_cls(text)
+        try:
+            node = loader.get_single_node()
+            _check_expansion(node, source)
+            data = loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark else source
@@ -240,6 +252,30 @@ def _yaml_with_lines(text: str, source: str) -> tuple[Any, dict[tuple, int]]:
         lines[()] = node.start_mark.line + 1
         walk(node, ())
     return data, lines
+
+
+def _check_events(events, source: str) -> None:
+    """Count aliases and values and follow the nesting while the parser streams; stop at the first excess."""
+    import yaml
+
+    aliases = nodes = depth = 0
+    for e in events:
+        if isinstance(e, yaml.AliasEvent):
+            aliases += 1
+            if aliases > MAX_ALIASES:
+                raise UsageError(f"{source}:{e.start_mark.line + 1}: more than {MAX_ALIASES} YAML aliases (*name); "
+                                 "write the recipe out without them")
+        elif isinstance(e, (yaml.ScalarEvent, yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            nodes += 1
+            if nodes > MAX_NODES:
+                raise UsageError(f"{source}: more than {MAX_NODES} YAML values; a recipe is a page of YAML")
+            if not isinstance(e, yaml.ScalarEvent):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise UsageError(f"{source}:{e.start_mark.line + 1}: the YAML is nested more than {MAX_DEPTH} "
+                                     "levels deep; a recipe needs a handful")
+        elif isinstance(e, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
 
 
 def _check_expansion(root, source: str) -> None:
