@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import SAMPLES, no_result_files, one_error_line
+from optkit.core import trust
 from optkit.core.artifact import Artifact
 from optkit.core.errors import PassError, UsageError, ValidationError
 from optkit.core.pipeline import run_pass
@@ -308,7 +309,7 @@ def test_state_dict_mismatch(bad):
         convert(f"{bad}/bad_models.py:small", "convert.torch", bad / "x.onnx", weights=str(bad / "mismatch.pt"))
 
 
-def test_pickled_whole_model_needs_trust(bad):
+def test_pickled_whole_model_needs_trust(bad, monkeypatch):
     import importlib.util
     import sys
 
@@ -320,11 +321,11 @@ def test_pickled_whole_model_needs_trust(bad):
     spec.loader.exec_module(mod)
     torch.save(mod.small(), bad / "whole.pt")
     before = no_result_files(bad)
-    with pytest.raises(UsageError, match="pickled whole model.*--trust-pickle"):
+    with pytest.raises(UsageError, match="pickled whole model.*--trust-code"):
         convert(f"{bad}/bad_models.py:small", "convert.torch", bad / "w.onnx", weights=str(bad / "whole.pt"))
     assert_nothing_written(bad, before)
-    result = convert(f"{bad}/bad_models.py:small", "convert.torch", bad / "w.onnx", {"trust_pickle": True},
-                     weights=str(bad / "whole.pt"))
+    monkeypatch.setenv(trust.ENV, "1")
+    result = convert(f"{bad}/bad_models.py:small", "convert.torch", bad / "w.onnx", weights=str(bad / "whole.pt"))
     assert result.ctx.measurements["validation"]["max_abs_error"] < 1e-5
     (bad / "w.onnx").unlink()
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, one_error_line
+from conftest import one_error_line
 
 CNN = "torch_cnn.onnx"
 CALIB = "digits_calib_nchw.npz"

@@ -22,6 +22,7 @@ from optkit.core.atomic import check_output_path
 from optkit.core.errors import PassError, UsageError, ValidationError
 from optkit.core.formats import Format
 from optkit.core.registry import Pass, PassConfig, PassContext, register
+from optkit.core.text import first_line
 
 TWO_GB = 2 * 1024 ** 3
 
@@ -64,7 +65,6 @@ class ConvertTorch(Pass):
         dynamic: list[str] = Field(default_factory=list,
                                    description="dynamic axes: 'batch', or NAME:DIM[=LABEL] ('*' for every input)")
         fallback: bool = True   # fall back to the TorchScript exporter when dynamo fails
-        trust_pickle: bool = False
 
     def run(self, artifact: Artifact, config, ctx: PassContext) -> Artifact:
         from optkit.passes.convert_torch import convert_torch
@@ -135,14 +135,6 @@ def choose_opset(requested: int | None, exporter_max: int, exporter: str) -> int
 def tolerance(dtype: str, atol: float | None, rtol: float | None) -> tuple[float, float]:
     d_atol, d_rtol = DEFAULT_TOLERANCE.get(dtype, (0.0, 0.0))
     return (d_atol if atol is None else atol), (d_rtol if rtol is None else rtol)
-
-
-def first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()
-    return type(e).__name__
 
 
 def run_batched(fn: Callable[[dict], list], feeds: dict[str, np.ndarray], batch: int | None) -> list[np.ndarray]:

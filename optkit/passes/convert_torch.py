@@ -99,8 +99,6 @@ def _export_and_validate(export_obj, model, tensors, specs, out_names, dynamic, 
 
 def load_model(artifact: Artifact, config):
     """(module in eval mode, example inputs or None, input names)."""
-    import torch
-
     from optkit.runtimes.torch import load_torch_model, load_weights
 
     weights = artifact.meta.get("weights")
@@ -108,12 +106,10 @@ def load_model(artifact: Artifact, config):
         raise UsageError(f"--weights applies to a factory (file.py:make_model); {artifact.path} already holds weights")
     bare = replace(artifact, meta={k: v for k, v in artifact.meta.items() if k != "weights"})
     if artifact.format == Format.TORCH_EXPORT:
-        try:
-            program = torch.export.load(artifact.path)
-        except Exception as e:  # noqa: BLE001
-            raise UsageError(f"cannot load {artifact.path} as a torch.export program: {first_line(e)}") from None
+        from optkit.runtimes.torch import _example_from_program, load_program
+
+        program = load_program(artifact.path)
         artifact.meta["_program"] = program
-        from optkit.runtimes.torch import _example_from_program
 
         examples = _example_from_program(program)
         examples = tuple(_real(t) for t in examples) if examples else None
@@ -121,34 +117,9 @@ def load_model(artifact: Artifact, config):
         return program.module(), examples, names
     model, examples = load_torch_model(bare)
     if weights:
-        try:
-            load_weights(model, weights)
-        except UsageError as e:
-            if "pickled objects" not in e.message:
-                raise
-            if not config.trust_pickle:
-                raise UsageError(f"{weights} holds a pickled whole model, and unpickling runs code from the file; "
-                                 "pass --trust-pickle if you trust it, or save model.state_dict() instead") from None
-            _load_pickled_weights(model, weights)
+        load_weights(model, weights)
     names = _forward_names(model, len(examples) if examples else None)
     return model, examples, names
-
-
-def _load_pickled_weights(model, weights: str) -> None:
-    import torch
-
-    try:
-        obj = torch.load(weights, map_location="cpu", weights_only=False)  # the user passed --trust-pickle
-    except Exception as e:  # noqa: BLE001
-        raise UsageError(f"cannot unpickle {weights}: {type(e).__name__}: {first_line(e)}") from None
-    state = obj.state_dict() if isinstance(obj, torch.nn.Module) else obj
-    if not isinstance(state, dict):
-        raise UsageError(f"{weights} holds a {type(obj).__name__}, neither a model nor a state dict")
-    result = model.load_state_dict(state, strict=False)
-    if result.missing_keys or result.unexpected_keys:
-        raise UsageError(f"weights {weights} do not match the model: missing {', '.join(result.missing_keys[:3])}; "
-                         f"unexpected {', '.join(result.unexpected_keys[:3])}")
-    model.eval()
 
 
 def _real(t):

@@ -323,6 +323,7 @@ def _export(model, example, output: Path, fmt: Format, check, max_error: float) 
     import torch
 
     from optkit.core.atomic import atomic_path
+    from optkit.runtimes.torch import load_program
 
     with atomic_path(output) as tmp:
         try:
@@ -335,7 +336,7 @@ def _export(model, example, output: Path, fmt: Format, check, max_error: float) 
         except Exception as e:
             raise PassError(f"cannot save the pruned model as {fmt.value}: {type(e).__name__}: "
                             f"{str(e).strip().splitlines()[0]}") from None
-        saved = torch.export.load(str(tmp)).module() if fmt == Format.TORCH_EXPORT else torch.jit.load(str(tmp))
+        saved = load_program(str(tmp)).module() if fmt == Format.TORCH_EXPORT else torch.jit.load(str(tmp))
         with torch.no_grad():
             want, got = model(check).numpy(), saved(check).numpy()
         err = float(np.abs(want - got).max())

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import sys
+import zipfile
 
 import numpy as np
 
+from optkit.core import trust
 from optkit.core.artifact import Artifact
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format
@@ -44,28 +47,74 @@ def native_stderr_silenced():
 
 
 def load_keras(path: str):
-    """Load a .keras/.h5 model with tf-keras, falling back to Keras 3 for Keras 3 archives."""
+    """Load a .keras/.h5 model with tf-keras, falling back to Keras 3 for Keras 3 archives.
+
+    A Lambda layer stores Python bytecode that loading runs, and an .h5 file loads it whatever safe_mode says,
+    so the configuration is read first and such a model needs --trust-code.
+    """
+    lambdas = lambda_layers(path)
+    if lambdas:
+        trust.require(f"{path} has Lambda layer {lambdas[0]!r} (Python code stored in the model); loading it")
+    safe = not trust.trusted()
     import_tf()
     import tf_keras
 
     try:
-        return tf_keras.models.load_model(path, compile=False)
+        return tf_keras.models.load_model(path, compile=False, safe_mode=safe)
     except Exception as legacy_error:
         if "Quantize" in str(legacy_error) and importlib.util.find_spec("tensorflow_model_optimization"):
             try:  # a quantization-aware (TF-MOT) model: its wrappers load inside the quantize scope
                 import tensorflow_model_optimization as tfmot
 
                 with tfmot.quantization.keras.quantize_scope():
-                    return tf_keras.models.load_model(path, compile=False)
+                    return tf_keras.models.load_model(path, compile=False, safe_mode=safe)
             except Exception:
                 pass
         try:
             import keras
 
-            return keras.models.load_model(path, compile=False)
+            return keras.models.load_model(path, compile=False, safe_mode=safe)
         except Exception:
             first = str(legacy_error).strip().splitlines()[0] if str(legacy_error).strip() else type(legacy_error).__name__
             raise UsageError(f"cannot load {path} as a Keras model: {first}") from None
+
+
+def lambda_layers(path: str) -> list[str]:
+    """Names of the Lambda layers (and serialized Python functions) in a .keras or .h5 model's configuration."""
+    config = _keras_config(path)
+    found: list[str] = []
+
+    def walk(node) -> None:
+        if isinstance(node, dict):
+            cls = node.get("class_name")
+            if cls in ("Lambda", "__lambda__") or node.get("function_type") == "lambda":
+                cfg = node.get("config")
+                found.append(str(cfg.get("name", cls)) if isinstance(cfg, dict) else str(cls))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(config)
+    return found
+
+
+def _keras_config(path: str):
+    """The model configuration JSON without loading the model; None when the file does not hold one."""
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as z:
+                return json.loads(z.read("config.json"))
+        import h5py
+
+        with h5py.File(path, "r") as f:
+            raw = f.attrs.get("model_config")
+        if raw is None:
+            return None
+        return json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+    except Exception:  # noqa: BLE001  not a Keras file: the loader says so in its own words
+        return None
 
 
 def load_signature(path: str, signature: str | None = None):

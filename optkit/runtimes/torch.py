@@ -1,17 +1,22 @@
 """PyTorch: TorchScript (.pt), ExportedProgram (.pt2) and Python factories (file.py:make_model)."""
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
+import logging
+import os
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from optkit.core import trust
 from optkit.core.artifact import Artifact
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format, split_factory
 from optkit.core.registry import require_extra
+from optkit.core.text import first_line
 from optkit.runtimes.base import Session, TensorSpec
 
 
@@ -54,10 +59,7 @@ def load_torch_model(artifact: Artifact):
         except Exception as e:
             raise UsageError(f"cannot load {artifact.path} as TorchScript: {str(e).splitlines()[0]}") from None
     elif artifact.format == Format.TORCH_EXPORT:
-        try:
-            ep = torch.export.load(artifact.path)
-        except Exception as e:
-            raise UsageError(f"cannot load {artifact.path} as a torch.export program: {str(e).splitlines()[0]}") from None
+        ep = load_program(artifact.path)
         model = ep.module()
         examples = _example_from_program(ep)
     else:
@@ -78,6 +80,53 @@ def load_torch_model(artifact: Artifact):
     return model, examples
 
 
+def load_program(path: str):
+    """torch.export.load without pickle: unless the user trusts the file, torch.load is forced to weights_only."""
+    import pickle
+
+    import torch
+
+    try:
+        with _weights_only_unless_trusted(), _quiet("torch.export", "torch._export"):
+            return torch.export.load(path)
+    except pickle.UnpicklingError:
+        trust.require(f"{path} holds pickled Python objects, and loading them")
+        raise  # unreachable: require raised
+    except Exception as e:  # noqa: BLE001  a truncated or foreign file raises anything
+        raise UsageError(f"cannot load {path} as a torch.export program: {first_line(e)}") from None
+
+
+@contextlib.contextmanager
+def _weights_only_unless_trusted():
+    # torch.export.load falls back to torch.load(weights_only=False), which runs code from the file; this
+    # environment variable makes every torch.load in the block weights_only, whatever the call site says
+    keys = ("TORCH_FORCE_WEIGHTS_ONLY_LOAD", "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD")
+    saved = {k: os.environ.pop(k, None) for k in keys}
+    if not trust.trusted():
+        os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    try:
+        yield
+    finally:
+        for k in keys:
+            os.environ.pop(k, None)
+            if saved[k] is not None:
+                os.environ[k] = saved[k]
+
+
+@contextlib.contextmanager
+def _quiet(*loggers: str):
+    """torch.export logs tracebacks at WARNING around its own fallbacks; our one-line error says enough."""
+    logs = [logging.getLogger(name) for name in loggers]
+    levels = [log.level for log in logs]
+    for log in logs:
+        log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for log, level in zip(logs, levels):
+            log.setLevel(level)
+
+
 def load_weights(model, weights: str) -> None:
     import pickle
 
@@ -88,10 +137,10 @@ def load_weights(model, weights: str) -> None:
     try:
         state = torch.load(weights, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
-        raise UsageError(f"{weights} is not a plain state dict (it holds pickled objects); "
-                         "save model.state_dict() instead") from None
-    except Exception as e:
-        raise UsageError(f"cannot read weights {weights}: {str(e).splitlines()[0]}") from None
+        trust.require(f"{weights} holds a pickled whole model, not a state dict, and unpickling it")
+        state = _unpickle(weights)
+    except Exception as e:  # noqa: BLE001
+        raise UsageError(f"cannot read weights {weights}: {first_line(e)}") from None
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]
     if not isinstance(state, dict):
@@ -105,6 +154,20 @@ def load_weights(model, weights: str) -> None:
             parts.append(f"unexpected {', '.join(result.unexpected_keys[:3])}"
                          + ("..." if len(result.unexpected_keys) > 3 else ""))
         raise UsageError(f"weights {weights} do not match the model: {'; '.join(parts)}")
+
+
+def _unpickle(weights: str) -> dict:
+    import torch
+
+    try:
+        obj = torch.load(weights, map_location="cpu", weights_only=False)  # the user passed --trust-code
+    except Exception as e:  # noqa: BLE001
+        raise UsageError(f"cannot unpickle {weights}: {type(e).__name__}: {first_line(e)}") from None
+    if isinstance(obj, torch.nn.Module):
+        return obj.state_dict()
+    if not isinstance(obj, dict):
+        raise UsageError(f"{weights} holds a {type(obj).__name__}, neither a model nor a state dict")
+    return obj
 
 
 def _example_from_program(ep):
