@@ -122,30 +122,28 @@ class Workspace:
     def cache_get(self, key: str, dest: Path, notes: list | None = None) -> dict | None:
         """Copy a cached output into `dest`; None when not cached.
 
-        The entry is re-hashed first: one whose files no longer match the sha256 recorded when it was stored
-        is dropped (a note says so) and the stage is computed again.
+        The entry is checked first: its entry.json must be well formed, its files plain files and folders (no
+        links, nothing outside the entry), and its model must still have the sha256 recorded when it was
+        stored. Anything else (a damaged, truncated or edited entry) is dropped, a note says so, and the stage
+        is computed again.
         """
-        from optkit.core.artifact import Artifact, content_sha256
-        from optkit.core.formats import Format
+        from optkit.core.artifact import Artifact
 
         entry_dir = self.cache_dir / key[:32]
-        entry = _read_json(entry_dir / "entry.json")
-        if not entry or entry.get("key") != key or not (entry_dir / "files").is_dir():
+        if not entry_dir.exists() and not entry_dir.is_symlink():
             return None
-        a = entry["artifact"]
-        try:
-            fmt = Format(a["format"])
-            cached = entry_dir / "files" / a["path"]
-            ok = cached.exists() and content_sha256(cached, fmt) == a["sha256"]
-        except Exception:  # an unreadable or damaged entry is a miss, never an error
-            ok = False
-        if not ok:
+        entry = _read_json(entry_dir / "entry.json") if not entry_dir.is_symlink() else None
+        checked = _checked_entry(entry, entry_dir, key)
+        if checked is None:
             remove(entry_dir)
             if notes is not None:
-                notes.append(f"cache entry {key[:12]} no longer matched its sha256 and was dropped; recomputed")
+                notes.append(f"cache entry {key[:12]} was damaged or no longer matched its sha256 and was "
+                             "dropped; recomputed")
             return None
+        fmt, rel = checked
         shutil.copytree(entry_dir / "files", dest, dirs_exist_ok=True)
-        art = Artifact(path=str(dest / a["path"]), format=fmt, sha256=a["sha256"],
+        a = entry["artifact"]
+        art = Artifact(path=str(dest / rel), format=fmt, sha256=a["sha256"],
                        parent=a.get("parent"), produced_by=a.get("produced_by"), config=a.get("config") or {},
                        meta=a.get("meta") or {})
         return {**entry, "artifact": art}
@@ -304,6 +302,42 @@ def _unchanged(ref) -> bool:
         return False
 
 
+def _checked_entry(entry: Any, entry_dir: Path, key: str):
+    """(format, relative model path) of a cache entry that is whole and unchanged, else None."""
+    from optkit.core.artifact import content_sha256
+    from optkit.core.formats import Format
+
+    try:
+        if not isinstance(entry, dict) or entry.get("key") != key:
+            return None
+        a = entry.get("artifact")
+        if not isinstance(a, dict) or not isinstance(a.get("sha256"), str) or not isinstance(a.get("path"), str):
+            return None
+        if not isinstance(a.get("config") or {}, dict) or not isinstance(a.get("meta") or {}, dict):
+            return None
+        if not (isinstance(entry.get("duration_s"), (int, float)) and isinstance(entry.get("created"), str)
+                and isinstance(entry.get("measurements"), dict)
+                and all(isinstance(entry.get(k), list) and all(isinstance(x, str) for x in entry[k])
+                        for k in ("notes", "warnings"))):
+            return None
+        fmt = Format(a["format"])
+        rel = os.path.normpath(a["path"])
+        if os.path.isabs(rel) or rel in (".", "..") or rel.startswith(".." + os.sep):
+            return None  # the model must lie inside the entry
+        files = entry_dir / "files"
+        if files.is_symlink() or not files.is_dir():
+            return None
+        for p in files.rglob("*"):  # copies only: a link would bring in whatever it points at
+            if p.is_symlink() or not (p.is_file() or p.is_dir()):
+                return None
+        cached = files / rel
+        if not cached.exists() or content_sha256(cached, fmt) != a["sha256"]:
+            return None
+        return fmt, rel
+    except Exception:  # an unreadable or damaged entry is a miss, never an error
+        return None
+
+
 def _read_json(p: Path) -> dict | None:
     try:
         return json.loads(p.read_text())
@@ -324,36 +358,54 @@ def _jsonable(obj: Any) -> Any:
 
 
 class Progress:
-    """Stage-by-stage progress on stderr: a line per stage, and a spinner for long steps on a terminal."""
+    """Stage-by-stage progress on stderr: a line per stage, and a spinner for long steps on a terminal.
+
+    Markup is off and styles are Text spans: recipe names, paths and notes print as written, so a folder
+    named `w[/b]` or `x[bold]` is neither styled nor a rich MarkupError.
+    """
 
     def __init__(self, quiet: bool = False):
         from rich.console import Console
 
         self.quiet = quiet
-        self.console = Console(stderr=True, highlight=False)
+        self.console = Console(stderr=True, highlight=False, markup=False, emoji=False)
         self._status = None
         self._t0 = 0.0
         self._total = 0
         self._label = ""
 
+    @staticmethod
+    def _text(*parts):
+        """A rich Text from plain strings and (string, style) pairs; nothing in them is parsed as markup."""
+        from rich.text import Text
+
+        out = Text()
+        for part in parts:
+            if isinstance(part, tuple):
+                out.append(part[0], style=part[1])
+            else:
+                out.append(part)
+        return out
+
     def start_run(self, run: Run, total: int) -> None:
         self._total = total
         if not self.quiet:
             what = "resuming" if run.resumed else "run"
-            self.console.print(f"[bold]{what}[/bold] {run.path}")
+            self.console.print(self._text((what, "bold"), f" {run.path}"))
 
     def stage_start(self, i: int, name: str, pass_name: str) -> None:
         self._t0 = time.perf_counter()
         self._label = f"[{i}/{self._total - 1}] {name}" + (f" ({pass_name})" if pass_name != "-" else "")
         if not self.quiet and not self.console.is_terminal:
-            self.console.print(f"  - {self._label} ...")
+            self.console.print(self._text(f"  - {self._label} ..."))
         if not self.quiet and self.console.is_terminal:
-            self._status = self.console.status(self._label)
+            self._status = self.console.status(self._text(self._label))
             self._status.start()
 
     def step(self, text: str) -> None:
         if self._status is not None:
-            self._status.update(f"{self._label}: {text}  [dim]{time.perf_counter() - self._t0:.0f}s[/dim]")
+            self._status.update(self._text(f"{self._label}: {text}  ",
+                                           (f"{time.perf_counter() - self._t0:.0f}s", "dim")))
 
     def stage_done(self, i: int, name: str, *, cached: bool = False, resumed: bool = False,
                    seconds: float | None = None) -> None:
@@ -366,9 +418,15 @@ class Progress:
         label = self._label if not resumed else f"[{i}/{self._total - 1}] {name}"
         how = "resumed" if resumed else ("cached" if cached else "done")
         took = "" if resumed else f" {total:.1f}s"
-        self.console.print(f"  [green]✓[/green] {label} [dim]{how}{took}[/dim]")
+        self.console.print(self._text("  ", ("✓", "green"), f" {label} ", (f"{how}{took}", "dim")))
         self._t0 = 0.0
+
+    def abort(self) -> None:
+        """Stop the spinner (a failed or interrupted stage), so the error line is the last thing printed."""
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
 
     def end_run(self, run: Run) -> None:
         if not self.quiet:
-            self.console.print(f"reports in {run.path}/ (report.md, report.html, junit.xml)")
+            self.console.print(self._text(f"reports in {run.path}/ (report.md, report.html, junit.xml)"))

@@ -137,9 +137,9 @@ def execute(loaded, opts: RunOptions | None = None) -> RunOutcome:
     _preload()
     ws = Workspace(Path(opts.workspace), loaded.name)
     run = ws.open_run(loaded, resume=opts.resume)
-    progress.start_run(run, len(resolved) + 1)
     stages = []
     try:
+        progress.start_run(run, len(resolved) + 1)
         # stage 0: the input model, measured as it is
         stage0, art = run.completed_stage(0, "input", expect_input=None, expect_output=source.sha256)
         if stage0 is None:
@@ -189,6 +189,8 @@ def execute(loaded, opts: RunOptions | None = None) -> RunOutcome:
         run.finish(report)
     except BaseException as e:
         run.abort("interrupted" if isinstance(e, KeyboardInterrupt) else "failed")  # SIGTERM's Terminated too
+        with contextlib.suppress(Exception):
+            getattr(progress, "abort", lambda: None)()
         raise
     finally:
         run.release()
