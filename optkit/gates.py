@@ -115,7 +115,12 @@ def parse_gate(spec: Any) -> Gate:
         if not m:
             raise UsageError(f"cannot read gate {spec!r}; write it as `metric <= value`, e.g. `size_mb <= 5`")
         return Gate(_metric(m["metric"]), m["op"], _threshold(m["value"], spec), m["stage"])
-    d = spec.model_dump() if hasattr(spec, "model_dump") else dict(spec)
+    if hasattr(spec, "model_dump"):
+        d = spec.model_dump()
+    elif isinstance(spec, dict):
+        d = spec
+    else:  # e.g. a number or a list in a hand-edited report's recipe
+        raise UsageError(f"cannot read gate {spec!r}; write it as `metric <= value`, e.g. `size_mb <= 5`")
     metric = _metric(str(d.get("metric")))
     given = [k for k in ("max", "min", "value") if d.get(k) is not None]
     if len(given) != 1:
@@ -167,26 +172,37 @@ def check_gates_plan(gates: list[Gate], *, stages: list[str], measured: set[str]
 
 # ---------------------------------------------------------------- reading figures
 
+def _figure(s: Stage, group: str, key: Any, *, null_is_missing: bool = False) -> float | None:
+    """A figure from a stage's measurements: None when it is absent; NaN when it is recorded as null (that is
+    how a report stores a non-finite figure) so that a gate on it fails instead of passing or being skipped."""
+    d = s.measurements.get(group)
+    if not isinstance(d, dict) or not isinstance(key, str) or key not in d:
+        return None
+    v = d[key]
+    if v is None:
+        return None if null_is_missing else math.nan
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise UsageError(f"stage {s.name!r}: figure {group}.{key} is {v!r}, not a number")
+    return float(v)
+
+
 def _size(s: Stage) -> float | None:
-    return (s.measurements.get("size") or {}).get("bytes")
+    return _figure(s, "size", "bytes")
 
 
 def _lat(s: Stage, key: str = "p50_ms") -> float | None:
-    return (s.measurements.get("latency") or {}).get(key)
+    return _figure(s, "latency", key)
 
 
 def _noise_rel(s: Stage, normalized: bool = False) -> float:
-    """Relative 95% half-width of the stage's latency (0 when measured in one trial)."""
-    lat = s.measurements.get("latency") or {}
-    v = lat.get("normalized_ci95_pct" if normalized else "ci95_pct")
+    """Relative 95% half-width of the stage's latency (0 when measured in one trial: no interval, null)."""
+    v = _figure(s, "latency", "normalized_ci95_pct" if normalized else "ci95_pct", null_is_missing=True)
     return (v or 0.0) / 100
 
 
 def _acc(s: Stage) -> float | None:
-    acc = s.measurements.get("accuracy") or {}
-    metric = acc.get("metric")
-    v = acc.get(metric) if metric else None
-    return float(v) if isinstance(v, (int, float)) else None
+    acc = s.measurements.get("accuracy")
+    return _figure(s, "accuracy", acc.get("metric")) if isinstance(acc, dict) else None
 
 
 def _find(report: Report, name: str | None, what: str) -> Stage:
@@ -218,10 +234,11 @@ def _value(g: Gate, report: Report, baseline: Report | None) -> tuple[float | No
         v = _lat(s, "normalized")
         return v, (v or 0) * _noise_rel(s, True), _ci_detail(s, True)
     if m == "accuracy":
-        return _acc(s), 0.0, ((s.measurements.get("accuracy") or {}).get("metric") or "")
+        metric = (s.measurements.get("accuracy") or {}).get("metric")
+        return _acc(s), 0.0, (metric if isinstance(metric, str) else "")
     if m in ("cosine", "top1_agreement"):
-        v = (s.measurements.get("fidelity") or {}).get(m)
-        return v, 0.0, ""
+        # a null top-1 agreement means the outputs have no classes (not applicable), not a non-finite figure
+        return _figure(s, "fidelity", m, null_is_missing=m == "top1_agreement"), 0.0, ""
     if m == "accuracy_drop":
         a, b = _acc(first), _acc(s)
         return (None if a is None or b is None else a - b), 0.0, f"{first.name} {_f(a)} -> {s.name} {_f(b)}"
@@ -341,9 +358,12 @@ def evaluate(report: Report, gates: list[Gate], baseline: Report | None = None) 
             other = {"first": f" or for the first stage {report.stages[0].name!r}",
                      "baseline": " or in the baseline report"}.get(meta.kind, "")
             raise UsageError(f"gate {g.text!r}: the report has no {meta.needs} figures for stage {stage!r}{other}")
-        if isinstance(value, float) and math.isnan(value):  # a NaN figure never passes: it compares false
+        # a NaN figure compares false with everything and an infinite one or an infinite noise passes any
+        # bound: neither is a measurement, so the gate fails, never passes
+        why = _not_finite(value, noise, ci)
+        if why:
             results.append(GateResult(gate=g.text, metric=g.metric, stage=stage, value=value, threshold=g.threshold,
-                                      op=g.op, passed=False, margin=None, detail="value is NaN"))
+                                      op=g.op, passed=False, margin=None, detail=why))
             continue
         # noise-aware. A regression is declared only when it is over its threshold and real (the lower bound
         # of its 95% interval is above 0); any other latency figure fails only when past its threshold by
@@ -365,6 +385,19 @@ def evaluate(report: Report, gates: list[Gate], baseline: Report | None = None) 
         results.append(GateResult(gate=g.text, metric=g.metric, stage=stage, value=value, threshold=g.threshold,
                                   op=g.op, passed=passed, margin=margin, detail=detail))
     return results
+
+
+def _not_finite(value, noise, ci) -> str:
+    """Why a gate's figure cannot be compared ('' when it can)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"value {value!r} is not a number"
+    if math.isnan(value):
+        return "value is NaN (or recorded as null: not a finite figure)"
+    if not math.isfinite(value):
+        return f"value is {value} (not a finite figure)"
+    if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in (noise, *(ci or ()))):
+        return "its noise is not a finite figure"
+    return ""
 
 
 def failed(results: list[GateResult]) -> list[GateResult]:

@@ -41,6 +41,15 @@ def _acc(s: Stage):
     return acc.get(m) if m else None
 
 
+def _finite(v):
+    """A plottable number, or None (absent, not a number, NaN or infinite)."""
+    import math
+
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return v
+
+
 def _ticks(lo: float, hi: float, n: int = 4) -> list[float]:
     if hi <= lo:
         hi = lo + 1
@@ -62,6 +71,8 @@ def bar_chart(title: str, labels: list[str], values: list, unit: str, errors: li
     """Vertical bars, one per stage; missing values are shown as 'n/a'. `limit` caps the axis (e.g. 1 for a rate)."""
     left, right, top, bottom = 48, 10, 10, 46
     pw, ph = width - left - right, height - top - bottom
+    values = [_finite(v) for v in values]  # NaN or Inf (a hand-made report) has no bar: shown as n/a
+    errors = [_finite(e) for e in errors] if errors else None
     present = [v for v in values if v is not None]
     hi = max([v + (e or 0) for v, e in zip(values, errors or [0] * len(values)) if v is not None] or [1])
     ticks = _ticks(0, min(hi * 1.1, limit) if limit is not None and hi <= limit else hi * 1.1)
@@ -105,7 +116,7 @@ def bar_chart(title: str, labels: list[str], values: list, unit: str, errors: li
 
 def scatter(stages: list[Stage], width: int = 520, height: int = 300) -> str:
     """Accuracy vs p50 latency; the marker's area follows the model size."""
-    pts = [(s.name, _lat(s), _acc(s), _size(s), i) for i, s in enumerate(stages)]
+    pts = [(s.name, _finite(_lat(s)), _finite(_acc(s)), _finite(_size(s)), i) for i, s in enumerate(stages)]
     pts = [p for p in pts if p[1] is not None and p[2] is not None]
     if not pts:
         return ""

@@ -28,10 +28,11 @@ def to_console(report: Report, console=None) -> None:
     for stage in report.stages:
         lat = stage.measurements.get("latency")
         if lat and len(report.stages) == 1:
-            console.print(f"latency: p50 {lat['p50_ms']:.4f} ms, p90 {lat['p90_ms']:.4f}, p99 {lat['p99_ms']:.4f}, "
-                          f"mean {lat['mean_ms']:.4f} ± {lat['std_ms']:.4f} ms over {lat['runs']} runs; "
-                          f"batch {lat['batch']}, threads {lat.get('threads') or 'default'}, "
-                          f"{lat['throughput_per_s']:.1f} samples/s")
+            f = lambda k, spec=".4f": format(lat[k], spec) if isinstance(lat.get(k), (int, float)) else "-"  # noqa: E731
+            console.print(f"latency: p50 {f('p50_ms')} ms, p90 {f('p90_ms')}, p99 {f('p99_ms')}, "
+                          f"mean {f('mean_ms')} ± {f('std_ms')} ms over {f('runs', '')} runs; "
+                          f"batch {f('batch', '')}, threads {lat.get('threads') or 'default'}, "
+                          f"{f('throughput_per_s', '.1f')} samples/s")
     for stage in report.stages:
         for note in stage.notes:
             console.print(Text(f"{stage.name}: {note}", "dim"))

@@ -97,6 +97,7 @@ class Report(BaseModel):
             raise UsageError(f"{p} is not an optkit report (no \"tool\": \"optkit\" and \"schema_version\")")
         if not isinstance(data.get("stages"), list) or not data["stages"]:
             raise UsageError(f"{p} is not a complete optkit report: it has no stages")
+        _check_figures(data, p)
         try:
             report = cls.model_validate(data)
         except ValueError as e:
@@ -106,6 +107,70 @@ class Report(BaseModel):
         if report.schema_version.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
             raise UsageError(f"{p} has report schema {report.schema_version}; this optkit reads {SCHEMA_VERSION}")
         return report
+
+
+# figures that gates, comparisons and renderers read as numbers: each must be a number or null where present
+_NUMBERS = {
+    "size": ("bytes", "gzip_bytes", "size_mb", "parameters", "initializer_bytes", "sparsity"),
+    "latency": ("p50_ms", "p90_ms", "p99_ms", "mean_ms", "std_ms", "min_ms", "max_ms", "throughput_per_s", "runs",
+                "batch", "ci95_pct", "low_ms", "low_ci95_pct", "normalized", "normalized_ci95_pct",
+                "reference_p50_ms"),
+    "fidelity": ("cosine", "top1_agreement", "max_abs_error", "mean_abs_error"),
+}
+_LISTS = ("trial_p50_ms", "trial_low_ms", "trial_normalized")
+
+
+def _check_figures(data: dict, p: Path) -> None:
+    """Refuse (exit 2) a report whose figures have the wrong types, before anything reads them as numbers.
+    NaN and Infinity (JSON literals some tools write) are numbers: the gates fail on them."""
+    def number(v) -> bool:
+        return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+    def bad(where: str, v) -> UsageError:
+        shown = repr(v) if len(repr(v)) <= 40 else repr(v)[:37] + "..."
+        return UsageError(f"{p} is not an optkit report: {where} is {shown}, not a number")
+
+    def numbers(d: dict, keys, where: str) -> None:
+        for k in keys:
+            if k in d and not number(d[k]):
+                raise bad(f"{where}.{k}", d[k])
+
+    def lists(d: dict, where: str) -> None:
+        for k in _LISTS:
+            if k in d and d[k] is not None:
+                if not isinstance(d[k], list) or not all(number(x) for x in d[k]):
+                    raise bad(f"{where}.{k}", d[k])
+
+    for i, stage in enumerate(data.get("stages") or []):
+        m = stage.get("measurements") if isinstance(stage, dict) else None
+        if not isinstance(m, dict):
+            continue  # the schema check names it
+        for group in ("size", "latency", "accuracy", "fidelity"):
+            d, where = m.get(group), f"stages.{i}.measurements.{group}"
+            if d is None:
+                continue
+            if not isinstance(d, dict):
+                raise UsageError(f"{p} is not an optkit report: {where} is not an object")
+            numbers(d, _NUMBERS.get(group, ()), where)
+            if group == "accuracy":
+                metric = d.get("metric")
+                if metric is not None and not isinstance(metric, str):
+                    raise UsageError(f"{p} is not an optkit report: {where}.metric is not a name")
+                if isinstance(metric, str):
+                    numbers(d, (metric,), where)
+            if group == "latency":
+                lists(d, where)
+                refs = d.get("references")
+                if refs is not None and not isinstance(refs, dict):
+                    raise UsageError(f"{p} is not an optkit report: {where}.references is not an object")
+                for name, r in (refs or {}).items():
+                    if not isinstance(r, dict):
+                        raise UsageError(f"{p} is not an optkit report: {where}.references.{name} is not an object")
+                    numbers(r, ("normalized", "ci95_pct", "low_ms", "bytes", "layers"), f"{where}.references.{name}")
+                    lists(r, f"{where}.references.{name}")
+    for i, g in enumerate(data.get("gates") or []):
+        if isinstance(g, dict):
+            numbers(g, ("value", "threshold", "margin"), f"gates.{i}")
 
 
 def machine_info() -> dict[str, Any]:

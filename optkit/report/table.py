@@ -42,8 +42,10 @@ def accuracy_cell(stage: Stage, label: str | None = None) -> str:
     """The accuracy figure; named ("top1 0.97") unless the column header already names the metric."""
     acc = stage.measurements.get("accuracy") or {}
     metric = acc.get("metric")
-    if metric and metric in acc:
-        return f"{acc[metric]:.4f}" if metric == label else f"{metric} {acc[metric]:.4f}"
+    if isinstance(metric, str) and metric in acc:
+        v = acc[metric]
+        cell = f"{v:.4f}" if isinstance(v, (int, float)) else "nan"  # null: a non-finite figure
+        return cell if metric == label else f"{metric} {cell}"
     values = [f"{k} {v:.4f}" for k, v in acc.items() if isinstance(v, float)]
     return ", ".join(values) or "-"
 
