@@ -25,6 +25,8 @@ RECIPE_VERSION = 1
 MAX_RECIPE_BYTES = 1 << 20     # a recipe is a page of YAML; anything this big is a mistake or an attack
 MAX_ALIASES = 100              # YAML aliases (*name); a "billion laughs" file needs many
 MAX_NODES = 100_000            # YAML nodes once every alias is expanded
+MAX_DIM = 1 << 20              # one dimension of a measurement shape
+MAX_ELEMENTS = 1 << 28         # elements of one synthesized input (1 GiB of float32)
 MAX_DEPTH = 64                 # nested mappings and lists; a recipe needs a handful
 _NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
 
@@ -91,7 +93,27 @@ class MeasureSection(_Strict):
     latency: bool = True
     normalize: bool = Field(default=True, description="Also time a fixed reference workload in the same run.")
     shapes: dict[str, list[int]] = Field(default_factory=dict)
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=2**32 - 1, description="Seeds data subsets, inputs and calibration.")
+
+    @field_validator("threads", "batch", "warmup", "runs", "trials", "seed", mode="before")
+    @classmethod
+    def _no_bool(cls, v: Any) -> Any:
+        if isinstance(v, bool):  # YAML `true` would count as 1
+            raise ValueError(f"{str(v).lower()} is not a count; write a number")
+        return v
+
+    @field_validator("shapes")
+    @classmethod
+    def _shapes(cls, v: dict[str, list[int]]) -> dict[str, list[int]]:
+        for name, dims in v.items():
+            if not dims or len(dims) > 16 or any(d < 1 or d > MAX_DIM for d in dims):
+                raise ValueError(f"shape of {name!r} must be 1 to 16 dims, each 1-{MAX_DIM}, not {dims}")
+            n = 1
+            for d in dims:
+                n *= d
+            if n > MAX_ELEMENTS:
+                raise ValueError(f"shape of {name!r} {dims} has {n:,} elements; at most {MAX_ELEMENTS:,} per input")
+        return v
 
 
 class GateSpec(_Strict):
