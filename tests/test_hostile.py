@@ -349,3 +349,93 @@ def test_python_api_refuses_the_same_outputs(work):
         check_outputs({"-o": work / "a.onnx", "--report": work / "a.onnx"})
     with pytest.raises(UsageError, match="existing folder"):
         check_outputs({"-o": work})
+
+
+# ------------------------------------------------------------------ bad inputs, for every command that reads a model
+
+MODEL_COMMANDS = {
+    "inspect": lambda m: ["inspect", m],
+    "bench": lambda m: ["bench", m, "--runs", "3"],
+    "eval": lambda m: ["eval", m, "--data", EVAL],
+    "simplify": lambda m: ["simplify", m, "-o", "out.onnx"],
+    "quantize": lambda m: ["quantize", m, "--mode", "dynamic", "-o", "out.onnx"],
+    "convert": lambda m: ["convert", m, "-o", "out.onnx"],
+}
+
+BAD_MODELS = {
+    "missing": (None, "not found"),
+    "empty": (b"", ""),
+    "garbage": (b"\x08\x07" + bytes(range(256)) * 4, ""),
+    "truncated": ("truncate", ""),
+}
+
+
+@pytest.mark.parametrize("problem", sorted(BAD_MODELS))
+@pytest.mark.parametrize("command", sorted(MODEL_COMMANDS))
+def test_bad_model_is_one_line_and_writes_nothing(cli, work, command, problem):
+    content, message = BAD_MODELS[problem]
+    name = "bad.onnx"
+    if content == "truncate":
+        (work / name).write_bytes((work / CNN).read_bytes()[:1500])
+    elif content is not None:
+        (work / name).write_bytes(content)
+    line = refused(cli, work, *MODEL_COMMANDS[command](name), message=message)
+    assert "bad.onnx" in line, line
+
+
+BAD_DATA = {
+    "missing file": (None, "not found"),
+    "not an npz": (b"hello", ""),
+    "wrong input name": ({"nope": np.zeros((4, 1, 8, 8), np.float32)}, ""),
+    "wrong shape": ({"input": np.zeros((4, 3, 5, 5), np.float32)}, ""),
+    "text values": ({"input": np.array([["a"] * 64] * 4).reshape(4, 1, 8, 8)}, ""),
+}
+
+
+@pytest.mark.parametrize("problem", sorted(BAD_DATA))
+@pytest.mark.parametrize("flag", ["bench --data", "eval --data", "quantize --calibration-data"])
+def test_bad_data_is_one_line_and_writes_nothing(cli, work, flag, problem):
+    content, message = BAD_DATA[problem]
+    if isinstance(content, bytes):
+        (work / "bad.npz").write_bytes(content)
+    elif isinstance(content, dict):
+        np.savez(work / "bad.npz", **content, labels=np.zeros(4, np.int64))
+    command, option = flag.split()
+    extra = {"bench": ["--runs", "3"], "eval": [], "quantize": ["-o", "out.onnx"]}[command]
+    line = refused(cli, work, command, CNN, option, "bad.npz", *extra, message=message)
+    assert "internal error" not in line
+
+
+@pytest.mark.parametrize("args, message", [
+    (["inspect", "model.xyz"], "model.xyz"),
+    (["bench", CNN, "--shape", "input=1,x,8,8"], "--shape"),
+    (["bench", CNN, "--shape", "nosuch=1,1,8,8"], "nosuch"),
+    (["bench", CNN, "--threads", "100000"], "--threads"),
+    (["bench", CNN, "--duration", "inf"], "--duration"),
+    (["bench", CNN, "--duration", "nan"], "--duration"),
+    (["quantize", CNN, "--mode", "int3", "-o", "q.onnx"], "int3"),
+    (["eval", CNN, "--data", EVAL, "--metric", "nosuch"], "nosuch"),
+])
+def test_bad_options_are_one_line(cli, work, args, message):
+    if args[1] == "model.xyz":
+        (work / "model.xyz").write_bytes(b"???")
+    line = refused(cli, work, *args, message="")
+    assert message in line, line
+
+
+@pytest.mark.parametrize("sig, rc, word", [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "terminated")])
+def test_signal_during_bench_with_data_writes_no_report(work, sig, rc, word):
+    proc = _start(["bench", CNN, "--data", EVAL, "--runs", "1000000", "--duration", "60", "--report", "r.json"],
+                  work)
+    time.sleep(5)
+    _interrupted(proc, sig, rc, word)
+    assert not (work / "r.json").exists()
+    assert sorted(p.name for p in work.iterdir()) == sorted([CNN, CALIB, EVAL])
+
+
+@pytest.mark.parametrize("command", [["inspect", CNN], ["bench", CNN, "--runs", "3"], ["--help"]])
+def test_closed_pipe_exits_quietly(work, command):
+    cmd = f"{sys.executable} -m optkit {' '.join(command)} | head -c 1 >/dev/null; echo ${{PIPESTATUS[0]}}"
+    proc = subprocess.run(["bash", "-c", cmd], cwd=work, capture_output=True, text=True, timeout=120)
+    assert int(proc.stdout.strip().splitlines()[-1]) in (0, 141), proc
+    assert proc.stderr.strip() == "", proc.stderr

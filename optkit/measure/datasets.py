@@ -77,6 +77,9 @@ class Dataset:
 
 
 def _fit(arr: np.ndarray, spec, source: str) -> np.ndarray:
+    if arr.dtype.kind not in "biufc" and "string" not in str(spec.dtype):
+        raise UsageError(f"data for input {spec.name!r} from {source} holds {arr.dtype} values (text or objects), "
+                         f"but the model expects {spec.dtype} numbers")
     if spec.shape is None:
         return arr.astype(np.dtype(spec.dtype)) if arr.dtype != np.dtype(spec.dtype) else arr
     want = list(spec.shape[1:])
