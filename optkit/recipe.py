@@ -365,6 +365,8 @@ def _first_error(e: PydanticValidationError) -> tuple[tuple, str]:
     errs = e.errors()
     # a gate may be a string or a mapping: pydantic reports both branches; prefer the mapping's complaint
     err = errs[0]
+    if "str" in err["loc"]:
+        err = next((x for x in errs if "GateSpec" in x["loc"] and x["loc"][:2] == err["loc"][:2]), err)
     loc = tuple(p for p in err["loc"] if p not in ("str", "GateSpec"))
     # the key path is in the YAML (`pass`), not the Python attribute name
     loc = tuple({"pass_name": "pass", "from_": "from"}.get(p, p) for p in loc)

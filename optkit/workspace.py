@@ -257,8 +257,18 @@ class Run:
         self.set_status("complete")
 
     def abort(self, status: str) -> None:
+        """Record why the run stopped. Written directly (not through atomic_path, which refuses to commit
+        anything after Ctrl-C): run.json is bookkeeping, not a result, and must not keep saying `running`."""
+        self._info["status"] = status
+        self._info["updated"] = _now()
+        dest = self.path / "run.json"
+        tmp = self.path / f".run.json.tmp-{os.getpid()}"
         with contextlib.suppress(Exception):
-            self.set_status(status)
+            try:
+                tmp.write_text(json.dumps(self._info, indent=2) + "\n")
+                os.replace(tmp, dest)
+            finally:
+                remove(tmp)
 
     def release(self) -> None:
         if self._lock is not None:
