@@ -13,9 +13,15 @@ from typing import Iterable, Optional
 
 import typer
 
+from optkit.core import interrupts, logs
 from optkit.core.atomic import check_output_path, check_outputs
-from optkit.core import interrupts
-from optkit.core.errors import EXIT_INTERRUPTED, EXIT_PASS, EXIT_TERMINATED, EXIT_USAGE, OptkitError
+from optkit.core.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_PASS,
+    EXIT_TERMINATED,
+    EXIT_USAGE,
+    OptkitError,
+)
 
 
 @dataclass
@@ -34,12 +40,13 @@ _USER_ERRNOS = {errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOTDIR, errno.EI
 def quiet_third_parties(debug: bool) -> None:
     """Keep TensorFlow, onnxruntime and Python warnings off stderr unless --debug (children inherit it)."""
     if debug:
+        logs.enable_debug()
         return
     for key, value in (("TF_CPP_MIN_LOG_LEVEL", "3"), ("GLOG_minloglevel", "3"), ("GRPC_VERBOSITY", "ERROR"),
                        ("PYTHONWARNINGS", "ignore")):
         os.environ.setdefault(key, value)
     warnings.simplefilter("ignore")
-    logging.basicConfig(level=logging.ERROR)
+    logging.basicConfig(level=logging.CRITICAL)  # libraries log tracebacks at ERROR for failures we report
 
 
 def run_app(app, argv: Optional[list[str]] = None) -> int:
@@ -206,10 +213,10 @@ def run_single_stage(pass_name: str, model: str, output: str, config: dict, *, c
     if report_path:
         check_output_path(report_path)
     source = load_artifact(model, weights, signature, **(source_meta or {}))
+    # the input is measured first: a model that cannot be measured fails before anything is written
+    before = measure(source, settings, data=eval_data, metric=metric) if measure_input else None
     result = run_pass(source, pass_name, config, output, shapes=settings.shapes, seed=settings.seed, **ctx_fields)
-    stages = []
-    if measure_input:
-        stages.append(input_stage(source, measure(source, settings, data=eval_data, metric=metric)))
+    stages = [input_stage(source, before)] if measure_input else []
     figures = measure(result.output, settings, data=eval_data, metric=metric, reference=source)
     stages.append(pass_stage(result, figures))
     report = Report(command=command, stages=stages)

@@ -10,7 +10,7 @@ from typing import Callable
 import numpy as np
 
 from optkit.core.errors import PassError, UsageError
-from optkit.measure.inputs import batches, fixed_batch
+from optkit.measure.inputs import batches, fixed_batch, join, stackable
 
 LABELLED = ("top1", "top5", "mse", "mae", "cosine")
 
@@ -70,6 +70,8 @@ def resolve_metric(name: str) -> Callable:
 
 def run_over(session, feeds: dict[str, np.ndarray], batch: int | None = None, progress=None) -> list[np.ndarray]:
     """Run the model over all samples, in batches the model accepts; outputs concatenated on axis 0."""
+    if not stackable(session.inputs):  # no batch axis to split on: the feeds are one whole call
+        return [np.asarray(x) for x in session.run(feeds)]
     fixed = fixed_batch(session.inputs)
     step = fixed or batch or 64
     n = len(next(iter(feeds.values())))
@@ -80,7 +82,7 @@ def run_over(session, feeds: dict[str, np.ndarray], batch: int | None = None, pr
         chunks.append(session.run(part))
         if progress:
             progress(min(start + step, n))
-    return [np.concatenate([c[i] for c in chunks], axis=0) for i in range(len(chunks[0]))]
+    return [join([c[i] for c in chunks]) for i in range(len(chunks[0]))]
 
 
 def compute(metric: str, outputs: list[np.ndarray], labels: np.ndarray | None,

@@ -8,8 +8,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from optkit.core.artifact import Artifact
-from optkit.core.errors import UsageError
+from optkit.core.errors import OptkitError, UsageError
 from optkit.core.isolate import run_isolated
+from optkit.core.text import first_line
 
 MAX_THREADS_FLOOR = 64    # a recipe written for a big machine still runs on a 2-CPU runner
 MAX_BATCH = 65536
@@ -109,10 +110,17 @@ def _measure(artifact: Artifact, settings: MeasureSettings, latency: bool, data:
         feeds = latency_feeds(eval_feeds, settings.batch, ds.source) if latency else {
             k: v[:settings.batch] for k, v in eval_feeds.items()}
     session.check_feeds(feeds)
-    if latency:
-        result["latency"] = measure_latency(session, feeds, warmup=settings.warmup, runs=settings.runs,
-                                            duration=settings.duration, batch=settings.batch)
-    outputs = run_over(session, eval_feeds, batch=64) if (metric or reference) else None
+    try:
+        if latency:
+            result["latency"] = measure_latency(session, feeds, warmup=settings.warmup, runs=settings.runs,
+                                                duration=settings.duration, batch=settings.batch)
+        outputs = run_over(session, eval_feeds, batch=64) if (metric or reference) else None
+    except OptkitError:
+        raise
+    except Exception as e:  # noqa: BLE001  the runtime refuses these inputs (values, shapes): the user's to fix
+        source = ds.source if ds is not None else "synthesized inputs"
+        raise UsageError(f"{artifact.path} does not run on {source}: {first_line(e)[:200]}; give inputs it "
+                         "accepts with --data (and --shape for dynamic dims)") from None
     result["io"] = {"inputs": [s.to_dict() for s in session.inputs],
                     "outputs": [s.to_dict() for s in session.outputs], "runtime": session.runtime}
     if metric:
@@ -124,6 +132,7 @@ def _measure(artifact: Artifact, settings: MeasureSettings, latency: bool, data:
             zip([s.name for s in ref_session.inputs], eval_feeds.values()))
         ref_out = run_over(ref_session, ref_feeds, batch=64)
         result["fidelity"] = {**compare_outputs(ref_out, outputs, [s.name for s in session.outputs]),
-                              "reference": reference.path, "samples": len(outputs[0])}
+                              "reference": reference.path,
+                              "samples": len(outputs[0]) if getattr(outputs[0], "ndim", 1) else 1}
     session.close()
     return result

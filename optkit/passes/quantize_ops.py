@@ -311,9 +311,12 @@ def input_specs(sess) -> list:
 def run_all(sess, feeds: dict[str, np.ndarray], names: list[str] | None = None, batch: int = 64
             ) -> list[np.ndarray]:
     """Run over every sample, in batches the model accepts (one at a time for a fixed batch of 1)."""
-    from optkit.measure.inputs import fixed_batch
+    from optkit.measure.inputs import fixed_batch, join, stackable
 
     specs = input_specs(sess)
+    names = names or [o.name for o in sess.get_outputs()]
+    if not stackable(specs):  # no batch axis to split on: the feeds are one whole call
+        return [np.asarray(x) for x in sess.run(names, feeds)]
     fixed = fixed_batch(specs)
     step = fixed or batch
     n = len(next(iter(feeds.values())))
@@ -323,12 +326,19 @@ def run_all(sess, feeds: dict[str, np.ndarray], names: list[str] | None = None, 
         chunks.append(sess.run(names, {k: v[start:start + step] for k, v in feeds.items()}))
     if not chunks:
         raise UsageError(f"no sample to run: {n} samples for a model with a fixed batch of {fixed}")
+    return [join([c[i] for c in chunks]) for i in range(len(names))]
+
+
+def run_sets(sess, sets: list[dict[str, np.ndarray]], names: list[str]) -> list[np.ndarray]:
+    """Run each feed set as one whole call; each output is the calls' results stacked (or flattened when the
+    shapes differ), so models without a batch axis compare as they are."""
+    runs = [sess.run(names, feeds) for feeds in sets]
     out = []
     for i in range(len(names)):
-        parts = [c[i] for c in chunks]
+        parts = [np.asarray(r[i]) for r in runs]
         try:
-            out.append(np.concatenate(parts, axis=0) if parts[0].ndim else np.stack(parts))
-        except ValueError:  # per-batch shapes differ (e.g. a sequence length): keep them flat
+            out.append(np.stack(parts))
+        except ValueError:
             out.append(np.concatenate([p.ravel() for p in parts]))
     return out
 
@@ -362,16 +372,17 @@ def fidelity(ref: list[np.ndarray], out: list[np.ndarray], names: list[str]) -> 
     fid = compare_outputs(ref, out, names)
     worst = 1.0
     for a, b in zip(ref, out):
-        if a.ndim < 2 or a.shape != b.shape or not np.issubdtype(a.dtype, np.floating):
+        if a.ndim < 2 or a.size == 0 or a.shape != b.shape or not np.issubdtype(a.dtype, np.floating):
             continue
         a2 = a.reshape(len(a), -1).astype(np.float64)
         b2 = b.reshape(len(b), -1).astype(np.float64)
         na, nb = np.linalg.norm(a2, axis=1), np.linalg.norm(b2, axis=1)
         ok = (na > 0) & (nb > 0)
         cos = np.where(ok, (a2 * b2).sum(1) / np.where(ok, na * nb, 1), np.where((na == 0) & (nb == 0), 1, 0))
-        worst = min(worst, float(cos.min()))
+        worst = min(worst, float(cos.min())) if np.isfinite(cos).all() else -1.0  # NaN never passes
     fid["sample_cosine_min"] = worst
-    fid["loss"] = max(0.0, 1.0 - fid["cosine"])
+    cosine = fid["cosine"]
+    fid["loss"] = max(0.0, 1.0 - cosine) if cosine is not None and np.isfinite(cosine) else 2.0
     return {k: v for k, v in fid.items() if k != "outputs"} | {"outputs": {
         k: {kk: vv for kk, vv in v.items() if kk != "worst_index"} | {"worst_index": v["worst_index"]}
         for k, v in fid["outputs"].items()}}

@@ -13,8 +13,16 @@ from optkit.core.artifact import Artifact
 from optkit.core.atomic import atomic_path
 from optkit.core.errors import UsageError, ValidationError
 from optkit.core.registry import PassContext, require_extra
+from optkit.core.text import first_line
+from optkit.measure.inputs import stackable
 from optkit.passes import quantize_ops as ops
-from optkit.passes.quantize import LOWER_IS_BETTER, MIN_OPSET, TOLERANCE, QuantizeConfig, rejected_path
+from optkit.passes.quantize import (
+    LOWER_IS_BETTER,
+    MIN_OPSET,
+    TOLERANCE,
+    QuantizeConfig,
+    rejected_path,
+)
 
 # onnxruntime extra_options for TensorRT-ready QDQ: symmetric int8 (zero points 0), bias left float
 TENSORRT_OPTIONS = {"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False}
@@ -167,6 +175,10 @@ class Quantizer:
         if cfg.preprocess and self.mode in ("static", "dynamic"):
             from onnxruntime.quantization.shape_inference import quant_pre_process
 
+            from optkit.runtimes.onnx import quiet_ort
+
+            quiet_ort()
+
             try:  # in our scratch folder: it writes <uuid>.data and sym_shape_infer_temp.onnx to the cwd
                 with contextlib.chdir(self.tmp):
                     quant_pre_process(str(raw), str(prepared), skip_symbolic_shape=ops.has_subgraphs(model))
@@ -224,7 +236,7 @@ class Quantizer:
             else:
                 from optkit.measure.inputs import synthesize
 
-                n = min(cfg.calibration_size, 64)
+                n = min(cfg.calibration_size, 64) if stackable(specs) else 1
                 self.calib_feeds = _stack([synthesize(specs, ctx.shapes, 1, ctx.seed + i) for i in range(n)])
                 self.settings["calibration"] = {"source": "synthetic", "samples": n}
                 ctx.warn(f"SYNTHETIC CALIBRATION: calibrated on {n} random inputs, not real data; activation "
@@ -239,11 +251,18 @@ class Quantizer:
         else:
             from optkit.measure.inputs import synthesize
 
-            n = min(cfg.check_samples, 32)
+            n = min(cfg.check_samples, 32) if stackable(specs) else 1
             self.check_feeds = _stack([synthesize(specs, ctx.shapes, 1, ctx.seed + 1000 + i) for i in range(n)])
             self.settings["check"] = {"source": "synthetic", "samples": n}
             ctx.note(f"checked against the parent on {n} synthesized inputs (no data given)")
-        self.parent_outputs = ops.run_all(self.parent, self.check_feeds, self.out_names)
+        try:
+            self.parent_outputs = ops.run_all(self.parent, self.check_feeds, self.out_names)
+        except UsageError:
+            raise
+        except Exception as e:  # noqa: BLE001  onnxruntime refuses the inputs: the model needs real ones
+            given = "synthesized inputs" if source is None else source.source
+            raise UsageError(f"{self.artifact.path} does not run on {given}: {first_line(e)[:200]}; give inputs "
+                             "it accepts with --eval-data (and --shape for dynamic dims)") from None
         self.parent_accuracy = self._accuracy(self.parent_outputs) if cfg.metric else None
 
     def _budget(self) -> tuple[str, float]:
@@ -296,7 +315,11 @@ class Quantizer:
                                  weight_type=qt[r["weight_type"]], nodes_to_quantize=cfg.nodes_include or None,
                                  nodes_to_exclude=exclude, extra_options={"MatMulConstBOnly": True})
                 return
-            from onnxruntime.quantization import CalibrationMethod, QuantFormat, quantize_static
+            from onnxruntime.quantization import (
+                CalibrationMethod,
+                QuantFormat,
+                quantize_static,
+            )
 
             method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
                       "percentile": CalibrationMethod.Percentile}[cfg.calibration_method]
@@ -347,7 +370,11 @@ class Quantizer:
         if cfg.op_types_include:
             base = list(cfg.op_types_include)
         else:
-            from onnxruntime.quantization.registry import IntegerOpsRegistry, QDQRegistry, QLinearOpsRegistry
+            from onnxruntime.quantization.registry import (
+                IntegerOpsRegistry,
+                QDQRegistry,
+                QLinearOpsRegistry,
+            )
 
             reg = IntegerOpsRegistry if self.mode == "dynamic" else (
                 QDQRegistry if self.fmt == "qdq" else QLinearOpsRegistry)

@@ -15,9 +15,10 @@ from pydantic import Field
 
 from optkit.core.artifact import Artifact
 from optkit.core.atomic import atomic_path
-from optkit.core.errors import PassError, UsageError, ValidationError
+from optkit.core.errors import DependencyError, PassError, UsageError, ValidationError
 from optkit.core.formats import Format
 from optkit.core.registry import Pass, PassConfig, PassContext, register
+from optkit.core.text import first_line
 
 
 class SimplifyConfig(PassConfig):
@@ -46,7 +47,7 @@ class SimplifyOnnx(Pass):
         size_in = artifact.size_bytes()
         tmp = Path(tempfile.mkdtemp(prefix="optkit-simplify-"))
         try:
-            feeds, ref, names = _reference(artifact, ctx, config, ops)
+            run, ref, n_inputs = _reference(artifact, ctx, config, ops)
             tried = []
             for label, path in _variants(artifact, config, tmp, ctx):
                 m = ops.load_model(path)
@@ -58,9 +59,9 @@ class SimplifyOnnx(Pass):
                     entry["rejected"] = f"grew the file {size / size_in:.2f}x"
                     continue
                 try:
-                    out = ops.run_all(ops.session(path), feeds, names)
-                except UsageError as e:
-                    entry["rejected"] = e.message
+                    out = run(ops.session(path))
+                except Exception as e:  # noqa: BLE001  a variant onnxruntime cannot load or run is no candidate
+                    entry["rejected"] = e.message if isinstance(e, UsageError) else first_line(e)[:200]
                     continue
                 err = _max_scaled_error(ref, out)
                 entry["max_scaled_error"] = err
@@ -74,7 +75,7 @@ class SimplifyOnnx(Pass):
                     "max_scaled_error": err, "tried": tried}
                 ctx.note(f"{label}: nodes {sum(before.values())} -> {sum(after.values())} "
                          f"({_op_delta(before, after)}); size {size_in:,} -> {size:,} bytes; outputs equal "
-                         f"within {err:.2g} on {len(next(iter(feeds.values())))} inputs")
+                         f"within {err:.2g} on {n_inputs} inputs")
                 with atomic_path(ctx.output) as out_tmp:
                     shutil.copyfile(path, out_tmp)
                 return artifact.derive(ctx.output, Format.ONNX, self.name, config.model_dump(mode="json"))
@@ -95,7 +96,11 @@ class SimplifyOnnx(Pass):
 
 
 def _reference(artifact, ctx, config, ops):
-    """Inputs (data when given, else synthesized) and the parent's outputs on them."""
+    """(run, the parent's outputs, how many inputs): `run(session)` gives a session's outputs on the check inputs.
+
+    Data is run in batches along its sample axis. Synthesized inputs are separate whole calls, one per check
+    sample, so models whose inputs have no batch axis (scalars, shape tensors, fixed first dims) run as they are.
+    """
     from optkit.measure.inputs import synthesize
 
     sess = ops.session(artifact.path)
@@ -104,20 +109,34 @@ def _reference(artifact, ctx, config, ops):
     data = ctx.data.get("eval") or ctx.data.get("calibration")
     if data is not None:
         feeds = data.subset(config.check_samples, ctx.seed).bind(specs)
-    else:
-        import numpy as np
+        n = len(next(iter(feeds.values())))
 
-        parts = [synthesize(specs, ctx.shapes, 1, ctx.seed + i) for i in range(config.check_samples)]
-        feeds = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    return feeds, ops.run_all(sess, feeds, names), names
+        def run(session):
+            return ops.run_all(session, feeds, names)
+    else:
+        sets = [synthesize(specs, ctx.shapes, 1, ctx.seed + i) for i in range(config.check_samples)]
+        n = len(sets)
+
+        def run(session):
+            return ops.run_sets(session, sets, names)
+    try:
+        ref = run(sess)
+    except UsageError:
+        raise
+    except Exception as e:  # noqa: BLE001  onnxruntime refuses the inputs: the model needs real ones
+        given = "the given data" if data is not None else "synthesized inputs"
+        raise UsageError(f"{artifact.path} does not run on {given}: {first_line(e)[:200]}; "
+                         "give inputs it accepts with --data (and --shape for dynamic dims)") from None
+    return run, ref, n
 
 
 def _variants(artifact, config, tmp: Path, ctx):
-    """Candidate simplifications, best first: engine + ort, engine alone, (onnxslim without folding)."""
+    """Candidate simplifications, best first: engine + ort, engine alone, (onnxslim without folding).
+    When the engine fails on a graph, onnxruntime's optimizations run on the model alone."""
     from optkit.passes import quantize_ops as ops
 
-    engine_out = tmp / "engine.onnx"
-    label = config.engine
+    engine_out: Optional[Path] = tmp / "engine.onnx"
+    label, engine_error = config.engine, ""
     try:
         if config.engine == "onnxslim":
             import onnxslim
@@ -127,35 +146,35 @@ def _variants(artifact, config, tmp: Path, ctx):
             try:
                 import onnxsim  # imports torch: only when chosen
             except ImportError:
-                from optkit.core.errors import DependencyError
-
                 raise DependencyError("engine onnxsim is not installed: pip install onnxsim") from None
             model, ok = onnxsim.simplify(ops.load_model(artifact.path))
             if not ok:
                 raise PassError("onnxsim could not validate its simplified model")
         ops.save_model(model, engine_out)
-    except (PassError, UsageError):
+    except (UsageError, DependencyError):
         raise
-    except Exception as e:
-        if type(e).__name__ == "DependencyError":
-            raise
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise PassError(f"{config.engine} failed on {artifact.path}: {first[:200]}") from None
+    except Exception as e:  # noqa: BLE001  the engine's bug on this graph: carry on without it
+        engine_error = (e.message if isinstance(e, PassError) else first_line(e))[:160]
+        ctx.note(f"{config.engine} failed on this graph ({engine_error}); tried onnxruntime's optimizations alone")
+        engine_out = None
     candidates = []
     if config.ort_optimize:
         ort_out = tmp / "ort.onnx"
         try:
-            _ort_offline(engine_out, ort_out, config.provider)
+            _ort_offline(engine_out or Path(artifact.path), ort_out, config.provider)
             n_ort = sum(ops.op_counts(ops.load_model(ort_out)).values())
-            n_eng = sum(ops.op_counts(ops.load_model(engine_out)).values())
+            n_eng = sum(ops.op_counts(ops.load_model(engine_out or artifact.path)).values())
             if n_ort <= n_eng:  # never more nodes than the engine alone
-                candidates.append((f"{label} + onnxruntime", ort_out))
-        except Exception as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            ctx.note(f"onnxruntime offline optimization skipped: {first[:120]}")
-    candidates.append((label, engine_out))
+                candidates.append((f"{label} + onnxruntime" if engine_out else "onnxruntime", ort_out))
+        except Exception as e:  # noqa: BLE001
+            ctx.note(f"onnxruntime offline optimization skipped: {first_line(e)[:120]}")
+    if engine_out:
+        candidates.append((label, engine_out))
+    if not candidates:
+        raise PassError(f"neither {config.engine} ({engine_error or 'no result'}) nor onnxruntime could simplify "
+                        f"{artifact.path}")
     yield from candidates
-    if config.engine == "onnxslim":
+    if config.engine == "onnxslim" and engine_out:
         import onnxslim
 
         nofold = tmp / "nofold.onnx"
@@ -186,20 +205,30 @@ def _ort_offline(src: Path, dest: Path, provider: Optional[str]) -> None:
 
 
 def _max_scaled_error(ref, out) -> float:
+    """The largest output difference, scaled by each output's magnitude; inf when anything else differs
+    (count, shape, dtype kind, non-float values, or where the NaN and Inf values sit)."""
     import numpy as np
 
     worst = 0.0
     if len(ref) != len(out):
         return float("inf")
     for a, b in zip(ref, out):
-        a = np.asarray(a, dtype=np.float64)
-        b = np.asarray(b, dtype=np.float64)
-        if a.shape != b.shape:
+        a, b = np.asarray(a), np.asarray(b)
+        if a.shape != b.shape or a.dtype.kind != b.dtype.kind:
             return float("inf")
         if a.size == 0:
             continue
-        scale = max(1.0, float(np.abs(a).max()))
-        worst = max(worst, float(np.abs(a - b).max()) / scale)
+        if a.dtype.kind not in "fc":
+            if not np.array_equal(a, b):
+                return float("inf")
+            continue
+        a, b = a.astype(np.float64), b.astype(np.float64)
+        finite = np.isfinite(a)
+        if not np.array_equal(finite, np.isfinite(b)) or not np.array_equal(a[~finite], b[~finite], equal_nan=True):
+            return float("inf")
+        if finite.any():
+            scale = max(1.0, float(np.abs(a[finite]).max()))
+            worst = max(worst, float(np.abs(a[finite] - b[finite]).max()) / scale)
     return worst
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 
+from optkit.core import logs
 from optkit.core.artifact import Artifact
 from optkit.core.errors import DependencyError, UsageError
 from optkit.runtimes.base import DTYPES, Session, TensorSpec
@@ -29,11 +30,22 @@ def provider_list(provider: str) -> list:
     return [(names[0], options), *names[1:]]
 
 
+def quiet_ort() -> int:
+    """onnxruntime's failures come back as exceptions that optkit turns into its one line; its own log lines
+    (run-time errors go through the default logger, not the session's) show only with --debug. Call it before
+    any onnxruntime helper creates a session of its own."""
+    import onnxruntime as ort
+
+    severity = 2 if logs.debugging() else 4
+    ort.set_default_logger_severity(severity)
+    return severity
+
+
 def session_options(threads: int | None = None, optimize: bool = True):
     import onnxruntime as ort
 
     so = ort.SessionOptions()
-    so.log_severity_level = 3
+    so.log_severity_level = quiet_ort()
     if threads:
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
