@@ -52,13 +52,13 @@ def main() -> None:
     ap.add_argument("--save", type=Path, help="folder to write every measured report to (base.json, A1.json, ...)")
     args = ap.parse_args()
 
+    import onnxruntime  # noqa: F401  (imported once here, so each forked measurement starts fast)
+
     from optkit.core.artifact import Artifact
     from optkit.gates import evaluate, parse_gates
     from optkit.measure.model import MeasureSettings
     from optkit.measure.trials import latency_trials
     from optkit.report.schema import ArtifactRef, Report, Stage
-
-    import onnxruntime  # noqa: F401  (imported once here, so each forked measurement starts fast)
 
     tmp = Path(tempfile.mkdtemp(prefix="optkit-gate-bench-"))
     a = Artifact.load(mlp(tmp / "a.onnx", args.layers))

@@ -171,8 +171,8 @@ def torch_one(tmp: Path, spec: str, runs: int, data: dict, epochs: int, lr: floa
 def torch_section(tmp: Path, runs: int) -> dict:
     import numpy as np
     import torch
-
     from _digits import digits_train
+
     from optkit.measure.datasets import load_dataset
 
     train = digits_train(tmp, "nchw")

@@ -114,13 +114,13 @@ def trained_transformer(cache: Path) -> tuple[Path, float]:
 
 
 def main() -> None:
+    import argparse
+
     import onnx
     from onnx import version_converter
     from onnxruntime.quantization import CalibrationDataReader, quantize_dynamic, quantize_static
 
     from optkit.measure.datasets import load_dataset
-
-    import argparse
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", choices=("mnist", "cnn", "transformer"), help="run one of the three sections")

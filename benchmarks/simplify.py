@@ -17,9 +17,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 def main() -> None:
     import onnx
     import onnxslim
+    from test_quantize import build_loop, build_lstm
 
     from optkit.passes.quantize_ops import op_counts
-    from test_quantize import build_loop, build_lstm
 
     tmp = Path(tempfile.mkdtemp(prefix="optkit-bench-"))
     models = [ROOT / "sample_models" / "torch_cnn.onnx", ROOT.parent / "shared" / "realcases" / "mnist.onnx",

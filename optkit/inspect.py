@@ -5,9 +5,9 @@ from collections import Counter
 from typing import Any
 
 from optkit.core.artifact import Artifact
-from optkit.core.onnxfile import load_onnx
 from optkit.core.formats import Format
 from optkit.core.isolate import run_isolated
+from optkit.core.onnxfile import load_onnx
 from optkit.measure.size import measure_size
 
 

@@ -18,9 +18,10 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from optkit.core.atomic import remove, write_text
 
@@ -43,7 +44,7 @@ class Workspace:
                              "use letters, digits, '.', '_' and '-'")
 
     # ------------------------------------------------------------ runs
-    def open_run(self, loaded, *, resume: bool = True) -> "Run":
+    def open_run(self, loaded, *, resume: bool = True) -> Run:
         """Resume the last run of this recipe when it was interrupted and no live process holds it, else start one.
 
         Each run folder is locked (flock on the folder itself) for the life of the process running it, so two

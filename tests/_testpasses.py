@@ -95,8 +95,8 @@ def run_cli(*args, cwd=None, timeout: float = 600):
     """`python -m optkit ARGS` with these test passes registered first."""
     from conftest import Result
 
-    code = ("import sys; sys.path.insert(0, %r); import _testpasses; from optkit.cli.main import main; "
-            "sys.argv = ['optkit'] + sys.argv[1:]; main()" % str(HERE))
+    code = (f"import sys; sys.path.insert(0, {str(HERE)!r}); import _testpasses; from optkit.cli.main import main; "
+            "sys.argv = ['optkit'] + sys.argv[1:]; main()")
     proc = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
                           cwd=cwd or HERE.parent, timeout=timeout, env={**os.environ, "COLUMNS": "200"})
     return Result(proc.returncode, proc.stdout, proc.stderr)

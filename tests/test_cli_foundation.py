@@ -24,8 +24,9 @@ def test_help_imports_no_framework(args):
 
 
 def test_every_command_help_imports_no_framework():
-    from optkit.cli.main import COMMANDS
     import importlib.util
+
+    from optkit.cli.main import COMMANDS
 
     for name in COMMANDS:
         if importlib.util.find_spec(f"optkit.cli.{name}") is None or name in ("trt", "report", "recipe"):

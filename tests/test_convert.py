@@ -7,12 +7,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import SAMPLES, no_result_files, one_error_line
 from optkit.core import trust
 from optkit.core.artifact import Artifact
 from optkit.core.errors import PassError, UsageError, ValidationError
 from optkit.core.pipeline import run_pass
 from optkit.measure.datasets import Dataset, load_dataset
+
+from conftest import SAMPLES, no_result_files, one_error_line
 
 HERE = Path(__file__).resolve().parent
 ZOO = HERE / "models_zoo.py"
@@ -117,7 +118,6 @@ def test_torch_transformer_with_mask_dynamic_seq(out):
     check_onnx(dest)
     assert result.ctx.measurements["validation"]["max_abs_error"] < 1e-3
     import torch
-
     from models_zoo import make_encoder
 
     feeds = encoder_data(n=3, seq=7, seed=1)   # another batch and sequence length

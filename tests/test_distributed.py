@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from _digits import digits_train
+
 from conftest import ROOT
 
 pytestmark = pytest.mark.slow

@@ -6,10 +6,11 @@ import math
 
 import pytest
 
-from conftest import one_error_line
 from optkit.core.errors import UsageError
 from optkit.gates import check_gates_plan, evaluate, parse_gate, parse_gates
 from optkit.report.schema import ArtifactRef, Report, Stage
+
+from conftest import one_error_line
 
 
 def stage(name, *, size=None, p50=None, ci=None, norm=None, norm_ci=None, acc=None, cosine=None):
@@ -208,7 +209,8 @@ def test_regression_gate_compares_only_a_shared_reference_rung():
 
 
 def test_reference_rungs_depend_on_size_only_and_bracket_it():
-    from optkit.measure.trials import REFERENCE_LAYER_BYTES as L, reference_rungs
+    from optkit.measure.trials import REFERENCE_LAYER_BYTES as L
+    from optkit.measure.trials import reference_rungs
 
     assert reference_rungs(22 * L) == (16, 32) and reference_rungs(27 * L) == (32, 16)   # share both rungs
     assert reference_rungs(int(8.4 * 2 ** 20)) == (32, 64)

@@ -14,6 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from optkit.core.errors import PassError, UsageError
+
 from conftest import one_error_line
 
 EVAL = "digits_eval_nchw.npz"

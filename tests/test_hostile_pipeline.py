@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from test_hostile import _interrupted, _wait_for
 
 from conftest import SAMPLES, Result, one_error_line, run_cli
-from test_hostile import _interrupted, _wait_for
 
 CNN = "torch_cnn.onnx"
 EVAL = "digits_eval_nchw.npz"

@@ -4,15 +4,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import _testpasses
 import pytest
 import yaml
 
-import _testpasses
-from conftest import SAMPLES, one_error_line
 from optkit.core.artifact import Artifact
 from optkit.core.errors import PassError
 from optkit.core.pipeline import RunOptions, execute, run_pass
 from optkit.recipe import load_recipe
+
+from conftest import SAMPLES, one_error_line
 
 FAST = {"runs": 5, "warmup": 1, "trials": 2, "threads": 1}
 

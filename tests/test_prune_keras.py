@@ -6,8 +6,8 @@ import os
 
 import numpy as np
 import pytest
-
 from _digits import digits_train
+
 from conftest import no_result_files, one_error_line
 
 pytest.importorskip("tensorflow_model_optimization")

@@ -5,8 +5,8 @@ import textwrap
 
 import numpy as np
 import pytest
-
 from _digits import digits_train
+
 from conftest import no_result_files, one_error_line
 
 torch = pytest.importorskip("torch")

@@ -6,13 +6,14 @@ import json
 import time
 from pathlib import Path
 
+import _testpasses
 import pytest
 
-import _testpasses
-from conftest import ROOT, SAMPLES, one_error_line
 from optkit.core.errors import UsageError
 from optkit.core.registry import all_passes
 from optkit.recipe import from_dict, load_recipe, one_stage_recipe, validate
+
+from conftest import ROOT, SAMPLES, one_error_line
 
 RECIPES = ROOT / "recipes"
 GOOD = f"""\
@@ -90,7 +91,7 @@ def test_gate_on_unmeasured_figure(tmp_path):
         validate(load_recipe(tmp_path / "x.yaml"))
     no_eval = tmp_path / "y.yaml"
     no_eval.write_text(GOOD.replace(f"  eval:\n    path: {SAMPLES}/digits_eval_nchw.npz\n    metric: top1\n",
-                                    "  calibration: {path: %s/digits_calib_nchw.npz}\n" % SAMPLES))
+                                    f"  calibration: {{path: {SAMPLES}/digits_calib_nchw.npz}}\n"))
     with pytest.raises(UsageError, match="accuracy is not measured"):
         validate(load_recipe(no_eval))
 

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import one_error_line
 from optkit.gates import evaluate, parse_gates
 from optkit.report.html import to_html
 from optkit.report.junit import to_junit
 from optkit.report.render import to_markdown
 from optkit.report.schema import ArtifactRef, Report, Stage
+
+from conftest import one_error_line
 
 
 def stage(name, pass_name, size, p50, ci, acc, fmt="onnx"):

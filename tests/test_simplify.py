@@ -7,9 +7,9 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from test_quantize import build_loop, build_lstm
 
 from conftest import no_result_files, one_error_line
-from test_quantize import build_loop, build_lstm
 
 
 def _check(cli, model, tmp_path):

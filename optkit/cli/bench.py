@@ -1,7 +1,7 @@
 """optkit bench MODEL"""
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Optional
 
 import typer
 
@@ -20,7 +20,7 @@ def register(app: typer.Typer) -> None:
                                                  help="Time runs for this many seconds instead of --runs."),
         provider: str = common.PROVIDER,
         data: Optional[str] = typer.Option(None, "--data", help="Feed samples from this data instead of random."),
-        shape: Optional[List[str]] = common.SHAPE,
+        shape: Optional[list[str]] = common.SHAPE,
         weights: Optional[str] = common.WEIGHTS,
         report: Optional[str] = common.OUTPUT_REPORT,
         as_json: bool = common.JSON,

@@ -8,8 +8,9 @@ import signal
 import sys
 import traceback
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Optional
 
 import typer
 
@@ -197,7 +198,7 @@ def run_single_stage(pass_name: str, model: str, output: str, config: dict, *, c
                      weights: Optional[str] = None, eval_data=None, metric: Optional[str] = None,
                      report_path: Optional[str] = None, as_json: bool = False, measure_input: bool = True,
                      signature: Optional[str] = None, source_meta: Optional[dict] = None,
-                     print_recipe: bool = False, **ctx_fields):
+                     print_recipe: bool = False, measure_input_first: bool = True, **ctx_fields):
     """The machinery of every single-stage command: run one pass, measure input and output, report.
 
     With print_recipe (the commands' --print-recipe), print the equivalent one-stage recipe and run nothing.
@@ -213,9 +214,13 @@ def run_single_stage(pass_name: str, model: str, output: str, config: dict, *, c
     if report_path:
         check_output_path(report_path)
     source = load_artifact(model, weights, signature, **(source_meta or {}))
-    # the input is measured first: a model that cannot be measured fails before anything is written
-    before = measure(source, settings, data=eval_data, metric=metric) if measure_input else None
+    # the input is measured first, so a model that cannot be measured fails before anything is written; the
+    # chief of a distributed job measures after the pass, which its workers wait for in their first collective
+    first = measure_input and measure_input_first
+    before = measure(source, settings, data=eval_data, metric=metric) if first else None
     result = run_pass(source, pass_name, config, output, shapes=settings.shapes, seed=settings.seed, **ctx_fields)
+    if measure_input and not first:
+        before = measure(source, settings, data=eval_data, metric=metric)
     stages = [input_stage(source, before)] if measure_input else []
     figures = measure(result.output, settings, data=eval_data, metric=metric, reference=source)
     stages.append(pass_stage(result, figures))

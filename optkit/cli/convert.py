@@ -1,7 +1,7 @@
 """optkit convert SRC -o OUT.onnx: PyTorch and TensorFlow models to validated ONNX."""
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Optional
 
 import typer
 
@@ -18,8 +18,8 @@ def register(app: typer.Typer) -> None:
         output: str = typer.Option(..., "--output", "-o", help="The ONNX file to write."),
         weights: Optional[str] = common.WEIGHTS,
         signature: Optional[str] = typer.Option(None, "--signature", help="SavedModel signature to convert."),
-        shape: Optional[List[str]] = common.SHAPE,
-        dynamic: Optional[List[str]] = typer.Option(
+        shape: Optional[list[str]] = common.SHAPE,
+        dynamic: Optional[list[str]] = typer.Option(
             None, "--dynamic", help="Dynamic axes (PyTorch): 'batch', or NAME:DIM[=LABEL] (repeatable)."),
         exporter: str = typer.Option("dynamo", "--exporter", help="PyTorch exporter: dynamo or legacy."),
         no_fallback: bool = typer.Option(False, "--no-fallback",

@@ -1,7 +1,7 @@
 """optkit eval MODEL --data D --metric top1 [--reference REF]"""
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Optional
 
 import typer
 
@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
         no_metric: bool = typer.Option(False, "--no-metric", help="Fidelity only (data without labels)."),
         provider: str = common.PROVIDER,
         threads: Optional[int] = common.THREADS,
-        shape: Optional[List[str]] = common.SHAPE,
+        shape: Optional[list[str]] = common.SHAPE,
         weights: Optional[str] = common.WEIGHTS,
         report: Optional[str] = common.OUTPUT_REPORT,
         as_json: bool = common.JSON,

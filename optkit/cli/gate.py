@@ -1,7 +1,7 @@
 """optkit gate REPORT.json [GATE ...] [--baseline BASE.json]"""
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Optional
 
 import typer
 
@@ -12,7 +12,7 @@ def register(app: typer.Typer) -> None:
     @app.command("gate")
     def gate_cmd(
         report: str = typer.Argument(..., help="A report.json (from optkit run, or any command's --report)."),
-        gates: Optional[List[str]] = typer.Argument(
+        gates: Optional[list[str]] = typer.Argument(
             None, help="Gates like 'size_mb <= 5', 'accuracy_drop <= 0.01', 'latency_regression_pct <= 10', "
                        "'latency_p90_ms@quantize <= 3'. Default: the recipe's gates stored in the report."),
         baseline: Optional[str] = typer.Option(None, "--baseline", help="Baseline report.json (regression gates)."),

@@ -6,7 +6,7 @@ Keras models (.keras / .h5) go through `prune.keras` (TF-MOT), PyTorch factories
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Optional
 
 import typer
 
@@ -28,7 +28,7 @@ MAX_DROP = typer.Option(0.05, "--max-accuracy-drop",
                         help="Fail (exit 3) when fine-tuned top-1 falls more than this (0.05 = 5 pt); -1 disables.")
 
 
-def split_names(values: Optional[List[str]]) -> Optional[List[str]]:
+def split_names(values: Optional[list[str]]) -> Optional[list[str]]:
     if values is None:
         return None
     return [n.strip() for v in values for n in v.split(",") if n.strip()]
@@ -76,7 +76,8 @@ def run_stage(pass_name, model, output, config, *, data, eval_data, metric, sett
     if print_recipe or is_chief():
         result = common.run_single_stage(pass_name, model, output, config, command=command, settings=settings,
                                          weights=weights, eval_data=spec, metric=metric if eval_data else None,
-                                         report_path=report, as_json=as_json, print_recipe=print_recipe, data=data)
+                                         report_path=report, as_json=as_json, print_recipe=print_recipe, data=data,
+                                         measure_input_first=config.get("strategy", "none") == "none")
         if result is not None and not as_json:
             print_details(result)
         return result
@@ -133,8 +134,8 @@ def register(app: typer.Typer) -> None:
                                                 help="Keras: steps between mask updates (default: from the data)."),
         block_size: Optional[str] = typer.Option(None, "--block-size", help="Keras: block sparsity, e.g. 1x4."),
         m_by_n: Optional[str] = typer.Option(None, "--m-by-n", help="Keras: M zeros in every N weights, e.g. 2:4."),
-        layers: Optional[List[str]] = typer.Option(None, "--layers", help="Prune only these layers (comma list)."),
-        exclude: Optional[List[str]] = typer.Option(None, "--exclude", help="Never prune these layers."),
+        layers: Optional[list[str]] = typer.Option(None, "--layers", help="Prune only these layers (comma list)."),
+        exclude: Optional[list[str]] = typer.Option(None, "--exclude", help="Never prune these layers."),
         skip_unsupported: bool = typer.Option(False, "--skip-unsupported",
                                               help="Keras: skip layers TF-MOT cannot prune instead of failing."),
         round_to: Optional[int] = typer.Option(None, "--round-to", min=1, help="torch channels: multiple of this."),
@@ -150,7 +151,7 @@ def register(app: typer.Typer) -> None:
         strategy: str = STRATEGY,
         max_accuracy_drop: float = MAX_DROP,
         threads: Optional[int] = common.THREADS,
-        shape: Optional[List[str]] = common.SHAPE,
+        shape: Optional[list[str]] = common.SHAPE,
         weights: Optional[str] = common.WEIGHTS,
         report: Optional[str] = common.OUTPUT_REPORT,
         as_json: bool = common.JSON,

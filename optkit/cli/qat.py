@@ -1,13 +1,28 @@
 """optkit qat MODEL.keras -o OUT.h5 --train DATA: quantization-aware training (TF-MOT) with fine-tuning."""
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Optional
 
 import typer
 
 from optkit.cli import common
-from optkit.cli.prune import (BATCH, COLOR, EPOCHS, EVAL, LAYOUT, LR, MAX_DROP, METRIC, OPTIMIZER,
-                              STRATEGY, TRAIN, finetune_config, load_train_data, run_stage, split_names)
+from optkit.cli.prune import (
+    BATCH,
+    COLOR,
+    EPOCHS,
+    EVAL,
+    LAYOUT,
+    LR,
+    MAX_DROP,
+    METRIC,
+    OPTIMIZER,
+    STRATEGY,
+    TRAIN,
+    finetune_config,
+    load_train_data,
+    run_stage,
+    split_names,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -15,7 +30,7 @@ def register(app: typer.Typer) -> None:
     def qat_cmd(
         model: str = typer.Argument(..., help="tf-keras model (.keras / .h5)."),
         output: str = typer.Option(..., "-o", "--output", help="Where to write the QAT model (.h5)."),
-        layers: Optional[List[str]] = typer.Option(None, "--layers",
+        layers: Optional[list[str]] = typer.Option(None, "--layers",
                                                    help="Quantize only these layers (default: the whole model)."),
         train: Optional[str] = TRAIN,
         eval_data: Optional[str] = EVAL,
@@ -29,7 +44,7 @@ def register(app: typer.Typer) -> None:
         strategy: str = STRATEGY,
         max_accuracy_drop: float = MAX_DROP,
         threads: Optional[int] = common.THREADS,
-        shape: Optional[List[str]] = common.SHAPE,
+        shape: Optional[list[str]] = common.SHAPE,
         report: Optional[str] = common.OUTPUT_REPORT,
         as_json: bool = common.JSON,
         print_recipe: bool = common.PRINT_RECIPE,

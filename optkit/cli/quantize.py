@@ -1,7 +1,7 @@
 """optkit quantize MODEL -o OUT --mode dynamic|static|fp16|int4"""
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Optional
 
 import typer
 
@@ -44,10 +44,10 @@ def register(app: typer.Typer) -> None:
                                                     help="7-bit weights (default: on where the CPU lacks VNNI)."),
         activation_type: str = typer.Option("auto", "--activation-type", help="auto, uint8 or int8."),
         weight_type: str = typer.Option("int8", "--weight-type", help="int8 or uint8."),
-        include_nodes: Optional[List[str]] = typer.Option(None, "--include-node", help="Quantize only these nodes."),
-        exclude_nodes: Optional[List[str]] = typer.Option(None, "--exclude-node", help="Keep these nodes float."),
-        include_ops: Optional[List[str]] = typer.Option(None, "--include-op", help="Quantize only these op types."),
-        exclude_ops: Optional[List[str]] = typer.Option(None, "--exclude-op", help="Keep these op types float."),
+        include_nodes: Optional[list[str]] = typer.Option(None, "--include-node", help="Quantize only these nodes."),
+        exclude_nodes: Optional[list[str]] = typer.Option(None, "--exclude-node", help="Keep these nodes float."),
+        include_ops: Optional[list[str]] = typer.Option(None, "--include-op", help="Quantize only these op types."),
+        exclude_ops: Optional[list[str]] = typer.Option(None, "--exclude-op", help="Keep these op types float."),
         no_preprocess: bool = typer.Option(False, "--no-preprocess", help="Skip shape inference + optimization."),
         keep_io_types: bool = typer.Option(True, "--keep-io-types/--fp16-io", help="fp16: keep float32 inputs/outputs."),
         block_size: int = typer.Option(32, "--block-size", min=16, help="int4: weights per scale."),
@@ -66,7 +66,7 @@ def register(app: typer.Typer) -> None:
                                       help="When the check fails, keep sensitive nodes in float until it holds."),
         max_candidates: int = typer.Option(8, "--max-candidates", min=1, help="Candidates the search may try."),
         threads: Optional[int] = common.THREADS,
-        shape: Optional[List[str]] = common.SHAPE,
+        shape: Optional[list[str]] = common.SHAPE,
         report: Optional[str] = common.OUTPUT_REPORT,
         as_json: bool = common.JSON,
     ) -> None:

@@ -1,7 +1,7 @@
 """optkit simplify MODEL -o OUT"""
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Optional
 
 import typer
 
@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
         tolerance: float = typer.Option(1e-5, "--tolerance", min=0, help="Max output difference allowed."),
         data: Optional[str] = typer.Option(None, "--data", help="Check outputs on these inputs (default: random)."),
         threads: Optional[int] = common.THREADS,
-        shape: Optional[List[str]] = common.SHAPE,
+        shape: Optional[list[str]] = common.SHAPE,
         report: Optional[str] = common.OUTPUT_REPORT,
         as_json: bool = common.JSON,
         print_recipe: bool = common.PRINT_RECIPE,

@@ -1,7 +1,7 @@
 """optkit tflite MODEL -o OUT.tflite --mode float32|float16|dynamic|int8 [--io int8] [--sparse] [--calib DATA]"""
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Optional
 
 import typer
 
@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
                                                    help="Fail below this output cosine to the source (default per mode)."),
         signature: Optional[str] = typer.Option(None, "--signature", help="SavedModel signature."),
         threads: Optional[int] = common.THREADS,
-        shape: Optional[List[str]] = common.SHAPE,
+        shape: Optional[list[str]] = common.SHAPE,
         report: Optional[str] = common.OUTPUT_REPORT,
         as_json: bool = common.JSON,
         print_recipe: bool = common.PRINT_RECIPE,

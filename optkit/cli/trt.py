@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import List, Optional
+from typing import Optional
 
 import typer
 
@@ -32,7 +32,7 @@ def build_cmd(
                                   help="fp32, fp16, bf16, or int8 (int8 needs a Q/DQ model: no calibration)."),
     strongly_typed: bool = typer.Option(False, "--strongly-typed",
                                         help="Strongly typed network: precision comes from the model's types."),
-    shape: Optional[List[str]] = PROFILE_SHAPE,
+    shape: Optional[list[str]] = PROFILE_SHAPE,
     workspace_mb: Optional[int] = typer.Option(None, "--workspace-mb", min=1, help="Workspace memory limit (MiB)."),
     opt_level: int = typer.Option(3, "--opt-level", min=0, max=5, help="Builder optimization level 0-5."),
     timing_cache: str = typer.Option("auto", "--timing-cache",
@@ -83,7 +83,7 @@ def build_cmd(
 @trt_app.command("check")
 def check_cmd(
     model: str = typer.Argument(..., help="ONNX model to check."),
-    shape: Optional[List[str]] = PROFILE_SHAPE,
+    shape: Optional[list[str]] = PROFILE_SHAPE,
     precision: Optional[str] = typer.Option(None, "--precision", help="Check for this build precision (int8 needs Q/DQ)."),
     strict: bool = typer.Option(False, "--strict", help="Treat warnings as blocking too."),
     as_json: bool = common.JSON,

@@ -23,12 +23,12 @@ class Artifact:
     meta: dict[str, Any] = field(default_factory=dict)  # e.g. weights file, input shapes
 
     @classmethod
-    def load(cls, spec: str | Path, *, format: Format | str | None = None, **meta: Any) -> "Artifact":
+    def load(cls, spec: str | Path, *, format: Format | str | None = None, **meta: Any) -> Artifact:
         fmt = Format(format) if format else detect_format(spec)
         meta = {k: v for k, v in meta.items() if v is not None}
         return cls(path=str(spec), format=fmt, sha256=content_sha256(spec, fmt, meta.get("weights")), meta=meta)
 
-    def derive(self, path: str | Path, fmt: Format | str, pass_name: str, config: dict, **meta: Any) -> "Artifact":
+    def derive(self, path: str | Path, fmt: Format | str, pass_name: str, config: dict, **meta: Any) -> Artifact:
         """The artifact a pass made from this one."""
         fmt = Format(fmt)
         return Artifact(

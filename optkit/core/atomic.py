@@ -8,8 +8,8 @@ import os
 import shutil
 import stat
 import tempfile
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from optkit.core import interrupts
 from optkit.core.errors import UsageError

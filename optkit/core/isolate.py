@@ -6,7 +6,8 @@ import os
 import signal
 import sys
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from optkit.core.errors import OptkitError, PassError
 

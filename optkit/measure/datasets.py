@@ -44,7 +44,7 @@ class Dataset:
     def __len__(self) -> int:
         return len(next(iter(self.arrays.values())))
 
-    def subset(self, n: int | None, seed: int = 0) -> "Dataset":
+    def subset(self, n: int | None, seed: int = 0) -> Dataset:
         """A deterministic sample of n items (all of them when n is None or >= len)."""
         if n is not None and n < 1:
             raise UsageError(f"max_samples {n} leaves no samples of {self.source} to use; give 1 or more")

@@ -39,7 +39,7 @@ def input_dtype(spec) -> np.dtype:
         return np.dtype(object)
     try:
         dtype = np.dtype(name)
-    except TypeError:
+    except Exception:  # noqa: BLE001  numpy raises TypeError or ValueError for seq(...), map(...), tensor(int4)
         dtype = None
     if dtype is None or dtype.kind not in "biuf":
         raise UsageError(f"input {spec.name!r} has type {name}, which optkit cannot feed (it feeds numeric, bool "

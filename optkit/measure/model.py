@@ -37,7 +37,7 @@ class MeasureSettings(BaseModel):
     seed: int = 0
 
     @model_validator(mode="after")
-    def _bounds(self) -> "MeasureSettings":
+    def _bounds(self) -> MeasureSettings:
         # UsageError is not a ValueError, so pydantic lets it through unwrapped
         cpus = os.cpu_count() or 1
         most = max(MAX_THREADS_FLOOR, 4 * cpus)

@@ -90,7 +90,7 @@ def reference_rungs(model_bytes: int) -> tuple[int, int]:
     return (lo, hi) if near_lo else (hi, lo)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reference_model_bytes(layers: int = 8) -> bytes:
     """A fixed ONNX workload: `layers` x (MatMul 256x256 + Relu), batch 8, seeded weights."""
     from onnx import TensorProto, helper, numpy_helper

@@ -14,8 +14,17 @@ from optkit.core.artifact import Artifact
 from optkit.core.errors import OptkitError, PassError, UsageError
 from optkit.core.formats import Format
 from optkit.core.registry import PassContext
-from optkit.passes.convert import (Staging, check_model, choose_opset, first_line, opset_of, run_batched,
-                                   unsupported_nodes, validate, validation_feeds)
+from optkit.passes.convert import (
+    Staging,
+    check_model,
+    choose_opset,
+    first_line,
+    opset_of,
+    run_batched,
+    unsupported_nodes,
+    validate,
+    validation_feeds,
+)
 from optkit.runtimes.base import TensorSpec
 
 PASS = "convert.tf"

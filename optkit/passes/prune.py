@@ -124,10 +124,26 @@ class KerasPrune(Pass):
 
     def run(self, artifact: Artifact, config: KerasPruneConfig, ctx: PassContext) -> Artifact:
         from optkit.distributed import check_strategy, make_tf_strategy
-        from optkit.finetune import (check_accuracy, check_labels, eval_arrays, keras_fit, keras_predict,
-                                     steps_per_epoch, top1, train_arrays)
-        from optkit.passes._keras import (check_keras_output, keras_specs, layer_sparsity, load_tf_keras,
-                                          output_classes, overall, private_copy, save_keras)
+        from optkit.finetune import (
+            check_accuracy,
+            check_labels,
+            eval_arrays,
+            keras_fit,
+            keras_predict,
+            steps_per_epoch,
+            top1,
+            train_arrays,
+        )
+        from optkit.passes._keras import (
+            check_keras_output,
+            keras_specs,
+            layer_sparsity,
+            load_tf_keras,
+            output_classes,
+            overall,
+            private_copy,
+            save_keras,
+        )
 
         check_strategy(config.strategy, "tf")
         check_keras_output(ctx.output, self.name)
@@ -358,8 +374,15 @@ class TorchPrune(Pass):
         import torch
 
         from optkit.distributed import check_strategy
-        from optkit.finetune import (check_accuracy, check_labels, eval_arrays, torch_fit, torch_predict, top1,
-                                     train_arrays)
+        from optkit.finetune import (
+            check_accuracy,
+            check_labels,
+            eval_arrays,
+            top1,
+            torch_fit,
+            torch_predict,
+            train_arrays,
+        )
         from optkit.runtimes.base import TensorSpec
         from optkit.runtimes.torch import load_torch_model
 

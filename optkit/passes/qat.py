@@ -34,10 +34,24 @@ class KerasQat(Pass):
 
     def run(self, artifact: Artifact, config: QatConfig, ctx: PassContext) -> Artifact:
         from optkit.distributed import check_strategy, make_tf_strategy
-        from optkit.finetune import (check_accuracy, check_labels, eval_arrays, keras_fit, keras_predict, top1,
-                                     train_arrays)
-        from optkit.passes._keras import (check_keras_output, check_layer_names, keras_specs, load_tf_keras,
-                                          output_classes, private_copy, save_keras)
+        from optkit.finetune import (
+            check_accuracy,
+            check_labels,
+            eval_arrays,
+            keras_fit,
+            keras_predict,
+            top1,
+            train_arrays,
+        )
+        from optkit.passes._keras import (
+            check_keras_output,
+            check_layer_names,
+            keras_specs,
+            load_tf_keras,
+            output_classes,
+            private_copy,
+            save_keras,
+        )
 
         check_strategy(config.strategy, "tf")
         check_keras_output(ctx.output, self.name)

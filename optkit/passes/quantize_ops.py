@@ -25,6 +25,16 @@ QUANTIZED_OPS = {
     "MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul", "DynamicQuantizeLSTM", "MatMulNBits",
     "QAttention", "QLinearAdd", "QLinearMul", "GatherBlockQuantized", "QEmbedLayerNormalization",
 }
+# onnxruntime's quantizer registries key on the op type alone, and for these mean the com.microsoft contrib
+# ops: an ONNX-domain Attention (opset 23) became a QAttention that does not load. Such nodes stay float.
+CONTRIB_ONLY = ("Attention", "EmbedLayerNormalization")
+
+
+def contrib_lookalikes(model) -> list:
+    """The nodes of the main graph that share a CONTRIB_ONLY name but are not com.microsoft's."""
+    return [n for n in model.graph.node if n.op_type in CONTRIB_ONLY and n.domain != "com.microsoft"]
+
+
 CONTROL_FLOW = ("Loop", "If", "Scan")
 RECURRENT = ("LSTM", "GRU", "RNN")
 
@@ -47,6 +57,9 @@ def has_vnni() -> bool:
 def load_model(path: str | Path):
     import onnx
 
+    from optkit.core.artifact import external_data_files
+
+    external_data_files(path)  # a missing .data file is named (exit 2), not reported as an unreadable model
     try:
         return onnx.load(str(path))
     except Exception as e:  # protobuf raises several types
@@ -303,9 +316,12 @@ def session(path: str | Path, threads: int | None = 1, optimize: bool = True):
 
 
 def input_specs(sess) -> list:
-    from optkit.runtimes.onnx import _spec
+    """The session's inputs; a UsageError for those onnxruntime cannot be fed (bfloat16)."""
+    from optkit.runtimes.onnx import _spec, check_feedable
 
-    return [_spec(i) for i in sess.get_inputs()]
+    specs = [_spec(i) for i in sess.get_inputs()]
+    check_feedable(specs)
+    return specs
 
 
 def run_all(sess, feeds: dict[str, np.ndarray], names: list[str] | None = None, batch: int = 64

@@ -38,7 +38,7 @@ class Quantizer:
         # the format of the candidate being built (auto starts with QDQ; the latency search tries both)
         self.fmt = "qoperator" if cfg.format == "qoperator" and cfg.target == "cpu" else "qdq"
 
-    def __enter__(self) -> "Quantizer":
+    def __enter__(self) -> Quantizer:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -73,6 +73,11 @@ class Quantizer:
             return self._finish(first)
         if not self._search_on():
             self._latency([first])
+            if first.get("error"):
+                raise ValidationError(
+                    f"onnxruntime's {self.mode} quantizer wrote a model onnxruntime cannot load ({first['error']}); "
+                    "nothing was written. Keep the failing node types float with --exclude-op",
+                    details={"candidates": [_public(first)]})
             raise ValidationError(
                 f"{self.mode} quantization moved the outputs past the tolerance: {self._figures(first)}; "
                 f"the model was not written. Rerun with --fallback to keep the most sensitive nodes in float, "
@@ -125,6 +130,8 @@ class Quantizer:
 
     def _check_quantizable(self, model) -> None:
         counts = ops.op_counts(model)
+        for node in ops.contrib_lookalikes(model):  # never quantized (ops.CONTRIB_ONLY)
+            counts[node.op_type] -= 1
         wanted = {"dynamic": ops.DYNAMIC_OPS, "static": ops.STATIC_ANCHORS, "int4": ops.INT4_OPS}.get(self.mode)
         if self.cfg.op_types_include:
             wanted = tuple(self.cfg.op_types_include)
@@ -145,7 +152,9 @@ class Quantizer:
             have = ", ".join(sorted(counts)) or "no ops"
             raise UsageError(f"nothing to quantize in {self.artifact.path} for mode {self.mode}: it has {have}; "
                              f"onnxruntime quantizes {', '.join(wanted)}"
-                             + (" with constant weights" if self.mode == "int4" else ""))
+                             + (" with constant weights" if self.mode == "int4" else "")
+                             + ("; its ONNX-domain Attention stays float (onnxruntime quantizes com.microsoft's)"
+                                if ops.contrib_lookalikes(model) else ""))
 
     # ------------------------------------------------------------ preparation
     def _prepare(self, model) -> Path:
@@ -263,7 +272,22 @@ class Quantizer:
             given = "synthesized inputs" if source is None else source.source
             raise UsageError(f"{self.artifact.path} does not run on {given}: {first_line(e)[:200]}; give inputs "
                              "it accepts with --eval-data (and --shape for dynamic dims)") from None
+        self._refuse_nonfinite_parent("synthesized inputs" if source is None else source.source)
         self.parent_accuracy = self._accuracy(self.parent_outputs) if cfg.metric else None
+
+    def _refuse_nonfinite_parent(self, given: str) -> None:
+        """The float model's own NaN / Inf outputs leave nothing to check a quantized model against (every
+        cosine would be -1): say so, rather than blame quantization and suggest --fallback."""
+        if self.cfg.max_accuracy_drop is not None:  # judged on the metric, which refuses NaN outputs itself
+            return
+        for name, out in zip(self.out_names, self.parent_outputs):
+            out = np.asarray(out)
+            if out.dtype.kind in "fc" and out.size and not np.isfinite(out).all():
+                bad = int(out.size - np.count_nonzero(np.isfinite(out)))
+                raise ValidationError(
+                    f"{self.artifact.path} itself gives {bad} NaN/Inf values out of {out.size} in output {name!r} "
+                    f"on {given}, so a quantized model cannot be checked against it; nothing was written. Give "
+                    "inputs on which its outputs are finite with --eval-data")
 
     def _budget(self) -> tuple[str, float]:
         cfg = self.cfg
@@ -299,7 +323,8 @@ class Quantizer:
 
     def _quantize(self, exclude: list[str], dest: Path) -> None:
         cfg, mode = self.cfg, self.mode
-        exclude = sorted(set(cfg.nodes_exclude) | set(exclude))
+        exclude = sorted(set(cfg.nodes_exclude) | set(exclude)
+                         | {n.name for n in ops.contrib_lookalikes(self.float_model)})
         if mode in ("static", "dynamic"):
             from onnxruntime.quantization import QuantType
 
@@ -426,7 +451,7 @@ class Quantizer:
     def _accuracy(self, outputs) -> float:
         from optkit.measure.accuracy import compute
 
-        res = compute(self.cfg.metric, outputs, self.labels)
+        res = compute(self.cfg.metric, outputs, self.labels, self.out_names)
         return float(res.get(self.cfg.metric, next(iter(res.values()))))
 
     def _drop(self, acc: float) -> float:

@@ -6,8 +6,8 @@ from optkit.report.table import columns, gate_rows, stage_rows
 
 
 def to_console(report: Report, console=None) -> None:
-    from rich.console import Console
     from rich import box
+    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 

@@ -74,7 +74,7 @@ class Report(BaseModel):
         return write_text(path, self.to_json() + "\n")
 
     @classmethod
-    def load(cls, path: str | Path) -> "Report":
+    def load(cls, path: str | Path) -> Report:
         import json
 
         p = Path(path)

@@ -1,8 +1,8 @@
 """The runtime contract: load one format, describe its inputs and outputs, run it."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 import numpy as np
 

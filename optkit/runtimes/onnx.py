@@ -54,6 +54,17 @@ def session_options(threads: int | None = None, optimize: bool = True):
     return so
 
 
+def check_feedable(specs: list) -> None:
+    """A UsageError for inputs onnxruntime's Python API cannot take from numpy: bfloat16 (numpy has no such
+    type; onnxruntime refuses float32, uint16 and ml_dtypes arrays for it). optkit synthesizes float32 for
+    bfloat16 inputs of TensorFlow and torch models, which do take it."""
+    for spec in specs:
+        if str(spec.dtype) in ("bfloat16", "tensor(bfloat16)"):
+            raise UsageError(f"input {spec.name!r} has type bfloat16, which onnxruntime cannot be fed from Python "
+                             "(numpy has no bfloat16); export the model with float32 or float16 inputs, casting "
+                             "to bfloat16 inside the graph")
+
+
 class OnnxSession(Session):
     runtime = "onnxruntime"
 
@@ -91,6 +102,10 @@ class OnnxSession(Session):
 
         # bound straight to onnxruntime so timing loops add no Python frame of ours
         self.run = functools.partial(self.sess.run, self._names)
+
+    def check_feeds(self, feeds) -> None:
+        check_feedable(self.inputs)
+        super().check_feeds(feeds)
 
 
 def _spec(arg) -> TensorSpec:
