@@ -663,3 +663,21 @@ def test_renderers_survive_non_finite_figures(work, real_report):
         assert r.rc == 0 and "Traceback" not in r.err, (fmt, r.err)
     r = cli(work, "report", "compare", "rep.json", "rep.json")
     assert r.rc == 0, r.err
+
+
+def test_gzip_size_counts_external_data(tmp_path):
+    import onnx
+    from onnx import helper, numpy_helper
+
+    from optkit.core.artifact import Artifact
+    from optkit.measure.size import gzip_bytes
+
+    w = numpy_helper.from_array(np.random.default_rng(0).random((128, 128), dtype=np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", 1, [1, 128])],
+                              [helper.make_tensor_value_info("y", 1, [1, 128])], [w])
+    model = helper.make_model(graph)
+    onnx.save(model, tmp_path / "inline.onnx")
+    onnx.save(model, tmp_path / "ext.onnx", save_as_external_data=True, location="ext.data", size_threshold=0)
+    inline, ext = gzip_bytes(Artifact.load(str(tmp_path / "inline.onnx"))), gzip_bytes(Artifact.load(str(tmp_path / "ext.onnx")))
+    assert abs(inline - ext) < 0.01 * inline, (inline, ext)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from optkit.core.artifact import Artifact
+from optkit.core.artifact import Artifact, external_data_files
 from optkit.core.formats import Format
 
 
@@ -32,7 +32,10 @@ def gzip_bytes(artifact: Artifact) -> int | None:
         with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=9) as tar:
             tar.add(p, arcname=p.name)
         return buf.tell()
-    return len(gzip.compress(p.read_bytes(), compresslevel=9, mtime=0))
+    files = [p]
+    if artifact.format == Format.ONNX:  # the weights of a large model live in its external data files
+        files += [f for _, f in external_data_files(p)]
+    return sum(len(gzip.compress(f.read_bytes(), compresslevel=9, mtime=0)) for f in files)
 
 
 def onnx_parameters(path: str) -> dict:
