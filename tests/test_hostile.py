@@ -439,3 +439,19 @@ def test_closed_pipe_exits_quietly(work, command):
     proc = subprocess.run(["bash", "-c", cmd], cwd=work, capture_output=True, text=True, timeout=120)
     assert int(proc.stdout.strip().splitlines()[-1]) in (0, 141), proc
     assert proc.stderr.strip() == "", proc.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["quantize", CNN, "--calibration-data", CALIB, "-o", "q.onnx", "--allow-slower", "--no-latency-search"],
+    ["quantize", CNN, "--mode", "dynamic", "-o", "q.onnx"],
+    ["simplify", CNN, "-o", "q.onnx"],
+])
+def test_the_working_folder_gets_only_the_output(cli, work, tmp_path_factory, args):
+    """onnxruntime's helpers write scratch files (<uuid>.data, sym_shape_infer_temp.onnx) to the cwd and the
+    temporary folder: they must land in optkit's own scratch folder, which is removed."""
+    tmpdir = tmp_path_factory.mktemp("tmpdir")
+    r = subprocess.run([sys.executable, "-m", "optkit", *args], cwd=work, capture_output=True, text=True,
+                       env={**os.environ, "TMPDIR": str(tmpdir)}, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in work.iterdir()) == sorted([CNN, CALIB, EVAL, "q.onnx"])
+    assert [p for p in tmpdir.iterdir() if p.name != ".ses"] == []  # .ses: onnxruntime's own session id file
