@@ -5,7 +5,7 @@ checked REPEATS times on an unchanged model A (any failure is a false alarm) and
 which is A with 20% more layers (a real ~20% slowdown that must be caught every time). Each measurement
 is what `optkit run` does: `trials` trials of `runs` timed runs, one thread, with the size-matched
 reference workloads timed call by call in the same trials (machine-normalised latency; see
-optkit/measure/trials.py and the rule in optkit/gates.py).
+optkit/measure/trials.py and the rule in optkit/pipeline/gates.py).
 
     .venv/bin/python benchmarks/gate_stability.py [--repeats 10] [--gate "latency_regression_pct <= 10"]
 """
@@ -55,9 +55,9 @@ def main() -> None:
     import onnxruntime  # noqa: F401  (imported once here, so each forked measurement starts fast)
 
     from optkit.core.artifact import Artifact
-    from optkit.gates import evaluate, parse_gates
     from optkit.measure.model import MeasureSettings
     from optkit.measure.trials import latency_trials
+    from optkit.pipeline.gates import evaluate, parse_gates
     from optkit.report.schema import ArtifactRef, Report, Stage
 
     tmp = Path(tempfile.mkdtemp(prefix="optkit-gate-bench-"))

@@ -82,7 +82,7 @@ def keras_section(tmp: Path, runs: int) -> dict:
     from _digits import digits_train
 
     from optkit.core.artifact import Artifact
-    from optkit.core.pipeline import run_pass
+    from optkit.core.stage import run_pass
     from optkit.measure.datasets import load_dataset
 
     ev = str(SAMPLES / "digits_eval_nhwc.npz")
@@ -137,7 +137,7 @@ def torch_one(tmp: Path, spec: str, runs: int, data: dict, epochs: int, lr: floa
     import numpy as np
 
     from optkit.core.artifact import Artifact
-    from optkit.core.pipeline import run_pass
+    from optkit.core.stage import run_pass
     from optkit.measure.model import MeasureSettings
     from optkit.measure.trials import latency_trials
 
@@ -202,7 +202,7 @@ def qat_section(tmp: Path, runs: int) -> dict:
     from _digits import digits_train
 
     from optkit.core.artifact import Artifact
-    from optkit.core.pipeline import run_pass
+    from optkit.core.stage import run_pass
     from optkit.measure.datasets import load_dataset
 
     ev = str(SAMPLES / "digits_eval_nhwc.npz")

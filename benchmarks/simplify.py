@@ -19,7 +19,7 @@ def main() -> None:
     import onnxslim
     from test_quantize import build_loop, build_lstm
 
-    from optkit.passes.quantize_ops import op_counts
+    from optkit.onnx.graph import op_counts
 
     tmp = Path(tempfile.mkdtemp(prefix="optkit-bench-"))
     models = [ROOT / "sample_models" / "torch_cnn.onnx", ROOT.parent / "shared" / "realcases" / "mnist.onnx",

@@ -24,7 +24,7 @@ _EXPORTS = {
     "MeasureSettings": "optkit.measure.model",
     "DataSpec": "optkit.measure.model",
     "load_dataset": "optkit.measure.datasets",
-    "inspect_model": "optkit.inspect",
+    "inspect_model": "optkit.measure.inspect",
     "Report": "optkit.report.schema",
 }
 

@@ -185,8 +185,8 @@ def test_input_dtype_refuses_what_it_cannot_feed(dtype):
 
 
 def test_onnx_bfloat16_inputs_are_refused_before_running():
-    from optkit.runtimes.base import TensorSpec
-    from optkit.runtimes.onnx import check_feedable
+    from optkit.core.shapes import TensorSpec
+    from optkit.onnx.session import check_feedable
 
     check_feedable([TensorSpec("x", [1], "float32"), TensorSpec("y", [1], "float16")])
     with pytest.raises(UsageError, match="'y' has type bfloat16"):

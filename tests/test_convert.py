@@ -10,7 +10,7 @@ import pytest
 from optkit.core import trust
 from optkit.core.artifact import Artifact
 from optkit.core.errors import PassError, UsageError, ValidationError
-from optkit.core.pipeline import run_pass
+from optkit.core.stage import run_pass
 from optkit.measure.datasets import Dataset, load_dataset
 
 from conftest import SAMPLES, no_result_files, one_error_line

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from optkit.core.errors import UsageError
+from optkit.core.shapes import TensorSpec
 from optkit.measure.datasets import Preprocess, load_dataset, read_idx
-from optkit.runtimes.base import TensorSpec
 
 
 def test_npz_binds_by_input_name(samples):

@@ -42,7 +42,7 @@ def _report(text: str) -> dict:
 def test_tf_multi_worker_matches_single_process(samples, tmp_path):
     pytest.importorskip("tensorflow_model_optimization")
     from optkit.core.artifact import Artifact
-    from optkit.core.pipeline import run_pass
+    from optkit.core.stage import run_pass
     from optkit.measure.datasets import load_dataset
 
     train = digits_train(tmp_path, "nhwc", n=600)
@@ -80,7 +80,7 @@ def test_tf_mirrored_over_two_cpu_replicas(samples, tmp_path):
     code = f"""
 import json
 from optkit.core.artifact import Artifact
-from optkit.core.pipeline import run_pass
+from optkit.core.stage import run_pass
 from optkit.measure.datasets import load_dataset
 r = run_pass(Artifact.load({str(samples / 'keras_cnn.keras')!r}), "qat.keras",
              {{"epochs": 1, "strategy": "mirrored", "max_accuracy_drop": None}}, {str(tmp_path / 'q.h5')!r},
@@ -98,7 +98,7 @@ print(json.dumps(r.ctx.measurements["qat"]))
 def test_torch_ddp_under_torchrun_matches_single_process(samples, tmp_path):
     pytest.importorskip("torch_pruning")
     from optkit.core.artifact import Artifact
-    from optkit.core.pipeline import run_pass
+    from optkit.core.stage import run_pass
     from optkit.measure.datasets import load_dataset
 
     train = digits_train(tmp_path, "nchw")
@@ -144,7 +144,7 @@ def _tiny_net():
 def _ddp_worker(rank: int, world: int, port: int, x, y, out: str) -> None:
     import torch
 
-    from optkit.finetune import FinetuneConfig, torch_fit
+    from optkit.passes.training.finetune import FinetuneConfig, torch_fit
 
     os.environ.update(MASTER_ADDR="localhost", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
@@ -161,7 +161,7 @@ def test_ddp_shards_uneven_batches_without_dropping_samples(tmp_path, monkeypatc
     import torch
     import torch.multiprocessing as mp
 
-    from optkit.finetune import FinetuneConfig, torch_fit
+    from optkit.passes.training.finetune import FinetuneConfig, torch_fit
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((53, 64)).astype(np.float32)

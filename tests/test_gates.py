@@ -7,7 +7,7 @@ import math
 import pytest
 
 from optkit.core.errors import UsageError
-from optkit.gates import check_gates_plan, evaluate, parse_gate, parse_gates
+from optkit.pipeline.gates import check_gates_plan, evaluate, parse_gate, parse_gates
 from optkit.report.schema import ArtifactRef, Report, Stage
 
 from conftest import one_error_line
@@ -159,7 +159,7 @@ BASE_TRIALS = [1.00, 1.03, 0.98, 1.01, 0.99, 1.02, 1.00, 0.97]
 
 
 def test_shift_ci_is_the_hodges_lehmann_estimate_with_a_mann_whitney_interval():
-    from optkit.gates import shift_ci
+    from optkit.pipeline.gates import shift_ci
 
     cur = [t * 1.2 for t in BASE_TRIALS]
     est, lo, hi = shift_ci(BASE_TRIALS, cur)

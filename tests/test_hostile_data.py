@@ -362,8 +362,8 @@ def test_latency_loop_stops_on_time(samples):
 
 
 def test_values_overflowing_a_float16_input(tmp_path):
+    from optkit.core.shapes import TensorSpec
     from optkit.measure.datasets import load_dataset
-    from optkit.runtimes.base import TensorSpec
 
     ds = load_dataset(_npz(tmp_path / "big.npz", input=np.full((2, 3), 1e6, np.float32)))
     with pytest.raises(UsageError, match="does not fit float16: 6 values overflow"):

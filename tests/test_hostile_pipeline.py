@@ -424,7 +424,7 @@ def test_a_recipe_file_name_becomes_a_plain_folder_name(work):
 
 def test_workspace_library_guard_refuses_names_outside(tmp_path):
     from optkit.core.errors import UsageError
-    from optkit.workspace import Workspace
+    from optkit.pipeline.workspace import Workspace
 
     for name in ("..", "../x", "a/b", "/abs", ".cache", ""):
         with pytest.raises(UsageError, match="not a plain folder name"):
@@ -576,7 +576,7 @@ def test_a_gate_on_an_absent_figure_is_still_a_usage_error(work, real_report):
 
 
 def test_in_process_gates_fail_on_nan_figures():
-    from optkit.gates import evaluate, parse_gates
+    from optkit.pipeline.gates import evaluate, parse_gates
     from optkit.report.schema import Report, Stage
 
     out = {"path": "m.onnx", "format": "onnx", "sha256": "0" * 64}

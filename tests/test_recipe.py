@@ -11,7 +11,7 @@ import pytest
 
 from optkit.core.errors import UsageError
 from optkit.core.registry import all_passes
-from optkit.recipe import from_dict, load_recipe, one_stage_recipe, validate
+from optkit.pipeline.recipe import from_dict, load_recipe, one_stage_recipe, validate
 
 from conftest import ROOT, SAMPLES, one_error_line
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from optkit.gates import evaluate, parse_gates
+from optkit.pipeline.gates import evaluate, parse_gates
 from optkit.report.html import to_html
 from optkit.report.junit import to_junit
 from optkit.report.render import to_markdown

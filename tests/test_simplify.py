@@ -22,7 +22,7 @@ def _check(cli, model, tmp_path):
     s = rep["stages"][1]["measurements"]["simplify"]
     assert s["max_scaled_error"] <= 1e-5
     slim_only = onnxslim.slim(onnx.load(str(model)))
-    from optkit.passes.quantize_ops import op_counts
+    from optkit.onnx.graph import op_counts
 
     assert s["nodes_after"] <= sum(op_counts(slim_only).values())
     assert s["ops_before"] and s["ops_after"]

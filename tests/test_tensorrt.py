@@ -130,7 +130,7 @@ def test_check_unsupported_op_names_node_and_op(cli, tmp_path):
 
 
 def test_check_custom_domain_op_is_an_error(tmp_path):
-    from optkit.trt_check import check_model
+    from optkit.passes.tensorrt.check import check_model
 
     node = helper.make_node("FusedGemm", ["x", "x"], ["y"], name="fg", domain="com.microsoft")
     g = helper.make_graph([node], "ms", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
@@ -142,7 +142,7 @@ def test_check_custom_domain_op_is_an_error(tmp_path):
 
 
 def test_check_qoperator_ops_point_to_qdq(tmp_path):
-    from optkit.trt_check import check_model
+    from optkit.passes.tensorrt.check import check_model
 
     node = helper.make_node("MatMulInteger", ["a", "b"], ["y"], name="mmi")
     g = helper.make_graph([node], "mmi", [helper.make_tensor_value_info("a", TensorProto.INT8, [2, 2]),
@@ -185,7 +185,7 @@ def test_check_int64_initializers(cli, tmp_path):
 
 
 def test_check_slice_int64_max_bounds_are_fine(tmp_path):
-    from optkit.trt_check import check_model
+    from optkit.passes.tensorrt.check import check_model
 
     inits = [numpy_helper.from_array(np.array([1], np.int64), "starts"),
              numpy_helper.from_array(np.array([2 ** 63 - 1], np.int64), "ends")]
@@ -225,7 +225,7 @@ def test_check_rejects_int32_bias_dequantize(cli, tmp_path):
 
 
 def test_check_rejects_dangling_quantize_and_int8_without_qdq(cli, tmp_path):
-    from optkit.trt_check import check_model
+    from optkit.passes.tensorrt.check import check_model
 
     inits = [numpy_helper.from_array(np.array(0.1, np.float32), "s"), numpy_helper.from_array(np.array(0, np.int8), "z")]
     nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], name="q0"),
@@ -239,7 +239,7 @@ def test_check_rejects_dangling_quantize_and_int8_without_qdq(cli, tmp_path):
 
 
 def test_check_per_channel_qdq_needs_opset_13(tmp_path):
-    from optkit.trt_check import check_model
+    from optkit.passes.tensorrt.check import check_model
 
     model = qdq_model(tmp_path / "q.onnx")
     m = onnx.load(model)
@@ -270,7 +270,7 @@ def test_check_bad_input(cli, tmp_path):
 
 
 def test_check_table_covers_the_onnx_ops_it_claims():
-    from optkit.trt_check import TRT_SUPPORTED_OPS, TRT_UNSUPPORTED_OPS
+    from optkit.passes.tensorrt.check import TRT_SUPPORTED_OPS, TRT_UNSUPPORTED_OPS
 
     assert not TRT_SUPPORTED_OPS & TRT_UNSUPPORTED_OPS
     known = {s.name for s in onnx.defs.get_all_schemas_with_history() if s.domain == ""}
@@ -284,7 +284,7 @@ def test_check_table_covers_the_onnx_ops_it_claims():
 
 def test_parse_profiles():
     from optkit.core.errors import UsageError
-    from optkit.trt_check import opt_shapes, parse_profiles
+    from optkit.passes.tensorrt.check import opt_shapes, parse_profiles
 
     p = parse_profiles(["x=1x3x8x8:4x3x8x8:8x3x8x8", "y=2x5", "1x2"])
     assert p["x"] == [[1, 3, 8, 8], [4, 3, 8, 8], [8, 3, 8, 8]]
@@ -471,7 +471,7 @@ def test_trt_help_imports_no_framework():
     import sys
 
     code = ("import sys; from optkit.cli.main import app; import optkit.cli.trt, optkit.passes.tensorrt, "
-            "optkit.runtimes.tensorrt, optkit.trt_check; "
+            "optkit.runtimes.tensorrt, optkit.passes.tensorrt.check; "
             "print([m for m in ('tensorrt', 'torch', 'tensorflow', 'cuda') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -26,7 +26,7 @@ def register(app: typer.Typer) -> None:
 
         from optkit.core.atomic import write_text
         from optkit.core.errors import GateFailed, UsageError
-        from optkit.gates import evaluate, parse_gates
+        from optkit.pipeline.gates import evaluate, parse_gates
         from optkit.report.schema import Report
 
         common.guard_outputs({"--junit": junit, "--markdown": markdown, "--output": output}, [report, baseline])

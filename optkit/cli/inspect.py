@@ -17,7 +17,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = common.JSON,
     ) -> None:
         """Format, inputs/outputs with shapes and dtypes, opset, op histogram, parameters, size."""
-        from optkit.inspect import inspect_model
+        from optkit.measure.inspect import inspect_model
 
         info = inspect_model(common.load_artifact(model, weights))
         if as_json:

@@ -69,8 +69,8 @@ def finetune_config(epochs, batch_size, learning_rate, optimizer, strategy, max_
 def run_stage(pass_name, model, output, config, *, data, eval_data, metric, settings, command, weights,
               report, as_json, print_recipe, preprocess=None):
     """run_single_stage on the chief; other workers of a distributed job train, then write and report nothing."""
-    from optkit.distributed import is_chief
     from optkit.measure.model import DataSpec
+    from optkit.passes.training.distributed import is_chief
 
     spec = DataSpec(path=eval_data, preprocess=preprocess) if eval_data else None
     if print_recipe or is_chief():
@@ -85,7 +85,7 @@ def run_stage(pass_name, model, output, config, *, data, eval_data, metric, sett
     import tempfile
     from pathlib import Path
 
-    from optkit.core.pipeline import run_pass
+    from optkit.core.stage import run_pass
 
     scratch = Path(tempfile.mkdtemp(prefix="optkit-worker-"))
     try:  # a worker takes part in every collective (training, saving) but its copy is thrown away
@@ -180,8 +180,8 @@ def register(app: typer.Typer) -> None:
                              f"with --weights); {model} is {fmt.value}: prune the source model, then export it")
         config = {k: v for k, v in config.items() if v is not None or k in ("max_accuracy_drop",)}
         settings = MeasureSettings(threads=threads, shapes=parse_shapes(shape))
-        from optkit.core.pipeline import build_config
         from optkit.core.registry import get_pass
+        from optkit.core.stage import build_config
 
         build_config(get_pass(pass_name), config)  # bad options fail before any data is read
         data = ({"train": train} if train else {}) if print_recipe else \

@@ -50,9 +50,9 @@ def register(app: typer.Typer) -> None:
         print_recipe: bool = common.PRINT_RECIPE,
     ) -> None:
         """Quantization-aware training for a Keras model; export it with `optkit tflite --mode int8`."""
-        from optkit.core.pipeline import build_config
         from optkit.core.registry import get_pass
         from optkit.core.shapes import parse_shapes
+        from optkit.core.stage import build_config
         from optkit.measure.model import MeasureSettings
 
         common.guard_outputs({"-o": output, "--report": report}, [model, train, eval_data])

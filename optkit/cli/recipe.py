@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
 
         from optkit.core.atomic import write_text
         from optkit.core.errors import UsageError
-        from optkit.recipe import STARTER
+        from optkit.pipeline.recipe import STARTER
 
         p = Path(path)
         common.guard_outputs({"recipe file": p})
@@ -36,8 +36,8 @@ def register(app: typer.Typer) -> None:
     def check_cmd(recipe: str = typer.Argument(..., help="Recipe YAML file."),
                   baseline: Optional[str] = typer.Option(None, "--baseline", help="Baseline report.json.")) -> None:
         """Validate a recipe (same as `optkit run RECIPE --dry-run`, without the plan)."""
-        from optkit.core.pipeline import plan
-        from optkit.recipe import load_recipe
+        from optkit.pipeline.recipe import load_recipe
+        from optkit.pipeline.runner import plan
 
         loaded = load_recipe(recipe)
         rows = plan(loaded, baseline=baseline)
@@ -48,7 +48,7 @@ def register(app: typer.Typer) -> None:
         """List the gate metrics."""
         from rich.table import Table
 
-        from optkit.gates import describe_metrics
+        from optkit.pipeline.gates import describe_metrics
 
         t = Table(title="gate metrics (write `metric <= value`, `metric@stage >= value`)", title_justify="left")
         for c in ("metric", "relative to", "meaning"):

@@ -24,8 +24,8 @@ def register(app: typer.Typer) -> None:
         from pathlib import Path
 
         from optkit.core.errors import GateFailed, UsageError
-        from optkit.core.pipeline import RunOptions, execute, plan
-        from optkit.recipe import load_recipe
+        from optkit.pipeline.recipe import load_recipe
+        from optkit.pipeline.runner import RunOptions, execute, plan
 
         loaded = load_recipe(recipe)
         if baseline and not Path(baseline).is_file():
@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
             rows = plan(loaded, baseline=baseline)
             _print_plan(loaded, rows, as_json)
             return
-        from optkit.workspace import Progress
+        from optkit.pipeline.workspace import Progress
 
         common.STATE.after_interrupt = "completed stages are kept; rerun the same command to resume"
 
@@ -51,8 +51,8 @@ def register(app: typer.Typer) -> None:
 def _print_plan(loaded, rows, as_json: bool) -> None:
     import json
 
-    from optkit.gates import gates_of_recipe
-    from optkit.recipe import measured_figures
+    from optkit.pipeline.gates import gates_of_recipe
+    from optkit.pipeline.recipe import measured_figures
 
     gates = [g.text for g in gates_of_recipe(loaded)]
     m = loaded.recipe.measure

@@ -31,9 +31,9 @@ def register(app: typer.Typer) -> None:
         print_recipe: bool = common.PRINT_RECIPE,
     ) -> None:
         """Export a Keras model or SavedModel to TFLite (float32, float16, dynamic range or int8)."""
-        from optkit.core.pipeline import build_config
         from optkit.core.registry import get_pass
         from optkit.core.shapes import parse_shapes
+        from optkit.core.stage import build_config
         from optkit.measure.datasets import load_dataset
         from optkit.measure.model import DataSpec, MeasureSettings
 

@@ -55,7 +55,7 @@ def build_cmd(
     """Build a TensorRT engine from an ONNX model, check it against the model, and measure both."""
     from optkit.core.errors import UsageError
     from optkit.measure.model import DataSpec, MeasureSettings
-    from optkit.trt_check import opt_shapes, parse_profiles
+    from optkit.passes.tensorrt.check import opt_shapes, parse_profiles
 
     cache_file = None if no_timing_cache or timing_cache == "auto" else timing_cache
     common.guard_outputs({"-o": output, "--report": report, "--timing-cache": cache_file}, [model, data])
@@ -93,7 +93,7 @@ def check_cmd(
     """
     from optkit.core.errors import PassError, UsageError
     from optkit.core.formats import Format
-    from optkit.trt_check import check_model, parse_profiles
+    from optkit.passes.tensorrt.check import check_model, parse_profiles
 
     artifact = common.load_artifact(model)
     if artifact.format != Format.ONNX:

@@ -1,7 +1,23 @@
-"""`--shape name=1x3x224x224` parsing and application to a model's input signature."""
+"""Tensor signatures, and `--shape name=1x3x224x224` parsing and application to them."""
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+
 from optkit.core.errors import UsageError
+
+
+@dataclass
+class TensorSpec:
+    name: str
+    shape: list | None   # ints; None or a string for a dynamic dim; None for an unknown rank
+    dtype: str           # numpy dtype name, e.g. "float32"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def dynamic(self) -> bool:
+        return self.shape is None or any(not (isinstance(d, int) and d > 0) for d in self.shape)
 
 
 def parse_shapes(values: list[str] | None) -> dict[str, list[int]]:

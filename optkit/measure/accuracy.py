@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from optkit.core.batching import run_batched
 from optkit.core.errors import PassError, UsageError
-from optkit.measure.inputs import batches, fixed_batch, join, stackable
 
 LABELLED = ("top1", "top5", "mse", "mae", "cosine")
 
@@ -69,20 +69,8 @@ def resolve_metric(name: str) -> Callable:
 
 
 def run_over(session, feeds: dict[str, np.ndarray], batch: int | None = None, progress=None) -> list[np.ndarray]:
-    """Run the model over all samples, in batches the model accepts; outputs concatenated on axis 0."""
-    if not stackable(session.inputs):  # no batch axis to split on: the feeds are one whole call
-        return [np.asarray(x) for x in session.run(feeds)]
-    fixed = fixed_batch(session.inputs)
-    step = fixed or batch or 64
-    n = len(next(iter(feeds.values())))
-    if fixed and n % fixed:
-        raise UsageError(f"the model fixes batch size {fixed} but the data has {n} samples")
-    chunks: list[list[np.ndarray]] = []
-    for start, part in batches(feeds, step):
-        chunks.append(session.run(part))
-        if progress:
-            progress(min(start + step, n))
-    return [join([c[i] for c in chunks]) for i in range(len(chunks[0]))]
+    """Run a session over all samples, in batches the model accepts; outputs concatenated on axis 0."""
+    return run_batched(session.run, session.inputs, feeds, batch or 64, progress)
 
 
 def compute(metric: str, outputs: list[np.ndarray], labels: np.ndarray | None,

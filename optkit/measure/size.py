@@ -42,7 +42,7 @@ def onnx_parameters(path: str) -> dict:
     """Parameters and initializer bytes of an ONNX model (external data included, when present)."""
     from onnx import numpy_helper
 
-    from optkit.core.onnxfile import load_onnx
+    from optkit.onnx.io import load as load_onnx
 
     model = load_onnx(path)
     params = 0

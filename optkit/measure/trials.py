@@ -24,7 +24,7 @@ Why it is measured this way (a shared, busy CI runner is the normal case, not th
   moves its speed by several % for its whole life, so one session per measurement would hide a
   systematic error from the interval; a fresh session each trial makes it trial-to-trial noise.
 - **Trials give the noise.** Each trial yields one estimate; their spread is the measured noise.
-  `normalized` and the per-trial lists let the gate use both sides' noise (see optkit.gates: the
+  `normalized` and the per-trial lists let the gate use both sides' noise (see optkit.pipeline.gates: the
   Hodges-Lehmann shift with its Mann-Whitney confidence interval).
 
 Figures (all `*_ms` raw wall time of the model):
@@ -117,7 +117,7 @@ def reference_model_bytes(layers: int = 8) -> bytes:
 def _reference_runner(layers: int, threads: int | None):
     import onnxruntime as ort
 
-    from optkit.runtimes.onnx import session_options
+    from optkit.onnx.session import session_options
 
     sess = ort.InferenceSession(reference_model_bytes(layers), sess_options=session_options(threads),
                                 providers=["CPUExecutionProvider"])

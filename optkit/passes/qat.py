@@ -14,7 +14,7 @@ from optkit.core.artifact import Artifact
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format
 from optkit.core.registry import Pass, PassContext, register
-from optkit.finetune import FinetuneConfig
+from optkit.passes.training.finetune import FinetuneConfig
 
 
 class QatConfig(FinetuneConfig):
@@ -33,8 +33,8 @@ class KerasQat(Pass):
     Config = QatConfig
 
     def run(self, artifact: Artifact, config: QatConfig, ctx: PassContext) -> Artifact:
-        from optkit.distributed import check_strategy, make_tf_strategy
-        from optkit.finetune import (
+        from optkit.passes.training.distributed import check_strategy, make_tf_strategy
+        from optkit.passes.training.finetune import (
             check_accuracy,
             check_labels,
             eval_arrays,
@@ -43,7 +43,7 @@ class KerasQat(Pass):
             top1,
             train_arrays,
         )
-        from optkit.passes._keras import (
+        from optkit.passes.training.keras import (
             check_keras_output,
             check_layer_names,
             keras_specs,

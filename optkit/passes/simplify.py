@@ -15,10 +15,17 @@ from pydantic import Field
 
 from optkit.core.artifact import Artifact
 from optkit.core.atomic import atomic_path
+from optkit.core.batching import trim
 from optkit.core.errors import DependencyError, PassError, UsageError, ValidationError
 from optkit.core.formats import Format
 from optkit.core.registry import Pass, PassConfig, PassContext, register
 from optkit.core.text import first_line
+from optkit.measure.inputs import synthesize
+from optkit.onnx import graph
+from optkit.onnx import io as onnx_io
+from optkit.onnx import session as onnx_session
+from optkit.onnx.session import quiet_ort
+from optkit.runtimes.onnx import PROVIDERS
 
 # Bytes a result may grow by whatever --max-growth says: a tiny model's file grows by its opset imports, names
 # and metadata alone (164 -> 367 bytes through onnxruntime), which is no materialized tensor.
@@ -44,26 +51,24 @@ class SimplifyOnnx(Pass):
     Config = SimplifyConfig
 
     def run(self, artifact: Artifact, config: SimplifyConfig, ctx: PassContext) -> Artifact:
-        from optkit.passes import quantize_ops as ops
-
-        model = ops.load_model(artifact.path)
-        before = ops.op_counts(model)
+        model = onnx_io.load(artifact.path)
+        before = graph.op_counts(model)
         size_in = artifact.size_bytes()
         tmp = Path(tempfile.mkdtemp(prefix="optkit-simplify-"))
         try:
-            run, ref, n_inputs = _reference(artifact, ctx, config, ops)
+            run, ref, n_inputs = _reference(artifact, ctx, config)
             tried = []
             for label, path in _variants(artifact, config, tmp, ctx):
-                m = ops.load_model(path)
+                m = onnx_io.load(path)
                 size = path.stat().st_size
                 entry = {"variant": label, "bytes": size, "growth": size / size_in,
-                         "nodes": sum(ops.op_counts(m).values())}
+                         "nodes": sum(graph.op_counts(m).values())}
                 tried.append(entry)
                 if size > config.max_growth * size_in and size - size_in > GROWTH_SLACK:
                     entry["rejected"] = f"grew the file {size / size_in:.2f}x"
                     continue
                 try:
-                    out = run(ops.session(path))
+                    out = run(onnx_session.session(path))
                 except Exception as e:  # noqa: BLE001  a variant onnxruntime cannot load or run is no candidate
                     entry["rejected"] = e.message if isinstance(e, UsageError) else first_line(e)[:200]
                     continue
@@ -72,7 +77,7 @@ class SimplifyOnnx(Pass):
                 if err > config.tolerance:
                     entry["rejected"] = f"outputs moved by {err:.3g} (tolerance {config.tolerance:g})"
                     continue
-                after = ops.op_counts(m)
+                after = graph.op_counts(m)
                 ctx.measurements["simplify"] = {
                     "variant": label, "nodes_before": sum(before.values()), "nodes_after": sum(after.values()),
                     "ops_before": before, "ops_after": after, "bytes_before": size_in, "bytes_after": size,
@@ -99,30 +104,28 @@ class SimplifyOnnx(Pass):
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _reference(artifact, ctx, config, ops):
+def _reference(artifact, ctx, config):
     """(run, the parent's outputs, how many inputs): `run(session)` gives a session's outputs on the check inputs.
 
     Data is run in batches along its sample axis. Synthesized inputs are separate whole calls, one per check
     sample, so models whose inputs have no batch axis (scalars, shape tensors, fixed first dims) run as they are.
     """
-    from optkit.measure.inputs import synthesize
-
-    sess = ops.session(artifact.path)
-    specs = ops.input_specs(sess)
+    sess = onnx_session.session(artifact.path)
+    specs = onnx_session.input_specs(sess)
     names = [o.name for o in sess.get_outputs()]
     data = ctx.data.get("eval") or ctx.data.get("calibration")
     if data is not None:
-        feeds = data.subset(config.check_samples, ctx.seed).bind(specs)
+        feeds = trim(specs, data.subset(config.check_samples, ctx.seed).bind(specs))
         n = len(next(iter(feeds.values())))
 
         def run(session):
-            return ops.run_all(session, feeds, names)
+            return onnx_session.run_all(session, feeds, names)
     else:
         sets = [synthesize(specs, ctx.shapes, 1, ctx.seed + i) for i in range(config.check_samples)]
         n = len(sets)
 
         def run(session):
-            return ops.run_sets(session, sets, names)
+            return onnx_session.run_sets(session, sets, names)
     try:
         ref = run(sess)
     except UsageError:
@@ -137,24 +140,22 @@ def _reference(artifact, ctx, config, ops):
 def _variants(artifact, config, tmp: Path, ctx):
     """Candidate simplifications, best first: engine + ort, engine alone, (onnxslim without folding).
     When the engine fails on a graph, onnxruntime's optimizations run on the model alone."""
-    from optkit.passes import quantize_ops as ops
-
     engine_out: Optional[Path] = tmp / "engine.onnx"
     label, engine_error = config.engine, ""
     try:
         if config.engine == "onnxslim":
             import onnxslim
 
-            model = onnxslim.slim(ops.load_model(artifact.path))
+            model = onnxslim.slim(onnx_io.load(artifact.path))
         else:
             try:
                 import onnxsim  # imports torch: only when chosen
             except ImportError:
                 raise DependencyError("engine onnxsim is not installed: pip install onnxsim") from None
-            model, ok = onnxsim.simplify(ops.load_model(artifact.path))
+            model, ok = onnxsim.simplify(onnx_io.load(artifact.path))
             if not ok:
                 raise PassError("onnxsim could not validate its simplified model")
-        ops.save_model(model, engine_out)
+        onnx_io.save(model, engine_out)
     except (UsageError, DependencyError):
         raise
     except Exception as e:  # noqa: BLE001  the engine's bug on this graph: carry on without it
@@ -166,8 +167,8 @@ def _variants(artifact, config, tmp: Path, ctx):
         ort_out = tmp / "ort.onnx"
         try:
             _ort_offline(engine_out or Path(artifact.path), ort_out, config.provider)
-            n_ort = sum(ops.op_counts(ops.load_model(ort_out)).values())
-            n_eng = sum(ops.op_counts(ops.load_model(engine_out or artifact.path)).values())
+            n_ort = sum(graph.op_counts(onnx_io.load(ort_out)).values())
+            n_eng = sum(graph.op_counts(onnx_io.load(engine_out or artifact.path)).values())
             if n_ort <= n_eng:  # never more nodes than the engine alone
                 candidates.append((f"{label} + onnxruntime" if engine_out else "onnxruntime", ort_out))
         except Exception as e:  # noqa: BLE001
@@ -182,7 +183,7 @@ def _variants(artifact, config, tmp: Path, ctx):
         import onnxslim
 
         nofold = tmp / "nofold.onnx"
-        ops.save_model(onnxslim.slim(ops.load_model(artifact.path), no_constant_folding=True), nofold)
+        onnx_io.save(onnxslim.slim(onnx_io.load(artifact.path), no_constant_folding=True), nofold)
         yield "onnxslim (no constant folding)", nofold
 
 
@@ -191,8 +192,6 @@ def _ort_offline(src: Path, dest: Path, provider: Optional[str]) -> None:
     is targeted (extended level, which adds onnxruntime-specific fused ops)."""
     import onnx
     import onnxruntime as ort
-
-    from optkit.runtimes.onnx import PROVIDERS, quiet_ort
 
     so = ort.SessionOptions()
     so.log_severity_level = quiet_ort()

@@ -41,12 +41,12 @@ class TFLiteConfig(PassConfig):
 
 def _source(artifact: Artifact, config: TFLiteConfig):
     """(converter, specs, reference function numpy->list[numpy], is_qat)."""
-    from optkit.runtimes.base import TensorSpec
+    from optkit.core.shapes import TensorSpec
     from optkit.runtimes.tf import import_tf
 
     tf = import_tf()
     if artifact.format == Format.KERAS:
-        from optkit.passes._keras import keras_specs
+        from optkit.passes.training.keras import keras_specs
         from optkit.runtimes.tf import load_keras
 
         model = load_keras(artifact.path)

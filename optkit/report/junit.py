@@ -7,7 +7,7 @@ from optkit.report.schema import Report
 from optkit.report.table import gate_rows
 
 
-def to_junit(report: Report, suite: str = "optkit.gates") -> str:
+def to_junit(report: Report, suite: str = "optkit.pipeline.gates") -> str:
     gates = report.gates
     failures = sum(not g.passed for g in gates)
     name = (report.run or {}).get("run_id") or report.command or "optkit"

@@ -2,27 +2,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from optkit.core.artifact import Artifact
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format
-
-
-@dataclass
-class TensorSpec:
-    name: str
-    shape: list | None   # ints; None or a string for a dynamic dim; None for an unknown rank
-    dtype: str           # numpy dtype name, e.g. "float32"
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @property
-    def dynamic(self) -> bool:
-        return self.shape is None or any(not (isinstance(d, int) and d > 0) for d in self.shape)
+from optkit.core.shapes import TensorSpec, format_shape
 
 
 class Session:
@@ -56,8 +42,6 @@ class Session:
             if spec.shape is not None and (len(arr.shape) != len(spec.shape) or any(
                 isinstance(d, int) and d > 0 and d != a for d, a in zip(spec.shape, arr.shape)
             )):
-                from optkit.core.shapes import format_shape
-
                 raise UsageError(
                     f"input {spec.name!r} has shape {format_shape(arr.shape)} but the model expects "
                     f"{format_shape(spec.shape)}"
@@ -93,12 +77,3 @@ def open_session(artifact: Artifact, provider: str = "cpu", threads: int | None 
 
         return TensorRTSession(artifact)
     raise UsageError(f"no runtime for format {fmt.value}")
-
-
-DTYPES = {
-    "tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
-    "tensor(bfloat16)": "bfloat16",
-    "tensor(int8)": "int8", "tensor(uint8)": "uint8", "tensor(int16)": "int16", "tensor(uint16)": "uint16",
-    "tensor(int32)": "int32", "tensor(int64)": "int64", "tensor(uint32)": "uint32", "tensor(uint64)": "uint64",
-    "tensor(bool)": "bool",
-}

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import functools
 
-from optkit.core import logs
 from optkit.core.artifact import Artifact
 from optkit.core.errors import DependencyError, UsageError
-from optkit.runtimes.base import DTYPES, Session, TensorSpec
+from optkit.onnx.session import check_feedable, session_options, spec_of
+from optkit.runtimes.base import Session
 
 PROVIDERS = {
     "cpu": ["CPUExecutionProvider"],
@@ -28,41 +28,6 @@ def provider_list(provider: str) -> list:
     options = {"trt_engine_cache_enable": True, "trt_engine_cache_path": cache,
                "trt_timing_cache_enable": True, "trt_timing_cache_path": cache}
     return [(names[0], options), *names[1:]]
-
-
-def quiet_ort() -> int:
-    """onnxruntime's failures come back as exceptions that optkit turns into its one line; its own log lines
-    (run-time errors go through the default logger, not the session's) show only with --debug. Call it before
-    any onnxruntime helper creates a session of its own."""
-    import onnxruntime as ort
-
-    severity = 2 if logs.debugging() else 4
-    ort.set_default_logger_severity(severity)
-    return severity
-
-
-def session_options(threads: int | None = None, optimize: bool = True):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.log_severity_level = quiet_ort()
-    if threads:
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-    if not optimize:
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    return so
-
-
-def check_feedable(specs: list) -> None:
-    """A UsageError for inputs onnxruntime's Python API cannot take from numpy: bfloat16 (numpy has no such
-    type; onnxruntime refuses float32, uint16 and ml_dtypes arrays for it). optkit synthesizes float32 for
-    bfloat16 inputs of TensorFlow and torch models, which do take it."""
-    for spec in specs:
-        if str(spec.dtype) in ("bfloat16", "tensor(bfloat16)"):
-            raise UsageError(f"input {spec.name!r} has type bfloat16, which onnxruntime cannot be fed from Python "
-                             "(numpy has no bfloat16); export the model with float32 or float16 inputs, casting "
-                             "to bfloat16 inside the graph")
 
 
 class OnnxSession(Session):
@@ -96,8 +61,8 @@ class OnnxSession(Session):
             )
         self.provider = provider
         self.threads = threads
-        self.inputs = [_spec(i) for i in self.sess.get_inputs()]
-        self.outputs = [_spec(o) for o in self.sess.get_outputs()]
+        self.inputs = [spec_of(i) for i in self.sess.get_inputs()]
+        self.outputs = [spec_of(o) for o in self.sess.get_outputs()]
         self._names = [o.name for o in self.outputs]
 
         # bound straight to onnxruntime so timing loops add no Python frame of ours
@@ -106,8 +71,3 @@ class OnnxSession(Session):
     def check_feeds(self, feeds) -> None:
         check_feedable(self.inputs)
         super().check_feeds(feeds)
-
-
-def _spec(arg) -> TensorSpec:
-    shape = [d if isinstance(d, int) and d > 0 else (d if isinstance(d, str) else None) for d in (arg.shape or [])]
-    return TensorSpec(arg.name, shape, DTYPES.get(arg.type, arg.type))

@@ -20,7 +20,8 @@ import numpy as np
 
 from optkit.core.artifact import Artifact
 from optkit.core.errors import DependencyError, PassError, UsageError
-from optkit.runtimes.base import Session, TensorSpec
+from optkit.core.shapes import TensorSpec
+from optkit.runtimes.base import Session
 
 TRT_INSTALL = "pip install 'optkit[trt]' (tensorrt and cuda-python; needs an NVIDIA GPU and driver)"
 

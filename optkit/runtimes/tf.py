@@ -15,7 +15,8 @@ from optkit.core.artifact import Artifact
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format
 from optkit.core.registry import require_extra
-from optkit.runtimes.base import Session, TensorSpec
+from optkit.core.shapes import TensorSpec
+from optkit.runtimes.base import Session
 
 
 def import_tf():

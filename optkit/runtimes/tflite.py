@@ -8,7 +8,8 @@ import numpy as np
 from optkit.core.artifact import Artifact
 from optkit.core.errors import UsageError
 from optkit.core.registry import require_extra
-from optkit.runtimes.base import Session, TensorSpec
+from optkit.core.shapes import TensorSpec
+from optkit.runtimes.base import Session
 
 
 def interpreter_class():

@@ -16,8 +16,9 @@ from optkit.core.artifact import Artifact
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format, split_factory
 from optkit.core.registry import require_extra
+from optkit.core.shapes import TensorSpec
 from optkit.core.text import first_line
-from optkit.runtimes.base import Session, TensorSpec
+from optkit.runtimes.base import Session
 
 
 def load_factory(spec: str):
@@ -61,7 +62,7 @@ def load_torch_model(artifact: Artifact):
     elif artifact.format == Format.TORCH_EXPORT:
         ep = load_program(artifact.path)
         model = ep.module()
-        examples = _example_from_program(ep)
+        examples = example_from_program(ep)
     else:
         factory, module = load_factory(artifact.path)
         try:
@@ -170,7 +171,7 @@ def _unpickle(weights: str) -> dict:
     return obj
 
 
-def _example_from_program(ep):
+def example_from_program(ep):
     specs = [s for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
     vals = []
     for s in specs:
@@ -212,7 +213,7 @@ class TorchSession(Session):
         args = [torch.from_numpy(np.ascontiguousarray(feeds[s.name])) for s in self.inputs]
         with torch.inference_mode():
             out = self.model(*args)
-        flat = _flatten(out)
+        flat = flatten(out)
         if not self.outputs:
             self.outputs = [TensorSpec(f"output_{i}" if len(flat) > 1 else "output", list(t.shape),
                                        _torch_dtype_name(t.dtype)) for i, t in enumerate(flat)]
@@ -241,11 +242,11 @@ class TorchSession(Session):
         return sum(p.numel() for p in params()) if params else None
 
 
-def _flatten(out) -> list:
+def flatten(out) -> list:
     if isinstance(out, (list, tuple)):
-        return [t for o in out for t in _flatten(o)]
+        return [t for o in out for t in flatten(o)]
     if isinstance(out, dict):
-        return [t for v in out.values() for t in _flatten(v)]
+        return [t for v in out.values() for t in flatten(v)]
     return [out]
 
 

@@ -89,7 +89,7 @@ class QuantizeOnnx(Pass):
     Config = QuantizeConfig
 
     def run(self, artifact: Artifact, config: QuantizeConfig, ctx: PassContext) -> Artifact:
-        from optkit.passes.quantize_search import Quantizer
+        from optkit.passes.quantize.search import Quantizer
 
         with Quantizer(artifact, config, ctx) as q:
             chosen = q.execute()

@@ -157,7 +157,7 @@ def torch_fit(model, x: np.ndarray, y: np.ndarray, cfg: FinetuneConfig, *, seed:
     rank, world, device = 0, 1, torch.device("cpu")
     ddp = cfg.strategy == "ddp"
     if ddp:
-        from optkit.distributed import init_torch_ddp
+        from optkit.passes.training.distributed import init_torch_ddp
 
         rank, world, device = init_torch_ddp()
     model.to(device).train()

@@ -463,7 +463,7 @@ def validate(loaded: LoadedRecipe, *, baseline: str | None = None, allow_missing
 
     With allow_missing (dry runs), a pass whose extra is not installed here is not an error.
     """
-    from optkit.gates import check_gates_plan, parse_gates
+    from optkit.pipeline.gates import check_gates_plan, parse_gates
 
     if not loaded.recipe.stages:
         raise UsageError(f"{loaded.where(('stages',))}: the recipe has no stages")
@@ -500,7 +500,7 @@ def measured_figures(loaded: LoadedRecipe) -> set[str]:
 
 
 def gates_of(loaded: LoadedRecipe):
-    from optkit.gates import parse_gates
+    from optkit.pipeline.gates import parse_gates
 
     return parse_gates(loaded.recipe.gates)
 

@@ -100,7 +100,7 @@ class TensorRTBuild(Pass):
 def make_plan(onnx_path: str, config: TensorRTBuildConfig, shapes: dict[str, list[int]] | None = None) -> dict:
     """Check the config against the model and resolve one optimization profile; UsageError (exit 2) when wrong."""
     from optkit.core.shapes import format_shape
-    from optkit.trt_check import check_model
+    from optkit.passes.tensorrt.check import check_model
 
     report = check_model(onnx_path)
     notes: list[str] = []

@@ -1,31 +1,21 @@
-"""convert.torch and convert.tf: PyTorch and TensorFlow models to validated ONNX.
-
-Both passes export to a temporary file next to the destination, check it with `onnx.checker` (full shape
-inference), run the source framework and onnxruntime on the same inputs (sample data or synthesized ones)
-and rename the result into place only when every output is within tolerance. Frameworks are imported inside
-`run` (see convert_torch.py and convert_tf.py).
-"""
+"""What convert.torch and convert.tf share: opset choice, validation inputs, the tolerance check."""
 from __future__ import annotations
 
 import math
-import os
-import shutil
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 from pydantic import Field
 
-from optkit.core.artifact import Artifact
-from optkit.core.atomic import check_output_path
 from optkit.core.errors import PassError, UsageError, ValidationError
-from optkit.core.formats import Format
-from optkit.core.registry import Pass, PassConfig, PassContext, register
+from optkit.core.registry import PassConfig, PassContext
+from optkit.core.shapes import TensorSpec
 from optkit.core.text import first_line
-
-TWO_GB = 2 * 1024 ** 3
+from optkit.measure.datasets import Dataset
+from optkit.measure.fidelity import compare_outputs
+from optkit.measure.inputs import synthesize
+from optkit.onnx.graph import all_nodes
 
 # Default tolerances (atol, rtol) per output dtype: an element fails when |onnx - source| > atol + rtol * |source|.
 # Quantized outputs may move by one step where the runtimes round differently.
@@ -48,50 +38,6 @@ class ConvertConfig(PassConfig):
     samples: int = Field(default=64, ge=1, description="validation samples taken from the data")
     batch: int = Field(default=2, ge=1, description="batch of synthesized validation inputs")
     external_data: Literal["auto", "always", "never"] = "auto"
-
-
-# ---------------------------------------------------------------------------------------------- the passes
-
-
-@register
-class ConvertTorch(Pass):
-    name = "convert.torch"
-    summary = "PyTorch (factory, TorchScript, ExportedProgram) -> ONNX via torch.onnx, validated"
-    accepts = (Format.TORCH_MODULE, Format.TORCHSCRIPT, Format.TORCH_EXPORT)
-    produces = Format.ONNX
-    extra = "torch"
-
-    class Config(ConvertConfig):
-        exporter: Literal["dynamo", "legacy"] = "dynamo"
-        dynamic: list[str] = Field(default_factory=list,
-                                   description="dynamic axes: 'batch', or NAME:DIM[=LABEL] ('*' for every input)")
-        fallback: bool = True   # fall back to the TorchScript exporter when dynamo fails
-
-    def run(self, artifact: Artifact, config, ctx: PassContext) -> Artifact:
-        from optkit.passes.convert_torch import convert_torch
-
-        return convert_torch(artifact, config, ctx)
-
-
-@register
-class ConvertTF(Pass):
-    name = "convert.tf"
-    summary = "TensorFlow (SavedModel, Keras .keras/.h5, TFLite float and int8) -> ONNX via tf2onnx, validated"
-    accepts = (Format.KERAS, Format.TF_SAVEDMODEL, Format.TFLITE)
-    produces = Format.ONNX
-    extra = "tf"
-
-    class Config(ConvertConfig):
-        signature: str | None = None   # SavedModel signature (default: the only one, or serving_default)
-        dynamic_batch: bool = True     # Keras: keep the batch dim dynamic
-
-    def run(self, artifact: Artifact, config, ctx: PassContext) -> Artifact:
-        from optkit.passes.convert_tf import convert_tf
-
-        return convert_tf(artifact, config, ctx)
-
-
-# ------------------------------------------------------------------------------------------ shared helpers
 
 
 _ORT_MAX: int | None = None
@@ -138,33 +84,16 @@ def tolerance(dtype: str, atol: float | None, rtol: float | None) -> tuple[float
     return (d_atol if atol is None else atol), (d_rtol if rtol is None else rtol)
 
 
-def run_batched(fn: Callable[[dict], list], feeds: dict[str, np.ndarray], batch: int | None) -> list[np.ndarray]:
-    """Run `fn` over `feeds` in slices of `batch` samples (all at once when None) and stack the outputs."""
-    n = len(next(iter(feeds.values())))
-    step = batch or n
-    parts: list[list[np.ndarray]] = []
-    for start in range(0, n, step):
-        outs = fn({k: v[start:start + step] for k, v in feeds.items()})
-        parts.append([np.asarray(o) for o in outs])
-    return [np.concatenate([p[i] for p in parts], axis=0) if parts[0][i].ndim else parts[0][i]
-            for i in range(len(parts[0]))]
-
-
 def validation_feeds(ctx: PassContext, specs: list, config: ConvertConfig,
                      quantize: dict | None = None) -> tuple[dict[str, np.ndarray], np.ndarray | None, str]:
     """Inputs for validation: sample data when given (a deterministic subset), else synthesized ones.
 
     `quantize` maps an integer input's name to (scale, zero_point): float data is quantized for it.
     """
-    from optkit.measure.inputs import synthesize
-    from optkit.runtimes.base import TensorSpec
-
     data = ctx.data.get("eval") or ctx.data.get("calibration")
     if data is not None:
         ds = data.subset(config.samples, ctx.seed)
         if len(ds.arrays) == 1 and len(specs) == 1 and specs[0].name not in ds.arrays:
-            from optkit.measure.datasets import Dataset
-
             ds = Dataset({"": next(iter(ds.arrays.values()))}, ds.labels, ds.source, ds.classes)
         float_specs = [TensorSpec(s.name, s.shape, "float32") if quantize and s.name in quantize else s for s in specs]
         feeds = ds.bind(float_specs)
@@ -186,8 +115,6 @@ def validate(ref: list[np.ndarray], out: list[np.ndarray], names: list[str], dty
 
     `steps` gives the quantization step of outputs that are dequantized int8: their default atol is one step.
     """
-    from optkit.measure.fidelity import compare_outputs
-
     if len(ref) != len(out):
         raise ValidationError(f"the ONNX model has {len(out)} outputs but the {source} model has {len(ref)}")
     ref = [np.asarray(r) for r in ref]
@@ -240,23 +167,13 @@ def unsupported_nodes(model) -> list[tuple[str, str, str]]:
 
     known_domains = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft"}
     bad = []
-    for node in _all_nodes(model.graph):
+    for node in all_nodes(model.graph):
         if node.domain not in known_domains:
             if not any(f.name == node.op_type and f.domain == node.domain for f in model.functions):
                 bad.append((node.domain, node.op_type, node.name))
         elif node.domain in ("", "ai.onnx") and not onnx.defs.has(node.op_type):
             bad.append((node.domain, node.op_type, node.name))
     return bad
-
-
-def _all_nodes(graph):
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            if attr.g is not None and attr.g.node:
-                yield from _all_nodes(attr.g)
-            for g in attr.graphs:
-                yield from _all_nodes(g)
 
 
 def check_model(path: Path) -> None:
@@ -267,57 +184,3 @@ def check_model(path: Path) -> None:
         onnx.checker.check_model(str(path), full_check=True)
     except Exception as e:  # noqa: BLE001 - checker raises several types
         raise PassError(f"the exported ONNX model fails onnx.checker: {first_line(e)}") from None
-
-
-class Staging:
-    """A private folder next to the destination where the export is built and validated.
-
-    `commit()` moves the model (and its external data, if any) into place; the model file comes last, so an
-    interrupted run never leaves a file that looks like a result. Leaving the block without commit removes all.
-    """
-
-    def __init__(self, dest: Path):
-        self.dest = check_output_path(dest)
-        self.dir = Path(tempfile.mkdtemp(prefix=f".{self.dest.name}.tmp-", dir=self.dest.parent))
-        self.model = self.dir / self.dest.name
-
-    def __enter__(self) -> Staging:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def finalize(self, external: str, ctx: PassContext) -> None:
-        """Save the staged model as one file, or with external data when asked or when it is over 2 GB."""
-        import onnx
-
-        model = onnx.load(str(self.model), load_external_data=True)
-        for f in self.dir.iterdir():
-            if f != self.model:
-                f.unlink() if f.is_file() else shutil.rmtree(f)
-        big = model.ByteSize() >= TWO_GB if external == "auto" else external == "always"
-        if external == "auto" and not big:
-            try:
-                data = model.SerializeToString()
-            except ValueError:  # protobuf refuses messages over 2 GB
-                big = True
-            else:
-                self.model.write_bytes(data)
-                return
-        if big:
-            location = f"{self.dest.name}.data"
-            onnx.save_model(model, str(self.model), save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=location, size_threshold=1024)
-            ctx.note(f"weights written as external data to {location} (the model is over 2 GB)"
-                     if external == "auto" else f"weights written as external data to {location}")
-        else:
-            onnx.save_model(model, str(self.model))
-
-    def commit(self) -> Path:
-        for f in sorted(self.dir.iterdir(), key=lambda p: p == self.model):
-            os.replace(f, self.dest.parent / f.name)
-        return self.dest
-
-
-def opset_of(model) -> int:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)

@@ -12,21 +12,17 @@ from pathlib import Path
 import numpy as np
 
 from optkit.core.artifact import Artifact
+from optkit.core.batching import run_batched
 from optkit.core.errors import OptkitError, PassError, UsageError
 from optkit.core.formats import Format
 from optkit.core.registry import PassContext, require_extra
-from optkit.passes.convert import (
-    Staging,
-    check_model,
-    choose_opset,
-    first_line,
-    opset_of,
-    run_batched,
-    unsupported_nodes,
-    validate,
-    validation_feeds,
-)
-from optkit.runtimes.base import TensorSpec
+from optkit.core.shapes import TensorSpec
+from optkit.core.text import first_line
+from optkit.onnx import graph
+from optkit.onnx.io import Staging
+from optkit.onnx.session import session_options, spec_of
+from optkit.passes.convert.common import check_model, choose_opset, unsupported_nodes, validate, validation_feeds
+from optkit.runtimes.torch import example_from_program, flatten, load_program, load_torch_model, load_weights
 
 PASS = "convert.torch"
 
@@ -41,7 +37,7 @@ def convert_torch(artifact: Artifact, config, ctx: PassContext) -> Artifact:
     tensors = tuple(_grow_dynamic(t, dynamic.get(s.name, {})) for s, t in zip(specs, tensors))
     try:
         with torch.inference_mode():
-            sample_out = _flatten(_call(model, tensors))
+            sample_out = flatten(_call(model, tensors))
     except Exception as e:  # noqa: BLE001 - user code
         raise UsageError(f"the model fails on inputs of shape "
                          f"{', '.join(str(list(t.shape)) for t in tensors)}: {type(e).__name__}: {first_line(e)}"
@@ -89,7 +85,7 @@ def _export_and_validate(export_obj, model, tensors, specs, out_names, dynamic, 
                         "that is not a standard ONNX operator; onnxruntime cannot run it")
     stage.finalize(config.external_data, ctx)
     check_model(stage.model)
-    opset = opset_of(proto)  # finalize() re-saves the same graph: its opset is unchanged
+    opset = graph.opset(proto)  # finalize() re-saves the same graph: its opset is unchanged
     try:
         figures = _validate(model, names, stage.model, specs, config, ctx)
     except OptkitError:
@@ -108,19 +104,17 @@ def _export_and_validate(export_obj, model, tensors, specs, out_names, dynamic, 
 
 def load_model(artifact: Artifact, config):
     """(module in eval mode, example inputs or None, input names)."""
-    from optkit.runtimes.torch import load_torch_model, load_weights
 
     weights = artifact.meta.get("weights")
     if weights and artifact.format != Format.TORCH_MODULE:
         raise UsageError(f"--weights applies to a factory (file.py:make_model); {artifact.path} already holds weights")
     bare = replace(artifact, meta={k: v for k, v in artifact.meta.items() if k != "weights"})
     if artifact.format == Format.TORCH_EXPORT:
-        from optkit.runtimes.torch import _example_from_program, load_program
 
         program = load_program(artifact.path)
         artifact.meta["_program"] = program
 
-        examples = _example_from_program(program)
+        examples = example_from_program(program)
         examples = tuple(_real(t) for t in examples) if examples else None
         names = [s.arg.name for s in program.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
         return program.module(), examples, names
@@ -240,12 +234,6 @@ def _is_script(model) -> bool:
 
 def _call(model, tensors):
     return model(*tensors)
-
-
-def _flatten(out) -> list:
-    from optkit.runtimes.torch import _flatten as flat
-
-    return flat(out)
 
 
 # ------------------------------------------------------------------------------------------------ export
@@ -384,30 +372,25 @@ def _validate(model, names, onnx_path: Path, specs, config, ctx: PassContext) ->
     import onnxruntime as ort
     import torch
 
-    from optkit.runtimes.onnx import _spec, session_options
-
     sess = ort.InferenceSession(str(onnx_path), sess_options=session_options(), providers=["CPUExecutionProvider"])
-    onnx_inputs = [_spec(i) for i in sess.get_inputs()]
-    onnx_outputs = [_spec(o) for o in sess.get_outputs()]
+    onnx_inputs = [spec_of(i) for i in sess.get_inputs()]
+    onnx_outputs = [spec_of(o) for o in sess.get_outputs()]
     feed_specs = []
     for s, o in zip(specs, onnx_inputs):
         shape = [d if isinstance(d, int) else None for d in (o.shape or s.shape)]
         feed_specs.append(TensorSpec(o.name, shape, o.dtype))
     feeds, labels, where = validation_feeds(ctx, feed_specs, config)
-    fixed = onnx_inputs[0].shape[0] if onnx_inputs and onnx_inputs[0].shape and isinstance(
-        onnx_inputs[0].shape[0], int) else None
-    batch = fixed or 64
 
     def run_torch(f):
         args = [torch.from_numpy(np.ascontiguousarray(f[s.name])) for s in feed_specs]
         with torch.inference_mode():
-            return [t.detach().cpu().numpy() for t in _flatten(_call(model, args))]
+            return [t.detach().cpu().numpy() for t in flatten(_call(model, args))]
 
     try:
-        ref = run_batched(run_torch, feeds, batch)
+        ref = run_batched(run_torch, feed_specs, feeds)
     except Exception as e:  # noqa: BLE001
         raise UsageError(f"the model fails on the validation inputs: {type(e).__name__}: {first_line(e)}") from None
-    out = run_batched(lambda f: sess.run(None, f), feeds, batch)
+    out = run_batched(lambda f: sess.run(None, f), feed_specs, feeds)
     figures = validate(ref, out, [o.name for o in onnx_outputs], [str(r.dtype) for r in ref], config, "PyTorch",
                        labels)
     figures["inputs"] = where

@@ -7,8 +7,8 @@ from typing import Any
 from optkit.core.artifact import Artifact
 from optkit.core.formats import Format
 from optkit.core.isolate import run_isolated
-from optkit.core.onnxfile import load_onnx
 from optkit.measure.size import measure_size
+from optkit.onnx.io import load as load_onnx
 
 
 def inspect_model(artifact: Artifact) -> dict[str, Any]:

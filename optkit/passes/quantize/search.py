@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -11,11 +12,15 @@ import numpy as np
 
 from optkit.core.artifact import Artifact
 from optkit.core.atomic import atomic_path
+from optkit.core.batching import fixed_batch, stackable, trim
 from optkit.core.errors import UsageError, ValidationError
 from optkit.core.registry import PassContext, require_extra
 from optkit.core.text import first_line
-from optkit.measure.inputs import stackable
-from optkit.passes import quantize_ops as ops
+from optkit.measure.inputs import synthesize
+from optkit.onnx import graph
+from optkit.onnx import io as onnx_io
+from optkit.onnx import session as onnx_session
+from optkit.onnx.session import quiet_ort
 from optkit.passes.quantize import (
     LOWER_IS_BETTER,
     MIN_OPSET,
@@ -23,6 +28,7 @@ from optkit.passes.quantize import (
     QuantizeConfig,
     rejected_path,
 )
+from optkit.passes.quantize import ops as qops
 
 # onnxruntime extra_options for TensorRT-ready QDQ: symmetric int8 (zero points 0), bias left float
 TENSORRT_OPTIONS = {"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False}
@@ -57,8 +63,8 @@ class Quantizer:
         if self.mode == "fp16":
             require_extra("quantize", "quantize mode fp16")
         self._check_flags()
-        model = ops.load_model(self.artifact.path)
-        already = ops.is_quantized(model)
+        model = onnx_io.load(self.artifact.path)
+        already = graph.is_quantized(model)
         if already:
             raise UsageError(f"{self.artifact.path} is already quantized (it holds {', '.join(already)}); "
                              "quantize the float model instead")
@@ -129,14 +135,14 @@ class Quantizer:
                              "calibrate on random inputs, which usually costs accuracy)")
 
     def _check_quantizable(self, model) -> None:
-        counts = ops.op_counts(model)
-        for node in ops.contrib_lookalikes(model):  # never quantized (ops.CONTRIB_ONLY)
+        counts = graph.op_counts(model)
+        for node in qops.contrib_lookalikes(model):  # never quantized (qops.CONTRIB_ONLY)
             counts[node.op_type] -= 1
-        wanted = {"dynamic": ops.DYNAMIC_OPS, "static": ops.STATIC_ANCHORS, "int4": ops.INT4_OPS}.get(self.mode)
+        wanted = {"dynamic": qops.DYNAMIC_OPS, "static": qops.STATIC_ANCHORS, "int4": qops.INT4_OPS}.get(self.mode)
         if self.cfg.op_types_include:
             wanted = tuple(self.cfg.op_types_include)
         if wanted is None:  # fp16
-            if not ops.float_io(model) and not any(i.data_type == 1 for i in model.graph.initializer):
+            if not graph.float_io(model) and not any(i.data_type == 1 for i in model.graph.initializer):
                 raise UsageError(f"{self.artifact.path} has no float32 tensors to convert to fp16")
             return
         present = [op for op in wanted if counts.get(op) and op not in self.cfg.op_types_exclude]
@@ -144,8 +150,8 @@ class Quantizer:
             import onnx
 
             inits = {i.name for i in model.graph.initializer}
-            k = ops.INT4_WEIGHT_INPUT
-            present = [op for op in present if (ops.int4_gathers(model) if op == "Gather" else any(
+            k = qops.INT4_WEIGHT_INPUT
+            present = [op for op in present if (qops.int4_gathers(model) if op == "Gather" else any(
                 n.op_type == op and len(n.input) > k[op] and n.input[k[op]] in inits for n in model.graph.node))]
             _ = onnx
         if not present:
@@ -154,15 +160,15 @@ class Quantizer:
                              f"onnxruntime quantizes {', '.join(wanted)}"
                              + (" with constant weights" if self.mode == "int4" else "")
                              + ("; its ONNX-domain Attention stays float (onnxruntime quantizes com.microsoft's)"
-                                if ops.contrib_lookalikes(model) else ""))
+                                if qops.contrib_lookalikes(model) else ""))
 
     # ------------------------------------------------------------ preparation
     def _prepare(self, model) -> Path:
         cfg, ctx = self.cfg, self.ctx
         need = MIN_OPSET[self.mode]
-        have = ops.opset(model)
+        have = graph.opset(model)
         if have < need:
-            model = ops.upgrade_opset(model, need)
+            model = graph.upgrade_opset(model, need)
             model.ir_version = max(model.ir_version, 7)  # opset 13 needs IR 7 (initializers need not be inputs)
             ctx.note(f"upgraded the model from opset {have} to {need} first ({self.mode} quantization, "
                      "per-channel QDQ and dynamic quantization need opset 13 or later)")
@@ -173,27 +179,25 @@ class Quantizer:
             del model.graph.input[:]
             model.graph.input.extend(keep)
             ctx.note(f"treated {len(as_inputs)} initializers listed as graph inputs as constants")
-        named = ops.name_nodes(model)
+        named = graph.name_nodes(model)
         if named:
             ctx.note(f"named {named} unnamed nodes so they can be listed and excluded")
         if self.mode == "int4":
             model = self._prepare_int4(model)
         raw = self.tmp / "float.onnx"
-        ops.save_model(model, raw)
+        onnx_io.save(model, raw)
         prepared = self.tmp / "prepared.onnx"
         if cfg.preprocess and self.mode in ("static", "dynamic"):
             from onnxruntime.quantization.shape_inference import quant_pre_process
-
-            from optkit.runtimes.onnx import quiet_ort
 
             quiet_ort()
 
             try:  # in our scratch folder: it writes <uuid>.data and sym_shape_infer_temp.onnx to the cwd
                 with contextlib.chdir(self.tmp):
-                    quant_pre_process(str(raw), str(prepared), skip_symbolic_shape=ops.has_subgraphs(model))
-                m = ops.load_model(prepared)
-                ops.name_nodes(m)
-                ops.save_model(m, prepared)
+                    quant_pre_process(str(raw), str(prepared), skip_symbolic_shape=graph.has_subgraphs(model))
+                m = onnx_io.load(prepared)
+                graph.name_nodes(m)
+                onnx_io.save(m, prepared)
                 ctx.note("pre-processed: shape inference and onnxruntime graph optimization before quantizing")
             except Exception as e:  # symbolic shape inference fails on some graphs: quantize without it
                 first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
@@ -201,7 +205,7 @@ class Quantizer:
                 shutil.copyfile(raw, prepared)
         else:
             shutil.copyfile(raw, prepared)
-        self.float_model = ops.load_model(prepared)
+        self.float_model = onnx_io.load(prepared)
         return prepared
 
     def _prepare_int4(self, model):
@@ -211,16 +215,16 @@ class Quantizer:
         upgrade fails)."""
         cfg, ctx = self.cfg, self.ctx
         if "Gemm" not in cfg.op_types_exclude and (not cfg.op_types_include or "Gemm" in cfg.op_types_include):
-            n = ops.gemm_to_matmul(model, exclude=set(cfg.nodes_exclude))
+            n = qops.gemm_to_matmul(model, exclude=set(cfg.nodes_exclude))
             if n:
                 ctx.note(f"int4: rewrote {n} Gemm nodes as MatMul (+ Add) so their weights can be quantized")
         self.int4_gathers: list[str] = []
         if "Gather" not in cfg.op_types_exclude and (not cfg.op_types_include or "Gather" in cfg.op_types_include):
-            gathers = ops.int4_gathers(model)
-            if gathers and ops.opset(model) < 21:
-                have = ops.opset(model)
+            gathers = qops.int4_gathers(model)
+            if gathers and graph.opset(model) < 21:
+                have = graph.opset(model)
                 try:
-                    model = ops.upgrade_opset(model, 21)
+                    model = graph.upgrade_opset(model, 21)
                     model.ir_version = max(model.ir_version, 10)
                     ctx.note(f"int4: upgraded the model from opset {have} to 21 (int4 embedding tables)")
                 except Exception as e:
@@ -232,8 +236,8 @@ class Quantizer:
 
     def _load_data(self) -> None:
         cfg, ctx = self.cfg, self.ctx
-        self.parent = ops.session(self.artifact.path)
-        specs = ops.input_specs(self.parent)
+        self.parent = onnx_session.session(self.artifact.path)
+        specs = onnx_session.input_specs(self.parent)
         self.out_names = [o.name for o in self.parent.get_outputs()]
         calib, ev = ctx.data.get("calibration"), ctx.data.get("eval")
         self.calib_feeds = None
@@ -243,8 +247,6 @@ class Quantizer:
                 self.calib_feeds = sub.bind(specs)
                 self.settings["calibration"] = {"source": calib.source, "samples": len(sub)}
             else:
-                from optkit.measure.inputs import synthesize
-
                 n = min(cfg.calibration_size, 64) if stackable(specs) else 1
                 self.calib_feeds = _stack([synthesize(specs, ctx.shapes, 1, ctx.seed + i) for i in range(n)])
                 self.settings["calibration"] = {"source": "synthetic", "samples": n}
@@ -254,18 +256,17 @@ class Quantizer:
         self.labels = None
         if source is not None:
             sub = source.subset(cfg.check_samples, ctx.seed + 1)
-            self.check_feeds = sub.bind(specs)
-            self.labels = sub.labels if source is ev else None
-            self.settings["check"] = {"source": source.source, "samples": len(sub)}
+            self.check_feeds = trim(specs, sub.bind(specs))
+            kept = len(next(iter(self.check_feeds.values()))) if self.check_feeds else len(sub)
+            self.labels = sub.labels[:kept] if source is ev and sub.labels is not None else None
+            self.settings["check"] = {"source": source.source, "samples": kept}
         else:
-            from optkit.measure.inputs import synthesize
-
             n = min(cfg.check_samples, 32) if stackable(specs) else 1
             self.check_feeds = _stack([synthesize(specs, ctx.shapes, 1, ctx.seed + 1000 + i) for i in range(n)])
             self.settings["check"] = {"source": "synthetic", "samples": n}
             ctx.note(f"checked against the parent on {n} synthesized inputs (no data given)")
         try:
-            self.parent_outputs = ops.run_all(self.parent, self.check_feeds, self.out_names)
+            self.parent_outputs = onnx_session.run_all(self.parent, self.check_feeds, self.out_names)
         except UsageError:
             raise
         except Exception as e:  # noqa: BLE001  onnxruntime refuses the inputs: the model needs real ones
@@ -303,7 +304,7 @@ class Quantizer:
     # ------------------------------------------------------------ quantizing one candidate
     def _resolved(self) -> dict[str, Any]:
         cfg = self.cfg
-        vnni = ops.has_vnni()
+        vnni = qops.has_vnni()
         if cfg.target == "tensorrt":  # TensorRT: signed symmetric INT8 everywhere, full range
             # per-tensor weights by default: with symmetric activations onnxruntime 1.32's per-channel QDQ moved
             # the sample CNN to cosine 0.979 (per-tensor: 0.996); --per-channel asks for it anyway
@@ -324,7 +325,7 @@ class Quantizer:
     def _quantize(self, exclude: list[str], dest: Path) -> None:
         cfg, mode = self.cfg, self.mode
         exclude = sorted(set(cfg.nodes_exclude) | set(exclude)
-                         | {n.name for n in ops.contrib_lookalikes(self.float_model)})
+                         | {n.name for n in qops.contrib_lookalikes(self.float_model)})
         if mode in ("static", "dynamic"):
             from onnxruntime.quantization import QuantType
 
@@ -362,19 +363,19 @@ class Quantizer:
         if mode == "fp16":
             from onnxconverter_common import float16
 
-            model = ops.load_model(self.prepared)
+            model = onnx_io.load(self.prepared)
             block = set(exclude)
             if cfg.nodes_include:
                 block |= {n.name for n in model.graph.node if n.name not in cfg.nodes_include}
             out = float16.convert_float_to_float16(model, keep_io_types=cfg.keep_io_types,
                                                    node_block_list=sorted(block) or None,
                                                    op_block_list=cfg.op_types_exclude or None)
-            ops.save_model(out, dest)
+            onnx_io.save(out, dest)
             self.settings.update(keep_io_types=cfg.keep_io_types)
             return
         from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-        model = ops.load_model(self.prepared)
+        model = onnx_io.load(self.prepared)
         gathers = getattr(self, "int4_gathers", [])
         # only float embedding tables: any other Gather (shape arithmetic, int tables) is left alone
         exclude = sorted(set(exclude) | {n.name for n in model.graph.node
@@ -385,7 +386,7 @@ class Quantizer:
                                  nodes_to_exclude=exclude, nodes_to_include=cfg.nodes_include or None,
                                  op_types_to_quantize=types)
         q.process()
-        ops.save_model(q.model.model, dest)
+        onnx_io.save(q.model.model, dest)
         self.settings.update(block_size=cfg.block_size, symmetric=cfg.symmetric)
 
     def _op_types(self) -> list[str] | None:
@@ -424,23 +425,23 @@ class Quantizer:
             raise PassError(f"onnxruntime could not quantize {self.artifact.path} ({self.mode}): {first[:200]}") \
                 from None
         final = self.tmp / f"cand{idx}.onnx"
-        model = ops.load_model(raw)
+        model = onnx_io.load(raw)
         if self.cfg.compact:
-            ops.compact(model)
-        ops.save_model(model, final)
+            graph.compact(model)
+        onnx_io.save(model, final)
         cand: dict[str, Any] = {"index": idx, "float_nodes": list(float_nodes), "raw": raw, "path": final,
                                 "format": self.fmt if self.mode == "static" else None,
                                 "activation_type": self.settings.get("activation_type"),
-                                "bytes": ops.file_size(final), "ratio": ops.file_size(final) / self.artifact.size_bytes(),
+                                "bytes": os.path.getsize(final), "ratio": os.path.getsize(final) / self.artifact.size_bytes(),
                                 "chosen": False}
         try:
-            sess = ops.session(final)
-            out = ops.run_all(sess, self.check_feeds, self.out_names)
+            sess = onnx_session.session(final)
+            out = onnx_session.run_all(sess, self.check_feeds, self.out_names)
         except UsageError as e:
             cand.update(passed=False, error=e.message, fidelity={"loss": float("inf"), "cosine": 0.0})
             self.candidates.append(cand)
             return cand
-        cand["fidelity"] = ops.fidelity(self.parent_outputs, out, self.out_names)
+        cand["fidelity"] = qops.fidelity(self.parent_outputs, out, self.out_names)
         if self.cfg.metric:
             cand["accuracy"] = self._accuracy(out)
             cand["accuracy_drop"] = self._drop(cand["accuracy"])
@@ -508,19 +509,19 @@ class Quantizer:
         """Nodes ranked by how much error they add: error of their outputs against the FP32 activations
         minus the error already on their inputs (measured on the fully quantized candidate)."""
         fmodel = self.float_model
-        quantized = ops.load_model(first["raw"])
-        qtensors = {o for n in ops.all_nodes(quantized.graph) for o in n.output}
+        quantized = onnx_io.load(first["raw"])
+        qtensors = {o for n in graph.all_nodes(quantized.graph) for o in n.output}
         init = {i.name for i in fmodel.graph.initializer}
         nodes = [n for n in fmodel.graph.node if n.name not in self.cfg.nodes_exclude]
         tensors = sorted({o for n in nodes for o in n.output if o in qtensors})
         feeds = {k: v[:32] for k, v in self.check_feeds.items()}
         err: dict[str, float] = {}
         try:
-            fs = ops.session(_save(ops.with_outputs(fmodel, tensors), self.tmp / "f_dbg.onnx"))
-            qs = ops.session(_save(ops.with_outputs(quantized, tensors), self.tmp / "q_dbg.onnx"))
-            fo = ops.run_all(fs, feeds, tensors)
-            qo = ops.run_all(qs, feeds, tensors)
-            err = {t: ops.rel_error(a, b) for t, a, b in zip(tensors, fo, qo)}
+            fs = onnx_session.session(_save(graph.with_outputs(fmodel, tensors), self.tmp / "f_dbg.onnx"))
+            qs = onnx_session.session(_save(graph.with_outputs(quantized, tensors), self.tmp / "q_dbg.onnx"))
+            fo = onnx_session.run_all(fs, feeds, tensors)
+            qo = onnx_session.run_all(qs, feeds, tensors)
+            err = {t: qops.rel_error(a, b) for t, a, b in zip(tensors, fo, qo)}
         except Exception:  # some graphs will not expose intermediates: rank by op type instead
             err = {}
         qnames = {n.name for n in quantized.graph.node}
@@ -530,11 +531,11 @@ class Quantizer:
             if not outs:
                 if err:
                     continue
-                score = 1.0 if n.op_type in ops.WEIGHT_OPS + ops.RECURRENT + ops.CONTROL_FLOW else 0.0
+                score = 1.0 if n.op_type in qops.WEIGHT_OPS + graph.RECURRENT + graph.CONTROL_FLOW else 0.0
             else:
                 ins = [err.get(i, 0.0) for i in n.input if i and i not in init]
                 score = max(outs) - max(ins, default=0.0)
-            touched = n.name not in qnames or n.op_type in ops.WEIGHT_OPS + ops.RECURRENT + ops.CONTROL_FLOW
+            touched = n.name not in qnames or n.op_type in qops.WEIGHT_OPS + graph.RECURRENT + graph.CONTROL_FLOW
             if score > 0 and touched:
                 scores.append((n.name, float(score)))
         scores.sort(key=lambda s: -s[1])
@@ -652,7 +653,7 @@ class Quantizer:
         msg = (f"static INT8 is SLOWER than its FP32 parent on this CPU: p50 {chosen['p50_ms']:.3f} ms vs "
                f"{self.settings['parent_p50_ms']:.3f} ms ({ratio:.2f}x at batch 1, one thread; variants tried: "
                f"{tried}); int8 kernels do not pay off on a model this small"
-               + ("" if ops.has_vnni() else " on a CPU without VNNI"))
+               + ("" if qops.has_vnni() else " on a CPU without VNNI"))
         if cfg.allow_slower:
             self.ctx.warn(msg + "; written anyway (--allow-slower)")
             return
@@ -687,9 +688,7 @@ def _Reader(feeds: dict[str, np.ndarray], parent_session):
     """onnxruntime CalibrationDataReader over bound feeds, in batches the model accepts."""
     from onnxruntime.quantization import CalibrationDataReader
 
-    from optkit.measure.inputs import fixed_batch
-
-    fixed = fixed_batch(ops.input_specs(parent_session))
+    fixed = fixed_batch(onnx_session.input_specs(parent_session))
     step = fixed or 16
     n = len(next(iter(feeds.values())))
     stop = n - n % step if (fixed or n >= step) else n  # equal batches: histogram calibrators stack them
@@ -709,7 +708,6 @@ def _Reader(feeds: dict[str, np.ndarray], parent_session):
 
 
 def _time_interleaved(paths: list[str], shapes, seed: int, rounds: int) -> list[float]:
-    from optkit.measure.inputs import synthesize
     from optkit.measure.latency import measure_latency
     from optkit.runtimes.base import open_session
 
@@ -727,7 +725,7 @@ def _stack(feeds_list: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 
 
 def _save(model, path: Path) -> Path:
-    ops.save_model(model, path)
+    onnx_io.save(model, path)
     return path
 
 

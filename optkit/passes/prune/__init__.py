@@ -13,7 +13,7 @@ from optkit.core.artifact import Artifact
 from optkit.core.errors import PassError, UsageError, ValidationError
 from optkit.core.formats import Format
 from optkit.core.registry import Pass, PassContext, register
-from optkit.finetune import FinetuneConfig
+from optkit.passes.training.finetune import FinetuneConfig
 
 
 def _check_sparsity(v: float) -> float:
@@ -77,7 +77,7 @@ def _select_keras_layers(model, cfg: KerasPruneConfig, ctx: PassContext) -> list
     from tensorflow_model_optimization.python.core.sparsity.keras.prunable_layer import PrunableLayer
     from tensorflow_model_optimization.python.core.sparsity.keras.prune_registry import PruneRegistry
 
-    from optkit.passes._keras import check_layer_names, weighted_layers
+    from optkit.passes.training.keras import check_layer_names, weighted_layers
 
     check_layer_names(model, list(cfg.layers or []), "--layers")
     check_layer_names(model, cfg.exclude, "--exclude")
@@ -123,8 +123,8 @@ class KerasPrune(Pass):
     Config = KerasPruneConfig
 
     def run(self, artifact: Artifact, config: KerasPruneConfig, ctx: PassContext) -> Artifact:
-        from optkit.distributed import check_strategy, make_tf_strategy
-        from optkit.finetune import (
+        from optkit.passes.training.distributed import check_strategy, make_tf_strategy
+        from optkit.passes.training.finetune import (
             check_accuracy,
             check_labels,
             eval_arrays,
@@ -134,7 +134,7 @@ class KerasPrune(Pass):
             top1,
             train_arrays,
         )
-        from optkit.passes._keras import (
+        from optkit.passes.training.keras import (
             check_keras_output,
             keras_specs,
             layer_sparsity,
@@ -373,8 +373,9 @@ class TorchPrune(Pass):
     def run(self, artifact: Artifact, config: TorchPruneConfig, ctx: PassContext) -> Artifact:
         import torch
 
-        from optkit.distributed import check_strategy
-        from optkit.finetune import (
+        from optkit.core.shapes import TensorSpec
+        from optkit.passes.training.distributed import check_strategy
+        from optkit.passes.training.finetune import (
             check_accuracy,
             check_labels,
             eval_arrays,
@@ -383,7 +384,6 @@ class TorchPrune(Pass):
             torch_predict,
             train_arrays,
         )
-        from optkit.runtimes.base import TensorSpec
         from optkit.runtimes.torch import load_torch_model
 
         check_strategy(config.strategy, "torch")

@@ -1,70 +1,14 @@
-"""Running passes: one stage at a time, each output measured. Single-stage commands use this too."""
+"""Running a recipe: every stage validated first, then run (cached, resumable), measured, gated, reported."""
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError as PydanticValidationError
-
-from optkit.core.artifact import Artifact
-from optkit.core.atomic import check_output_path
-from optkit.core.errors import DependencyError, PassError, UsageError
-from optkit.core.registry import Pass, PassContext, get_pass
-
-
-@dataclass
-class StageResult:
-    name: str
-    pass_name: str
-    input: Artifact
-    output: Artifact
-    config: dict[str, Any]
-    duration_s: float
-    ctx: PassContext
-    cached: bool = False
-    measurements: dict[str, Any] = field(default_factory=dict)
-
-
-def build_config(cls: type[Pass], config: dict[str, Any]):
-    """Validate a pass config; a typo or a wrong type is a usage error naming the key."""
-    try:
-        return cls.Config(**config)
-    except PydanticValidationError as e:
-        err = e.errors()[0]
-        key = ".".join(str(p) for p in err["loc"]) or "config"
-        msg = "unknown option" if err["type"] == "extra_forbidden" else err["msg"]
-        raise UsageError(f"{cls.name}: {key}: {msg}") from None
-
-
-def check_pass(cls: type[Pass], artifact: Artifact) -> None:
-    missing = cls.missing()
-    if missing:
-        raise DependencyError(f"pass {cls.name} is unavailable here: {missing}")
-    if artifact.format not in cls.accepts:
-        raise UsageError(f"pass {cls.name} accepts {', '.join(f.value for f in cls.accepts)}, "
-                         f"not {artifact.format.value} ({artifact.path})")
-
-
-def run_pass(artifact: Artifact, pass_name: str, config: dict[str, Any], output: str | Path,
-             **ctx_fields: Any) -> StageResult:
-    """Run one pass on `artifact`, writing `output` atomically; the input is never overwritten."""
-    cls = get_pass(pass_name)
-    cfg = build_config(cls, config)
-    check_pass(cls, artifact)
-    output = check_output_path(output, inputs=(artifact.path, artifact.meta.get("weights")))
-    ctx = PassContext(output=output, **ctx_fields)
-    start = time.perf_counter()
-    result = cls().run(artifact, cfg, ctx)
-    if not Path(result.path).exists():
-        raise PassError(f"pass {pass_name} reported {result.path} but wrote nothing")
-    return StageResult(name=pass_name, pass_name=pass_name, input=artifact, output=result,
-                       config=cfg.model_dump(mode="json"), duration_s=time.perf_counter() - start, ctx=ctx)
-
-
-# ---------------------------------------------------------------- recipes: the whole pipeline
+from optkit.core.errors import UsageError
+from optkit.core.registry import PassContext
+from optkit.core.stage import StageResult, run_pass
 
 EXTENSIONS = {"onnx": "model.onnx", "tflite": "model.tflite", "keras": "model.keras", "tf-savedmodel": "model_savedmodel",
               "torchscript": "model.pt", "torch-export": "model.pt2", "trt-engine": "model.engine"}
@@ -98,7 +42,7 @@ class RunOutcome:
 def plan(loaded, baseline: str | None = None) -> list[dict[str, Any]]:
     """Validate a recipe (nothing runs) and return its plan: one row per stage."""
     from optkit.core.formats import detect_format
-    from optkit.recipe import validate
+    from optkit.pipeline.recipe import validate
 
     resolved = validate(loaded, baseline=baseline, allow_missing=True)
     rows = [{"stage": "00-input", "pass": "-", "from": "-", "accepts": "-",
@@ -118,10 +62,10 @@ def plan(loaded, baseline: str | None = None) -> list[dict[str, Any]]:
 def execute(loaded, opts: RunOptions | None = None) -> RunOutcome:
     """Run a recipe: validate everything first, then each stage (cached, resumable), measure, gate, report."""
     from optkit.core.artifact import Artifact
-    from optkit.gates import evaluate, gates_of_recipe
-    from optkit.recipe import validate
+    from optkit.pipeline.gates import evaluate, gates_of_recipe
+    from optkit.pipeline.recipe import validate
+    from optkit.pipeline.workspace import Progress, Workspace
     from optkit.report.schema import Report
-    from optkit.workspace import Progress, Workspace
 
     opts = opts or RunOptions()
     progress = opts.progress or Progress(quiet=True)

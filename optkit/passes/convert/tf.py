@@ -11,21 +11,16 @@ from pathlib import Path
 import numpy as np
 
 from optkit.core.artifact import Artifact
+from optkit.core.batching import run_batched
 from optkit.core.errors import OptkitError, PassError, UsageError
 from optkit.core.formats import Format
 from optkit.core.registry import PassContext
-from optkit.passes.convert import (
-    Staging,
-    check_model,
-    choose_opset,
-    first_line,
-    opset_of,
-    run_batched,
-    unsupported_nodes,
-    validate,
-    validation_feeds,
-)
-from optkit.runtimes.base import TensorSpec
+from optkit.core.shapes import TensorSpec
+from optkit.core.text import first_line
+from optkit.onnx import graph
+from optkit.onnx.io import Staging
+from optkit.onnx.session import session_options, spec_of
+from optkit.passes.convert.common import check_model, choose_opset, unsupported_nodes, validate, validation_feeds
 
 PASS = "convert.tf"
 
@@ -61,7 +56,7 @@ def convert_tf(artifact: Artifact, config, ctx: PassContext) -> Artifact:
         check_model(stage.model)
         figures = _validate(reference, stage.model, config, ctx)
         figures["exporter"] = "tf2onnx"
-        figures["opset"] = opset_of(onnx.load(str(stage.model), load_external_data=False))
+        figures["opset"] = graph.opset(onnx.load(str(stage.model), load_external_data=False))
         ctx.measurements["validation"] = figures
         stage.commit()
     return artifact.derive(ctx.output, Format.ONNX, PASS, config.model_dump(mode="json"), exporter="tf2onnx",
@@ -369,11 +364,9 @@ def _is_zero_const(ctx, name) -> bool:
 def _validate(ref: Reference, onnx_path: Path, config, ctx: PassContext) -> dict:
     import onnxruntime as ort
 
-    from optkit.runtimes.onnx import _spec, session_options
-
     sess = ort.InferenceSession(str(onnx_path), sess_options=session_options(), providers=["CPUExecutionProvider"])
-    onnx_inputs = [_spec(i) for i in sess.get_inputs()]
-    onnx_outputs = [_spec(o) for o in sess.get_outputs()]
+    onnx_inputs = [spec_of(i) for i in sess.get_inputs()]
+    onnx_outputs = [spec_of(o) for o in sess.get_outputs()]
     if len(onnx_inputs) != len(ref.specs):
         raise PassError(f"the ONNX model has {len(onnx_inputs)} inputs but the source model {len(ref.specs)}")
     by_name = {s.name for s in ref.specs} == {o.name for o in onnx_inputs}
@@ -384,21 +377,20 @@ def _validate(ref: Reference, onnx_path: Path, config, ctx: PassContext) -> dict
         shape = [d if isinstance(d, int) else None for d in (o.shape or [])] or src.shape
         feed_specs.append(TensorSpec(o.name, shape, o.dtype))
     feeds, labels, where = validation_feeds(ctx, feed_specs, config)
-    fixed = feed_specs[0].shape[0] if feed_specs and feed_specs[0].shape and isinstance(feed_specs[0].shape[0], int) else None
-    batch = ref.batch or fixed or 64
+    batch = ref.batch or 64  # a TFLite source may fix a batch its ONNX signature leaves dynamic
 
     def run_source(f):
         return ref.run({src_for[k]: v for k, v in f.items()})
 
     try:
-        source_out = run_batched(run_source, feeds, batch)
+        source_out = run_batched(run_source, feed_specs, feeds, batch)
     except OptkitError:
         raise
     except Exception as e:  # noqa: BLE001
         raise PassError(f"the {ref.source} model fails on the validation inputs: {type(e).__name__}: "
                         f"{first_line(e)}") from None
     try:
-        out = run_batched(lambda f: sess.run(None, f), feeds, batch)
+        out = run_batched(lambda f: sess.run(None, f), feed_specs, feeds, batch)
     except Exception as e:  # noqa: BLE001 - onnxruntime errors
         raise PassError(f"onnxruntime cannot run the converted model: {first_line(e)[:300]}") from None
     names = [o.name for o in onnx_outputs]

@@ -7,7 +7,7 @@ import numpy as np
 
 from optkit.core.atomic import atomic_path
 from optkit.core.errors import UsageError
-from optkit.runtimes.base import TensorSpec
+from optkit.core.shapes import TensorSpec
 
 KERAS_SUFFIXES = (".keras", ".h5")
 

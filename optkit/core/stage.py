@@ -1,0 +1,63 @@
+"""Running one pass: its config validated, its output written atomically. Commands and recipes use this."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError as PydanticValidationError
+
+from optkit.core.artifact import Artifact
+from optkit.core.atomic import check_output_path
+from optkit.core.errors import DependencyError, PassError, UsageError
+from optkit.core.registry import Pass, PassContext, get_pass
+
+
+@dataclass
+class StageResult:
+    name: str
+    pass_name: str
+    input: Artifact
+    output: Artifact
+    config: dict[str, Any]
+    duration_s: float
+    ctx: PassContext
+    cached: bool = False
+    measurements: dict[str, Any] = field(default_factory=dict)
+
+
+def build_config(cls: type[Pass], config: dict[str, Any]):
+    """Validate a pass config; a typo or a wrong type is a usage error naming the key."""
+    try:
+        return cls.Config(**config)
+    except PydanticValidationError as e:
+        err = e.errors()[0]
+        key = ".".join(str(p) for p in err["loc"]) or "config"
+        msg = "unknown option" if err["type"] == "extra_forbidden" else err["msg"]
+        raise UsageError(f"{cls.name}: {key}: {msg}") from None
+
+
+def check_pass(cls: type[Pass], artifact: Artifact) -> None:
+    missing = cls.missing()
+    if missing:
+        raise DependencyError(f"pass {cls.name} is unavailable here: {missing}")
+    if artifact.format not in cls.accepts:
+        raise UsageError(f"pass {cls.name} accepts {', '.join(f.value for f in cls.accepts)}, "
+                         f"not {artifact.format.value} ({artifact.path})")
+
+
+def run_pass(artifact: Artifact, pass_name: str, config: dict[str, Any], output: str | Path,
+             **ctx_fields: Any) -> StageResult:
+    """Run one pass on `artifact`, writing `output` atomically; the input is never overwritten."""
+    cls = get_pass(pass_name)
+    cfg = build_config(cls, config)
+    check_pass(cls, artifact)
+    output = check_output_path(output, inputs=(artifact.path, artifact.meta.get("weights")))
+    ctx = PassContext(output=output, **ctx_fields)
+    start = time.perf_counter()
+    result = cls().run(artifact, cfg, ctx)
+    if not Path(result.path).exists():
+        raise PassError(f"pass {pass_name} reported {result.path} but wrote nothing")
+    return StageResult(name=pass_name, pass_name=pass_name, input=artifact, output=result,
+                       config=cfg.model_dump(mode="json"), duration_s=time.perf_counter() - start, ctx=ctx)

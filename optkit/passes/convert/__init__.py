@@ -1,0 +1,55 @@
+"""convert.torch and convert.tf: PyTorch and TensorFlow models to validated ONNX.
+
+Both passes export to a temporary file next to the destination, check it with `onnx.checker` (full shape
+inference), run the source framework and onnxruntime on the same inputs (sample data or synthesized ones)
+and rename the result into place only when every output is within tolerance. Frameworks are imported inside
+`run` (see torch.py and tf.py; common.py holds what they share).
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from optkit.core.artifact import Artifact
+from optkit.core.formats import Format
+from optkit.core.registry import Pass, PassContext, register
+from optkit.passes.convert.common import ConvertConfig
+
+
+@register
+class ConvertTorch(Pass):
+    name = "convert.torch"
+    summary = "PyTorch (factory, TorchScript, ExportedProgram) -> ONNX via torch.onnx, validated"
+    accepts = (Format.TORCH_MODULE, Format.TORCHSCRIPT, Format.TORCH_EXPORT)
+    produces = Format.ONNX
+    extra = "torch"
+
+    class Config(ConvertConfig):
+        exporter: Literal["dynamo", "legacy"] = "dynamo"
+        dynamic: list[str] = Field(default_factory=list,
+                                   description="dynamic axes: 'batch', or NAME:DIM[=LABEL] ('*' for every input)")
+        fallback: bool = True   # fall back to the TorchScript exporter when dynamo fails
+
+    def run(self, artifact: Artifact, config, ctx: PassContext) -> Artifact:
+        from optkit.passes.convert.torch import convert_torch
+
+        return convert_torch(artifact, config, ctx)
+
+
+@register
+class ConvertTF(Pass):
+    name = "convert.tf"
+    summary = "TensorFlow (SavedModel, Keras .keras/.h5, TFLite float and int8) -> ONNX via tf2onnx, validated"
+    accepts = (Format.KERAS, Format.TF_SAVEDMODEL, Format.TFLITE)
+    produces = Format.ONNX
+    extra = "tf"
+
+    class Config(ConvertConfig):
+        signature: str | None = None   # SavedModel signature (default: the only one, or serving_default)
+        dynamic_batch: bool = True     # Keras: keep the batch dim dynamic
+
+    def run(self, artifact: Artifact, config, ctx: PassContext) -> Artifact:
+        from optkit.passes.convert.tf import convert_tf
+
+        return convert_tf(artifact, config, ctx)
