@@ -6,6 +6,7 @@ from typing import Optional
 import typer
 
 from optkit.cli import common
+from optkit.core.shapes import parse_shapes
 
 
 def register(app: typer.Typer) -> None:
@@ -26,7 +27,6 @@ def register(app: typer.Typer) -> None:
         as_json: bool = common.JSON,
     ) -> None:
         """Latency on the model's own runtime: p50/p90/p99, mean, std, throughput."""
-        from optkit.core.shapes import parse_shapes
         from optkit.measure.model import DataSpec, MeasureSettings
 
         common.guard_outputs({"--report": report}, [model, weights, data])

@@ -15,6 +15,7 @@ from typing import Optional
 import typer
 
 from optkit.core import interrupts, logs
+from optkit.core.artifact import Artifact
 from optkit.core.atomic import check_output_path, check_outputs
 from optkit.core.errors import (
     EXIT_INTERRUPTED,
@@ -163,8 +164,6 @@ PRINT_RECIPE = typer.Option(False, "--print-recipe",
 
 
 def load_artifact(model: str, weights: Optional[str] = None, signature: Optional[str] = None, **meta):
-    from optkit.core.artifact import Artifact
-
     return Artifact.load(model, weights=weights, signature=signature, **meta)
 
 

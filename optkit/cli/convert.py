@@ -6,6 +6,9 @@ from typing import Optional
 import typer
 
 from optkit.cli import common
+from optkit.core.errors import UsageError
+from optkit.core.formats import Format, detect_format
+from optkit.core.shapes import parse_shapes
 
 TORCH_FORMATS = ("torch-module", "torchscript", "torch-export")
 
@@ -39,9 +42,6 @@ def register(app: typer.Typer) -> None:
         print_recipe: bool = common.PRINT_RECIPE,
     ) -> None:
         """Convert a PyTorch or TensorFlow model to ONNX, validated against the source framework."""
-        from optkit.core.errors import UsageError
-        from optkit.core.formats import Format, detect_format
-        from optkit.core.shapes import parse_shapes
         from optkit.measure.model import MeasureSettings
 
         common.guard_outputs({"-o": output, "--report": report}, [model, weights, data])

@@ -6,6 +6,8 @@ from typing import Optional
 import typer
 
 from optkit.cli import common
+from optkit.core.errors import UsageError
+from optkit.core.shapes import parse_shapes
 
 
 def register(app: typer.Typer) -> None:
@@ -28,8 +30,6 @@ def register(app: typer.Typer) -> None:
         as_json: bool = common.JSON,
     ) -> None:
         """Accuracy on labelled data, and fidelity to a reference model."""
-        from optkit.core.errors import UsageError
-        from optkit.core.shapes import parse_shapes
         from optkit.measure.model import DataSpec, MeasureSettings
 
         common.guard_outputs({"--report": report}, [model, weights, data, labels, reference])

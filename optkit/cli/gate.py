@@ -6,6 +6,8 @@ from typing import Optional
 import typer
 
 from optkit.cli import common
+from optkit.core.atomic import write_text
+from optkit.core.errors import GateFailed, UsageError
 
 
 def register(app: typer.Typer) -> None:
@@ -24,8 +26,6 @@ def register(app: typer.Typer) -> None:
         """Check gates on a report: exit 1 when one fails, with a table of every gate and its margin."""
         import json
 
-        from optkit.core.atomic import write_text
-        from optkit.core.errors import GateFailed, UsageError
         from optkit.pipeline.gates import evaluate, parse_gates
         from optkit.report.schema import Report
 

@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from optkit.cli import common
+from optkit.core.shapes import format_shape
 
 
 def register(app: typer.Typer) -> None:
@@ -29,7 +30,6 @@ def register(app: typer.Typer) -> None:
 def _render(info: dict) -> None:
     from rich.table import Table
 
-    from optkit.core.shapes import format_shape
     from optkit.report.table import human_bytes
 
     con = common.console()

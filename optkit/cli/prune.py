@@ -11,6 +11,9 @@ from typing import Optional
 import typer
 
 from optkit.cli import common
+from optkit.core.errors import UsageError
+from optkit.core.formats import Format, detect_format
+from optkit.core.shapes import parse_shapes
 
 # Fine-tuning options shared with `optkit qat`.
 TRAIN = typer.Option(None, "--train", help="Labelled fine-tuning data: .npz (input + labels) or an image folder.")
@@ -35,8 +38,6 @@ def split_names(values: Optional[list[str]]) -> Optional[list[str]]:
 
 
 def pair(value: Optional[str], option: str, sep: str) -> Optional[list[int]]:
-    from optkit.core.errors import UsageError
-
     if value is None:
         return None
     try:
@@ -158,9 +159,6 @@ def register(app: typer.Typer) -> None:
         print_recipe: bool = common.PRINT_RECIPE,
     ) -> None:
         """Prune a Keras or PyTorch model and fine-tune it on your data; the result continues to convert/quantize."""
-        from optkit.core.errors import UsageError
-        from optkit.core.formats import Format, detect_format
-        from optkit.core.shapes import parse_shapes
         from optkit.measure.model import MeasureSettings
 
         common.guard_outputs({"-o": output, "--report": report}, [model, weights, train, eval_data])

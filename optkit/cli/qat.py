@@ -23,6 +23,7 @@ from optkit.cli.prune import (
     run_stage,
     split_names,
 )
+from optkit.core.shapes import parse_shapes
 
 
 def register(app: typer.Typer) -> None:
@@ -51,7 +52,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Quantization-aware training for a Keras model; export it with `optkit tflite --mode int8`."""
         from optkit.core.registry import get_pass
-        from optkit.core.shapes import parse_shapes
         from optkit.core.stage import build_config
         from optkit.measure.model import MeasureSettings
 

@@ -6,6 +6,8 @@ from typing import Optional
 import typer
 
 from optkit.cli import common
+from optkit.core.errors import UsageError, ValidationError
+from optkit.core.shapes import parse_shapes
 
 
 def register(app: typer.Typer) -> None:
@@ -71,8 +73,6 @@ def register(app: typer.Typer) -> None:
         as_json: bool = common.JSON,
     ) -> None:
         """Quantize an ONNX model, checked against its parent; accuracy-aware with a budget."""
-        from optkit.core.errors import UsageError
-        from optkit.core.shapes import parse_shapes
         from optkit.measure.model import DataSpec, MeasureSettings
 
         common.guard_outputs({"-o": output, "--report": report}, [model, calibration_data, eval_data, labels])
@@ -112,7 +112,6 @@ def run_and_explain(pass_name, model, output, config, *, as_json, **kwargs):
     """run_single_stage, plus: the candidate table when a search ran, and the trade-off table on failure."""
     import json
 
-    from optkit.core.errors import ValidationError
 
     try:
         report = common.run_single_stage(pass_name, model, output, config, as_json=as_json, **kwargs)

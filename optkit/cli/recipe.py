@@ -6,6 +6,8 @@ from typing import Optional
 import typer
 
 from optkit.cli import common
+from optkit.core.atomic import write_text
+from optkit.core.errors import UsageError
 
 
 def register(app: typer.Typer) -> None:
@@ -20,8 +22,6 @@ def register(app: typer.Typer) -> None:
         """Write a commented starter recipe."""
         from pathlib import Path
 
-        from optkit.core.atomic import write_text
-        from optkit.core.errors import UsageError
         from optkit.pipeline.recipe import STARTER
 
         p = Path(path)

@@ -6,6 +6,8 @@ from typing import Optional
 import typer
 
 from optkit.cli import common
+from optkit.core.atomic import write_text
+from optkit.core.errors import UsageError
 
 
 def register(app: typer.Typer) -> None:
@@ -41,8 +43,6 @@ def register(app: typer.Typer) -> None:
         output: Optional[str] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout."),
     ) -> None:
         """Render a report as a table, Markdown, self-contained HTML or JUnit XML."""
-        from optkit.core.atomic import write_text
-        from optkit.core.errors import UsageError
         from optkit.report.schema import Report
 
         renderers = {"md": "optkit.report.render:to_markdown", "markdown": "optkit.report.render:to_markdown",

@@ -6,6 +6,7 @@ from typing import Optional
 import typer
 
 from optkit.cli import common
+from optkit.core.errors import GateFailed, UsageError
 
 
 def register(app: typer.Typer) -> None:
@@ -23,7 +24,6 @@ def register(app: typer.Typer) -> None:
         """Run a recipe: every stage, measured, cached and resumable; reports; exit 1 when a gate fails."""
         from pathlib import Path
 
-        from optkit.core.errors import GateFailed, UsageError
         from optkit.pipeline.recipe import load_recipe
         from optkit.pipeline.runner import RunOptions, execute, plan
 

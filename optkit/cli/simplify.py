@@ -6,6 +6,8 @@ from typing import Optional
 import typer
 
 from optkit.cli import common
+from optkit.core.errors import UsageError
+from optkit.core.shapes import parse_shapes
 
 
 def register(app: typer.Typer) -> None:
@@ -28,8 +30,6 @@ def register(app: typer.Typer) -> None:
         print_recipe: bool = common.PRINT_RECIPE,
     ) -> None:
         """onnxslim + onnxruntime offline optimizations, checked for equal outputs and bounded growth."""
-        from optkit.core.errors import UsageError
-        from optkit.core.shapes import parse_shapes
         from optkit.measure.model import DataSpec, MeasureSettings
 
         common.guard_outputs({"-o": output, "--report": report}, [model, data])

@@ -6,6 +6,7 @@ from typing import Optional
 import typer
 
 from optkit.cli import common
+from optkit.core.shapes import parse_shapes
 
 
 def register(app: typer.Typer) -> None:
@@ -32,7 +33,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Export a Keras model or SavedModel to TFLite (float32, float16, dynamic range or int8)."""
         from optkit.core.registry import get_pass
-        from optkit.core.shapes import parse_shapes
         from optkit.core.stage import build_config
         from optkit.measure.datasets import load_dataset
         from optkit.measure.model import DataSpec, MeasureSettings

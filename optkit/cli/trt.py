@@ -8,6 +8,8 @@ from typing import Optional
 import typer
 
 from optkit.cli import common
+from optkit.core.errors import PassError, UsageError
+from optkit.core.formats import Format
 
 trt_app = typer.Typer(
     name="trt", no_args_is_help=True, add_completion=False, rich_markup_mode=None,
@@ -53,7 +55,6 @@ def build_cmd(
     print_recipe: bool = common.PRINT_RECIPE,
 ) -> None:
     """Build a TensorRT engine from an ONNX model, check it against the model, and measure both."""
-    from optkit.core.errors import UsageError
     from optkit.measure.model import DataSpec, MeasureSettings
     from optkit.passes.tensorrt.check import opt_shapes, parse_profiles
 
@@ -91,8 +92,6 @@ def check_cmd(
     """What can be checked without a GPU: unsupported ops, dynamic dims without a profile, INT64 weights, Q/DQ
     placements TensorRT rejects. Exit 0 when nothing blocks a build, 3 when something does (--strict: warnings too).
     """
-    from optkit.core.errors import PassError, UsageError
-    from optkit.core.formats import Format
     from optkit.passes.tensorrt.check import check_model, parse_profiles
 
     artifact = common.load_artifact(model)

@@ -9,6 +9,7 @@ from optkit.core.formats import Format
 from optkit.core.isolate import run_isolated
 from optkit.measure.size import measure_size
 from optkit.onnx.io import load as load_onnx
+from optkit.runtimes.base import open_session
 
 
 def inspect_model(artifact: Artifact) -> dict[str, Any]:
@@ -61,8 +62,6 @@ def _onnx_io(values, initializers: set) -> list[dict]:
 
 
 def _inspect_runtime(artifact: Artifact) -> dict[str, Any]:
-    from optkit.runtimes.base import open_session
-
     session = open_session(artifact)
     info: dict[str, Any] = {
         "runtime": session.runtime,

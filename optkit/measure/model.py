@@ -11,6 +11,13 @@ from optkit.core.artifact import Artifact
 from optkit.core.errors import OptkitError, UsageError
 from optkit.core.isolate import run_isolated
 from optkit.core.text import first_line
+from optkit.measure.accuracy import compute, run_over
+from optkit.measure.datasets import load_dataset
+from optkit.measure.fidelity import compare_outputs
+from optkit.measure.inputs import synthesize
+from optkit.measure.latency import measure_latency
+from optkit.measure.size import measure_size
+from optkit.runtimes.base import open_session
 
 MAX_THREADS_FLOOR = 64    # a recipe written for a big machine still runs on a 2-CPU runner
 MAX_BATCH = 65536
@@ -83,14 +90,6 @@ def measure(artifact: Artifact, settings: MeasureSettings | None = None, *, late
 
 def _measure(artifact: Artifact, settings: MeasureSettings, latency: bool, data: DataSpec | None,
              metric: str | None, reference: Artifact | None) -> dict:
-    from optkit.measure.accuracy import compute, run_over
-    from optkit.measure.datasets import load_dataset
-    from optkit.measure.fidelity import compare_outputs
-    from optkit.measure.inputs import synthesize
-    from optkit.measure.latency import measure_latency
-    from optkit.measure.size import measure_size
-    from optkit.runtimes.base import open_session
-
     result: dict[str, Any] = {"size": measure_size(artifact)}
     session = open_session(artifact, provider=settings.provider, threads=settings.threads)
     count = getattr(session, "parameter_count", None)

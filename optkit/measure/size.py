@@ -10,6 +10,7 @@ import numpy as np
 
 from optkit.core.artifact import Artifact, external_data_files
 from optkit.core.formats import Format
+from optkit.onnx.io import load as load_onnx
 
 
 def measure_size(artifact: Artifact) -> dict:
@@ -42,7 +43,6 @@ def onnx_parameters(path: str) -> dict:
     """Parameters and initializer bytes of an ONNX model (external data included, when present)."""
     from onnx import numpy_helper
 
-    from optkit.onnx.io import load as load_onnx
 
     model = load_onnx(path)
     params = 0

@@ -44,6 +44,12 @@ import numpy as np
 
 from optkit.core.artifact import Artifact
 from optkit.core.isolate import run_isolated
+from optkit.measure.datasets import load_dataset
+from optkit.measure.inputs import synthesize
+from optkit.measure.latency import LIMIT_S, summarize
+from optkit.measure.model import latency_feeds
+from optkit.onnx.session import session_options
+from optkit.runtimes.base import open_session
 
 # two-sided 95% Student t quantiles for 1..30 degrees of freedom
 _T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
@@ -117,7 +123,6 @@ def reference_model_bytes(layers: int = 8) -> bytes:
 def _reference_runner(layers: int, threads: int | None):
     import onnxruntime as ort
 
-    from optkit.onnx.session import session_options
 
     sess = ort.InferenceSession(reference_model_bytes(layers), sess_options=session_options(threads),
                                 providers=["CPUExecutionProvider"])
@@ -146,11 +151,6 @@ def _trials(artifact: Artifact, settings, trials: int, normalize: bool, data, li
     import gc
     import time
 
-    from optkit.measure.datasets import load_dataset
-    from optkit.measure.inputs import synthesize
-    from optkit.measure.latency import LIMIT_S, summarize
-    from optkit.measure.model import latency_feeds
-    from optkit.runtimes.base import open_session
 
     # each trial's warm-up and its timed runs get half of the trial's share of the limit
     trial_limit = (LIMIT_S if limit_s is None else limit_s) / (2 * trials)

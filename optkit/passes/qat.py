@@ -14,7 +14,26 @@ from optkit.core.artifact import Artifact
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format
 from optkit.core.registry import Pass, PassContext, register
-from optkit.passes.training.finetune import FinetuneConfig
+from optkit.passes.training.distributed import check_strategy, make_tf_strategy
+from optkit.passes.training.finetune import (
+    FinetuneConfig,
+    check_accuracy,
+    check_labels,
+    eval_arrays,
+    keras_fit,
+    keras_predict,
+    top1,
+    train_arrays,
+)
+from optkit.passes.training.keras import (
+    check_keras_output,
+    check_layer_names,
+    keras_specs,
+    load_tf_keras,
+    output_classes,
+    private_copy,
+    save_keras,
+)
 
 
 class QatConfig(FinetuneConfig):
@@ -33,26 +52,6 @@ class KerasQat(Pass):
     Config = QatConfig
 
     def run(self, artifact: Artifact, config: QatConfig, ctx: PassContext) -> Artifact:
-        from optkit.passes.training.distributed import check_strategy, make_tf_strategy
-        from optkit.passes.training.finetune import (
-            check_accuracy,
-            check_labels,
-            eval_arrays,
-            keras_fit,
-            keras_predict,
-            top1,
-            train_arrays,
-        )
-        from optkit.passes.training.keras import (
-            check_keras_output,
-            check_layer_names,
-            keras_specs,
-            load_tf_keras,
-            output_classes,
-            private_copy,
-            save_keras,
-        )
-
         check_strategy(config.strategy, "tf")
         check_keras_output(ctx.output, self.name)
         if Path(ctx.output).suffix.lower() != ".h5":

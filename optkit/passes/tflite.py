@@ -13,9 +13,16 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from optkit.core.artifact import Artifact
+from optkit.core.atomic import atomic_path
 from optkit.core.errors import PassError, UsageError, ValidationError
 from optkit.core.formats import Format
 from optkit.core.registry import Pass, PassConfig, PassContext, register
+from optkit.core.shapes import TensorSpec
+from optkit.measure.fidelity import compare_outputs
+from optkit.measure.inputs import synthesize
+from optkit.passes.training.keras import keras_specs
+from optkit.runtimes.tf import import_tf, load_keras, load_signature
+from optkit.runtimes.tflite import TFLiteSession
 
 # Least cosine similarity to the source model's outputs each mode must keep (override with min_cosine).
 MIN_COSINE = {"float32": 0.99999, "float16": 0.999, "dynamic": 0.99, "int8": 0.98}
@@ -41,14 +48,9 @@ class TFLiteConfig(PassConfig):
 
 def _source(artifact: Artifact, config: TFLiteConfig):
     """(converter, specs, reference function numpy->list[numpy], is_qat)."""
-    from optkit.core.shapes import TensorSpec
-    from optkit.runtimes.tf import import_tf
 
     tf = import_tf()
     if artifact.format == Format.KERAS:
-        from optkit.passes.training.keras import keras_specs
-        from optkit.runtimes.tf import load_keras
-
         model = load_keras(artifact.path)
         qat = any(type(layer).__name__.startswith("Quantize") for layer in model.layers)
         specs = keras_specs(model)
@@ -59,7 +61,6 @@ def _source(artifact: Artifact, config: TFLiteConfig):
             out = model(xs if len(xs) > 1 else xs[0], training=False)
             return [o.numpy() for o in (out if isinstance(out, (list, tuple)) else [out])]
         return converter, specs, reference, qat
-    from optkit.runtimes.tf import load_signature
 
     loaded, fn, name = load_signature(artifact.path, config.signature or artifact.meta.get("signature"))
     args = fn.structured_input_signature[1]
@@ -94,11 +95,6 @@ class TFLiteExport(Pass):
     def run(self, artifact: Artifact, config: TFLiteConfig, ctx: PassContext) -> Artifact:
         import numpy as np
 
-        from optkit.core.atomic import atomic_path
-        from optkit.measure.fidelity import compare_outputs
-        from optkit.measure.inputs import synthesize
-        from optkit.runtimes.tf import import_tf
-        from optkit.runtimes.tflite import TFLiteSession
 
         if Path(ctx.output).suffix.lower() != ".tflite":
             raise UsageError(f"{self.name} writes a .tflite file; name the output *.tflite, not {Path(ctx.output).name}")

@@ -19,8 +19,11 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic import ValidationError as PydanticValidationError
 
-from optkit.core.errors import UsageError
+from optkit.core.errors import DependencyError, UsageError
+from optkit.core.formats import detect_format, split_factory
+from optkit.core.registry import all_passes
 from optkit.measure.datasets import Preprocess
+from optkit.pipeline.gates import check_gates_plan, parse_gates
 
 RECIPE_VERSION = 1
 MAX_RECIPE_BYTES = 1 << 20     # a recipe is a page of YAML; anything this big is a mistake or an attack
@@ -188,7 +191,6 @@ class LoadedRecipe:
         """A recipe path, resolved relative to the recipe file (factories keep their :attr)."""
         if p is None:
             return None
-        from optkit.core.formats import split_factory
 
         factory = split_factory(p)
         if factory and factory[0].endswith(".py") and not Path(p).exists():
@@ -390,16 +392,12 @@ def _message(err: dict) -> str:
 
 def check_passes(loaded: LoadedRecipe, allow_missing: bool = False) -> list:
     """Resolve each stage's pass and config; check the chain of formats. Returns [(cls, config), ...]."""
-    from optkit.core.errors import DependencyError
-    from optkit.core.registry import all_passes
 
     r = loaded.recipe
     passes = all_passes()
     fmt = None
     model = loaded.resolve(r.model.path)
     try:
-        from optkit.core.formats import detect_format
-
         fmt = detect_format(model)
     except UsageError as e:
         raise UsageError(f"{loaded.where(('model', 'path'))}: {e.message}") from None
@@ -463,7 +461,6 @@ def validate(loaded: LoadedRecipe, *, baseline: str | None = None, allow_missing
 
     With allow_missing (dry runs), a pass whose extra is not installed here is not an error.
     """
-    from optkit.pipeline.gates import check_gates_plan, parse_gates
 
     if not loaded.recipe.stages:
         raise UsageError(f"{loaded.where(('stages',))}: the recipe has no stages")
@@ -500,8 +497,6 @@ def measured_figures(loaded: LoadedRecipe) -> set[str]:
 
 
 def gates_of(loaded: LoadedRecipe):
-    from optkit.pipeline.gates import parse_gates
-
     return parse_gates(loaded.recipe.gates)
 
 
@@ -511,8 +506,6 @@ def one_stage_recipe(pass_name: str, model: str, config: dict, *, settings=None,
                      eval_data=None, metric: str | None = None, data: dict | None = None) -> dict:
     """The recipe a single-stage command is equivalent to (paths made absolute)."""
     def ab(p):
-        from optkit.core.formats import split_factory
-
         if p is None:
             return None
         f = split_factory(str(p))

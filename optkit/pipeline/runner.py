@@ -6,9 +6,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from optkit.core.artifact import Artifact
 from optkit.core.errors import UsageError
+from optkit.core.formats import Format, detect_format
 from optkit.core.registry import PassContext
 from optkit.core.stage import StageResult, run_pass
+from optkit.measure.datasets import load_dataset
+from optkit.measure.model import DataSpec, MeasureSettings, measure
+from optkit.measure.trials import latency_trials
+from optkit.pipeline.gates import evaluate, gates_of_recipe
+from optkit.pipeline.recipe import validate
+from optkit.pipeline.workspace import Progress, Workspace
+from optkit.report.build import input_stage, pass_stage
+from optkit.report.schema import Report
 
 EXTENSIONS = {"onnx": "model.onnx", "tflite": "model.tflite", "keras": "model.keras", "tf-savedmodel": "model_savedmodel",
               "torchscript": "model.pt", "torch-export": "model.pt2", "trt-engine": "model.engine"}
@@ -41,8 +51,6 @@ class RunOutcome:
 
 def plan(loaded, baseline: str | None = None) -> list[dict[str, Any]]:
     """Validate a recipe (nothing runs) and return its plan: one row per stage."""
-    from optkit.core.formats import detect_format
-    from optkit.pipeline.recipe import validate
 
     resolved = validate(loaded, baseline=baseline, allow_missing=True)
     rows = [{"stage": "00-input", "pass": "-", "from": "-", "accepts": "-",
@@ -61,11 +69,6 @@ def plan(loaded, baseline: str | None = None) -> list[dict[str, Any]]:
 
 def execute(loaded, opts: RunOptions | None = None) -> RunOutcome:
     """Run a recipe: validate everything first, then each stage (cached, resumable), measure, gate, report."""
-    from optkit.core.artifact import Artifact
-    from optkit.pipeline.gates import evaluate, gates_of_recipe
-    from optkit.pipeline.recipe import validate
-    from optkit.pipeline.workspace import Progress, Workspace
-    from optkit.report.schema import Report
 
     opts = opts or RunOptions()
     progress = opts.progress or Progress(quiet=True)
@@ -203,8 +206,6 @@ def _relocate(art, src_dir: Path, dst_dir: Path):
 
 def _load_data(loaded) -> dict[str, Any]:
     """Datasets for the passes (loaded before any work, so a bad file fails early) and DataSpecs to measure."""
-    from optkit.measure.datasets import load_dataset
-    from optkit.measure.model import DataSpec
 
     r = loaded.recipe
     datasets, specs = {}, {}
@@ -227,18 +228,11 @@ def _load_data(loaded) -> dict[str, Any]:
 
 
 def measure_settings(section):
-    from optkit.measure.model import MeasureSettings
-
     return MeasureSettings(provider=section.provider, threads=section.threads, batch=section.batch,
                            warmup=section.warmup, runs=section.runs, shapes=section.shapes, seed=section.seed)
 
 
 def _measure_stage(loaded, art, result, data, progress, *, name: str, reference=None):
-    from optkit.core.formats import Format
-    from optkit.measure.model import measure
-    from optkit.measure.trials import latency_trials
-    from optkit.report.build import input_stage, pass_stage
-
     r = loaded.recipe
     settings = measure_settings(r.measure)
     if art.format not in (Format.ONNX, Format.TRT_ENGINE):

@@ -23,7 +23,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from optkit.core.atomic import remove, write_text
+import optkit
+from optkit.core.artifact import Artifact, config_key, content_sha256, path_sha256
+from optkit.core.atomic import atomic_path, remove, write_text
+from optkit.core.errors import UsageError
+from optkit.core.formats import Format
+from optkit.report.html import to_html
+from optkit.report.junit import to_junit
+from optkit.report.render import to_markdown
+from optkit.report.schema import Stage, library_versions
 
 
 def _now() -> str:
@@ -32,8 +40,6 @@ def _now() -> str:
 
 class Workspace:
     def __init__(self, root: Path, recipe_name: str):
-        from optkit.core.errors import UsageError
-
         self.root = Path(root)
         self.recipe_dir = self.root / recipe_name
         self.cache_dir = self.root / ".cache"
@@ -52,8 +58,6 @@ class Workspace:
         """
         self.recipe_dir.mkdir(parents=True, exist_ok=True)
         if os.path.realpath(self.recipe_dir) != os.path.join(os.path.realpath(self.root), self.recipe_dir.name):
-            from optkit.core.errors import UsageError
-
             raise UsageError(f"{self.recipe_dir} is a link out of the workspace {self.root}; remove it")
         sha = loaded.sha256()
         if resume:
@@ -95,10 +99,6 @@ class Workspace:
 
     # ------------------------------------------------------------ cache
     def cache_key(self, artifact, pass_name: str, config: dict, data: dict, measure) -> str:
-        import optkit
-        from optkit.core.artifact import config_key
-        from optkit.report.schema import library_versions
-
         fingerprints = {}
         for key, spec in sorted(data.get("specs", {}).items()):
             fingerprints[key] = [_file_sha(spec.path), _file_sha(spec.labels) if spec.labels else None,
@@ -128,7 +128,6 @@ class Workspace:
         stored. Anything else (a damaged, truncated or edited entry) is dropped, a note says so, and the stage
         is computed again.
         """
-        from optkit.core.artifact import Artifact
 
         entry_dir = self.cache_dir / key[:32]
         if not entry_dir.exists() and not entry_dir.is_symlink():
@@ -154,7 +153,6 @@ class Workspace:
 
         The cache holds copies, not hard links: a link would let an edit of a run's output change the cache.
         """
-        from optkit.core.atomic import atomic_path
 
         art = result.output
         try:
@@ -201,9 +199,6 @@ class Run:
 
     def completed_stage(self, i: int, name: str, *, expect_input: str | None, expect_output: str | None = None):
         """(Stage, Artifact) of a stage completed earlier in this run, when it still matches; else (None, None)."""
-        from optkit.core.artifact import Artifact
-        from optkit.core.formats import Format
-        from optkit.report.schema import Stage
 
         d = self.stage_dir(i, name)
         f = d / "report.json"
@@ -246,10 +241,6 @@ class Run:
         write_text(folder / "report.json", stage.model_dump_json(indent=2, by_alias=True) + "\n")
 
     def finish(self, report) -> None:
-        from optkit.report.html import to_html
-        from optkit.report.junit import to_junit
-        from optkit.report.render import to_markdown
-
         report.save(self.path / "report.json")
         write_text(self.path / "report.md", to_markdown(report))
         write_text(self.path / "report.html", to_html(report))
@@ -304,8 +295,6 @@ def _point_latest(folder: Path, target: str) -> None:
 
 def _unchanged(ref) -> bool:
     """Whether an output still has the sha256 its stage recorded (a resumed run must give the same result)."""
-    from optkit.core.artifact import content_sha256
-    from optkit.core.formats import Format
 
     try:
         return content_sha256(ref.path, Format(ref.format)) == ref.sha256
@@ -315,8 +304,6 @@ def _unchanged(ref) -> bool:
 
 def _checked_entry(entry: Any, entry_dir: Path, key: str):
     """(format, relative model path) of a cache entry that is whole and unchanged, else None."""
-    from optkit.core.artifact import content_sha256
-    from optkit.core.formats import Format
 
     try:
         if not isinstance(entry, dict) or entry.get("key") != key:
@@ -359,7 +346,6 @@ def _read_json(p: Path) -> dict | None:
 def _file_sha(path: str | None) -> str | None:
     if not path:
         return None
-    from optkit.core.artifact import path_sha256
 
     return path_sha256(path)
 

@@ -10,6 +10,7 @@ from optkit.core.errors import UsageError
 from optkit.core.registry import require_extra
 from optkit.core.shapes import TensorSpec
 from optkit.runtimes.base import Session
+from optkit.runtimes.tf import import_tf, native_stderr_silenced
 
 
 def interpreter_class():
@@ -19,7 +20,6 @@ def interpreter_class():
     except ImportError:
         pass
     require_extra("tf", "running a TFLite model")
-    from optkit.runtimes.tf import import_tf
 
     tf = import_tf()
     warnings.filterwarnings("ignore", message=".*tf.lite.Interpreter is deprecated.*")
@@ -31,7 +31,6 @@ class TFLiteSession(Session):
 
     def __init__(self, artifact: Artifact, threads: int | None = None):
         Interpreter = interpreter_class()
-        from optkit.runtimes.tf import native_stderr_silenced
 
         try:
             with native_stderr_silenced():  # the XNNPACK delegate announces itself on stderr

@@ -15,6 +15,8 @@ from optkit.core.artifact import Artifact
 from optkit.core.formats import Format
 from optkit.core.registry import Pass, PassContext, register
 from optkit.passes.convert.common import ConvertConfig
+from optkit.passes.convert.tf import convert_tf
+from optkit.passes.convert.torch import convert_torch
 
 
 @register
@@ -32,8 +34,6 @@ class ConvertTorch(Pass):
         fallback: bool = True   # fall back to the TorchScript exporter when dynamo fails
 
     def run(self, artifact: Artifact, config, ctx: PassContext) -> Artifact:
-        from optkit.passes.convert.torch import convert_torch
-
         return convert_torch(artifact, config, ctx)
 
 
@@ -50,6 +50,4 @@ class ConvertTF(Pass):
         dynamic_batch: bool = True     # Keras: keep the batch dim dynamic
 
     def run(self, artifact: Artifact, config, ctx: PassContext) -> Artifact:
-        from optkit.passes.convert.tf import convert_tf
-
         return convert_tf(artifact, config, ctx)

@@ -21,13 +21,13 @@ from optkit.onnx import graph
 from optkit.onnx.io import Staging
 from optkit.onnx.session import session_options, spec_of
 from optkit.passes.convert.common import check_model, choose_opset, unsupported_nodes, validate, validation_feeds
+from optkit.runtimes.tf import import_tf, load_keras, load_signature
+from optkit.runtimes.tflite import TFLiteSession
 
 PASS = "convert.tf"
 
 
 def convert_tf(artifact: Artifact, config, ctx: PassContext) -> Artifact:
-    from optkit.runtimes.tf import import_tf
-
     tf = import_tf()
     from tf2onnx import constants
 
@@ -166,7 +166,6 @@ def _convert_tflite(path: str, opset: int, dest: Path, ctx: PassContext) -> Refe
     import tensorflow as tf
     from tf2onnx import convert
 
-    from optkit.runtimes.tflite import TFLiteSession
 
     session = TFLiteSession(Artifact(path=path, format=Format.TFLITE, sha256=""))
     _LSTM_NOTES.clear()
@@ -202,7 +201,6 @@ def _convert_tflite(path: str, opset: int, dest: Path, ctx: PassContext) -> Refe
 def _convert_keras(tf, path: str, opset: int, dest: Path, work: Path, config, ctx: PassContext) -> Reference:
     import tf_keras
 
-    from optkit.runtimes.tf import load_keras
 
     model = load_keras(path)
     inputs = list(model.inputs)
@@ -244,7 +242,6 @@ def _convert_keras(tf, path: str, opset: int, dest: Path, work: Path, config, ct
 def _convert_saved_model(tf, path: str, signature: str | None, opset: int, dest: Path) -> Reference:
     from tf2onnx import convert, tf_loader
 
-    from optkit.runtimes.tf import load_signature
 
     loaded, fn, signature = load_signature(path, signature)
     args = fn.structured_input_signature[1]

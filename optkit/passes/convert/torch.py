@@ -16,7 +16,7 @@ from optkit.core.batching import run_batched
 from optkit.core.errors import OptkitError, PassError, UsageError
 from optkit.core.formats import Format
 from optkit.core.registry import PassContext, require_extra
-from optkit.core.shapes import TensorSpec
+from optkit.core.shapes import TensorSpec, check_unused
 from optkit.core.text import first_line
 from optkit.onnx import graph
 from optkit.onnx.io import Staging
@@ -110,7 +110,6 @@ def load_model(artifact: Artifact, config):
         raise UsageError(f"--weights applies to a factory (file.py:make_model); {artifact.path} already holds weights")
     bare = replace(artifact, meta={k: v for k, v in artifact.meta.items() if k != "weights"})
     if artifact.format == Format.TORCH_EXPORT:
-
         program = load_program(artifact.path)
         artifact.meta["_program"] = program
 
@@ -157,7 +156,6 @@ def input_specs(artifact: Artifact, examples, names: list[str], ctx: PassContext
     """TensorSpecs (dim 0 dynamic) and concrete export tensors, from examples, --shape or the data."""
     import torch
 
-    from optkit.core.shapes import check_unused
 
     check_unused(ctx.shapes, names)
     data = ctx.data.get("eval") or ctx.data.get("calibration")

@@ -10,10 +10,38 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from optkit.core.artifact import Artifact
-from optkit.core.errors import PassError, UsageError, ValidationError
+from optkit.core.atomic import atomic_path
+from optkit.core.errors import DependencyError, PassError, UsageError, ValidationError
 from optkit.core.formats import Format
 from optkit.core.registry import Pass, PassContext, register
-from optkit.passes.training.finetune import FinetuneConfig
+from optkit.core.shapes import TensorSpec
+from optkit.passes.training.distributed import check_strategy, make_tf_strategy
+from optkit.passes.training.finetune import (
+    FinetuneConfig,
+    check_accuracy,
+    check_labels,
+    eval_arrays,
+    keras_fit,
+    keras_predict,
+    steps_per_epoch,
+    top1,
+    torch_fit,
+    torch_predict,
+    train_arrays,
+)
+from optkit.passes.training.keras import (
+    check_keras_output,
+    check_layer_names,
+    keras_specs,
+    layer_sparsity,
+    load_tf_keras,
+    output_classes,
+    overall,
+    private_copy,
+    save_keras,
+    weighted_layers,
+)
+from optkit.runtimes.torch import load_program, load_torch_model
 
 
 def _check_sparsity(v: float) -> float:
@@ -77,7 +105,6 @@ def _select_keras_layers(model, cfg: KerasPruneConfig, ctx: PassContext) -> list
     from tensorflow_model_optimization.python.core.sparsity.keras.prunable_layer import PrunableLayer
     from tensorflow_model_optimization.python.core.sparsity.keras.prune_registry import PruneRegistry
 
-    from optkit.passes.training.keras import check_layer_names, weighted_layers
 
     check_layer_names(model, list(cfg.layers or []), "--layers")
     check_layer_names(model, cfg.exclude, "--exclude")
@@ -123,28 +150,6 @@ class KerasPrune(Pass):
     Config = KerasPruneConfig
 
     def run(self, artifact: Artifact, config: KerasPruneConfig, ctx: PassContext) -> Artifact:
-        from optkit.passes.training.distributed import check_strategy, make_tf_strategy
-        from optkit.passes.training.finetune import (
-            check_accuracy,
-            check_labels,
-            eval_arrays,
-            keras_fit,
-            keras_predict,
-            steps_per_epoch,
-            top1,
-            train_arrays,
-        )
-        from optkit.passes.training.keras import (
-            check_keras_output,
-            keras_specs,
-            layer_sparsity,
-            load_tf_keras,
-            output_classes,
-            overall,
-            private_copy,
-            save_keras,
-        )
-
         check_strategy(config.strategy, "tf")
         check_keras_output(ctx.output, self.name)
         strategy = make_tf_strategy(config.strategy)  # first: multi-worker must start before other TF work
@@ -301,7 +306,6 @@ def _channels(model, example, chosen, output_layer, named, cfg: TorchPruneConfig
     try:
         import torch_pruning as tp
     except ImportError:
-        from optkit.core.errors import DependencyError
 
         raise DependencyError("channel pruning needs Torch-Pruning: pip install torch-pruning") from None
     chosen_ids = {id(m) for _, m in chosen if _ != output_layer}
@@ -338,8 +342,6 @@ def _export(model, example, output: Path, fmt: Format, check, max_error: float) 
     import numpy as np
     import torch
 
-    from optkit.core.atomic import atomic_path
-    from optkit.runtimes.torch import load_program
 
     with atomic_path(output) as tmp:
         try:
@@ -373,18 +375,6 @@ class TorchPrune(Pass):
     def run(self, artifact: Artifact, config: TorchPruneConfig, ctx: PassContext) -> Artifact:
         import torch
 
-        from optkit.core.shapes import TensorSpec
-        from optkit.passes.training.distributed import check_strategy
-        from optkit.passes.training.finetune import (
-            check_accuracy,
-            check_labels,
-            eval_arrays,
-            top1,
-            torch_fit,
-            torch_predict,
-            train_arrays,
-        )
-        from optkit.runtimes.torch import load_torch_model
 
         check_strategy(config.strategy, "torch")
         suffix = Path(ctx.output).suffix.lower()

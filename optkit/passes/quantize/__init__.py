@@ -3,80 +3,18 @@
 Every result is checked against its parent on real (or, when none is given, synthesized) inputs; a model whose
 outputs moved past the budget is never reported as success. With a budget (`max_accuracy_drop` or
 `max_fidelity_loss`) or `fallback`, nodes are ranked by quantization sensitivity and the most sensitive are
-kept in float, step by step, until the budget holds (see quantize_search.py).
+kept in float, step by step, until the budget holds (see search.py).
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Optional
-
-from pydantic import Field
 
 from optkit.core.artifact import Artifact
 from optkit.core.atomic import atomic_path
 from optkit.core.formats import Format
-from optkit.core.registry import Pass, PassConfig, PassContext, register
-
-MODES = ("dynamic", "static", "fp16", "int4")
-# Default fidelity budget per mode: 1 - cosine(FP32 outputs, quantized outputs) on the check inputs.
-TOLERANCE = {"fp16": 1e-3, "dynamic": 0.01, "static": 0.02, "int4": 0.03}
-MIN_OPSET = {"dynamic": 13, "static": 13, "fp16": 0, "int4": 0}  # per-channel QDQ needs 13
-LOWER_IS_BETTER = ("mse", "mae")
-
-
-class QuantizeConfig(PassConfig):
-    mode: Literal["dynamic", "static", "fp16", "int4"] = "static"
-    # static / dynamic INT8
-    # auto: QDQ and QOperator are both built and the fastest (then smallest) that meets the budgets is kept
-    format: Literal["auto", "qdq", "qoperator"] = "auto"
-    # cpu: tuned for onnxruntime on this CPU (latency-aware); tensorrt: symmetric INT8 QDQ that TensorRT builds
-    # (int8 activations and weights, zero points 0, per-channel weights, float bias), no CPU latency search
-    target: Literal["cpu", "tensorrt"] = "cpu"
-    per_channel: Optional[bool] = None      # default: on for static, off for dynamic
-    reduce_range: Optional[bool] = None     # default: on where the CPU lacks VNNI (u8s8 saturation), else off
-    activation_type: Literal["auto", "uint8", "int8"] = "auto"  # auto: int8 for QDQ with VNNI, else uint8
-    weight_type: Literal["int8", "uint8"] = "int8"
-    calibration_method: Literal["minmax", "entropy", "percentile"] = "minmax"
-    calibration_size: int = Field(default=256, ge=1)
-    synthetic_calibration: bool = False     # random calibration inputs: only when asked, warned loudly
-    preprocess: bool = True                 # shape inference + optimization before quantizing
-    nodes_include: list[str] = Field(default_factory=list)
-    nodes_exclude: list[str] = Field(default_factory=list)
-    op_types_include: list[str] = Field(default_factory=list)
-    op_types_exclude: list[str] = Field(default_factory=list)
-    # fp16
-    keep_io_types: bool = True
-    # int4
-    block_size: int = Field(default=32, ge=16)
-    symmetric: bool = True
-    accuracy_level: Optional[int] = Field(default=None, ge=0, le=4)
-    # the check and the accuracy-aware search
-    metric: Optional[str] = None
-    max_accuracy_drop: Optional[float] = Field(default=None, ge=0)
-    max_fidelity_loss: Optional[float] = Field(default=None, ge=0)
-    tolerance: Optional[float] = Field(default=None, ge=0)  # the mode's fidelity budget (1 - cosine)
-    fallback: bool = False                  # keep sensitive nodes in float when the check fails
-    max_candidates: int = Field(default=8, ge=1)
-    check_samples: int = Field(default=256, ge=1)
-    measure_candidates: bool = True         # latency of every candidate (in a child process)
-    # static, target cpu: also build variants that keep int8-unfriendly nodes in float (Conv with <= 4 input
-    # channels x kernel, whose int8 kernels are slower than float ones) and the other format; all are timed by
-    # optkit.measure (batch 1, one thread, interleaved rounds) and the fastest within the budgets is kept
-    latency_search: bool = True
-    max_size_ratio: Optional[float] = Field(default=None, gt=0)   # size budget: output bytes / input bytes
-    # A static INT8 model slower than its parent is an error (exit 3) unless allowed: p50 at batch 1 on one
-    # thread must be <= max_latency_ratio x the parent's (the 5% default margin covers measurement noise)
-    max_latency_ratio: float = Field(default=1.05, gt=0)
-    allow_slower: bool = False
-    compact: bool = True                    # short internal names: smaller files, same math
-
-
-def _fixed(mode: str):
-    """The config of a single-mode alias: same fields, `mode` fixed."""
-    from pydantic import create_model
-
-    return create_model(f"Quantize{mode.title()}Config", __base__=QuantizeConfig,
-                        mode=(Literal[mode], mode))  # type: ignore[valid-type]
+from optkit.core.registry import Pass, PassContext, register
+from optkit.passes.quantize.config import QuantizeConfig, single_mode
+from optkit.passes.quantize.search import Quantizer
 
 
 @register
@@ -89,8 +27,6 @@ class QuantizeOnnx(Pass):
     Config = QuantizeConfig
 
     def run(self, artifact: Artifact, config: QuantizeConfig, ctx: PassContext) -> Artifact:
-        from optkit.passes.quantize.search import Quantizer
-
         with Quantizer(artifact, config, ctx) as q:
             chosen = q.execute()
             with atomic_path(ctx.output) as tmp:
@@ -103,14 +39,14 @@ class QuantizeOnnx(Pass):
 class QuantizeDynamic(QuantizeOnnx):
     name = "quantize.onnx-dynamic"
     summary = "Dynamic INT8 (weights int8, activations quantized at run time): transformers, LSTMs"
-    Config = _fixed("dynamic")
+    Config = single_mode("dynamic")
 
 
 @register
 class QuantizeStatic(QuantizeOnnx):
     name = "quantize.onnx-static"
     summary = "Static INT8 with calibration (QDQ by default), accuracy-aware"
-    Config = _fixed("static")
+    Config = single_mode("static")
 
 
 @register
@@ -118,17 +54,11 @@ class QuantizeFP16(QuantizeOnnx):
     name = "quantize.onnx-fp16"
     summary = "FP16 weights and activations (inputs and outputs stay float32 by default)"
     extra = "quantize"
-    Config = _fixed("fp16")
+    Config = single_mode("fp16")
 
 
 @register
 class QuantizeInt4(QuantizeOnnx):
     name = "quantize.onnx-int4"
     summary = "INT4 weight-only MatMul/Gemm (onnxruntime MatMulNBits) and embedding tables (GatherBlockQuantized)"
-    Config = _fixed("int4")
-
-
-def rejected_path(output: Path) -> Path:
-    """Where the best candidate goes when none meets the budget: a name that says it was rejected."""
-    suffix = output.suffix or ".onnx"
-    return output.with_name(f"{output.stem}.REJECTED{suffix}")
+    Config = single_mode("int4")

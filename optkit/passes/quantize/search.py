@@ -13,22 +13,27 @@ import numpy as np
 from optkit.core.artifact import Artifact
 from optkit.core.atomic import atomic_path
 from optkit.core.batching import fixed_batch, stackable, trim
-from optkit.core.errors import UsageError, ValidationError
+from optkit.core.errors import PassError, UsageError, ValidationError
+from optkit.core.isolate import run_isolated
 from optkit.core.registry import PassContext, require_extra
 from optkit.core.text import first_line
+from optkit.measure.accuracy import compute, resolve_metric
 from optkit.measure.inputs import synthesize
+from optkit.measure.latency import measure_latency
+from optkit.measure.model import MeasureSettings, measure
 from optkit.onnx import graph
 from optkit.onnx import io as onnx_io
 from optkit.onnx import session as onnx_session
 from optkit.onnx.session import quiet_ort
-from optkit.passes.quantize import (
+from optkit.passes.quantize import ops as qops
+from optkit.passes.quantize.config import (
     LOWER_IS_BETTER,
     MIN_OPSET,
     TOLERANCE,
     QuantizeConfig,
     rejected_path,
 )
-from optkit.passes.quantize import ops as qops
+from optkit.runtimes.base import open_session
 
 # onnxruntime extra_options for TensorRT-ready QDQ: symmetric int8 (zero points 0), bias left float
 TENSORRT_OPTIONS = {"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False}
@@ -119,8 +124,6 @@ class Quantizer:
             if data.get("eval") is None:
                 raise UsageError("--max-accuracy-drop needs labelled --eval-data")
         if cfg.metric:
-            from optkit.measure.accuracy import resolve_metric
-
             resolve_metric(cfg.metric)
             ev = data.get("eval")
             if ev is None:
@@ -419,7 +422,6 @@ class Quantizer:
         except (UsageError, ValidationError):
             raise
         except Exception as e:
-            from optkit.core.errors import PassError
 
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise PassError(f"onnxruntime could not quantize {self.artifact.path} ({self.mode}): {first[:200]}") \
@@ -450,8 +452,6 @@ class Quantizer:
         return cand
 
     def _accuracy(self, outputs) -> float:
-        from optkit.measure.accuracy import compute
-
         res = compute(self.cfg.metric, outputs, self.labels, self.out_names)
         return float(res.get(self.cfg.metric, next(iter(res.values()))))
 
@@ -622,7 +622,6 @@ class Quantizer:
         """p50 at batch 1 on one thread, parent and candidates interleaved over rounds in one child process
         (optkit.measure's latency module on optkit's onnxruntime sessions), best round kept: the machine may be
         shared, the low figure is the model's, the high ones are the neighbours'."""
-        from optkit.core.isolate import run_isolated
 
         paths = [str(self.artifact.path)] + [str(c["path"]) for c in pool]
         try:
@@ -668,7 +667,6 @@ class Quantizer:
     def _latency(self, cands: list[dict[str, Any]]) -> None:
         if not self.cfg.measure_candidates:
             return
-        from optkit.measure.model import MeasureSettings, measure
 
         settings = MeasureSettings(warmup=5, runs=50, shapes=self.ctx.shapes, seed=self.ctx.seed)
         try:
@@ -708,9 +706,6 @@ def _Reader(feeds: dict[str, np.ndarray], parent_session):
 
 
 def _time_interleaved(paths: list[str], shapes, seed: int, rounds: int) -> list[float]:
-    from optkit.measure.latency import measure_latency
-    from optkit.runtimes.base import open_session
-
     sessions = [open_session(Artifact.load(p), provider="cpu", threads=1) for p in paths]
     feeds = [synthesize(s.inputs, shapes, batch=1, seed=seed) for s in sessions]
     best = [float("inf")] * len(paths)

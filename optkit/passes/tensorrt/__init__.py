@@ -24,7 +24,13 @@ from optkit.core.artifact import Artifact
 from optkit.core.atomic import atomic_path
 from optkit.core.errors import PassError, UsageError, ValidationError
 from optkit.core.formats import Format
+from optkit.core.isolate import run_isolated
 from optkit.core.registry import Pass, PassConfig, PassContext, missing_extra, register
+from optkit.core.shapes import format_shape
+from optkit.measure.inputs import synthesize
+from optkit.passes.tensorrt.check import check_model
+from optkit.runtimes.onnx import OnnxSession
+from optkit.runtimes.tensorrt import TensorRTSession, gpu_problem, import_tensorrt, make_logger
 
 # Output closeness the build must keep, as max |engine - onnx| / max |onnx| per output.
 DEFAULT_TOLERANCE = {"fp32": 1e-2, "fp32-no-tf32": 1e-4, "fp16": 3e-2, "bf16": 8e-2, "int8": 0.15}
@@ -62,13 +68,10 @@ class TensorRTBuild(Pass):
         hint = missing_extra(cls.extra)
         if hint:
             return hint
-        from optkit.runtimes.tensorrt import gpu_problem
 
         return gpu_problem()
 
     def run(self, artifact: Artifact, config: TensorRTBuildConfig, ctx: PassContext) -> Artifact:
-        from optkit.core.isolate import run_isolated
-
         plan = make_plan(artifact.path, config, ctx.shapes)
         for text in plan["notes"]:
             ctx.note(text)
@@ -99,8 +102,6 @@ class TensorRTBuild(Pass):
 # -- planning on the CPU (no tensorrt) ---------------------------------------------------------------------
 def make_plan(onnx_path: str, config: TensorRTBuildConfig, shapes: dict[str, list[int]] | None = None) -> dict:
     """Check the config against the model and resolve one optimization profile; UsageError (exit 2) when wrong."""
-    from optkit.core.shapes import format_shape
-    from optkit.passes.tensorrt.check import check_model
 
     report = check_model(onnx_path)
     notes: list[str] = []
@@ -183,8 +184,6 @@ def timing_cache_path(setting: str | None) -> Path | None:
 # -- the build (child process; imports tensorrt) -------------------------------------------------------------
 def build_engine(onnx_path: str, engine_path: str, cfg: dict[str, Any], plan: dict, cache_blob: bytes,
                  seed: int = 0) -> dict[str, Any]:
-    from optkit.runtimes.tensorrt import import_tensorrt, make_logger
-
     trt = import_tensorrt()
     logger = make_logger(trt)
     builder = trt.Builder(logger)
@@ -291,10 +290,6 @@ def validate_engine(onnx_path: str, engine_path: str, plan: dict, cfg: dict, see
     """Run the engine and the ONNX model (onnxruntime, CPU) on the same inputs; ValidationError past tolerance."""
     import numpy as np
 
-    from optkit.core.formats import Format
-    from optkit.measure.inputs import synthesize
-    from optkit.runtimes.onnx import OnnxSession
-    from optkit.runtimes.tensorrt import TensorRTSession
 
     ref = OnnxSession(Artifact(path=onnx_path, format=Format.ONNX, sha256=""), provider="cpu")
     eng = TensorRTSession(Artifact(path=engine_path, format=Format.TRT_ENGINE, sha256=""), cuda_graphs=False)

@@ -19,6 +19,9 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from optkit.core.errors import UsageError
+from optkit.core.shapes import parse_shapes
+
 # The ONNX operators TensorRT 10's ONNX parser supports ("Y") and explicitly does not ("N"), default domain.
 # Source: onnx/onnx-tensorrt, docs/operators.md, "TensorRT 10.15 supports operators in the inclusive range
 # of opset 9 to opset 24" (the operator support matrix of the TensorRT 10.x parser).
@@ -113,7 +116,6 @@ def check_model(path: str, shapes: dict[str, Any] | None = None, precision: str 
     import onnx
     from google.protobuf.message import DecodeError
 
-    from optkit.core.errors import UsageError
 
     try:
         model = onnx.load(path, load_external_data=False)
@@ -451,8 +453,6 @@ def parse_profiles(values: list[str] | None) -> dict[str, list[list[int]]]:
 
     A bare value without `name=` applies to the model's only input (key "").
     """
-    from optkit.core.errors import UsageError
-    from optkit.core.shapes import parse_shapes
 
     out: dict[str, list[list[int]]] = {}
     for item in values or []:

@@ -18,6 +18,7 @@ import os
 from typing import Literal
 
 from optkit.core.errors import UsageError
+from optkit.runtimes.tf import import_tf
 
 Strategy = Literal["none", "mirrored", "multi-worker", "ddp"]
 TF_STRATEGIES = ("none", "mirrored", "multi-worker")
@@ -59,7 +60,6 @@ def tf_is_chief() -> bool:
 
 def make_tf_strategy(strategy: str):
     """The tf.distribute strategy for `strategy`. Create it before any other TensorFlow work in the process."""
-    from optkit.runtimes.tf import import_tf
 
     tf = import_tf()
     if strategy == "none":

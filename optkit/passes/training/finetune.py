@@ -12,8 +12,9 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from optkit.core.errors import UsageError
+from optkit.core.errors import UsageError, ValidationError
 from optkit.core.registry import PassConfig
+from optkit.passes.training.distributed import init_torch_ddp
 
 Optimizer = Literal["adam", "sgd", "rmsprop", "adamw"]
 
@@ -76,8 +77,6 @@ def check_accuracy(ctx, before: float | None, after: float | None, max_drop: flo
         return
     ctx.measurements.setdefault("finetune", {}).update({"top1_before": before, "top1_after": after})
     if max_drop is not None and before - after > max_drop:
-        from optkit.core.errors import ValidationError
-
         raise ValidationError(
             f"{what}: top-1 fell from {before:.4f} to {after:.4f} ({(before - after) * 100:.1f} pt, more than "
             f"max_accuracy_drop {max_drop * 100:.1f} pt); train longer (--epochs), lower the sparsity, or raise "
@@ -157,8 +156,6 @@ def torch_fit(model, x: np.ndarray, y: np.ndarray, cfg: FinetuneConfig, *, seed:
     rank, world, device = 0, 1, torch.device("cpu")
     ddp = cfg.strategy == "ddp"
     if ddp:
-        from optkit.passes.training.distributed import init_torch_ddp
-
         rank, world, device = init_torch_ddp()
     model.to(device).train()
     net = model

@@ -8,6 +8,7 @@ import numpy as np
 from optkit.core.atomic import atomic_path
 from optkit.core.errors import UsageError
 from optkit.core.shapes import TensorSpec
+from optkit.runtimes.tf import import_tf, load_keras
 
 KERAS_SUFFIXES = (".keras", ".h5")
 
@@ -19,7 +20,6 @@ def check_keras_output(output: Path, what: str) -> None:
 
 def load_tf_keras(path: str):
     """A tf-keras (Keras 2) model; TF-MOT cannot work on Keras 3 models."""
-    from optkit.runtimes.tf import import_tf, load_keras
 
     import_tf()
     import tf_keras
