@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from optkit.core.errors import OptkitError, PassError
+from optkit.core.text import first_line
 
 _HEAVY = ("torch", "tensorflow")
 
@@ -67,7 +68,7 @@ def _child(send, fn, args, kwargs) -> None:
     except OptkitError as e:
         result = ("err", e)
     except BaseException as e:  # anything else crosses as text: it may not pickle
-        result = ("exc", (f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}",
+        result = ("exc", (f"{type(e).__name__}: {first_line(e)}" if str(e).strip() else type(e).__name__,
                           traceback.format_exc()))
     try:
         send.send(result)

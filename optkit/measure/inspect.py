@@ -8,6 +8,7 @@ from optkit.core.artifact import Artifact
 from optkit.core.formats import Format
 from optkit.core.isolate import run_isolated
 from optkit.measure.size import measure_size
+from optkit.onnx.graph import all_nodes
 from optkit.onnx.io import load as load_onnx
 from optkit.runtimes.base import open_session
 
@@ -23,8 +24,7 @@ def inspect_model(artifact: Artifact) -> dict[str, Any]:
 
 def _inspect_onnx(artifact: Artifact) -> dict[str, Any]:
     model = load_onnx(artifact.path, external_data=False)
-    ops: Counter = Counter()
-    _count_ops(model.graph, ops)
+    ops = Counter(n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}" for n in all_nodes(model.graph))
     return {
         "inputs": _onnx_io(model.graph.input, {i.name for i in model.graph.initializer}),
         "outputs": _onnx_io(model.graph.output, set()),
@@ -35,16 +35,6 @@ def _inspect_onnx(artifact: Artifact) -> dict[str, Any]:
         "ops": dict(ops.most_common()),
         "size": measure_size(artifact),
     }
-
-
-def _count_ops(graph, ops: Counter) -> None:
-    for node in graph.node:
-        ops[node.op_type if not node.domain or node.domain == "ai.onnx" else f"{node.domain}.{node.op_type}"] += 1
-        for attr in node.attribute:
-            if attr.HasField("g"):
-                _count_ops(attr.g, ops)
-            for g in attr.graphs:
-                _count_ops(g, ops)
 
 
 def _onnx_io(values, initializers: set) -> list[dict]:

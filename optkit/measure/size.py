@@ -10,6 +10,7 @@ import numpy as np
 
 from optkit.core.artifact import Artifact, external_data_files
 from optkit.core.formats import Format
+from optkit.onnx.graph import all_graphs
 from optkit.onnx.io import load as load_onnx
 
 
@@ -48,20 +49,10 @@ def onnx_parameters(path: str) -> dict:
     params = 0
     nbytes = 0
     nonzero = 0
-    for init in _all_initializers(model.graph):
+    for init in (i for g in all_graphs(model.graph) for i in g.initializer):
         arr = numpy_helper.to_array(init)
         params += arr.size
         nbytes += arr.nbytes
         nonzero += int(np.count_nonzero(arr)) if arr.dtype != object else arr.size
     return {"parameters": params, "initializer_bytes": nbytes,
             "sparsity": (1 - nonzero / params) if params else 0.0}
-
-
-def _all_initializers(graph):
-    yield from graph.initializer
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.g is not None and attr.g.ByteSize():
-                yield from _all_initializers(attr.g)
-            for g in attr.graphs:
-                yield from _all_initializers(g)

@@ -19,15 +19,28 @@ def opset(model) -> int:
     return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
 
 
+def subgraphs(node):
+    """The graphs a node holds: If branches, Loop and Scan bodies."""
+    for attr in node.attribute:
+        if attr.HasField("g"):
+            yield attr.g
+        yield from attr.graphs
+
+
+def all_graphs(graph):
+    """A graph and every graph nested in its nodes."""
+    yield graph
+    for node in graph.node:
+        for sub in subgraphs(node):
+            yield from all_graphs(sub)
+
+
 def all_nodes(graph):
-    """Every node of a graph, subgraphs (Loop, If, Scan bodies) included."""
+    """Every node of a graph, subgraphs (Loop, If, Scan bodies) included, each right after its parent."""
     for node in graph.node:
         yield node
-        for attr in node.attribute:
-            if attr.g is not None and attr.g.ByteSize():
-                yield from all_nodes(attr.g)
-            for g in attr.graphs:
-                yield from all_nodes(g)
+        for sub in subgraphs(node):
+            yield from all_nodes(sub)
 
 
 def op_counts(model) -> dict[str, int]:

@@ -18,6 +18,7 @@ from optkit.core.errors import PassError, UsageError, ValidationError
 from optkit.core.formats import Format
 from optkit.core.registry import Pass, PassConfig, PassContext, register
 from optkit.core.shapes import TensorSpec
+from optkit.core.text import first_line
 from optkit.measure.fidelity import compare_outputs
 from optkit.measure.inputs import synthesize
 from optkit.passes.training.keras import keras_specs
@@ -126,7 +127,7 @@ class TFLiteExport(Pass):
         try:
             blob = converter.convert()
         except Exception as e:
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            first = first_line(e)
             raise PassError(f"the TFLite converter failed ({config.mode}): {first}") from None
 
         feeds, _ = _samples(ctx, specs, config.check_samples, ("eval", "calibration", "train"))

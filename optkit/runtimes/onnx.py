@@ -4,7 +4,9 @@ from __future__ import annotations
 import functools
 
 from optkit.core.artifact import Artifact
+from optkit.core.cachedir import cache_dir
 from optkit.core.errors import DependencyError, UsageError
+from optkit.core.text import first_line
 from optkit.onnx.session import check_feedable, session_options, spec_of
 from optkit.runtimes.base import Session
 
@@ -20,11 +22,9 @@ def provider_list(provider: str) -> list:
     names = PROVIDERS[provider]
     if provider != "tensorrt":
         return list(names)
-    import os
-
-    cache = os.path.join(os.environ.get("OPTKIT_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "optkit"), "ort-tensorrt")
-    os.makedirs(cache, exist_ok=True)
+    cache = cache_dir() / "ort-tensorrt"
+    cache.mkdir(parents=True, exist_ok=True)
+    cache = str(cache)
     options = {"trt_engine_cache_enable": True, "trt_engine_cache_path": cache,
                "trt_timing_cache_enable": True, "trt_timing_cache_path": cache}
     return [(names[0], options), *names[1:]]
@@ -51,7 +51,7 @@ class OnnxSession(Session):
                 artifact.path, sess_options=session_options(threads), providers=provider_list(provider)
             )
         except Exception as e:  # onnxruntime raises several exception types for unreadable models
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            first = first_line(e)
             raise UsageError(f"cannot load {artifact.path} with onnxruntime: {first}") from None
         active = self.sess.get_providers()
         if active and active[0] != wanted:  # onnxruntime falls back quietly when CUDA/cuDNN/TensorRT fail to load

@@ -21,6 +21,7 @@ import numpy as np
 from optkit.core.artifact import Artifact
 from optkit.core.errors import DependencyError, PassError, UsageError
 from optkit.core.shapes import TensorSpec
+from optkit.core.text import first_line
 from optkit.runtimes.base import Session
 
 TRT_INSTALL = "pip install 'optkit[trt]' (tensorrt and cuda-python; needs an NVIDIA GPU and driver)"
@@ -57,7 +58,7 @@ def import_tensorrt():
     except ImportError:
         raise DependencyError(f"TensorRT is not installed: {TRT_INSTALL}") from None
     except Exception as e:  # a broken install (missing libnvinfer) raises OSError / RuntimeError
-        raise DependencyError(f"TensorRT cannot be loaded ({type(e).__name__}: {str(e).splitlines()[0]}); "
+        raise DependencyError(f"TensorRT cannot be loaded ({type(e).__name__}: {first_line(e)}); "
                               f"reinstall it: {TRT_INSTALL}") from None
     problem = gpu_problem()
     if problem:

@@ -16,6 +16,7 @@ from optkit.core.errors import UsageError
 from optkit.core.formats import Format
 from optkit.core.registry import require_extra
 from optkit.core.shapes import TensorSpec
+from optkit.core.text import first_line
 from optkit.runtimes.base import Session
 
 
@@ -76,7 +77,7 @@ def load_keras(path: str):
 
             return keras.models.load_model(path, compile=False, safe_mode=safe)
         except Exception:
-            first = str(legacy_error).strip().splitlines()[0] if str(legacy_error).strip() else type(legacy_error).__name__
+            first = first_line(legacy_error)
             raise UsageError(f"cannot load {path} as a Keras model: {first}") from None
 
 
@@ -124,7 +125,7 @@ def load_signature(path: str, signature: str | None = None):
     try:
         loaded = tf.saved_model.load(path)
     except Exception as e:
-        raise UsageError(f"cannot load SavedModel {path}: {str(e).strip().splitlines()[0]}") from None
+        raise UsageError(f"cannot load SavedModel {path}: {first_line(e)}") from None
     sigs = dict(loaded.signatures)
     if not sigs:
         raise UsageError(f"SavedModel {path} has no signatures; re-save it with a serving signature")

@@ -9,6 +9,7 @@ from optkit.core.artifact import Artifact
 from optkit.core.errors import UsageError
 from optkit.core.registry import require_extra
 from optkit.core.shapes import TensorSpec
+from optkit.core.text import first_line
 from optkit.runtimes.base import Session
 from optkit.runtimes.tf import import_tf, native_stderr_silenced
 
@@ -37,7 +38,7 @@ class TFLiteSession(Session):
                 self.interp = Interpreter(model_path=artifact.path, num_threads=threads)
                 self.interp.allocate_tensors()
         except (ValueError, RuntimeError) as e:
-            raise UsageError(f"cannot load {artifact.path} as TFLite: {str(e).strip().splitlines()[0]}") from None
+            raise UsageError(f"cannot load {artifact.path} as TFLite: {first_line(e)}") from None
         self.threads = threads
         self._in = self.interp.get_input_details()
         self._out = self.interp.get_output_details()

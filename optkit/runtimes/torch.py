@@ -58,7 +58,7 @@ def load_torch_model(artifact: Artifact):
         try:
             model = torch.jit.load(artifact.path, map_location="cpu")
         except Exception as e:
-            raise UsageError(f"cannot load {artifact.path} as TorchScript: {str(e).splitlines()[0]}") from None
+            raise UsageError(f"cannot load {artifact.path} as TorchScript: {first_line(e)}") from None
     elif artifact.format == Format.TORCH_EXPORT:
         ep = load_program(artifact.path)
         model = ep.module()

@@ -12,7 +12,6 @@ file next to the destination, checked against the ONNX model on onnxruntime (CPU
 """
 from __future__ import annotations
 
-import os
 import time
 from importlib import metadata
 from pathlib import Path
@@ -22,6 +21,7 @@ from pydantic import Field
 
 from optkit.core.artifact import Artifact
 from optkit.core.atomic import atomic_path
+from optkit.core.cachedir import cache_dir
 from optkit.core.errors import PassError, UsageError, ValidationError
 from optkit.core.formats import Format
 from optkit.core.isolate import run_isolated
@@ -172,13 +172,11 @@ def timing_cache_path(setting: str | None) -> Path | None:
         return None
     if setting != "auto":
         return Path(setting).expanduser()
-    base = os.environ.get("OPTKIT_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "optkit")
     try:
         version = metadata.version("tensorrt")
     except metadata.PackageNotFoundError:
         version = "unknown"
-    return Path(base) / f"tensorrt-{version}-timing.cache"
+    return cache_dir() / f"tensorrt-{version}-timing.cache"
 
 
 # -- the build (child process; imports tensorrt) -------------------------------------------------------------

@@ -21,6 +21,8 @@ from typing import Any
 
 from optkit.core.errors import UsageError
 from optkit.core.shapes import parse_shapes
+from optkit.core.text import first_line
+from optkit.onnx.graph import subgraphs
 
 # The ONNX operators TensorRT 10's ONNX parser supports ("Y") and explicitly does not ("N"), default domain.
 # Source: onnx/onnx-tensorrt, docs/operators.md, "TensorRT 10.15 supports operators in the inclusive range
@@ -120,7 +122,7 @@ def check_model(path: str, shapes: dict[str, Any] | None = None, precision: str 
     try:
         model = onnx.load(path, load_external_data=False)
     except (DecodeError, OSError, ValueError, RuntimeError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        first = first_line(e)
         raise UsageError(f"cannot read {path} as ONNX: {first}; the file is corrupt or truncated") from None
     if not model.graph.node and not model.graph.output:
         raise UsageError(f"cannot read {path} as ONNX: the file holds no graph (corrupt or not ONNX)")
@@ -215,11 +217,8 @@ class _Checker:
                          f"op {node.op_type} is not in TensorRT 10's ONNX parser support table", node)
             else:
                 self._check_restrictions(node)
-            for attr in node.attribute:  # If / Loop / Scan bodies
-                if attr.HasField("g"):
-                    self._check_nodes(attr.g.node, seen_functions)
-                for sub in attr.graphs:
-                    self._check_nodes(sub.node, seen_functions)
+            for sub in subgraphs(node):
+                self._check_nodes(sub.node, seen_functions)
 
     def _check_restrictions(self, node) -> None:
         """The documented restrictions that can be seen statically."""

@@ -18,6 +18,7 @@ import os
 from typing import Literal
 
 from optkit.core.errors import UsageError
+from optkit.core.text import first_line
 from optkit.runtimes.tf import import_tf
 
 Strategy = Literal["none", "mirrored", "multi-worker", "ddp"]
@@ -86,7 +87,7 @@ def make_tf_strategy(strategy: str):
         try:
             return tf.distribute.MultiWorkerMirroredStrategy()
         except RuntimeError as e:
-            raise UsageError(f"cannot start the multi-worker strategy: {str(e).splitlines()[0]} "
+            raise UsageError(f"cannot start the multi-worker strategy: {first_line(e)} "
                              "(it must be created before TensorFlow runs anything in the process)") from None
     raise UsageError(f"unknown strategy {strategy!r} for TensorFlow; use none, mirrored or multi-worker")
 
