@@ -39,10 +39,11 @@ _USER_ERRNOS = {errno.EACCES, errno.EPERM, errno.ENOENT, errno.ENOTDIR, errno.EI
                 errno.EROFS, errno.ENOSPC, errno.EEXIST, errno.ELOOP, errno.EDQUOT, errno.EXDEV, errno.ENOTEMPTY}
 
 
-def quiet_third_parties(debug: bool) -> None:
-    """Keep TensorFlow, onnxruntime and Python warnings off stderr unless --debug (children inherit it)."""
+def quiet_third_parties(debug: bool, verbose: int = 0) -> None:
+    """Set optkit's logging from -v/--debug, and keep TensorFlow, onnxruntime and Python warnings off stderr
+    unless --debug (children inherit it)."""
+    logs.configure(verbose=verbose, debug=debug)
     if debug:
-        logs.enable_debug()
         return
     for key, value in (("TF_CPP_MIN_LOG_LEVEL", "3"), ("GLOG_minloglevel", "3"), ("GRPC_VERBOSITY", "ERROR"),
                        ("PYTHONWARNINGS", "ignore")):

@@ -9,7 +9,7 @@ from optkit.cli import common
 from optkit.core import trust
 
 # Flags of the root command that may also be written after the sub-command (`optkit inspect M --trust-code`).
-GLOBAL_FLAGS = ("--debug", "--trust-code")
+GLOBAL_FLAGS = ("--debug", "--trust-code", "-v", "-vv", "--verbose")
 
 app = typer.Typer(
     name="optkit",
@@ -24,7 +24,11 @@ app = typer.Typer(
 
 
 @app.callback()
-def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks and third-party log output."),
+def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks, debug logging and third-party log "
+                                                            "output."),
+          verbose: int = typer.Option(0, "-v", "--verbose", count=True,
+                                      help="Log what optkit does (passes, stages, cache, measurements); -vv for "
+                                           "debug detail."),
           trust_code: bool = typer.Option(False, "--trust-code",
                                           help="Allow loading models that run their own code (pickled whole "
                                                "models, Keras Lambda layers).")) -> None:
@@ -79,7 +83,8 @@ def main() -> None:
     argv = hoist_global_flags(sys.argv[1:])
     if _fast_help(argv):
         sys.exit(0)
-    common.quiet_third_parties(debug="--debug" in argv)
+    verbose = sum(2 if a == "-vv" else 1 for a in argv if a in ("-v", "-vv", "--verbose"))
+    common.quiet_third_parties(debug="--debug" in argv, verbose=verbose)
     sys.exit(common.run_app(app, argv))
 
 

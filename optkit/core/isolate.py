@@ -1,6 +1,7 @@
 """Run a measurement in a child process, so a runtime that aborts cannot take optkit down."""
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import os
 import signal
@@ -9,8 +10,11 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from optkit.core import logs
 from optkit.core.errors import OptkitError, PassError
 from optkit.core.text import first_line
+
+log = logging.getLogger(__name__)
 
 _HEAVY = ("torch", "tensorflow")
 
@@ -29,6 +33,7 @@ def run_isolated(fn: Callable[..., Any], *args: Any, what: str, **kwargs: Any) -
     recv, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(send, fn, args, kwargs), daemon=True)
     proc.start()
+    log.debug("%s: child %s (%s)", what, proc.pid, method)
     send.close()
     try:
         status, payload = recv.recv()
@@ -63,6 +68,7 @@ def _child(send, fn, args, kwargs) -> None:
     # parent's SIGTERM handler (inherited through fork) must not make the child report an error
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    logs.configure_from_env()
     try:
         result = ("ok", fn(*args, **kwargs))
     except OptkitError as e:

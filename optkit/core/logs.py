@@ -1,20 +1,52 @@
-"""--debug: optkit's own logging at DEBUG, and third-party log lines let through.
+"""Logging: optkit's modules log to `logging.getLogger(__name__)` under the "optkit" logger.
 
-The switch is also an environment variable so that measurement children (which may be spawned) inherit it.
+Nothing shows by default. `-v` shows INFO (what optkit is doing: passes, stages, cache, measurements), `--debug`
+shows DEBUG, tracebacks and the third-party log lines optkit otherwise keeps off stderr. The level travels to
+measurement children (which may be spawned) in OPTKIT_LOG_LEVEL, which the flags set.
 """
 from __future__ import annotations
 
 import logging
 import os
+import sys
 
-ENV = "OPTKIT_DEBUG"
+ENV = "OPTKIT_LOG_LEVEL"
+_HANDLER_NAME = "optkit-stderr"
+
+
+def configure(verbose: int = 0, debug: bool = False) -> None:
+    """Set optkit's log level from the command-line flags (for this process and its children). Without a
+    flag nothing is logged: the user reads optkit's report and its one-line errors, nothing else."""
+    if not (verbose or debug):
+        os.environ.pop(ENV, None)
+        logger = logging.getLogger("optkit")
+        logger.addHandler(logging.NullHandler())
+        logger.propagate = False
+        return
+    level = logging.DEBUG if debug or verbose >= 2 else logging.INFO
+    os.environ[ENV] = logging.getLevelName(level)
+    if debug:
+        logging.basicConfig(level=logging.WARNING)  # third-party loggers: their warnings show too
+    _apply(level)
+
+
+def configure_from_env() -> None:
+    """In a child process: the level its parent's flags chose."""
+    name = os.environ.get(ENV)
+    if name in ("DEBUG", "INFO"):
+        _apply(logging.getLevelName(name))
 
 
 def debugging() -> bool:
-    return os.environ.get(ENV) == "1"
+    return os.environ.get(ENV) == "DEBUG"
 
 
-def enable_debug() -> None:
-    os.environ[ENV] = "1"
-    logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("optkit").setLevel(logging.DEBUG)
+def _apply(level: int) -> None:
+    logger = logging.getLogger("optkit")
+    logger.setLevel(level)
+    if not any(h.get_name() == _HANDLER_NAME for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.set_name(_HANDLER_NAME)
+        handler.setFormatter(logging.Formatter("optkit: %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.propagate = False

@@ -1,6 +1,7 @@
 """Running one pass: its config validated, its output written atomically. Commands and recipes use this."""
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +13,8 @@ from optkit.core.artifact import Artifact
 from optkit.core.atomic import check_output_path
 from optkit.core.errors import DependencyError, PassError, UsageError
 from optkit.core.registry import Pass, PassContext, get_pass
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -55,8 +58,11 @@ def run_pass(artifact: Artifact, pass_name: str, config: dict[str, Any], output:
     check_pass(cls, artifact)
     output = check_output_path(output, inputs=(artifact.path, artifact.meta.get("weights")))
     ctx = PassContext(output=output, **ctx_fields)
+    log.info("pass %s: %s -> %s", pass_name, artifact.path, output)
+    log.debug("pass %s config: %s", pass_name, cfg.model_dump(mode="json"))
     start = time.perf_counter()
     result = cls().run(artifact, cfg, ctx)
+    log.info("pass %s done in %.1f s", pass_name, time.perf_counter() - start)
     if not Path(result.path).exists():
         raise PassError(f"pass {pass_name} reported {result.path} but wrote nothing")
     return StageResult(name=pass_name, pass_name=pass_name, input=artifact, output=result,

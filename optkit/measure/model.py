@@ -1,6 +1,7 @@
 """One entry point that measures an artifact: size, latency, accuracy and fidelity, in an isolated process."""
 from __future__ import annotations
 
+import logging
 import math
 import os
 from typing import Any
@@ -18,6 +19,8 @@ from optkit.measure.inputs import synthesize
 from optkit.measure.latency import measure_latency
 from optkit.measure.size import measure_size
 from optkit.runtimes.base import open_session
+
+log = logging.getLogger(__name__)
 
 MAX_THREADS_FLOOR = 64    # a recipe written for a big machine still runs on a 2-CPU runner
 MAX_BATCH = 65536
@@ -84,6 +87,8 @@ def measure(artifact: Artifact, settings: MeasureSettings | None = None, *, late
             data: DataSpec | None = None, metric: str | None = None, reference: Artifact | None = None) -> dict:
     """Measure `artifact` in a child process (a crashing runtime becomes an exit-3 error)."""
     settings = settings or MeasureSettings()
+    log.info("measuring %s (latency %s, data %s, reference %s)", artifact.path, latency,
+             data.path if data else None, reference.path if reference else None)
     return run_isolated(_measure, artifact, settings, latency, data, metric, reference,
                         what=f"measuring {artifact.path}")
 

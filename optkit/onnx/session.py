@@ -2,6 +2,7 @@
 The runtime (`optkit.runtimes.onnx`) and the passes that check their own outputs share these."""
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,8 @@ from optkit.core.batching import run_batched
 from optkit.core.errors import UsageError
 from optkit.core.shapes import TensorSpec
 from optkit.core.text import first_line
+
+log = logging.getLogger(__name__)
 
 DTYPES = {
     "tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
@@ -65,6 +68,7 @@ def session(path: str | Path, threads: int | None = 1, optimize: bool = True):
     """An onnxruntime CPU session; a UsageError naming the file when onnxruntime cannot load it."""
     import onnxruntime as ort
 
+    log.debug("onnxruntime session: %s (threads %s, optimize %s)", path, threads, optimize)
     try:
         return ort.InferenceSession(str(path), sess_options=session_options(threads, optimize),
                                     providers=["CPUExecutionProvider"])

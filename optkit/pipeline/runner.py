@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from optkit.pipeline.recipe import validate
 from optkit.pipeline.workspace import Progress, Workspace
 from optkit.report.build import input_stage, pass_stage
 from optkit.report.schema import Report
+
+log = logging.getLogger(__name__)
 
 EXTENSIONS = {"onnx": "model.onnx", "tflite": "model.tflite", "keras": "model.keras", "tf-savedmodel": "model_savedmodel",
               "torchscript": "model.pt", "torch-export": "model.pt2", "trt-engine": "model.engine"}
@@ -149,6 +152,7 @@ def _compute_stage(ws, key, tmp, opts, name, cls, current, config, spec, r, data
     """A stage's pass output in `tmp`: from the cache when a verified entry exists, else computed (and stored)."""
     cache_notes: list[str] = []
     hit = ws.cache_get(key, tmp, cache_notes) if opts.use_cache else None
+    log.info("stage %s: cache %s (key %s)", name, "hit" if hit else "miss" if opts.use_cache else "off", key[:12])
     if hit is not None:
         result = StageResult(name=name, pass_name=cls.name, input=current, output=hit["artifact"],
                              config=config, duration_s=hit["duration_s"],

@@ -1,6 +1,7 @@
 """The runtime contract: load one format, describe its inputs and outputs, run it."""
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import numpy as np
@@ -9,6 +10,8 @@ from optkit.core.artifact import Artifact
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format
 from optkit.core.shapes import TensorSpec, format_shape
+
+log = logging.getLogger(__name__)
 
 
 class Session:
@@ -54,6 +57,7 @@ class Session:
 def open_session(artifact: Artifact, provider: str = "cpu", threads: int | None = None) -> Session:
     """Load `artifact` on its own runtime."""
     fmt = artifact.format
+    log.debug("opening %s (%s) on %s", artifact.path, fmt.value, provider)
     if fmt == Format.ONNX:
         from optkit.runtimes.onnx import OnnxSession
 

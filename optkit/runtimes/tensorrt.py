@@ -9,6 +9,7 @@ Nothing here is imported by `optkit --help`: tensorrt and CUDA are imported when
 """
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -23,6 +24,8 @@ from optkit.core.errors import DependencyError, PassError, UsageError
 from optkit.core.shapes import TensorSpec
 from optkit.core.text import first_line
 from optkit.runtimes.base import Session
+
+log = logging.getLogger(__name__)
 
 TRT_INSTALL = "pip install 'optkit[trt]' (tensorrt and cuda-python; needs an NVIDIA GPU and driver)"
 
@@ -81,8 +84,7 @@ def make_logger(trt, severity: str = "WARNING"):
                 self.errors.append(str(msg).strip())
             elif sev == trt.ILogger.Severity.WARNING:
                 self.warnings.append(str(msg).strip())
-            if os.environ.get("OPTKIT_TRT_VERBOSE") == "1":
-                print(f"[tensorrt] {msg}")
+            log.debug("tensorrt: %s", msg)
 
     return _Logger()
 
