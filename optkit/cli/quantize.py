@@ -112,7 +112,6 @@ def run_and_explain(pass_name, model, output, config, *, as_json, **kwargs):
     """run_single_stage, plus: the candidate table when a search ran, and the trade-off table on failure."""
     import json
 
-
     try:
         report = common.run_single_stage(pass_name, model, output, config, as_json=as_json, **kwargs)
     except ValidationError as e:
@@ -132,7 +131,6 @@ def run_and_explain(pass_name, model, output, config, *, as_json, **kwargs):
         b = (stage.measurements.get("latency") or {}).get("p50_ms")
         if a and b and b > a * 1.05:
             from rich.text import Text
-
 
             common.console().print(Text("warning", "bold yellow"), f"the result is slower than its parent "
                                    f"(p50 {b:.3f} ms vs {a:.3f} ms): int8 kernels do not pay off on a model "

@@ -44,7 +44,6 @@ def onnx_parameters(path: str) -> dict:
     """Parameters and initializer bytes of an ONNX model (external data included, when present)."""
     from onnx import numpy_helper
 
-
     model = load_onnx(path)
     params = 0
     nbytes = 0

@@ -96,7 +96,6 @@ class TFLiteExport(Pass):
     def run(self, artifact: Artifact, config: TFLiteConfig, ctx: PassContext) -> Artifact:
         import numpy as np
 
-
         if Path(ctx.output).suffix.lower() != ".tflite":
             raise UsageError(f"{self.name} writes a .tflite file; name the output *.tflite, not {Path(ctx.output).name}")
         tf = import_tf()

@@ -166,7 +166,6 @@ def _convert_tflite(path: str, opset: int, dest: Path, ctx: PassContext) -> Refe
     import tensorflow as tf
     from tf2onnx import convert
 
-
     session = TFLiteSession(Artifact(path=path, format=Format.TFLITE, sha256=""))
     _LSTM_NOTES.clear()
     try:
@@ -200,7 +199,6 @@ def _convert_tflite(path: str, opset: int, dest: Path, ctx: PassContext) -> Refe
 
 def _convert_keras(tf, path: str, opset: int, dest: Path, work: Path, config, ctx: PassContext) -> Reference:
     import tf_keras
-
 
     model = load_keras(path)
     inputs = list(model.inputs)
@@ -241,7 +239,6 @@ def _convert_keras(tf, path: str, opset: int, dest: Path, work: Path, config, ct
 
 def _convert_saved_model(tf, path: str, signature: str | None, opset: int, dest: Path) -> Reference:
     from tf2onnx import convert, tf_loader
-
 
     loaded, fn, signature = load_signature(path, signature)
     args = fn.structured_input_signature[1]

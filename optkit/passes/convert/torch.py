@@ -156,7 +156,6 @@ def input_specs(artifact: Artifact, examples, names: list[str], ctx: PassContext
     """TensorSpecs (dim 0 dynamic) and concrete export tensors, from examples, --shape or the data."""
     import torch
 
-
     check_unused(ctx.shapes, names)
     data = ctx.data.get("eval") or ctx.data.get("calibration")
     gen = torch.Generator().manual_seed(ctx.seed)

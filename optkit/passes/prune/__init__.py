@@ -105,7 +105,6 @@ def _select_keras_layers(model, cfg: KerasPruneConfig, ctx: PassContext) -> list
     from tensorflow_model_optimization.python.core.sparsity.keras.prunable_layer import PrunableLayer
     from tensorflow_model_optimization.python.core.sparsity.keras.prune_registry import PruneRegistry
 
-
     check_layer_names(model, list(cfg.layers or []), "--layers")
     check_layer_names(model, cfg.exclude, "--exclude")
     chosen = [layer for layer in (weighted_layers(model) if cfg.layers is None else
@@ -342,7 +341,6 @@ def _export(model, example, output: Path, fmt: Format, check, max_error: float) 
     import numpy as np
     import torch
 
-
     with atomic_path(output) as tmp:
         try:
             if fmt == Format.TORCH_EXPORT:
@@ -374,7 +372,6 @@ class TorchPrune(Pass):
 
     def run(self, artifact: Artifact, config: TorchPruneConfig, ctx: PassContext) -> Artifact:
         import torch
-
 
         check_strategy(config.strategy, "torch")
         suffix = Path(ctx.output).suffix.lower()

@@ -288,7 +288,6 @@ def validate_engine(onnx_path: str, engine_path: str, plan: dict, cfg: dict, see
     """Run the engine and the ONNX model (onnxruntime, CPU) on the same inputs; ValidationError past tolerance."""
     import numpy as np
 
-
     ref = OnnxSession(Artifact(path=onnx_path, format=Format.ONNX, sha256=""), provider="cpu")
     eng = TensorRTSession(Artifact(path=engine_path, format=Format.TRT_ENGINE, sha256=""), cuda_graphs=False)
     try:

@@ -118,7 +118,6 @@ def check_model(path: str, shapes: dict[str, Any] | None = None, precision: str 
     import onnx
     from google.protobuf.message import DecodeError
 
-
     try:
         model = onnx.load(path, load_external_data=False)
     except (DecodeError, OSError, ValueError, RuntimeError) as e:
