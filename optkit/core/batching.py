@@ -1,4 +1,11 @@
-"""Samples on a batch axis: splitting feeds into the calls a model accepts, and joining what comes back."""
+"""Samples: splitting feeds into the calls a model accepts, and joining what comes back.
+
+Feeds always carry a leading sample axis. How one sample of an input becomes part of a call is its layout:
+- "batched": the sample lacks the model's first (batch) axis, so samples stack on it (data [N,3,224,224] for
+  an input [batch,3,224,224]); when every input is batched, several samples go in one call;
+- "whole": the sample is a complete input (data [N,2,1,128] for a state [2,batch,128]; data [N] for a scalar
+  input), so the model runs one sample per call and each output gets a leading sample axis.
+"""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -6,6 +13,7 @@ from collections.abc import Callable
 import numpy as np
 
 from optkit.core.errors import UsageError
+from optkit.core.shapes import format_shape
 
 
 def fixed_batch(specs: list) -> int | None:
@@ -60,25 +68,97 @@ def join(parts: list) -> np.ndarray:
         return np.concatenate([p.ravel() for p in parts])
 
 
+def matches(have, want) -> bool:
+    """Whether a concrete shape fits a declared one (dynamic dims fit anything)."""
+    return len(have) == len(want) and all(not (isinstance(w, int) and w > 0) or w == h for w, h in zip(want, have))
+
+
+def layout(spec, sample_shape) -> str | None:
+    """"whole", "batched", or None when a sample of this shape fits the input neither way."""
+    if spec.shape is None:
+        return "batched"
+    if matches(sample_shape, spec.shape):
+        return "whole"
+    if spec.shape and matches(sample_shape, spec.shape[1:]):
+        return "batched"
+    return None
+
+
+def as_samples(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One call's feeds as a single sample (each array gains a leading sample axis of 1)."""
+    return {k: np.asarray(v)[None] for k, v in feeds.items()}
+
+
+def call_as_samples(specs: list, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One call's feeds as samples: split on the batch axis when the model has a common one, else one sample."""
+    return feeds if stackable(specs) else as_samples(feeds)
+
+
+def first_call(specs: list, feeds: dict[str, np.ndarray], batch: int = 1) -> dict[str, np.ndarray]:
+    """The feeds of the first call run_batched would make with `batch` samples (one sample when the inputs
+    are not all batched on a common axis)."""
+    by_name = {s.name: s for s in specs}
+    layouts = {k: layout(by_name[k], np.shape(v)[1:]) if k in by_name else "batched" for k, v in feeds.items()}
+    if all(how == "batched" for how in layouts.values()) and stackable(specs):
+        return {k: v[:batch] for k, v in feeds.items()}
+    return {k: v[0:1] if layouts[k] == "batched" else np.asarray(v[0]) for k, v in feeds.items()}
+
+
+def stack_samples(calls: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Several calls' feeds as samples, one per call."""
+    return {k: np.stack([np.asarray(c[k]) for c in calls]) for k in calls[0]}
+
+
 def run_batched(run: Callable[[dict], list], specs: list, feeds: dict[str, np.ndarray], batch: int | None = 64,
                 progress: Callable[[int], None] | None = None) -> list[np.ndarray]:
-    """Run `run(feeds) -> outputs` over every sample, in slices the model accepts; outputs joined on axis 0.
+    """Run `run(feeds) -> outputs` over every sample of `feeds` (see the module's layouts).
 
-    Feeds with no batch axis to split on (scalars, shape tensors, mixed fixed first dims) are one whole call.
-    A model that fixes its batch takes slices of exactly that size; samples that would not fill the last one
-    are an error, never dropped in silence (`trim` first to drop them on purpose)."""
-    if not stackable(specs):
-        return [np.asarray(x) for x in run(feeds)]
-    fixed = fixed_batch(specs)
+    When every input is batched and the model's batch is dynamic or one fixed size, samples go `batch` at a
+    time (exactly the fixed size when it has one; samples that would not fill the last call are an error,
+    never dropped in silence: `trim` first to drop them on purpose) and outputs join on their first axis.
+    Otherwise each sample is one call, and outputs are stacked on a new sample axis."""
     n = count(feeds)
-    if fixed and n % fixed:
-        raise UsageError(f"the model fixes batch size {fixed} but the data has {n} samples")
-    step = fixed or batch or n or 1
-    chunks = []
-    for start, part in batches(feeds, step):
-        chunks.append(run(part))
+    by_name = {s.name: s for s in specs}
+    layouts = {k: layout(by_name[k], np.shape(v)[1:]) if k in by_name else "batched" for k, v in feeds.items()}
+    bad = [k for k, how in layouts.items() if how is None]
+    if bad:
+        raise UsageError(mismatch(by_name[bad[0]], np.shape(feeds[bad[0]])[1:]))
+    if all(how == "batched" for how in layouts.values()) and stackable(specs):
+        fixed = fixed_batch(specs)
+        if fixed and n % fixed:
+            raise UsageError(f"the model fixes batch size {fixed} but the data has {n} samples")
+        step = fixed or batch or n or 1
+        chunks = []
+        for start, part in batches(feeds, step):
+            chunks.append(run(part))
+            if progress:
+                progress(min(start + step, n))
+        if not chunks:
+            raise UsageError("no sample to run")
+        return [join([c[i] for c in chunks]) for i in range(len(chunks[0]))]
+    calls = []
+    for i in range(n):
+        calls.append(run({k: v[i:i + 1] if layouts[k] == "batched" else np.asarray(v[i]) for k, v in feeds.items()}))
         if progress:
-            progress(min(start + step, n))
-    if not chunks:
+            progress(i + 1)
+    if not calls:
         raise UsageError("no sample to run")
-    return [join([c[i] for c in chunks]) for i in range(len(chunks[0]))]
+    return [_stack([c[j] for c in calls]) for j in range(len(calls[0]))]
+
+
+def mismatch(spec, sample_shape) -> str:
+    """The message for a sample that fits an input neither batched nor whole."""
+    whole = format_shape(spec.shape)
+    batched = format_shape(spec.shape[1:]) if spec.shape else None
+    ways = f"{batched} (samples stacked on its batch axis) or {whole} (one whole input per sample)" if batched \
+        else f"{whole}"
+    return (f"data for input {spec.name!r} has per-sample shape {format_shape(list(sample_shape))} but the model "
+            f"takes {ways}")
+
+
+def _stack(parts: list) -> np.ndarray:
+    parts = [np.asarray(p) for p in parts]
+    try:
+        return np.stack(parts)
+    except ValueError:  # shapes differ from call to call (a sequence length, say)
+        return np.concatenate([p.ravel() for p in parts])

@@ -48,6 +48,7 @@ class PassContext:
 
     output: Path                       # where the result must end up (written atomically by the pass)
     shapes: dict[str, list[int]] = field(default_factory=dict)  # --shape overrides for dynamic dims
+    values: dict[str, float] = field(default_factory=dict)      # --value: what scalar inputs are fed
     data: dict[str, Any] = field(default_factory=dict)          # "calibration", "eval", "train" datasets
     seed: int = 0
     notes: list[str] = field(default_factory=list)     # said in the report (fallbacks, upgrades)

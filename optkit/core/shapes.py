@@ -1,7 +1,12 @@
-"""Tensor signatures, and `--shape name=1x3x224x224` parsing and application to them."""
+"""Tensor signatures, `--shape name=1x3x224x224` and `--value name=V` parsing, and concrete shapes for them.
+
+A dynamic dim the user did not set is filled from a ladder chosen by the dim's name (batch, spatial, sequence,
+or unknown); `measure.inputs.probe` walks the ladder's rungs until the runtime accepts the inputs.
+"""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import re
+from dataclasses import dataclass, field
 
 from optkit.core.errors import UsageError
 
@@ -11,9 +16,13 @@ class TensorSpec:
     name: str
     shape: list | None   # ints; None or a string for a dynamic dim; None for an unknown rank
     dtype: str           # numpy dtype name, e.g. "float32"
+    # what a synthesized value must respect, where the model tells (ONNX): integer inputs' valid range
+    # [low, high) (token ids index an embedding table), and inputs that are masks (all ones)
+    value_range: tuple[int, int] | None = field(default=None, compare=False)
+    mask: bool = field(default=False, compare=False)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {"name": self.name, "shape": self.shape, "dtype": self.dtype}
 
     @property
     def dynamic(self) -> bool:
@@ -35,11 +44,55 @@ def parse_shapes(values: list[str] | None) -> dict[str, list[int]]:
     return shapes
 
 
+# Values tried, in order, for a dynamic dim nobody set, by what its name says it is. The first rung is what
+# synthesized inputs use; `measure.inputs.probe` climbs when the runtime refuses it.
+LADDERS = {
+    "batch": (1,),
+    "spatial": (224, 320, 640),
+    "sequence": (128, 64, 16),
+    "other": (16, 128, 1, 64, 224, 512, 576, 640, 1024),
+}
+_KINDS = (
+    ("batch", re.compile(r"batch|^(n|b|bs|N|B)$|num_?samples", re.I)),
+    ("spatial", re.compile(r"height|width|^(h|w|H|W)$|^(img|image)_?(h|w|size)|^size$", re.I)),
+    ("sequence", re.compile(r"seq|len|token|time|step|frame|word|sentence|^(t|s|T|S|L)$", re.I)),
+)
+
+
+def _dynamic(d) -> bool:
+    return not (isinstance(d, int) and d > 0)
+
+
+def dim_kind(shape: list, index: int) -> str:
+    """What dynamic dim `index` of `shape` is: from its symbolic name when it has one, else from its place.
+    Unnamed: the first dim is the batch; so is a lone dynamic dim behind a fixed first dim over 1 (a state
+    [layers, batch, hidden]); two dynamic dims of an image-like rank-4 input are spatial."""
+    name = shape[index]
+    if isinstance(name, str) and name:
+        for kind, pattern in _KINDS:
+            if pattern.search(name):
+                return kind
+    if index == 0:
+        return "batch"
+    open_dims = [i for i, d in enumerate(shape) if _dynamic(d)]
+    if open_dims == [index] and isinstance(shape[0], int) and shape[0] > 1:
+        return "batch"
+    if len(shape) == 4 and open_dims in ([2, 3], [0, 2, 3], [1, 2], [0, 1, 2]) and index in (1, 2, 3):
+        return "spatial"
+    return "other"
+
+
+def rungs(specs: list) -> int:
+    """How many rungs the ladders of these inputs' dynamic dims have (1 when nothing is dynamic)."""
+    kinds = {dim_kind(s.shape, i) for s in specs if s.shape for i, d in enumerate(s.shape) if _dynamic(d)}
+    return max((len(LADDERS[k]) for k in kinds), default=1)
+
+
 def resolve_shape(name: str, declared: list, overrides: dict[str, list[int]], n_inputs: int,
-                  default_batch: int = 1) -> list[int]:
+                  default_batch: int = 1, rung: int = 0) -> list[int]:
     """The concrete shape to feed input `name`: the override if given, else declared with dynamic dims set.
 
-    A dynamic first dim becomes `default_batch`; another dynamic dim needs an override.
+    A dynamic dim named or placed as the batch becomes `default_batch`; any other takes its ladder's `rung`.
     """
     override = overrides.get(name, overrides.get("") if n_inputs == 1 else None)
     if declared is None:  # rank unknown (TorchScript)
@@ -63,22 +116,35 @@ def resolve_shape(name: str, declared: list, overrides: dict[str, list[int]], n_
     for i, d in enumerate(declared):
         if isinstance(d, int) and d > 0:
             shape.append(d)
-        elif i == 0:
+        elif dim_kind(declared, i) == "batch":
             shape.append(default_batch)
         else:
-            raise UsageError(
-                f"input {name!r} has a dynamic dimension {i} ({format_shape(declared)}); "
-                f"set it with --shape {name}=" + "x".join(str(x) if isinstance(x, int) and x > 0 else "N" for x in declared)
-            )
+            values = LADDERS[dim_kind(declared, i)]
+            shape.append(values[min(rung, len(values) - 1)])
     return shape
 
 
-def check_unused(overrides: dict[str, list[int]], names: list[str]) -> None:
+def parse_values(values: list[str] | None) -> dict[str, float]:
+    """Parse `--value name=V` items: the value a scalar input (a sample rate, a threshold) is fed."""
+    parsed: dict[str, float] = {}
+    for item in values or []:
+        name, sep, text = item.partition("=")
+        try:
+            value = float(text)
+        except ValueError:
+            value = None
+        if not sep or not name.strip() or value is None:
+            raise UsageError(f"bad --value {item!r}: expected NAME=NUMBER, e.g. --value sr=16000")
+        parsed[name.strip()] = int(value) if value.is_integer() else value
+    return parsed
+
+
+def check_unused(overrides: dict, names: list[str], flag: str = "--shape") -> None:
     for key in overrides:
         if key and key not in names:
-            raise UsageError(f"--shape names input {key!r}, but the model's inputs are {', '.join(names)}")
+            raise UsageError(f"{flag} names input {key!r}, but the model's inputs are {', '.join(names)}")
         if not key and len(names) != 1:
-            raise UsageError(f"the model has {len(names)} inputs ({', '.join(names)}): write --shape NAME=DIMS")
+            raise UsageError(f"the model has {len(names)} inputs ({', '.join(names)}): write {flag} NAME=...")
 
 
 def format_shape(shape) -> str:

@@ -11,8 +11,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from optkit.core.batching import layout, mismatch
 from optkit.core.errors import UsageError
-from optkit.core.shapes import format_shape
 
 LABELS = "labels"
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".ppm", ".pgm"}
@@ -57,7 +57,10 @@ class Dataset:
     def bind(self, specs: list) -> dict[str, np.ndarray]:
         """The arrays keyed by the model's input names, cast to their dtypes and per-sample shapes.
 
-        Per-sample shapes may differ from the model's only by dims of size 1 (e.g. [28,28] feeds [1,28,28]).
+        A sample is either a whole input (the model's full shape, its batch dim 1 wherever it sits, e.g.
+        [2,1,128] for a state [2,batch,128]; a scalar input takes an (N,) array) or an input without its first
+        (batch) axis; see core.batching. It may also differ from that only by dims of size 1 (e.g. [28,28]
+        feeds [1,28,28]).
         """
         names = [s.name for s in specs]
         if set(self.arrays) == {""}:
@@ -82,18 +85,18 @@ def _fit(arr: np.ndarray, spec, source: str) -> np.ndarray:
                          f"but the model expects {spec.dtype} numbers")
     if spec.shape is None:
         return arr.astype(np.dtype(spec.dtype)) if arr.dtype != np.dtype(spec.dtype) else arr
-    want = list(spec.shape[1:])
     have = list(arr.shape[1:])
-    fixed = [d for d in want if isinstance(d, int) and d > 0]
-    if len(want) != len(have) or any(isinstance(w, int) and w > 0 and w != h for w, h in zip(want, have)):
+    first = spec.shape[0] if spec.shape else None
+    if layout(spec, have) == "whole" and have and have[0] == 1 and not (isinstance(first, int) and first > 1):
+        arr = arr.reshape((arr.shape[0], *have[1:]))  # a whole input whose batch is the first axis: batched
+    elif layout(spec, have) is None:
+        want = list(spec.shape[1:])
+        fixed = [d for d in want if isinstance(d, int) and d > 0]
         squeezed = [d for d in have if d != 1]
-        if all(isinstance(d, int) and d > 0 for d in want) and squeezed == [d for d in fixed if d != 1]:
-            arr = arr.reshape((arr.shape[0], *want))
+        if want and all(isinstance(d, int) and d > 0 for d in want) and squeezed == [d for d in fixed if d != 1]:
+            arr = arr.reshape((arr.shape[0], *want))  # dims of size 1 left out or added: [28,28] for [1,28,28]
         else:
-            raise UsageError(
-                f"data for input {spec.name!r} from {source} has per-sample shape {format_shape(have)} "
-                f"but the model expects {format_shape(want)}"
-            )
+            raise UsageError(f"{mismatch(spec, have)} (from {source})")
     dtype = np.dtype(spec.dtype) if spec.dtype != "bfloat16" else np.float32
     if arr.dtype != dtype:
         if np.issubdtype(arr.dtype, np.floating) and not np.issubdtype(dtype, np.floating) and dtype != np.bool_:

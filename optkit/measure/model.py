@@ -6,16 +6,18 @@ import math
 import os
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from optkit.core.artifact import Artifact
+from optkit.core.batching import call_as_samples, first_call
 from optkit.core.errors import OptkitError, UsageError
 from optkit.core.isolate import run_isolated
 from optkit.core.text import first_line
 from optkit.measure.accuracy import compute, run_over
 from optkit.measure.datasets import load_dataset
 from optkit.measure.fidelity import compare_outputs
-from optkit.measure.inputs import synthesize
+from optkit.measure.inputs import probe, synthesize
 from optkit.measure.latency import measure_latency
 from optkit.measure.size import measure_size
 from optkit.runtimes.base import open_session
@@ -44,6 +46,7 @@ class MeasureSettings(BaseModel):
     runs: int = 100
     duration: float | None = None
     shapes: dict[str, list[int]] = Field(default_factory=dict)
+    values: dict[str, float] = Field(default_factory=dict)   # --value: what scalar inputs are fed
     seed: int = 0
 
     @model_validator(mode="after")
@@ -74,13 +77,22 @@ class DataSpec(BaseModel):
     max_samples: int | None = None       # 0 or less is refused when the data is loaded (UsageError)
 
 
-def latency_feeds(bound: dict, batch: int, source: str) -> dict:
-    """The first `batch` samples of bound data, to time; fewer samples than the batch is a usage error."""
+def synthesized(session, settings: MeasureSettings) -> tuple[dict, dict]:
+    """One call's synthesized feeds for `session`, dims the user did not set probed (measure.inputs.probe),
+    and how they were shaped (for the report)."""
+    shapes, how = probe(session.inputs, session.run, settings.shapes, settings.values, settings.seed)
+    feeds = synthesize(session.inputs, shapes, batch=settings.batch, seed=settings.seed, values=settings.values)
+    return feeds, {"source": "synthesized", "shapes": {k: list(np.shape(v)) for k, v in feeds.items()},
+                   "dims": how}
+
+
+def latency_feeds(specs: list, bound: dict, batch: int, source: str) -> dict:
+    """The first call's feeds from bound data, to time; fewer samples than the batch is a usage error."""
     n = len(next(iter(bound.values())))
     if n < batch:
         raise UsageError(f"--batch {batch} is more than the {n} samples in {source}; give a smaller --batch "
                          "or more data")
-    return {k: v[:batch] for k, v in bound.items()}
+    return first_call(specs, bound, batch)
 
 
 def measure(artifact: Artifact, settings: MeasureSettings | None = None, *, latency: bool = True,
@@ -105,14 +117,18 @@ def _measure(artifact: Artifact, settings: MeasureSettings, latency: bool, data:
         result["size"]["bytes"] = session.state_dict_bytes()
         result["size"]["size_mb"] = result["size"]["bytes"] / 1e6
         result["size"]["bytes_from"] = "state dict"
-    feeds = synthesize(session.inputs, settings.shapes, batch=settings.batch, seed=settings.seed)
-    eval_feeds, labels, ds = feeds, None, None
-    if data is not None:
+    eval_feeds, labels, ds, feeds = None, None, None, None
+    if data is None:
+        feeds, result["inputs"] = synthesized(session, settings)
+        eval_feeds = call_as_samples(session.inputs, feeds)
+    else:
         ds = load_dataset(data.path, data.preprocess, data.labels).subset(data.max_samples, settings.seed)
         eval_feeds, labels = ds.bind(session.inputs), ds.labels
         # time real samples
-        feeds = latency_feeds(eval_feeds, settings.batch, ds.source) if latency else {
-            k: v[:settings.batch] for k, v in eval_feeds.items()}
+        feeds = latency_feeds(session.inputs, eval_feeds, settings.batch, ds.source) if latency else \
+            first_call(session.inputs, eval_feeds, settings.batch)
+        result["inputs"] = {"source": ds.source, "samples": len(ds),
+                            "shapes": {k: list(np.shape(v)) for k, v in feeds.items()}, "dims": "from the data"}
     session.check_feeds(feeds)
     try:
         if latency:

@@ -45,9 +45,8 @@ import numpy as np
 from optkit.core.artifact import Artifact
 from optkit.core.isolate import run_isolated
 from optkit.measure.datasets import load_dataset
-from optkit.measure.inputs import synthesize
 from optkit.measure.latency import LIMIT_S, summarize
-from optkit.measure.model import latency_feeds
+from optkit.measure.model import latency_feeds, synthesized
 from optkit.onnx.session import session_options
 from optkit.runtimes.base import open_session
 
@@ -123,7 +122,6 @@ def reference_model_bytes(layers: int = 8) -> bytes:
 def _reference_runner(layers: int, threads: int | None):
     import onnxruntime as ort
 
-
     sess = ort.InferenceSession(reference_model_bytes(layers), sess_options=session_options(threads),
                                 providers=["CPUExecutionProvider"])
     x = np.random.default_rng(0).standard_normal((REFERENCE_BATCH, REFERENCE_WIDTH)).astype(np.float32)
@@ -151,14 +149,14 @@ def _trials(artifact: Artifact, settings, trials: int, normalize: bool, data, li
     import gc
     import time
 
-
     # each trial's warm-up and its timed runs get half of the trial's share of the limit
     trial_limit = (LIMIT_S if limit_s is None else limit_s) / (2 * trials)
     session = open_session(artifact, provider=settings.provider, threads=settings.threads)
-    feeds = synthesize(session.inputs, settings.shapes, batch=settings.batch, seed=settings.seed)
     if data is not None:
         ds = load_dataset(data.path, data.preprocess, data.labels)
-        feeds = latency_feeds(ds.bind(session.inputs), settings.batch, ds.source)
+        feeds = latency_feeds(session.inputs, ds.bind(session.inputs), settings.batch, ds.source)
+    else:
+        feeds, _ = synthesized(session, settings)
     session.check_feeds(feeds)
     model_bytes = artifact.size_bytes()
     rungs = reference_rungs(model_bytes) if normalize else ()

@@ -213,3 +213,59 @@ def with_outputs(model, names: list[str]):
         if name not in have:
             m.graph.output.append(onnx.ValueInfoProto(name=name))
     return m
+
+
+# Ops a value passes through unchanged on its way to being used as an index.
+_PASS_THROUGH = ("Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity", "Expand", "Transpose")
+
+
+def input_hints(model) -> dict[str, dict]:
+    """What the graph says about each integer input: `value_range` (low, high) when it indexes the first axis
+    of a constant table (token ids into an embedding, positions), `mask` when its name says it is one."""
+    import onnx
+
+    inits = {i.name: i for i in model.graph.initializer}
+    consts = {n.output[0]: n for n in model.graph.node if n.op_type == "Constant" and n.output}
+    consumers: dict[str, list] = {}
+    for node in all_nodes(model.graph):
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    init_names = set(inits)
+    hints: dict[str, dict] = {}
+    for value in model.graph.input:
+        if value.name in init_names:
+            continue
+        elem = value.type.tensor_type.elem_type
+        if elem not in (onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT16,
+                        onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.BOOL):
+            continue
+        hint: dict = {}
+        if "mask" in value.name.lower():
+            hint["mask"] = True
+        high = _index_bound(value.name, consumers, inits, consts)
+        if high is not None and not hint.get("mask"):
+            hint["value_range"] = (0, high)
+        if hint:
+            hints[value.name] = hint
+    return hints
+
+
+def _index_bound(name: str, consumers: dict, inits: dict, consts: dict, depth: int = 0):
+    """The smallest first-axis size of a constant table `name` indexes (through pass-through ops)."""
+    bounds = []
+    for node in consumers.get(name, []):
+        if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == name:
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+            table = inits.get(node.input[0])
+            dims = list(table.dims) if table is not None else None
+            if dims is None and node.input[0] in consts:
+                attr = next((a for a in consts[node.input[0]].attribute if a.name == "value"), None)
+                dims = list(attr.t.dims) if attr is not None else None
+            if dims and -len(dims) <= axis < len(dims):
+                bounds.append(int(dims[axis]))
+        elif node.op_type in _PASS_THROUGH and node.input and node.input[0] == name and depth < 4:
+            for out in node.output:
+                b = _index_bound(out, consumers, inits, consts, depth + 1)
+                if b is not None:
+                    bounds.append(b)
+    return min(bounds) if bounds else None

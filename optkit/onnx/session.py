@@ -12,6 +12,8 @@ from optkit.core.batching import run_batched
 from optkit.core.errors import UsageError
 from optkit.core.shapes import TensorSpec
 from optkit.core.text import first_line
+from optkit.onnx import io as onnx_io
+from optkit.onnx.graph import input_hints
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +78,26 @@ def session(path: str | Path, threads: int | None = 1, optimize: bool = True):
         raise UsageError(f"cannot load {path} with onnxruntime: {first_line(e)}") from None
 
 
-def input_specs(sess) -> list[TensorSpec]:
-    """The session's inputs; a UsageError for those onnxruntime cannot be fed (bfloat16)."""
-    specs = [spec_of(i) for i in sess.get_inputs()]
+def input_specs(sess, path: str | Path | None = None) -> list[TensorSpec]:
+    """The session's inputs, with what the graph says about their values (see `with_hints`); a UsageError
+    for those onnxruntime cannot be fed (bfloat16)."""
+    specs = with_hints([spec_of(i) for i in sess.get_inputs()], path or getattr(sess, "_model_path", None))
     check_feedable(specs)
+    return specs
+
+
+def with_hints(specs: list[TensorSpec], path: str | Path | None) -> list[TensorSpec]:
+    """The specs with the value ranges and masks `graph.input_hints` reads from the model file."""
+    if not path or not any(s.dtype.startswith(("int", "uint", "bool")) for s in specs):
+        return specs
+    try:
+        hints = input_hints(onnx_io.load(path, external_data=False))
+    except UsageError:
+        return specs
+    for spec in specs:
+        hint = hints.get(spec.name, {})
+        spec.value_range = hint.get("value_range")
+        spec.mask = hint.get("mask", False)
     return specs
 
 
@@ -88,19 +106,3 @@ def run_all(sess, feeds: dict[str, np.ndarray], names: list[str] | None = None, 
     """Run a session over every sample, in batches the model accepts (see core.batching.run_batched)."""
     names = names or [o.name for o in sess.get_outputs()]
     return run_batched(lambda f: sess.run(names, f), input_specs(sess), feeds, batch)
-
-
-def run_sets(sess, sets: list[dict[str, np.ndarray]], names: list[str]) -> list[np.ndarray]:
-    """Run each feed set as one whole call; each output is the calls' results stacked (or flattened when the
-    shapes differ), so models without a batch axis compare as they are."""
-    runs = [sess.run(names, feeds) for feeds in sets]
-    out = []
-    for i in range(len(names)):
-        parts = [np.asarray(r[i]) for r in runs]
-        try:
-            out.append(np.stack(parts))
-        except ValueError:
-            out.append(np.concatenate([p.ravel() for p in parts]))
-    return out
-
-

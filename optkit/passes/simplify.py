@@ -15,12 +15,13 @@ from pydantic import Field
 
 from optkit.core.artifact import Artifact
 from optkit.core.atomic import atomic_path
-from optkit.core.batching import trim
+from optkit.core.batching import count, stack_samples, trim
 from optkit.core.errors import DependencyError, PassError, UsageError, ValidationError
 from optkit.core.formats import Format
 from optkit.core.registry import Pass, PassConfig, PassContext, register
+from optkit.core.shapes import format_shape
 from optkit.core.text import first_line
-from optkit.measure.inputs import synthesize
+from optkit.measure.inputs import probe, synthesize
 from optkit.onnx import graph
 from optkit.onnx import io as onnx_io
 from optkit.onnx import session as onnx_session
@@ -107,8 +108,8 @@ class SimplifyOnnx(Pass):
 def _reference(artifact, ctx, config):
     """(run, the parent's outputs, how many inputs): `run(session)` gives a session's outputs on the check inputs.
 
-    Data is run in batches along its sample axis. Synthesized inputs are separate whole calls, one per check
-    sample, so models whose inputs have no batch axis (scalars, shape tensors, fixed first dims) run as they are.
+    Data runs in batches along its sample axis where the model has one; synthesized inputs are whole calls,
+    one per check sample, so models without a batch axis (scalars, states, shape tensors) run as they are.
     """
     sess = onnx_session.session(artifact.path)
     specs = onnx_session.input_specs(sess)
@@ -116,16 +117,18 @@ def _reference(artifact, ctx, config):
     data = ctx.data.get("eval") or ctx.data.get("calibration")
     if data is not None:
         feeds = trim(specs, data.subset(config.check_samples, ctx.seed).bind(specs))
-        n = len(next(iter(feeds.values())))
+    else:  # one whole call per sample: models without a batch axis run as they are
+        shapes, how = probe(specs, lambda f: sess.run(names, f), ctx.shapes, ctx.values, ctx.seed)
+        if how in ("probed", "from the dim names"):
+            ctx.note("synthesized inputs shaped " + ", ".join(f"{k} {format_shape(v)}" for k, v in shapes.items())
+                     + f" ({how})")
+        feeds = stack_samples([synthesize(specs, shapes, 1, ctx.seed + i, ctx.values)
+                               for i in range(config.check_samples)])
+    n = count(feeds)
 
-        def run(session):
-            return onnx_session.run_all(session, feeds, names)
-    else:
-        sets = [synthesize(specs, ctx.shapes, 1, ctx.seed + i) for i in range(config.check_samples)]
-        n = len(sets)
+    def run(session):
+        return onnx_session.run_all(session, feeds, names)
 
-        def run(session):
-            return onnx_session.run_sets(session, sets, names)
     try:
         ref = run(sess)
     except UsageError:

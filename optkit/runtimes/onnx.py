@@ -7,7 +7,7 @@ from optkit.core.artifact import Artifact
 from optkit.core.cachedir import cache_dir
 from optkit.core.errors import DependencyError, UsageError
 from optkit.core.text import first_line
-from optkit.onnx.session import check_feedable, session_options, spec_of
+from optkit.onnx.session import check_feedable, session_options, spec_of, with_hints
 from optkit.runtimes.base import Session
 
 PROVIDERS = {
@@ -61,7 +61,7 @@ class OnnxSession(Session):
             )
         self.provider = provider
         self.threads = threads
-        self.inputs = [spec_of(i) for i in self.sess.get_inputs()]
+        self.inputs = with_hints([spec_of(i) for i in self.sess.get_inputs()], artifact.path)
         self.outputs = [spec_of(o) for o in self.sess.get_outputs()]
         self._names = [o.name for o in self.outputs]
 

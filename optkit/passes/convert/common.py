@@ -8,6 +8,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
+from optkit.core.batching import call_as_samples, count
 from optkit.core.errors import PassError, UsageError, ValidationError
 from optkit.core.registry import PassConfig, PassContext
 from optkit.core.shapes import TensorSpec
@@ -103,8 +104,9 @@ def validation_feeds(ctx: PassContext, specs: list, config: ConvertConfig,
                 q = np.round(feeds[name] / scale) + zero
                 feeds[name] = np.clip(q, info.min, info.max).astype(info.dtype)
         return feeds, ds.labels, f"{len(ds)} samples from {ds.source}"
-    feeds = synthesize(specs, ctx.shapes, batch=config.batch, seed=ctx.seed)
-    n = len(next(iter(feeds.values()))) if feeds else 0
+    feeds = call_as_samples(specs, synthesize(specs, ctx.shapes, batch=config.batch, seed=ctx.seed,
+                                              values=ctx.values))
+    n = count(feeds)
     return feeds, None, f"{n} synthesized samples (seed {ctx.seed})"
 
 
