@@ -18,6 +18,9 @@ from optkit.measure.fidelity import compare_outputs
 from optkit.measure.inputs import synthesize
 from optkit.onnx.graph import all_nodes
 
+# int8 outputs (dequantized): how many quantization steps ONNX may differ by, where runtimes round differently.
+STEP_TOLERANCE = 2
+
 # Default tolerances (atol, rtol) per output dtype: an element fails when |onnx - source| > atol + rtol * |source|.
 # Quantized outputs may move by one step where the runtimes round differently.
 DEFAULT_TOLERANCE = {
@@ -115,7 +118,9 @@ def validate(ref: list[np.ndarray], out: list[np.ndarray], names: list[str], dty
              steps: dict[str, float] | None = None) -> dict:
     """Compare ONNX outputs to the source framework's; raise ValidationError (exit 3) past tolerance.
 
-    `steps` gives the quantization step of outputs that are dequantized int8: their default atol is one step.
+    `steps` gives the quantization step of outputs that are dequantized int8: their default atol is
+    STEP_TOLERANCE steps, and a sample whose top class stands clear of the runner-up by more than that must
+    keep it (top-1 agreement).
     """
     if len(ref) != len(out):
         raise ValidationError(f"the ONNX model has {len(out)} outputs but the {source} model has {len(ref)}")
@@ -131,8 +136,11 @@ def validate(ref: list[np.ndarray], out: list[np.ndarray], names: list[str], dty
     per = figures["outputs"]
     for name, r, o, dtype in zip(names, ref, out, dtypes):
         atol, rtol = tolerance(dtype, config.atol, config.rtol)
-        if steps and name in steps and config.atol is None:
-            atol, rtol = steps[name] * 1.01, (0.0 if config.rtol is None else rtol)
+        stepped = bool(steps and name in steps and config.atol is None)
+        if stepped:
+            atol, rtol = steps[name] * (STEP_TOLERANCE + 0.01), (0.0 if config.rtol is None else rtol)
+            per[name]["steps"] = steps[name]
+            _check_top1(name, r, o, atol, source, figures)
         a = r.astype(np.float64)
         b = o.astype(np.float64)
         diff = np.abs(a - b)
@@ -154,6 +162,23 @@ def validate(ref: list[np.ndarray], out: list[np.ndarray], names: list[str], dty
         figures["source_top1"] = float((ref[0].reshape(len(ref[0]), -1).argmax(-1) == labels).mean())
         figures["onnx_top1"] = float((out[0].reshape(len(out[0]), -1).argmax(-1) == labels).mean())
     return figures
+
+
+def _check_top1(name: str, ref: np.ndarray, out: np.ndarray, atol: float, source: str, figures: dict) -> None:
+    """Class scores (a last axis over 1) keep their top class wherever the source's is clear by over 2 atol."""
+    if ref.ndim < 2 or ref.shape[-1] < 2 or ref.shape != out.shape:
+        return
+    r = ref.reshape(-1, ref.shape[-1]).astype(np.float64)
+    o = out.reshape(-1, out.shape[-1]).astype(np.float64)
+    top = np.sort(r, axis=1)
+    clear = (top[:, -1] - top[:, -2]) > 2 * atol
+    agree = r.argmax(1) == o.argmax(1)
+    figures["outputs"][name]["top1_agreement"] = float(agree.mean())
+    flipped = int(np.count_nonzero(clear & ~agree))
+    if flipped:
+        raise ValidationError(f"output {name!r}: {flipped} of {len(r)} samples change their top class although "
+                              f"the {source} model's is clear by over {2 * atol:.3g}; nothing written",
+                              details={"validation": figures})
 
 
 def _num(x) -> str:

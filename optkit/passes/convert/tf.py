@@ -22,7 +22,7 @@ from optkit.onnx.io import Staging
 from optkit.onnx.session import session_options, spec_of
 from optkit.passes.convert.common import check_model, choose_opset, unsupported_nodes, validate, validation_feeds
 from optkit.runtimes.tf import import_tf, load_keras, load_signature
-from optkit.runtimes.tflite import TFLiteSession
+from optkit.runtimes.tflite import TFLiteSession, interpreter_class
 
 PASS = "convert.tf"
 
@@ -104,7 +104,7 @@ class Reference:
         self.source = source
 
 
-def _tflite_io(path: Path, session) -> dict[str, float]:
+def _tflite_io(path: Path, session, source_path: str) -> dict[str, float]:
     """Give the ONNX model the TFLite session's interface: signature names, and real-valued inputs and outputs
     where the TFLite model's are quantized (QuantizeLinear / DequantizeLinear at the boundary), the way optkit's
     TFLite runtime presents them. Returns the quantization step of each dequantized output."""
@@ -115,16 +115,39 @@ def _tflite_io(path: Path, session) -> dict[str, float]:
     g = model.graph
     interp = session.interp
     steps: dict[str, float] = {}
+    used = ({v.name for v in (*g.input, *g.output, *g.value_info, *g.initializer)}
+            | {x for n in graph.all_nodes(g) for x in (*n.input, *n.output)})
+
+    node_names = {n.name for n in graph.all_nodes(g)}
+
+    def fresh(base: str, taken: set | None = None) -> str:
+        taken = used if taken is None else taken
+        name, k = base, 0
+        while name in taken:
+            k += 1
+            name = f"{base}_{k}"
+        taken.add(name)
+        return name
 
     def rename(old: str, new: str) -> None:
-        for node in g.node:
+        for node in graph.all_nodes(g):
             node.input[:] = [new if x == old else x for x in node.input]
             node.output[:] = [new if x == old else x for x in node.output]
+        for v in (*g.value_info, *g.initializer, *g.output):
+            if v.name == old:
+                v.name = new
+        used.add(new)
+
+    def claim(name: str, owner: str) -> None:
+        """Make `name` free for the boundary tensor `owner`: another tensor of that name (PyTorch-exported
+        files reuse names like input.5 inside) moves to a fresh one, so the graph stays in SSA form."""
+        if name != owner and name in used:
+            rename(name, fresh(f"{name}_inner"))
 
     def qparams(d, tag):
         scale, zero = d["quantization"]
         z = np.array(zero, dtype=np.dtype(d["dtype"]))
-        names = (f"{tag}_scale", f"{tag}_zero_point")
+        names = (fresh(f"{tag}_scale"), fresh(f"{tag}_zero_point"))
         g.initializer.extend([numpy_helper.from_array(np.array(scale, np.float32), names[0]),
                               numpy_helper.from_array(z, names[1])])
         return names, scale
@@ -135,10 +158,15 @@ def _tflite_io(path: Path, session) -> dict[str, float]:
         if vi is None or spec.name in by_name and spec.name != d["name"]:
             continue
         quantized = np.dtype(d["dtype"]).kind in "iu" and d["quantization"][0] != 0.0
+        claim(spec.name, d["name"])
         if quantized:
+            inner = d["name"]
+            if inner == spec.name:  # the float input takes the name: the int8 tensor gets a new one
+                inner = fresh(f"{spec.name}_int8")
+                rename(spec.name, inner)
             (sc, zp), _ = qparams(d, f"{spec.name}_q")
-            g.node.insert(0, helper.make_node("QuantizeLinear", [spec.name, sc, zp], [d["name"]],
-                                              name=f"{spec.name}_quantize"))
+            g.node.insert(0, helper.make_node("QuantizeLinear", [spec.name, sc, zp], [inner],
+                                              name=fresh(f"{spec.name}_quantize", node_names)))
             vi.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
         else:
             rename(d["name"], spec.name)
@@ -149,17 +177,56 @@ def _tflite_io(path: Path, session) -> dict[str, float]:
         if vi is None:
             continue
         quantized = np.dtype(d["dtype"]).kind in "iu" and d["quantization"][0] != 0.0
+        claim(spec.name, d["name"])
         if quantized:
+            inner = d["name"]
+            if inner == spec.name:
+                inner = fresh(f"{spec.name}_int8")
+                rename(spec.name, inner)
             (sc, zp), scale = qparams(d, f"{spec.name}_dq")
-            g.node.append(helper.make_node("DequantizeLinear", [d["name"], sc, zp], [spec.name],
-                                           name=f"{spec.name}_dequantize"))
+            g.node.append(helper.make_node("DequantizeLinear", [inner, sc, zp], [spec.name],
+                                           name=fresh(f"{spec.name}_dequantize", node_names)))
             vi.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
             steps[spec.name] = float(scale)
         else:
             rename(d["name"], spec.name)
         vi.name = spec.name
+    steps.update(_dequantized_steps(source_path, interp, session, steps))
     onnx.save_model(model, str(path))
     return steps
+
+
+def _dequantized_steps(path: str, interp, session, known: dict) -> dict[str, float]:
+    """Float outputs that an int8 model computes in int8 and dequantizes last (a DEQUANTIZE op): their
+    quantization step, so validation counts in steps rather than a float atol."""
+    interp = _undelegated(path, interp)
+    tensors = {t["index"]: t for t in interp.get_tensor_details()}
+    producer = {o: op for op in interp._get_ops_details() for o in op["outputs"]}
+    steps = {}
+    for d, spec in zip(interp.get_output_details(), session.outputs):
+        op = producer.get(d["index"])
+        if spec.name in known or op is None or op["op_name"] != "DEQUANTIZE" or not len(op["inputs"]):
+            continue
+        source = tensors.get(op["inputs"][0])
+        scale = source["quantization"][0] if source else 0.0
+        if scale:
+            steps[spec.name] = float(scale)
+    return steps
+
+
+def _undelegated(path: str, interp):
+    """An interpreter of the same file without XNNPACK, whose op list shows the model's own ops (a delegate
+    folds them into one DELEGATE op); the given one where this interpreter has no such option."""
+    Interpreter = interpreter_class()
+    try:
+        from ai_edge_litert.interpreter import OpResolverType
+    except ImportError:
+        OpResolverType = import_tf().lite.experimental.OpResolverType
+    try:
+        return Interpreter(model_path=str(path),
+                           experimental_op_resolver_type=OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    except Exception:  # noqa: BLE001
+        return interp
 
 
 def _convert_tflite(path: str, opset: int, dest: Path, ctx: PassContext) -> Reference:
@@ -180,7 +247,7 @@ def _convert_tflite(path: str, opset: int, dest: Path, ctx: PassContext) -> Refe
         raise _tf2onnx_error(e, path) from None
     if _LSTM_NOTES:
         raise PassError(_LSTM_NOTES[0])
-    steps = _tflite_io(dest, session)
+    steps = _tflite_io(dest, session, path)
     ops = {op["op_name"] for op in session.interp._get_ops_details()}
     if steps and "UNIDIRECTIONAL_SEQUENCE_LSTM" in ops:
         steps = {k: v * 32 for k, v in steps.items()}
