@@ -101,6 +101,39 @@ class TinyEncoder(nn.Module):
         return self.head((h * keep).sum(1) / keep.sum(1).clamp(min=1.0))
 
 
+class SentenceEncoder(nn.Module):
+    """A sentence-transformer shape: token embeddings + positions, encoder layers over a padded batch, and two
+    outputs: the token states and a mask-aware mean-pooled, normalized sentence embedding."""
+
+    def __init__(self, vocab=1000, dim=64, heads=4, layers=2, max_len=128):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.pos = nn.Embedding(max_len, dim)
+        layer = nn.TransformerEncoderLayer(dim, heads, dim_feedforward=4 * dim, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+
+    def forward(self, input_ids, attention_mask):
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
+        h = self.encoder(self.embed(input_ids) + self.pos(positions), src_key_padding_mask=attention_mask == 0)
+        keep = attention_mask.unsqueeze(-1).to(h.dtype)
+        pooled = (h * keep).sum(1) / keep.sum(1).clamp(min=1.0)
+        return h, nn.functional.normalize(pooled, dim=-1)
+
+
+class StatefulGRU(nn.Module):
+    """A streaming GRU: a chunk [batch, T, F] and a state [layers, batch, hidden] in; a score and the next state
+    out (the state's batch axis is its second, as in voice models)."""
+
+    def __init__(self, features=16, hidden=32, layers=2):
+        super().__init__()
+        self.gru = nn.GRU(features, hidden, layers, batch_first=True)
+        self.fc = nn.Linear(hidden, 1)
+
+    def forward(self, chunk, state):
+        out, state_n = self.gru(chunk, state)
+        return torch.sigmoid(self.fc(out[:, -1])), state_n
+
+
 class TinyLSTM(nn.Module):
     """An LSTM over [N, T, F] with a classifier on the last step."""
 
@@ -141,6 +174,34 @@ def make_encoder():
 def make_lstm():
     torch.manual_seed(0)
     return TinyLSTM().eval()
+
+
+def make_sentence_encoder(**kw):
+    torch.manual_seed(0)
+    return SentenceEncoder(**kw).eval()
+
+
+def make_stateful_gru():
+    torch.manual_seed(0)
+    return StatefulGRU().eval()
+
+
+def padded_sentences(n=32, seq=64, vocab=1000, seed=0):
+    """Token ids padded to `seq` (pad id 0) with lengths 6..seq/2, like tokenized sentences in a batch."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(6, seq // 2 + 1, size=n)
+    mask = (np.arange(seq)[None, :] < lengths[:, None]).astype(np.int64)
+    ids = np.where(mask == 1, rng.integers(1, vocab, size=(n, seq)), 0).astype(np.int64)
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def export_onnx(model, args, path, input_names, output_names, dynamic_axes):
+    """torch.onnx's TorchScript exporter (opset 17): deterministic names and the dynamic axes given."""
+    torch.onnx.export(model, args, str(path), input_names=input_names, output_names=output_names,
+                      dynamic_axes=dynamic_axes, opset_version=17, dynamo=False)
+    return path
 
 
 def encoder_data(n=6, seq=10, seed=0):

@@ -142,3 +142,80 @@ def test_int8_tflite_with_colliding_names_converts_faithfully(cli, colliding_tfl
     validation = json.loads(r.out)["stages"][-1]["measurements"]["validation"]["outputs"]["output.3"]
     assert validation["steps"] > 0 and validation["atol"] == pytest.approx(2.01 * validation["steps"])
     assert validation["top1_agreement"] == 1.0
+
+
+# ------------------------------------------------------------------------ models of the tests' own, real shapes
+
+@pytest.fixture(scope="module")
+def sentence_encoder(tmp_path_factory):
+    """A sentence encoder with dynamic [batch, sequence] ids and mask, and two outputs; real-looking padded data."""
+    torch = pytest.importorskip("torch")
+    from tests.models_zoo import export_onnx, make_sentence_encoder, padded_sentences
+
+    folder = tmp_path_factory.mktemp("encoder")
+    data = padded_sentences(48, 64)
+    args = tuple(torch.from_numpy(data[k][:2]) for k in ("input_ids", "attention_mask"))
+    path = export_onnx(make_sentence_encoder(), args, folder / "encoder.onnx", ["input_ids", "attention_mask"],
+                       ["last_hidden_state", "sentence_embedding"],
+                       {"input_ids": {0: "batch", 1: "sequence"}, "attention_mask": {0: "batch", 1: "sequence"},
+                        "last_hidden_state": {0: "batch", 1: "sequence"}, "sentence_embedding": {0: "batch"}})
+    np.savez(folder / "sentences.npz", **data)
+    return path, folder / "sentences.npz"
+
+
+def test_encoder_runs_without_flags_with_valid_token_ids(cli, sentence_encoder, tmp_path):
+    model, _ = sentence_encoder
+    r = cli("bench", model, "--runs", "3", "--json")
+    assert r.rc == 0, r.err
+    inputs = json.loads(r.out)["stages"][0]["measurements"]["inputs"]
+    ids, mask = inputs["shapes"]["input_ids"], inputs["shapes"]["attention_mask"]
+    assert ids == mask and ids[0] == 1 and ids[1] in (128, 64, 16)  # the sequence ladder, shared by both
+    assert inputs["dims"] in ("from the dim names", "probed")
+    r = cli("simplify", model, "-o", tmp_path / "s.onnx")
+    assert r.rc == 0, r.err
+
+
+def test_encoder_fidelity_skips_padding_and_reports_every_output(cli, sentence_encoder, tmp_path):
+    model, data = sentence_encoder
+    r = cli("quantize", model, "--mode", "dynamic", "--per-channel", "--eval-data", data, "-o", tmp_path / "q.onnx",
+            "--json")
+    assert r.rc in (0, 3), r.err
+    report = json.loads(r.out) if r.rc == 0 else None
+    if report is not None:
+        fid = report["stages"][-1]["measurements"]["fidelity"]
+        assert set(fid["outputs"]) == {"last_hidden_state", "sentence_embedding"}
+        assert fid["outputs"]["last_hidden_state"]["masked_positions"] > 0
+
+
+@pytest.fixture(scope="module")
+def stateful_gru(tmp_path_factory):
+    torch = pytest.importorskip("torch")
+    from tests.models_zoo import export_onnx, make_stateful_gru
+
+    folder = tmp_path_factory.mktemp("gru")
+    path = export_onnx(make_stateful_gru(), (torch.zeros(1, 10, 16), torch.zeros(2, 1, 32)), folder / "gru.onnx",
+                       ["chunk", "state"], ["score", "state_n"],
+                       {"chunk": {0: "batch", 1: "time"}, "state": {1: "batch"}, "score": {0: "batch"},
+                        "state_n": {1: "batch"}})
+    rng = np.random.default_rng(0)
+    np.savez(folder / "chunks.npz", chunk=rng.standard_normal((20, 10, 16)).astype(np.float32),
+             state=rng.standard_normal((20, 2, 1, 32)).astype(np.float32) * 0.1)
+    return path, folder / "chunks.npz"
+
+
+def test_rnn_with_state_batch_on_second_axis(cli, stateful_gru, tmp_path):
+    model, data = stateful_gru
+    r = cli("bench", model, "--runs", "3", "--json")
+    assert r.rc == 0, r.err
+    assert json.loads(r.out)["stages"][0]["measurements"]["inputs"]["shapes"]["state"] == [2, 1, 32]
+    out = tmp_path / "q.onnx"
+    r = cli("quantize", model, "--mode", "dynamic", "--eval-data", data, "-o", out, "--json")
+    assert r.rc in (0, 3), r.err
+    if r.rc == 3:
+        assert no_result_files(tmp_path) == []
+        return
+    d = np.load(data)
+    calls = [{"chunk": d["chunk"][i:i + 1], "state": d["state"][i]} for i in range(len(d["chunk"]))]
+    ref = np.array([o[0] for o in _ort_outputs(model, calls)]).ravel()
+    got = np.array([o[0] for o in _ort_outputs(out, calls)]).ravel()
+    assert np.abs(ref - got).max() <= 0.05

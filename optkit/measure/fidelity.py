@@ -3,23 +3,55 @@ from __future__ import annotations
 
 import numpy as np
 
-from optkit.core.errors import PassError
+from optkit.core.errors import PassError, UsageError
 
 # The cosine reported when either side holds NaN or Inf: below every threshold, so no check passes on it.
 NONFINITE_COSINE = -1.0
 
 
-def compare_outputs(ref: list[np.ndarray], out: list[np.ndarray], names: list[str]) -> dict:
+def attention_mask(specs: list, feeds: dict[str, np.ndarray]) -> np.ndarray | None:
+    """The [samples, sequence] mask the model was fed, when one of its inputs is an attention mask (an int or
+    bool input the graph or its name marks as a mask): positions where it is 0 are padding."""
+    for spec in specs:
+        arr = feeds.get(spec.name)
+        is_mask = getattr(spec, "mask", False) or "mask" in spec.name.lower()
+        if is_mask and arr is not None and arr.ndim == 2 and arr.dtype.kind in "biu":
+            return arr
+    return None
+
+
+def check_names(only: list[str] | None, names: list[str]) -> list[str]:
+    """The outputs a check judges: `only` (each must name an output), else all."""
+    if not only:
+        return list(names)
+    missing = [n for n in only if n not in names]
+    if missing:
+        raise UsageError(f"--check-output {missing[0]!r} names no output; the model's outputs are "
+                         f"{', '.join(names)}")
+    return list(only)
+
+
+def compare_outputs(ref: list[np.ndarray], out: list[np.ndarray], names: list[str],
+                    mask: np.ndarray | None = None, only: list[str] | None = None) -> dict:
     """Per output and overall: max/mean abs error, max rel error, cosine, top-1 agreement (for [N, C] outputs).
 
     `nonfinite` / `reference_nonfinite` count NaN and Inf values in `out` / `ref`. Where there are any, the
     errors are inf, the cosine is NONFINITE_COSINE (-1.0) and rows holding them never count as agreeing.
+    `mask` ([samples, sequence], from `attention_mask`) drops padded positions from every output whose two
+    leading dims are the mask's. The overall figures cover the `only` outputs (all when None); every output
+    is reported, with `checked` saying which ones the overall figures judge.
     """
     if len(ref) != len(out):
         raise PassError(f"the models disagree on the number of outputs: {len(ref)} vs {len(out)}")
+    checked = set(check_names(only, list(names)))
     per = {}
     for name, a, b in zip(names, ref, out):
         a, b = np.asarray(a), np.asarray(b)
+        masked = 0
+        if mask is not None and a.ndim >= 2 and a.shape[:2] == mask.shape and b.shape == a.shape:
+            keep = np.asarray(mask) != 0
+            masked = int(keep.size - keep.sum())
+            a, b = a[keep], b[keep]
         if a.dtype.kind not in "biufc" or b.dtype.kind not in "biufc":  # strings: equal or not
             same = a.shape == b.shape and bool(np.all(a == b))
             per[name] = {"nonfinite": 0, "reference_nonfinite": 0, "max_abs_error": 0.0 if same else float("inf"),
@@ -51,14 +83,18 @@ def compare_outputs(ref: list[np.ndarray], out: list[np.ndarray], names: list[st
         if a.ndim >= 2 and a.shape[-1] > 1:
             rows_ok = (fa & fb).all(-1)
             entry["top1_agreement"] = float(((a.argmax(-1) == b.argmax(-1)) & rows_ok).mean())
+        if masked:
+            entry["masked_positions"] = masked
+        entry["checked"] = name in checked
         per[name] = entry
+    judged = [e for n, e in per.items() if n in checked]
     return {
-        "max_abs_error": max(e["max_abs_error"] for e in per.values()),
-        "mean_abs_error": float(np.mean([e["mean_abs_error"] for e in per.values()])),
-        "cosine": min(e["cosine"] for e in per.values()),
-        "top1_agreement": min((e["top1_agreement"] for e in per.values() if "top1_agreement" in e), default=None),
-        "nonfinite": sum(e["nonfinite"] for e in per.values()),
-        "reference_nonfinite": sum(e["reference_nonfinite"] for e in per.values()),
+        "max_abs_error": max(e["max_abs_error"] for e in judged),
+        "mean_abs_error": float(np.mean([e["mean_abs_error"] for e in judged])),
+        "cosine": min(e["cosine"] for e in judged),
+        "top1_agreement": min((e["top1_agreement"] for e in judged if "top1_agreement" in e), default=None),
+        "nonfinite": sum(e["nonfinite"] for e in judged),
+        "reference_nonfinite": sum(e["reference_nonfinite"] for e in judged),
         "outputs": per,
     }
 

@@ -16,7 +16,7 @@ from optkit.core.isolate import run_isolated
 from optkit.core.text import first_line
 from optkit.measure.accuracy import compute, run_over
 from optkit.measure.datasets import load_dataset
-from optkit.measure.fidelity import compare_outputs
+from optkit.measure.fidelity import attention_mask, compare_outputs
 from optkit.measure.inputs import probe, synthesize
 from optkit.measure.latency import measure_latency
 from optkit.measure.size import measure_size
@@ -47,6 +47,7 @@ class MeasureSettings(BaseModel):
     duration: float | None = None
     shapes: dict[str, list[int]] = Field(default_factory=dict)
     values: dict[str, float] = Field(default_factory=dict)   # --value: what scalar inputs are fed
+    check_outputs: list[str] = Field(default_factory=list)   # --check-output: the outputs fidelity judges
     seed: int = 0
 
     @model_validator(mode="after")
@@ -151,7 +152,9 @@ def _measure(artifact: Artifact, settings: MeasureSettings, latency: bool, data:
         ref_feeds = ds.bind(ref_session.inputs) if ds is not None else dict(
             zip([s.name for s in ref_session.inputs], eval_feeds.values()))
         ref_out = run_over(ref_session, ref_feeds, batch=64)
-        result["fidelity"] = {**compare_outputs(ref_out, outputs, [s.name for s in session.outputs]),
+        result["fidelity"] = {**compare_outputs(ref_out, outputs, [s.name for s in session.outputs],
+                                                mask=attention_mask(session.inputs, eval_feeds),
+                                                only=settings.check_outputs or None),
                               "reference": reference.path,
                               "samples": len(outputs[0]) if getattr(outputs[0], "ndim", 1) else 1}
     session.close()
