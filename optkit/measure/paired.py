@@ -1,0 +1,105 @@
+"""Paired latency: a model and its optimized version timed call by call in one process, so both see the same
+machine state, and their ratio given with a 95% confidence interval.
+
+A single-stage command reports the change a pass made. Two separate measurements each carry the machine's
+noise, and their ratio shows noise as a result ("speedup 0.72x" for an unchanged graph). Here the two
+sessions alternate run by run inside each trial (fresh sessions per trial on CPU, as in measure.trials); a
+trial gives one ratio of low percentiles (trials.low), the trials give the interval (a t-interval on the log
+ratios), and a ratio whose interval holds 1.0 is "no significant change".
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import numpy as np
+
+from optkit.core.artifact import Artifact
+from optkit.core.isolate import run_isolated
+from optkit.measure.datasets import load_dataset
+from optkit.measure.latency import LIMIT_S, summarize
+from optkit.measure.model import MeasureSettings, latency_feeds, synthesized
+from optkit.measure.trials import low, t95
+from optkit.runtimes.base import open_session
+
+
+def paired_latency(before: Artifact, after: Artifact, settings: MeasureSettings, *, trials: int = 5,
+                   data=None, limit_s: float | None = None) -> dict[str, Any]:
+    """{"before": figures, "after": figures, "ratio": after/before, "ratio_ci95": [lo, hi], "significant"}."""
+    return run_isolated(_paired, before, after, settings, trials, data, limit_s,
+                        what=f"timing {before.path} against {after.path}")
+
+
+def _paired(before: Artifact, after: Artifact, settings: MeasureSettings, trials: int, data,
+            limit_s: float | None) -> dict[str, Any]:
+    import gc
+
+    trial_limit = (LIMIT_S if limit_s is None else limit_s) / (2 * trials)
+    arts = (before, after)
+    sessions = [open_session(a, provider=settings.provider, threads=settings.threads) for a in arts]
+    feeds = []
+    for session in sessions:
+        if data is not None:
+            ds = load_dataset(data.path, data.preprocess, data.labels)
+            feeds.append(latency_feeds(session.inputs, ds.bind(session.inputs), settings.batch, ds.source))
+        else:
+            feeds.append(synthesized(session, settings)[0])
+        session.check_feeds(feeds[-1])
+    fresh = all(s.provider == "cpu" and s.runtime in ("onnxruntime", "tflite") for s in sessions)
+    clock = time.perf_counter
+    times: list[list[float]] = [[], []]
+    ratios: list[float] = []
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        for trial in range(trials):
+            if fresh and trial:
+                for i, a in enumerate(arts):
+                    sessions[i].close()
+                    sessions[i] = open_session(a, provider=settings.provider, threads=settings.threads)
+            start = clock()
+            for _ in range(settings.warmup):
+                for s, f in zip(sessions, feeds):
+                    s.run(f)
+                if clock() - start >= trial_limit:
+                    break
+            trial_times: list[list[float]] = [[], []]
+            start = clock()
+            for _ in range(settings.runs):
+                if len(trial_times[0]) >= 5 and clock() - start >= trial_limit:
+                    break
+                order = (0, 1) if len(trial_times[0]) % 2 == 0 else (1, 0)  # neither always goes first
+                for i in order:
+                    t0 = clock()
+                    sessions[i].run(feeds[i])
+                    trial_times[i].append(clock() - t0)
+            ratios.append(low(trial_times[1]) / low(trial_times[0]))
+            times[0] += trial_times[0]
+            times[1] += trial_times[1]
+    finally:
+        if gc_was:
+            gc.enable()
+    for s in sessions:
+        s.close()
+    logs = np.log(np.asarray(ratios))
+    centre = float(np.exp(np.median(logs)))
+    if len(logs) > 1:
+        half = t95(len(logs) - 1) * float(logs.std(ddof=1)) / math.sqrt(len(logs))
+        lo, hi = float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half))
+    else:
+        lo = hi = centre
+    figures = [summarize(t, batch=settings.batch, warmup=settings.warmup, threads=s.threads, provider=s.provider)
+               for t, s in zip(times, sessions)]
+    return {"before": figures[0], "after": figures[1], "ratio": centre, "ratio_ci95": [lo, hi],
+            "trial_ratios": ratios, "trials": trials, "significant": not lo <= 1.0 <= hi}
+
+
+def describe(paired: dict[str, Any]) -> str:
+    """One line: "1.92x faster (95% CI 1.85-1.99x)", or "no significant change (0.97-1.04x)"."""
+    ratio, (lo, hi) = paired["ratio"], paired["ratio_ci95"]
+    if not paired["significant"]:
+        return f"no significant change (latency ratio {lo:.2f}-{hi:.2f}x, 95% CI)"
+    if ratio < 1:
+        return f"{1 / ratio:.2f}x faster (95% CI {1 / hi:.2f}-{1 / lo:.2f}x)"
+    return f"{ratio:.2f}x slower (95% CI {lo:.2f}-{hi:.2f}x)"
