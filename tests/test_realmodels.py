@@ -219,3 +219,21 @@ def test_rnn_with_state_batch_on_second_axis(cli, stateful_gru, tmp_path):
     ref = np.array([o[0] for o in _ort_outputs(model, calls)]).ravel()
     got = np.array([o[0] for o in _ort_outputs(out, calls)]).ravel()
     assert np.abs(ref - got).max() <= 0.05
+
+
+def test_mnist_eval_equals_plain_onnxruntime_argmax(cli, realcases):
+    """optkit's top-1 is what onnxruntime + numpy argmax give on the same file and data (ties to the lowest
+    index, like argmax)."""
+    import gzip
+
+    images = realcases / "t10k-images-idx3-ubyte.gz"
+    r = cli("eval", realcases / "mnist.onnx", "--data", images, "--json")
+    assert r.rc == 0, r.err
+    top1 = json.loads(r.out)["stages"][0]["measurements"]["accuracy"]["top1"]
+    with gzip.open(images) as f:
+        x = np.frombuffer(f.read()[16:], np.uint8).reshape(-1, 1, 1, 28, 28).astype(np.float32) / 255
+    with gzip.open(realcases / "t10k-labels-idx1-ubyte.gz") as f:
+        labels = np.frombuffer(f.read()[8:], np.uint8)
+    sess = ort.InferenceSession(str(realcases / "mnist.onnx"), providers=["CPUExecutionProvider"])
+    logits = np.concatenate([sess.run(None, {"Input3": xi})[0] for xi in x])
+    assert top1 == float((logits.argmax(1) == labels).mean())
