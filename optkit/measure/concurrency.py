@@ -1,0 +1,69 @@
+"""Throughput under load: N requests in flight from N threads, over one shared session or one session each.
+
+onnxruntime (and TFLite, TensorRT) release the GIL while a model runs, so Python threads keep N calls in
+flight. Each thread times its own calls; throughput is the samples all threads finished over the wall time.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from optkit.core.errors import UsageError
+from optkit.measure.latency import LIMIT_S
+
+
+def measure_concurrency(sessions: list, feeds: dict[str, np.ndarray], *, concurrency: int, warmup: int = 10,
+                        runs: int = 100, duration: float | None = None, batch: int = 1,
+                        limit_s: float = LIMIT_S) -> dict:
+    """Time `concurrency` threads each calling a session `runs` times (or for `duration` seconds).
+
+    `sessions` holds one session shared by all threads, or one per thread."""
+    if concurrency < 1:
+        raise UsageError(f"--concurrency {concurrency} is out of range: give 1 or more")
+    if len(sessions) not in (1, concurrency):
+        raise UsageError(f"{len(sessions)} sessions for {concurrency} threads: give one, or one per thread")
+    for s in sessions:
+        for _ in range(warmup):
+            s.run(feeds)
+    times: list[list[float]] = [[] for _ in range(concurrency)]
+    errors: list[BaseException] = []
+    start_gate = threading.Barrier(concurrency + 1)
+    clock = time.perf_counter
+
+    def worker(i: int) -> None:
+        run = sessions[i % len(sessions)].run
+        own = times[i]
+        start_gate.wait()
+        began = clock()
+        try:
+            while True:
+                t0 = clock()
+                run(feeds)
+                now = clock()
+                own.append(now - t0)
+                elapsed = now - began
+                if (duration is None and len(own) >= runs) or (duration is not None and elapsed >= duration) \
+                        or elapsed >= limit_s:
+                    return
+        except BaseException as e:  # noqa: BLE001 - reported by the caller's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(concurrency)]
+    for t in threads:
+        t.start()
+    start_gate.wait()
+    wall0 = clock()
+    for t in threads:
+        t.join()
+    wall = clock() - wall0
+    if errors:
+        raise errors[0]
+    ms = np.concatenate([np.asarray(t) for t in times]) * 1e3
+    calls = int(ms.size)
+    return {"concurrency": concurrency, "sessions": len(sessions), "calls": calls,
+            "throughput": calls * batch / wall if wall > 0 else None,
+            "p50_ms": float(np.percentile(ms, 50)), "p90_ms": float(np.percentile(ms, 90)),
+            "p99_ms": float(np.percentile(ms, 99)), "mean_ms": float(ms.mean()), "batch": batch,
+            "wall_s": wall}
