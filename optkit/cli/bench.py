@@ -6,7 +6,7 @@ from typing import Optional
 import typer
 
 from optkit.cli import common
-from optkit.core.shapes import parse_shapes
+from optkit.core.shapes import parse_shapes, parse_values
 
 
 def register(app: typer.Typer) -> None:
@@ -22,6 +22,7 @@ def register(app: typer.Typer) -> None:
         provider: str = common.PROVIDER,
         data: Optional[str] = typer.Option(None, "--data", help="Feed samples from this data instead of random."),
         shape: Optional[list[str]] = common.SHAPE,
+        value: Optional[list[str]] = common.VALUE,
         weights: Optional[str] = common.WEIGHTS,
         report: Optional[str] = common.OUTPUT_REPORT,
         as_json: bool = common.JSON,
@@ -31,7 +32,7 @@ def register(app: typer.Typer) -> None:
 
         common.guard_outputs({"--report": report}, [model, weights, data])
         settings = MeasureSettings(provider=provider, threads=threads, batch=batch, warmup=warmup, runs=runs,
-                                   duration=duration, shapes=parse_shapes(shape))
+                                   duration=duration, shapes=parse_shapes(shape), values=parse_values(value))
         artifact = common.load_artifact(model, weights)
         common.measure_and_report(
             artifact, settings, command=f"optkit bench {model}", latency=True,

@@ -155,7 +155,10 @@ def print_json(text: str) -> None:
 
 # Shared option declarations, so every command spells them the same way.
 JSON = typer.Option(False, "--json", help="Print the result as JSON instead of a table.")
-SHAPE = typer.Option(None, "--shape", help="Input shape for dynamic dims: name=1x3x224x224 (repeatable).")
+SHAPE = typer.Option(None, "--shape", help="Input shape for dynamic dims: name=1x3x224x224 (repeatable; "
+                                            "default: from the dim names, probed).")
+VALUE = typer.Option(None, "--value", help="The value a scalar input is fed when there is no data: name=V, e.g. "
+                                           "sr=16000 (repeatable).")
 THREADS = typer.Option(None, "--threads", min=1, help="Intra-op threads (default: the runtime's).")
 PROVIDER = typer.Option("cpu", "--provider", help="onnxruntime provider: cpu, cuda, tensorrt (ONNX models).")
 WEIGHTS = typer.Option(None, "--weights", help="State dict for a factory model (loaded with weights_only=True).")
@@ -217,16 +220,38 @@ def run_single_stage(pass_name: str, model: str, output: str, config: dict, *, c
     # the input is measured first, so a model that cannot be measured fails before anything is written; the
     # chief of a distributed job measures after the pass, which its workers wait for in their first collective
     first = measure_input and measure_input_first
-    before = measure(source, settings, data=eval_data, metric=metric) if first else None
-    result = run_pass(source, pass_name, config, output, shapes=settings.shapes, seed=settings.seed, **ctx_fields)
+    before = measure(source, settings, data=eval_data, metric=metric, latency=False) if first else None
+    result = run_pass(source, pass_name, config, output, shapes=settings.shapes, values=settings.values,
+                      seed=settings.seed, **ctx_fields)
     if measure_input and not first:
-        before = measure(source, settings, data=eval_data, metric=metric)
-    stages = [input_stage(source, before)] if measure_input else []
-    figures = measure(result.output, settings, data=eval_data, metric=metric, reference=source)
-    stages.append(pass_stage(result, figures))
+        before = measure(source, settings, data=eval_data, metric=metric, latency=False)
+    figures = measure(result.output, settings, data=eval_data, metric=metric, reference=source, latency=False)
+    stage = pass_stage(result, figures)
+    if measure_input:
+        _paired_latency(source, result.output, settings, eval_data, before, stage)
+    stages = [input_stage(source, before), stage] if measure_input else [stage]
     report = Report(command=command, stages=stages)
     emit(report, report_path, as_json)
     return report
+
+
+def _paired_latency(source, output, settings, eval_data, before: dict, stage) -> None:
+    """Time the input and the output call by call in one process (measure.paired): each stage gets its
+    latency, and the pass's stage the ratio with its confidence interval; a change inside the noise reads
+    "no significant change". A model pair that cannot be timed together is timed apart."""
+    from optkit.measure.model import measure
+    from optkit.measure.paired import describe, paired_latency
+
+    try:
+        paired = paired_latency(source, output, settings, data=eval_data)
+    except OptkitError:
+        before["latency"] = measure(source, settings, data=eval_data)["latency"]
+        stage.measurements["latency"] = measure(output, settings, data=eval_data)["latency"]
+        return
+    before["latency"] = paired["before"]
+    stage.measurements["latency"] = paired["after"]
+    stage.measurements["latency_change"] = {k: paired[k] for k in ("ratio", "ratio_ci95", "significant", "trials")}
+    stage.notes.append("latency: " + describe(paired) + " (input and output timed call by call)")
 
 
 def print_stage_recipe(pass_name: str, model: str, config: dict, *, settings=None, weights: Optional[str] = None,

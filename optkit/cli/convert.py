@@ -8,7 +8,7 @@ import typer
 from optkit.cli import common
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format, detect_format
-from optkit.core.shapes import parse_shapes
+from optkit.core.shapes import parse_shapes, parse_values
 
 TORCH_FORMATS = ("torch-module", "torchscript", "torch-export")
 
@@ -22,6 +22,7 @@ def register(app: typer.Typer) -> None:
         weights: Optional[str] = common.WEIGHTS,
         signature: Optional[str] = typer.Option(None, "--signature", help="SavedModel signature to convert."),
         shape: Optional[list[str]] = common.SHAPE,
+        value: Optional[list[str]] = common.VALUE,
         dynamic: Optional[list[str]] = typer.Option(
             None, "--dynamic", help="Dynamic axes (PyTorch): 'batch', or NAME:DIM[=LABEL] (repeatable)."),
         exporter: str = typer.Option("dynamo", "--exporter", help="PyTorch exporter: dynamo or legacy."),
@@ -79,7 +80,8 @@ def register(app: typer.Typer) -> None:
                 raise UsageError(f"--exporter/--no-fallback apply to PyTorch models, not {fmt.value}")
         else:
             raise UsageError(f"convert takes PyTorch or TensorFlow models; {model} is {fmt.value}")
-        settings = MeasureSettings(threads=threads, shapes=shapes, runs=runs, warmup=min(10, runs))
+        settings = MeasureSettings(threads=threads, shapes=shapes, values=parse_values(value), runs=runs,
+                                   warmup=min(10, runs))
         rep = common.run_single_stage(
             pass_name, model, output, config, command=f"optkit convert {model}", settings=settings,
             weights=weights, report_path=report, as_json=as_json, signature=signature,

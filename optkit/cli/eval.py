@@ -7,7 +7,7 @@ import typer
 
 from optkit.cli import common
 from optkit.core.errors import UsageError
-from optkit.core.shapes import parse_shapes
+from optkit.core.shapes import parse_shapes, parse_values
 
 
 def register(app: typer.Typer) -> None:
@@ -25,6 +25,7 @@ def register(app: typer.Typer) -> None:
         provider: str = common.PROVIDER,
         threads: Optional[int] = common.THREADS,
         shape: Optional[list[str]] = common.SHAPE,
+        value: Optional[list[str]] = common.VALUE,
         weights: Optional[str] = common.WEIGHTS,
         report: Optional[str] = common.OUTPUT_REPORT,
         as_json: bool = common.JSON,
@@ -35,7 +36,7 @@ def register(app: typer.Typer) -> None:
         common.guard_outputs({"--report": report}, [model, weights, data, labels, reference])
         if no_metric and reference is None:
             raise UsageError("--no-metric leaves nothing to measure; add --reference REF")
-        settings = MeasureSettings(provider=provider, threads=threads, shapes=parse_shapes(shape))
+        settings = MeasureSettings(provider=provider, threads=threads, shapes=parse_shapes(shape), values=parse_values(value))
         artifact = common.load_artifact(model, weights)
         ref = common.load_artifact(reference) if reference else None
         common.measure_and_report(

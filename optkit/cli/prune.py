@@ -13,7 +13,7 @@ import typer
 from optkit.cli import common
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format, detect_format
-from optkit.core.shapes import parse_shapes
+from optkit.core.shapes import parse_shapes, parse_values
 
 # Fine-tuning options shared with `optkit qat`.
 TRAIN = typer.Option(None, "--train", help="Labelled fine-tuning data: .npz (input + labels) or an image folder.")
@@ -153,6 +153,7 @@ def register(app: typer.Typer) -> None:
         max_accuracy_drop: float = MAX_DROP,
         threads: Optional[int] = common.THREADS,
         shape: Optional[list[str]] = common.SHAPE,
+        value: Optional[list[str]] = common.VALUE,
         weights: Optional[str] = common.WEIGHTS,
         report: Optional[str] = common.OUTPUT_REPORT,
         as_json: bool = common.JSON,
@@ -177,7 +178,7 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"prune fine-tunes Keras models (.keras/.h5) and PyTorch factories (file.py:make_model "
                              f"with --weights); {model} is {fmt.value}: prune the source model, then export it")
         config = {k: v for k, v in config.items() if v is not None or k in ("max_accuracy_drop",)}
-        settings = MeasureSettings(threads=threads, shapes=parse_shapes(shape))
+        settings = MeasureSettings(threads=threads, shapes=parse_shapes(shape), values=parse_values(value))
         from optkit.core.registry import get_pass
         from optkit.core.stage import build_config
 

@@ -23,7 +23,7 @@ from optkit.cli.prune import (
     run_stage,
     split_names,
 )
-from optkit.core.shapes import parse_shapes
+from optkit.core.shapes import parse_shapes, parse_values
 
 
 def register(app: typer.Typer) -> None:
@@ -46,6 +46,7 @@ def register(app: typer.Typer) -> None:
         max_accuracy_drop: float = MAX_DROP,
         threads: Optional[int] = common.THREADS,
         shape: Optional[list[str]] = common.SHAPE,
+        value: Optional[list[str]] = common.VALUE,
         report: Optional[str] = common.OUTPUT_REPORT,
         as_json: bool = common.JSON,
         print_recipe: bool = common.PRINT_RECIPE,
@@ -60,7 +61,7 @@ def register(app: typer.Typer) -> None:
         if layers:
             config["layers"] = split_names(layers)
         build_config(get_pass("qat.keras"), config)
-        settings = MeasureSettings(threads=threads, shapes=parse_shapes(shape))
+        settings = MeasureSettings(threads=threads, shapes=parse_shapes(shape), values=parse_values(value))
         data = ({"train": train} if train else {}) if print_recipe else \
             load_train_data(train, eval_data, layout, color, "nhwc")
         run_stage("qat.keras", model, output, config, data=data, eval_data=eval_data, metric=metric,

@@ -7,7 +7,7 @@ import typer
 
 from optkit.cli import common
 from optkit.core.errors import UsageError, ValidationError
-from optkit.core.shapes import parse_shapes
+from optkit.core.shapes import parse_shapes, parse_values
 
 
 def register(app: typer.Typer) -> None:
@@ -18,14 +18,16 @@ def register(app: typer.Typer) -> None:
         mode: str = typer.Option("static", "--mode", help="dynamic, static, fp16 or int4."),
         calibration_data: Optional[str] = typer.Option(None, "--calibration-data",
                                                        help="Inputs for static calibration (.npz, images, IDX)."),
-        calibration_size: int = typer.Option(256, "--calibration-size", min=1, help="Calibration samples."),
-        calibration_method: str = typer.Option("minmax", "--calibration-method",
-                                               help="minmax, entropy or percentile."),
+        calibration_size: Optional[int] = typer.Option(None, "--calibration-size", min=1,
+                                                       help="Calibration samples (default 256)."),
+        calibration_method: Optional[str] = typer.Option(None, "--calibration-method",
+                                                         help="minmax, entropy or percentile (default: minmax, then "
+                                                              "the others when minmax misses the budget)."),
         synthetic_calibration: bool = typer.Option(False, "--synthetic-calibration",
                                                    help="Calibrate on random inputs (warned loudly)."),
         fmt: str = typer.Option("auto", "--format",
-                                help="Static INT8 format: auto (both built, the fastest within budgets kept), qdq or "
-                                     "qoperator."),
+                                help="Static INT8 format: auto (both searched, the fastest within budgets kept), "
+                                     "qdq or qoperator."),
         target: str = typer.Option("cpu", "--target",
                                    help="cpu (onnxruntime, latency-aware) or tensorrt (symmetric int8 QDQ, zero points "
                                         "0, float bias: what TensorRT builds)."),
@@ -34,17 +36,18 @@ def register(app: typer.Typer) -> None:
         allow_slower: bool = typer.Option(False, "--allow-slower",
                                           help="Static INT8: write the result even when it is slower than its parent "
                                                "(otherwise exit 3, the model kept as .REJECTED.onnx)."),
-        max_latency_ratio: float = typer.Option(1.05, "--max-latency-ratio", min=0,
-                                                help="Static INT8: slower means p50 (batch 1, 1 thread) above this x "
-                                                     "the parent's."),
+        max_latency_ratio: Optional[float] = typer.Option(None, "--max-latency-ratio", min=0,
+                                                          help="Static INT8: slower means p50 (batch 1, 1 thread) "
+                                                               "above this x the parent's (default 1.05)."),
         no_latency_search: bool = typer.Option(False, "--no-latency-search",
-                                               help="Static INT8: build only the requested variant (no timing of "
-                                                    "format / float-node variants)."),
+                                               help="Build only the first setting (no search over formats, types, "
+                                                    "per-channel, reduce-range, calibration)."),
         per_channel: Optional[bool] = typer.Option(None, "--per-channel/--per-tensor",
-                                                   help="Per-channel weights (default: on for static)."),
+                                                   help="Per-channel weights (default: both searched)."),
         reduce_range: Optional[bool] = typer.Option(None, "--reduce-range/--no-reduce-range",
-                                                    help="7-bit weights (default: on where the CPU lacks VNNI)."),
-        activation_type: str = typer.Option("auto", "--activation-type", help="auto, uint8 or int8."),
+                                                    help="7-bit weights (default: both searched)."),
+        activation_type: str = typer.Option("auto", "--activation-type",
+                                            help="auto (both searched), uint8 or int8."),
         weight_type: str = typer.Option("int8", "--weight-type", help="int8 or uint8."),
         include_nodes: Optional[list[str]] = typer.Option(None, "--include-node", help="Quantize only these nodes."),
         exclude_nodes: Optional[list[str]] = typer.Option(None, "--exclude-node", help="Keep these nodes float."),
@@ -66,9 +69,19 @@ def register(app: typer.Typer) -> None:
                                                   help="The check's fidelity budget (default per mode)."),
         fallback: bool = typer.Option(False, "--fallback",
                                       help="When the check fails, keep sensitive nodes in float until it holds."),
-        max_candidates: int = typer.Option(8, "--max-candidates", min=1, help="Candidates the search may try."),
+        max_candidates: Optional[int] = typer.Option(None, "--max-candidates", min=1,
+                                                     help="Candidates the search may try (default 20)."),
+        time_budget: Optional[float] = typer.Option(None, "--time-budget", min=1,
+                                                    help="Seconds the search may take (default 600)."),
+        check_samples: Optional[int] = typer.Option(None, "--check-samples", min=1,
+                                                    help="Judge budgets on this many eval samples (default: all; "
+                                                         "a subset is reported with its sampling noise)."),
+        check_output: Optional[list[str]] = typer.Option(None, "--check-output",
+                                                         help="Budgets judge this output only (repeatable; "
+                                                              "default: every output)."),
         threads: Optional[int] = common.THREADS,
         shape: Optional[list[str]] = common.SHAPE,
+        value: Optional[list[str]] = common.VALUE,
         report: Optional[str] = common.OUTPUT_REPORT,
         as_json: bool = common.JSON,
     ) -> None:
@@ -78,7 +91,7 @@ def register(app: typer.Typer) -> None:
         common.guard_outputs({"-o": output, "--report": report}, [model, calibration_data, eval_data, labels])
         if mode not in ("dynamic", "static", "fp16", "int4"):
             raise UsageError(f"unknown --mode {mode!r}; choose dynamic, static, fp16 or int4")
-        settings = MeasureSettings(threads=threads, shapes=parse_shapes(shape))
+        settings = MeasureSettings(threads=threads, shapes=parse_shapes(shape), values=parse_values(value))
         data = {}
         if calibration_data:
             data["calibration"] = _load(calibration_data, None)
@@ -95,8 +108,10 @@ def register(app: typer.Typer) -> None:
             op_types_include=include_ops or [], op_types_exclude=exclude_ops or [], keep_io_types=keep_io_types,
             block_size=block_size, metric=metric, max_accuracy_drop=max_accuracy_drop,
             max_fidelity_loss=max_fidelity_loss, tolerance=tolerance, fallback=fallback,
-            max_candidates=max_candidates,
+            max_candidates=max_candidates, time_budget=time_budget, check_samples=check_samples,
+            check_outputs=check_output or [],
         )
+        config = {k: v for k, v in config.items() if v is not None}  # unset: the pass's own default
         run_and_explain(f"quantize.onnx-{mode}", model, output, config, settings=settings,
                         command=f"optkit quantize {model} --mode {mode}",
                         eval_data=spec, metric=metric, report_path=report, as_json=as_json, data=data)
@@ -129,7 +144,8 @@ def run_and_explain(pass_name, model, output, config, *, as_json, **kwargs):
     if len(report.stages) == 2 and not as_json:
         a = (report.stages[0].measurements.get("latency") or {}).get("p50_ms")
         b = (stage.measurements.get("latency") or {}).get("p50_ms")
-        if a and b and b > a * 1.05:
+        change = stage.measurements.get("latency_change") or {}
+        if a and b and change.get("significant") and change.get("ratio", 0) > 1:
             from rich.text import Text
 
             common.console().print(Text("warning", "bold yellow"), f"the result is slower than its parent "
@@ -139,23 +155,27 @@ def run_and_explain(pass_name, model, output, config, *, as_json, **kwargs):
 
 
 def print_candidates(cands, title: str) -> None:
+    """One row per candidate, within 80 columns: settings (+ nodes kept float), size and latency against the
+    parent, accuracy drop or cosine, verdict."""
+    from rich import box
     from rich.table import Table
 
-    table = Table(title=title, title_justify="left")
-    for col in ("#", "variant", "float nodes", "size", "size ratio", "p50 ms", "latency ratio", "accuracy", "drop",
-                "cosine", "verdict"):
-        table.add_column(col)
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("#", "settings", "size", "latency", "drop", "cosine", "verdict"):
+        table.add_column(col, no_wrap=True)
     for c in cands:
         fid = c.get("fidelity") or {}
-        verdict = "chosen" if c.get("chosen") else ("pass" if c.get("passed") else "FAIL")
+        verdict = "chosen" if c.get("chosen") else ("pass" if c.get("passed") else
+                                                    "screened" if c.get("screened_out") else "FAIL")
+        if c.get("error"):
+            verdict = "error"
         if c.get("rejected_file"):
-            verdict = f"best, kept as {c['rejected_file']}"
+            verdict = "best (REJECTED)"
+        floats = len(c.get("float_nodes") or [])
         table.add_row(
-            str(c.get("index")), str(c.get("variant") or "-"), str(len(c.get("float_nodes") or [])), f"{c.get('bytes', 0):,}",
-            f"{c['ratio']:.3f}x" if c.get("ratio") else "-",
-            f"{c['p50_ms']:.3f}" if c.get("p50_ms") else "-",
+            str(c.get("index")), str(c.get("variant") or "-") + (f" +{floats} float" if floats else ""),
+            f"{c['ratio']:.2f}x" if c.get("ratio") else "-",
             f"{c['latency_ratio']:.2f}x" if c.get("latency_ratio") else "-",
-            f"{c['accuracy']:.4f}" if "accuracy" in c else "-",
             f"{c['accuracy_drop']:+.4f}" if "accuracy_drop" in c else "-",
             f"{fid['cosine']:.5f}" if "cosine" in fid else "-", verdict)
     common.console().print(table)

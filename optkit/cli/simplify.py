@@ -7,7 +7,7 @@ import typer
 
 from optkit.cli import common
 from optkit.core.errors import UsageError
-from optkit.core.shapes import parse_shapes
+from optkit.core.shapes import parse_shapes, parse_values
 
 
 def register(app: typer.Typer) -> None:
@@ -25,6 +25,7 @@ def register(app: typer.Typer) -> None:
         data: Optional[str] = typer.Option(None, "--data", help="Check outputs on these inputs (default: random)."),
         threads: Optional[int] = common.THREADS,
         shape: Optional[list[str]] = common.SHAPE,
+        value: Optional[list[str]] = common.VALUE,
         report: Optional[str] = common.OUTPUT_REPORT,
         as_json: bool = common.JSON,
         print_recipe: bool = common.PRINT_RECIPE,
@@ -35,7 +36,7 @@ def register(app: typer.Typer) -> None:
         common.guard_outputs({"-o": output, "--report": report}, [model, data])
         if engine not in ("onnxslim", "onnxsim"):
             raise UsageError(f"unknown --engine {engine!r}; choose onnxslim or onnxsim")
-        settings = MeasureSettings(threads=threads, shapes=parse_shapes(shape))
+        settings = MeasureSettings(threads=threads, shapes=parse_shapes(shape), values=parse_values(value))
         ctx_data = {}
         if data:
             from optkit.measure.datasets import load_dataset

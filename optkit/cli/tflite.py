@@ -6,7 +6,7 @@ from typing import Optional
 import typer
 
 from optkit.cli import common
-from optkit.core.shapes import parse_shapes
+from optkit.core.shapes import parse_shapes, parse_values
 
 
 def register(app: typer.Typer) -> None:
@@ -27,6 +27,7 @@ def register(app: typer.Typer) -> None:
         signature: Optional[str] = typer.Option(None, "--signature", help="SavedModel signature."),
         threads: Optional[int] = common.THREADS,
         shape: Optional[list[str]] = common.SHAPE,
+        value: Optional[list[str]] = common.VALUE,
         report: Optional[str] = common.OUTPUT_REPORT,
         as_json: bool = common.JSON,
         print_recipe: bool = common.PRINT_RECIPE,
@@ -50,7 +51,7 @@ def register(app: typer.Typer) -> None:
             data["calibration"] = calib if print_recipe else load_dataset(calib, pre)
         if eval_data and not print_recipe:
             data["eval"] = load_dataset(eval_data, pre)
-        settings = MeasureSettings(threads=threads, shapes=parse_shapes(shape))
+        settings = MeasureSettings(threads=threads, shapes=parse_shapes(shape), values=parse_values(value))
         common.run_single_stage(
             "tflite.export", model, output, config, command=f"optkit tflite {model} --mode {mode}",
             settings=settings, eval_data=DataSpec(path=eval_data, preprocess=pre) if eval_data else None,

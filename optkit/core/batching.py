@@ -104,6 +104,23 @@ def first_call(specs: list, feeds: dict[str, np.ndarray], batch: int = 1) -> dic
     return {k: v[0:1] if layouts[k] == "batched" else np.asarray(v[0]) for k, v in feeds.items()}
 
 
+def calls(specs: list, feeds: dict[str, np.ndarray], batch: int = 16):
+    """Yield the calls that cover every sample: equal batches of `batch` (the model's fixed batch when it has
+    one; a last partial batch is dropped when there is more than one) when every input is batched on a common
+    axis, else one sample per call. Calibration uses this: histogram calibrators stack equal batches."""
+    by_name = {s.name: s for s in specs}
+    n = count(feeds)
+    batched = all(layout(by_name[k], np.shape(v)[1:]) == "batched" for k, v in feeds.items() if k in by_name)
+    if batched and stackable(specs):
+        step = fixed_batch(specs) or batch
+        stop = n - n % step if n >= step else n
+        for start in range(0, stop, step):
+            yield {k: v[start:start + step] for k, v in feeds.items()}
+        return
+    for i in range(n):
+        yield first_call(specs, {k: v[i:i + 1] for k, v in feeds.items()}, 1)
+
+
 def stack_samples(calls: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """Several calls' feeds as samples, one per call."""
     return {k: np.stack([np.asarray(c[k]) for c in calls]) for k in calls[0]}

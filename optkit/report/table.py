@@ -69,7 +69,7 @@ def stage_rows(report: Report) -> list[dict[str, str]]:
             "params": f"{params:,}" if params is not None else "-",
             "p50 ms": f"{p50:.3f}" if p50 is not None else "-",
             "p90 ms": f"{lat['p90_ms']:.3f}" if "p90_ms" in lat else "-",
-            "speedup": f"{base_p50 / p50:.2f}x" if p50 and base_p50 else "-",
+            "speedup": _speedup(stage, p50, base_p50),
             label: accuracy_cell(stage, label),
             "cosine": _num(fid, "cosine", ".5f"),
             "top-1 agree": f"{agree:.4f}" if agree is not None else "-",
@@ -77,6 +77,14 @@ def stage_rows(report: Report) -> list[dict[str, str]]:
             "max |diff|": _num(fid, "max_abs_error", ".3g"),
         })
     return rows
+
+
+def _speedup(stage: Stage, p50: float | None, base_p50: float | None) -> str:
+    """first stage's p50 / this one's; "same" when a paired measurement found no significant change."""
+    change = stage.measurements.get("latency_change")
+    if change and "ratio" in change:
+        return f"{1 / change['ratio']:.2f}x" if change.get("significant") else "same"
+    return f"{base_p50 / p50:.2f}x" if p50 and base_p50 else "-"
 
 
 def _num(figures: dict, key: str, spec: str) -> str:

@@ -1,7 +1,6 @@
 """The quantize passes' options and defaults."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal, Optional
 
 from pydantic import Field, create_model
@@ -19,14 +18,17 @@ class QuantizeConfig(PassConfig):
     mode: Literal["dynamic", "static", "fp16", "int4"] = "static"
     # static / dynamic INT8
     # auto: QDQ and QOperator are both built and the fastest (then smallest) that meets the budgets is kept
-    format: Literal["auto", "qdq", "qoperator"] = "auto"
+    format: Literal["auto", "qdq", "qoperator"] = "auto"   # auto: both are searched
     # cpu: tuned for onnxruntime on this CPU (latency-aware); tensorrt: symmetric INT8 QDQ that TensorRT builds
     # (int8 activations and weights, zero points 0, per-channel weights, float bias), no CPU latency search
     target: Literal["cpu", "tensorrt"] = "cpu"
-    per_channel: Optional[bool] = None      # default: on for static, off for dynamic
-    reduce_range: Optional[bool] = None     # default: on where the CPU lacks VNNI (u8s8 saturation), else off
-    activation_type: Literal["auto", "uint8", "int8"] = "auto"  # auto: int8 for QDQ with VNNI, else uint8
+    # None / auto: searched (both values tried, measured on this machine; CPU flags decide nothing)
+    per_channel: Optional[bool] = None
+    reduce_range: Optional[bool] = None
+    activation_type: Literal["auto", "uint8", "int8"] = "auto"
     weight_type: Literal["int8", "uint8"] = "int8"
+    # minmax first; percentile and entropy are tried for the best candidates when none meets the budget,
+    # unless a method is given
     calibration_method: Literal["minmax", "entropy", "percentile"] = "minmax"
     calibration_size: int = Field(default=256, ge=1)
     synthetic_calibration: bool = False     # random calibration inputs: only when asked, warned loudly
@@ -47,12 +49,15 @@ class QuantizeConfig(PassConfig):
     max_fidelity_loss: Optional[float] = Field(default=None, ge=0)
     tolerance: Optional[float] = Field(default=None, ge=0)  # the mode's fidelity budget (1 - cosine)
     fallback: bool = False                  # keep sensitive nodes in float when the check fails
-    max_candidates: int = Field(default=8, ge=1)
-    check_samples: int = Field(default=256, ge=1)
-    measure_candidates: bool = True         # latency of every candidate (in a child process)
-    # static, target cpu: also build variants that keep int8-unfriendly nodes in float (Conv with <= 4 input
-    # channels x kernel, whose int8 kernels are slower than float ones) and the other format; all are timed by
-    # optkit.measure (batch 1, one thread, interleaved rounds) and the fastest within the budgets is kept
+    max_candidates: int = Field(default=20, ge=1)         # settings and fallback steps tried, all told
+    time_budget: Optional[float] = Field(default=600, gt=0)  # seconds the search may take before it stops trying
+    # budgets are judged on the whole eval set unless a subset is asked for (then reported with its size and
+    # sampling noise); candidates are first screened on `screen_samples` and only the plausible ones scored
+    check_samples: Optional[int] = Field(default=None, ge=1)
+    screen_samples: int = Field(default=64, ge=1)
+    check_outputs: list[str] = Field(default_factory=list)  # the outputs budgets judge (default: all)
+    measure_candidates: bool = True         # time the candidates that meet the budgets (in a child process)
+    # search the settings space (static, dynamic); off: only the first setting, then the node fallback if asked
     latency_search: bool = True
     max_size_ratio: Optional[float] = Field(default=None, gt=0)   # size budget: output bytes / input bytes
     # A static INT8 model slower than its parent is an error (exit 3) unless allowed: p50 at batch 1 on one
@@ -66,9 +71,3 @@ def single_mode(mode: str):
     """The config of a single-mode alias: same fields, `mode` fixed."""
     return create_model(f"Quantize{mode.title()}Config", __base__=QuantizeConfig,
                         mode=(Literal[mode], mode))  # type: ignore[valid-type]
-
-
-def rejected_path(output: Path) -> Path:
-    """Where the best candidate goes when none meets the budget: a name that says it was rejected."""
-    suffix = output.suffix or ".onnx"
-    return output.with_name(f"{output.stem}.REJECTED{suffix}")

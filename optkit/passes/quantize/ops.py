@@ -103,13 +103,20 @@ def rel_error(ref: np.ndarray, out: np.ndarray) -> float:
     return float(np.linalg.norm(ref - out) / denom) if denom > 0 else float(np.linalg.norm(out) > 0)
 
 
-def fidelity(ref: list[np.ndarray], out: list[np.ndarray], names: list[str]) -> dict[str, Any]:
-    """compare_outputs, plus the worst per-sample cosine (a global cosine hides a few ruined samples)."""
-    fid = compare_outputs(ref, out, names)
+def fidelity(ref: list[np.ndarray], out: list[np.ndarray], names: list[str], mask=None, only=None) -> dict[str, Any]:
+    """compare_outputs (padding masked, the `only` outputs judged), plus the worst per-sample cosine of the
+    judged outputs (a global cosine hides a few ruined samples) and the loss the budgets use."""
+    fid = compare_outputs(ref, out, names, mask=mask, only=only)
+    judged = set(only or names)
     worst = 1.0
-    for a, b in zip(ref, out):
+    for name, a, b in zip(names, ref, out):
+        if name not in judged:
+            continue
         if a.ndim < 2 or a.size == 0 or a.shape != b.shape or not np.issubdtype(a.dtype, np.floating):
             continue
+        if mask is not None and a.shape[:2] == np.shape(mask):  # padded positions count for nothing
+            keep = (np.asarray(mask) != 0).reshape(*np.shape(mask), *([1] * (a.ndim - 2)))
+            a, b = np.where(keep, a, 0), np.where(keep, b, 0)
         a2 = a.reshape(len(a), -1).astype(np.float64)
         b2 = b.reshape(len(b), -1).astype(np.float64)
         na, nb = np.linalg.norm(a2, axis=1), np.linalg.norm(b2, axis=1)

@@ -1,59 +1,76 @@
-"""The quantize pass's engine: prepare, quantize, check against the parent, and the accuracy-aware search."""
+"""The quantize search: prepare the float model, try settings (engine.py's strategy for the mode), check each
+candidate against the parent, keep sensitive nodes in float when none meets the budget, and keep the fastest
+candidate that meets every budget, as measured on this machine.
+
+Cheap first: candidates are screened on a subset of the check data and only plausible ones are scored on the
+whole set; only those that meet the budgets are timed (interleaved, in one child process); costlier
+calibrations are tried only when the cheap ones miss. `max_candidates` and `time_budget` bound the search.
+"""
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from optkit.core.artifact import Artifact
-from optkit.core.atomic import atomic_path
-from optkit.core.batching import fixed_batch, stackable, trim
-from optkit.core.errors import PassError, UsageError, ValidationError
+from optkit.core.batching import calls, count, first_call, stack_samples, stackable, trim
+from optkit.core.errors import UsageError, ValidationError
 from optkit.core.isolate import run_isolated
 from optkit.core.registry import PassContext, require_extra
 from optkit.core.text import first_line
 from optkit.measure.accuracy import compute, resolve_metric
-from optkit.measure.inputs import synthesize
+from optkit.measure.fidelity import attention_mask, check_names
+from optkit.measure.inputs import probe, synthesize
 from optkit.measure.latency import measure_latency
-from optkit.measure.model import MeasureSettings, measure
 from optkit.onnx import graph
 from optkit.onnx import io as onnx_io
 from optkit.onnx import session as onnx_session
 from optkit.onnx.session import quiet_ort
 from optkit.passes.quantize import ops as qops
-from optkit.passes.quantize.config import (
-    LOWER_IS_BETTER,
-    MIN_OPSET,
-    TOLERANCE,
-    QuantizeConfig,
-    rejected_path,
-)
+from optkit.passes.quantize.candidates import Candidate, Settings, keep_rejected
+from optkit.passes.quantize.config import LOWER_IS_BETTER, MIN_OPSET, TOLERANCE, QuantizeConfig
+from optkit.passes.quantize.engine import Int4, contrib_excludes, strategy_for
 from optkit.runtimes.base import open_session
 
-# onnxruntime extra_options for TensorRT-ready QDQ: symmetric int8 (zero points 0), bias left float
-TENSORRT_OPTIONS = {"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False}
+NEAR = 1.03          # timings within 3% are a tie: the smaller file wins
+SCREEN_MARGIN = 2.0  # a candidate whose subset loss is over this many budgets is not scored on the full set
 
 
 class Quantizer:
     def __init__(self, artifact: Artifact, cfg: QuantizeConfig, ctx: PassContext):
         self.artifact, self.cfg, self.ctx = artifact, cfg, ctx
         self.mode = cfg.mode
-        self.tmp = Path(tempfile.mkdtemp(prefix="optkit-quant-"))  # removed by __exit__ on every path
-        self.candidates: list[dict[str, Any]] = []
+        self.work = Path(tempfile.mkdtemp(prefix="optkit-quant-"))  # removed by __exit__ on every path
+        self.strategy = strategy_for(cfg, self.work)
+        self.candidates: list[Candidate] = []
         self.settings: dict[str, Any] = {}
-        # the format of the candidate being built (auto starts with QDQ; the latency search tries both)
-        self.fmt = "qoperator" if cfg.format == "qoperator" and cfg.target == "cpu" else "qdq"
+        self.deadline = time.monotonic() + cfg.time_budget if cfg.time_budget else math.inf
+        self.prepared = self.work / "prepared.onnx"
+        self.float_model = None
+        self.parent = None
+        self.specs: list = []
+        self.out_names: list[str] = []
+        self.checked: list[str] = []
+        self.calib_feeds: dict | None = None
+        self.check_feeds: dict = {}
+        self.labels = None
+        self.mask = None
+        self.parent_outputs: list = []
+        self.parent_accuracy: float | None = None
+        self.budget_kind, self.budget = self._budget()
 
     def __enter__(self) -> Quantizer:
         return self
 
     def __exit__(self, *exc) -> None:
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        shutil.rmtree(self.work, ignore_errors=True)
 
     # ------------------------------------------------------------ orchestration
     def execute(self) -> Path:
@@ -61,10 +78,9 @@ class Quantizer:
             return self._execute()
         finally:
             self.ctx.measurements["quantize"] = {"mode": self.mode, "settings": self.settings,
-                                                 "candidates": [_public(c) for c in self.candidates]}
+                                                 "candidates": [c.public() for c in self.candidates]}
 
     def _execute(self) -> Path:
-        cfg, ctx = self.cfg, self.ctx
         if self.mode == "fp16":
             require_extra("quantize", "quantize mode fp16")
         self._check_flags()
@@ -74,46 +90,44 @@ class Quantizer:
             raise UsageError(f"{self.artifact.path} is already quantized (it holds {', '.join(already)}); "
                              "quantize the float model instead")
         self._check_quantizable(model)
-        self.prepared = self._prepare(model)
+        self._prepare(model)
         self._load_data()
-        budget_kind, budget = self._budget()
-        self.settings.update(budget=budget_kind, budget_value=budget)
+        self.settings.update(budget=self.budget_kind, budget_value=self.budget)
+        space = self.strategy.space()
+        tried = self._try_all(space) if self.cfg.latency_search else self._first_that_builds(space)
+        if not any(c.passed for c in tried):
+            best = self._best_settings(tried, 2)
+            tried += self._try_all(self.strategy.slower_tier(best) if self.cfg.latency_search else [])
+        if not any(c.passed for c in tried) and self._fallback_on():
+            tried += self._fallback(max(tried, key=self._score))
+        passing = [c for c in tried if c.passed]
+        if not passing:
+            raise self._refusal(tried)
+        return self._finish(passing)
 
-        first = self._candidate([])
-        if self._passes(first):
-            return self._finish(first)
-        if not self._search_on():
-            self._latency([first])
-            if first.get("error"):
-                raise ValidationError(
-                    f"onnxruntime's {self.mode} quantizer wrote a model onnxruntime cannot load ({first['error']}); "
-                    "nothing was written. Keep the failing node types float with --exclude-op",
-                    details={"candidates": [_public(first)]})
-            raise ValidationError(
-                f"{self.mode} quantization moved the outputs past the tolerance: {self._figures(first)}; "
-                f"the model was not written. Rerun with --fallback to keep the most sensitive nodes in float, "
-                f"or loosen --tolerance", details={"candidates": [_public(first)]})
-        ranked = self._rank(first)
-        tried = [first]
-        for k in _schedule(len(ranked), cfg.max_candidates - 1):
-            cand = self._candidate([name for name, _ in ranked[:k]])
-            tried.append(cand)
-            if self._passes(cand):
+    def _try_all(self, space: list[Settings]) -> list[Candidate]:
+        out = []
+        for settings in space:
+            if len(self.candidates) >= self.cfg.max_candidates or (self.candidates and time.monotonic() > self.deadline):
+                if not self.settings.get("stopped"):
+                    self.settings["stopped"] = (f"after {len(self.candidates)} candidates"
+                                                + (" (time budget)" if time.monotonic() > self.deadline else ""))
                 break
-        if not any(c["passed"] for c in tried) or not self._speed_search_on():
-            self._latency(tried)
-        ok = [c for c in tried if c["passed"]]
-        if ok:
-            return self._finish(ok[0])
-        best = max(tried, key=self._score)
-        dest = rejected_path(ctx.output)
-        with atomic_path(dest) as tmp:
-            tmp.write_bytes(Path(best["path"]).read_bytes())
-        best["rejected_file"] = str(dest)
-        raise ValidationError(
-            f"no {self.mode} candidate met the budget ({budget_kind} {budget:g}) after {len(tried)} tries; "
-            f"the best ({len(best['float_nodes'])} nodes in float: {self._figures(best)}) was kept as {dest}",
-            details={"candidates": [_public(c) for c in tried], "rejected": str(dest)})
+            out.append(self._candidate(settings))
+        return out
+
+    def _first_that_builds(self, space: list[Settings]) -> list[Candidate]:
+        """Without the search: the first setting, or the next when onnxruntime cannot build it."""
+        tried = []
+        for settings in space[:4]:
+            tried.append(self._candidate(settings))
+            if not tried[-1].error:
+                break
+        return tried
+
+    def _best_settings(self, tried: list[Candidate], n: int) -> list[Settings]:
+        ok = [c for c in tried if not c.error]
+        return [c.settings for c in sorted(ok, key=self._score, reverse=True)[:n]]
 
     # ------------------------------------------------------------ checks up front
     def _check_flags(self) -> None:
@@ -150,13 +164,10 @@ class Quantizer:
             return
         present = [op for op in wanted if counts.get(op) and op not in self.cfg.op_types_exclude]
         if self.mode == "int4":
-            import onnx
-
             inits = {i.name for i in model.graph.initializer}
             k = qops.INT4_WEIGHT_INPUT
             present = [op for op in present if (qops.int4_gathers(model) if op == "Gather" else any(
                 n.op_type == op and len(n.input) > k[op] and n.input[k[op]] in inits for n in model.graph.node))]
-            _ = onnx
         if not present:
             have = ", ".join(sorted(counts)) or "no ops"
             raise UsageError(f"nothing to quantize in {self.artifact.path} for mode {self.mode}: it has {have}; "
@@ -166,7 +177,7 @@ class Quantizer:
                                 if qops.contrib_lookalikes(model) else ""))
 
     # ------------------------------------------------------------ preparation
-    def _prepare(self, model) -> Path:
+    def _prepare(self, model) -> None:
         cfg, ctx = self.cfg, self.ctx
         need = MIN_OPSET[self.mode]
         have = graph.opset(model)
@@ -185,31 +196,27 @@ class Quantizer:
         named = graph.name_nodes(model)
         if named:
             ctx.note(f"named {named} unnamed nodes so they can be listed and excluded")
-        if self.mode == "int4":
+        if isinstance(self.strategy, Int4):
             model = self._prepare_int4(model)
-        raw = self.tmp / "float.onnx"
+        raw = self.work / "float.onnx"
         onnx_io.save(model, raw)
-        prepared = self.tmp / "prepared.onnx"
         if cfg.preprocess and self.mode in ("static", "dynamic"):
             from onnxruntime.quantization.shape_inference import quant_pre_process
 
             quiet_ort()
-
             try:  # in our scratch folder: it writes <uuid>.data and sym_shape_infer_temp.onnx to the cwd
-                with contextlib.chdir(self.tmp):
-                    quant_pre_process(str(raw), str(prepared), skip_symbolic_shape=graph.has_subgraphs(model))
-                m = onnx_io.load(prepared)
+                with contextlib.chdir(self.work):
+                    quant_pre_process(str(raw), str(self.prepared), skip_symbolic_shape=graph.has_subgraphs(model))
+                m = onnx_io.load(self.prepared)
                 graph.name_nodes(m)
-                onnx_io.save(m, prepared)
+                onnx_io.save(m, self.prepared)
                 ctx.note("pre-processed: shape inference and onnxruntime graph optimization before quantizing")
-            except Exception as e:  # symbolic shape inference fails on some graphs: quantize without it
-                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                ctx.note(f"pre-processing skipped ({first[:120]}); quantizing the model as it is")
-                shutil.copyfile(raw, prepared)
+            except Exception as e:  # noqa: BLE001 - symbolic shape inference fails on some graphs
+                ctx.note(f"pre-processing skipped ({first_line(e)[:120]}); quantizing the model as it is")
+                shutil.copyfile(raw, self.prepared)
         else:
-            shutil.copyfile(raw, prepared)
-        self.float_model = onnx_io.load(prepared)
-        return prepared
+            shutil.copyfile(raw, self.prepared)
+        self.float_model = onnx_io.load(self.prepared)
 
     def _prepare_int4(self, model):
         """MatMulNBits takes MatMul only: Gemm layers (torch Linear on 2-D inputs, attention out_proj) are
@@ -221,7 +228,6 @@ class Quantizer:
             n = qops.gemm_to_matmul(model, exclude=set(cfg.nodes_exclude))
             if n:
                 ctx.note(f"int4: rewrote {n} Gemm nodes as MatMul (+ Add) so their weights can be quantized")
-        self.int4_gathers: list[str] = []
         if "Gather" not in cfg.op_types_exclude and (not cfg.op_types_include or "Gather" in cfg.op_types_include):
             gathers = qops.int4_gathers(model)
             if gathers and graph.opset(model) < 21:
@@ -230,46 +236,46 @@ class Quantizer:
                     model = graph.upgrade_opset(model, 21)
                     model.ir_version = max(model.ir_version, 10)
                     ctx.note(f"int4: upgraded the model from opset {have} to 21 (int4 embedding tables)")
-                except Exception as e:
-                    ctx.note(f"int4: embedding tables stay float (opset {have} -> 21 upgrade failed: "
-                             f"{str(e).splitlines()[0][:100] if str(e) else type(e).__name__})")
+                except UsageError as e:
+                    ctx.note(f"int4: embedding tables stay float ({e.message[:140]})")
                     gathers = []
-            self.int4_gathers = gathers
+            self.strategy.gathers = gathers
         return model
 
     def _load_data(self) -> None:
         cfg, ctx = self.cfg, self.ctx
         self.parent = onnx_session.session(self.artifact.path)
-        specs = onnx_session.input_specs(self.parent)
+        self.specs = onnx_session.input_specs(self.parent, self.artifact.path)
         self.out_names = [o.name for o in self.parent.get_outputs()]
+        self.checked = check_names(cfg.check_outputs, self.out_names)
         calib, ev = ctx.data.get("calibration"), ctx.data.get("eval")
-        self.calib_feeds = None
         if self.mode == "static":
             if calib is not None:
                 sub = calib.subset(cfg.calibration_size, ctx.seed)
-                self.calib_feeds = sub.bind(specs)
+                self.calib_feeds = sub.bind(self.specs)
                 self.settings["calibration"] = {"source": calib.source, "samples": len(sub)}
             else:
-                n = min(cfg.calibration_size, 64) if stackable(specs) else 1
-                self.calib_feeds = _stack([synthesize(specs, ctx.shapes, 1, ctx.seed + i) for i in range(n)])
+                n = min(cfg.calibration_size, 64) if stackable(self.specs) else 8
+                self.calib_feeds = self._synthesized(n, ctx.seed)
                 self.settings["calibration"] = {"source": "synthetic", "samples": n}
                 ctx.warn(f"SYNTHETIC CALIBRATION: calibrated on {n} random inputs, not real data; activation "
                          "ranges may be wrong and accuracy may suffer. Pass --calibration-data for a real result")
         source = ev if ev is not None else calib
-        self.labels = None
         if source is not None:
             sub = source.subset(cfg.check_samples, ctx.seed + 1)
-            self.check_feeds = trim(specs, sub.bind(specs))
-            kept = len(next(iter(self.check_feeds.values()))) if self.check_feeds else len(sub)
+            self.check_feeds = trim(self.specs, sub.bind(self.specs))
+            kept = count(self.check_feeds)
             self.labels = sub.labels[:kept] if source is ev and sub.labels is not None else None
-            self.settings["check"] = {"source": source.source, "samples": kept}
+            self.settings["check"] = {"source": source.source, "samples": kept, "of": len(source),
+                                      "subset": kept < len(source)}
         else:
-            n = min(cfg.check_samples, 32) if stackable(specs) else 1
-            self.check_feeds = _stack([synthesize(specs, ctx.shapes, 1, ctx.seed + 1000 + i) for i in range(n)])
+            n = min(cfg.check_samples or 32, 32)
+            self.check_feeds = self._synthesized(n, ctx.seed + 1000)
             self.settings["check"] = {"source": "synthetic", "samples": n}
             ctx.note(f"checked against the parent on {n} synthesized inputs (no data given)")
+        self.mask = attention_mask(self.specs, self.check_feeds)
         try:
-            self.parent_outputs = onnx_session.run_all(self.parent, self.check_feeds, self.out_names)
+            self.parent_outputs = self._run(self.parent, self.check_feeds)
         except UsageError:
             raise
         except Exception as e:  # noqa: BLE001  onnxruntime refuses the inputs: the model needs real ones
@@ -277,7 +283,17 @@ class Quantizer:
             raise UsageError(f"{self.artifact.path} does not run on {given}: {first_line(e)[:200]}; give inputs "
                              "it accepts with --eval-data (and --shape for dynamic dims)") from None
         self._refuse_nonfinite_parent("synthesized inputs" if source is None else source.source)
-        self.parent_accuracy = self._accuracy(self.parent_outputs) if cfg.metric else None
+        self.parent_accuracy = self._accuracy(self.parent_outputs, self.labels) if cfg.metric else None
+
+    def _synthesized(self, n: int, seed: int) -> dict:
+        """n synthesized samples, one whole call each; dims nobody set are probed once."""
+        names = self.out_names
+        shapes, _ = probe(self.specs, lambda f: self.parent.run(names, f), self.ctx.shapes, self.ctx.values,
+                          self.ctx.seed)
+        return stack_samples([synthesize(self.specs, shapes, 1, seed + i, self.ctx.values) for i in range(n)])
+
+    def _run(self, session, feeds: dict) -> list:
+        return onnx_session.run_all(session, feeds, self.out_names)
 
     def _refuse_nonfinite_parent(self, given: str) -> None:
         """The float model's own NaN / Inf outputs leave nothing to check a quantized model against (every
@@ -286,13 +302,14 @@ class Quantizer:
             return
         for name, out in zip(self.out_names, self.parent_outputs):
             out = np.asarray(out)
-            if out.dtype.kind in "fc" and out.size and not np.isfinite(out).all():
+            if name in self.checked and out.dtype.kind in "fc" and out.size and not np.isfinite(out).all():
                 bad = int(out.size - np.count_nonzero(np.isfinite(out)))
                 raise ValidationError(
                     f"{self.artifact.path} itself gives {bad} NaN/Inf values out of {out.size} in output {name!r} "
                     f"on {given}, so a quantized model cannot be checked against it; nothing was written. Give "
                     "inputs on which its outputs are finite with --eval-data")
 
+    # ------------------------------------------------------------ budgets
     def _budget(self) -> tuple[str, float]:
         cfg = self.cfg
         if cfg.max_accuracy_drop is not None:
@@ -301,427 +318,338 @@ class Quantizer:
             return "fidelity loss", cfg.max_fidelity_loss
         return "fidelity loss", cfg.tolerance if cfg.tolerance is not None else TOLERANCE[self.mode]
 
-    def _search_on(self) -> bool:
+    def _fallback_on(self) -> bool:
         return self.cfg.fallback or self.cfg.max_accuracy_drop is not None or self.cfg.max_fidelity_loss is not None
 
-    # ------------------------------------------------------------ quantizing one candidate
-    def _resolved(self) -> dict[str, Any]:
-        cfg = self.cfg
-        vnni = qops.has_vnni()
-        if cfg.target == "tensorrt":  # TensorRT: signed symmetric INT8 everywhere, full range
-            # per-tensor weights by default: with symmetric activations onnxruntime 1.32's per-channel QDQ moved
-            # the sample CNN to cosine 0.979 (per-tensor: 0.996); --per-channel asks for it anyway
-            return {"activation_type": "int8", "weight_type": "int8", "per_channel": bool(cfg.per_channel),
-                    "reduce_range": False, "vnni": vnni, "target": "tensorrt"}
-        # onnxruntime's int8-activation QOperator kernels are slow on x86 with or without VNNI (measured 3x
-        # slower than uint8 on MNIST with VNNI; its docs say the same): auto gives QOperator uint8 activations
-        act = cfg.activation_type if cfg.activation_type != "auto" else (
-            "int8" if vnni and self.fmt == "qdq" else "uint8")
-        # onnxruntime's QOperator per-channel path crashes on int32-bias scale adjustment: per-tensor there
-        per_channel = cfg.per_channel if cfg.per_channel is not None else (
-            self.mode == "static" and self.fmt == "qdq")
-        reduce_range = cfg.reduce_range if cfg.reduce_range is not None else (
-            not vnni and cfg.weight_type == "int8")
-        return {"activation_type": act, "weight_type": cfg.weight_type, "per_channel": per_channel,
-                "reduce_range": reduce_range, "vnni": vnni}
-
-    def _quantize(self, exclude: list[str], dest: Path) -> None:
-        cfg, mode = self.cfg, self.mode
-        exclude = sorted(set(cfg.nodes_exclude) | set(exclude)
-                         | {n.name for n in qops.contrib_lookalikes(self.float_model)})
-        if mode in ("static", "dynamic"):
-            from onnxruntime.quantization import QuantType
-
-            r = self._resolved()
-            self.settings.update({k: v for k, v in r.items()})
-            qt = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
-            op_types = self._op_types()
-            if mode == "dynamic":
-                from onnxruntime.quantization import quantize_dynamic
-
-                quantize_dynamic(str(self.prepared), str(dest), op_types_to_quantize=op_types,
-                                 per_channel=r["per_channel"], reduce_range=r["reduce_range"],
-                                 weight_type=qt[r["weight_type"]], nodes_to_quantize=cfg.nodes_include or None,
-                                 nodes_to_exclude=exclude, extra_options={"MatMulConstBOnly": True})
-                return
-            from onnxruntime.quantization import (
-                CalibrationMethod,
-                QuantFormat,
-                quantize_static,
-            )
-
-            method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
-                      "percentile": CalibrationMethod.Percentile}[cfg.calibration_method]
-            quantize_static(
-                str(self.prepared), str(dest), _Reader(self.calib_feeds, self.parent),
-                quant_format=QuantFormat.QDQ if self.fmt == "qdq" else QuantFormat.QOperator,
-                op_types_to_quantize=op_types, per_channel=r["per_channel"], reduce_range=r["reduce_range"],
-                activation_type=qt[r["activation_type"]], weight_type=qt[r["weight_type"]],
-                nodes_to_quantize=cfg.nodes_include or None, nodes_to_exclude=exclude, calibrate_method=method,
-                # the per-channel int32-bias weight-scale adjustment crashes in onnxruntime 1.2x-1.3x
-                extra_options={"QDQDisableWeightAdjustForInt32Bias": True, "WeightAdjustForInt32Bias": False,
-                               **(TENSORRT_OPTIONS if cfg.target == "tensorrt" else {})},
-            )
-            return
-        if mode == "fp16":
-            from onnxconverter_common import float16
-
-            model = onnx_io.load(self.prepared)
-            block = set(exclude)
-            if cfg.nodes_include:
-                block |= {n.name for n in model.graph.node if n.name not in cfg.nodes_include}
-            out = float16.convert_float_to_float16(model, keep_io_types=cfg.keep_io_types,
-                                                   node_block_list=sorted(block) or None,
-                                                   op_block_list=cfg.op_types_exclude or None)
-            onnx_io.save(out, dest)
-            self.settings.update(keep_io_types=cfg.keep_io_types)
-            return
-        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
-
-        model = onnx_io.load(self.prepared)
-        gathers = getattr(self, "int4_gathers", [])
-        # only float embedding tables: any other Gather (shape arithmetic, int tables) is left alone
-        exclude = sorted(set(exclude) | {n.name for n in model.graph.node
-                                         if n.op_type == "Gather" and n.name not in gathers})
-        types = ("MatMul", "Gather") if gathers else ("MatMul",)
-        q = MatMulNBitsQuantizer(model, bits=4, block_size=cfg.block_size,
-                                 is_symmetric=cfg.symmetric, accuracy_level=cfg.accuracy_level,
-                                 nodes_to_exclude=exclude, nodes_to_include=cfg.nodes_include or None,
-                                 op_types_to_quantize=types)
-        q.process()
-        onnx_io.save(q.model.model, dest)
-        self.settings.update(block_size=cfg.block_size, symmetric=cfg.symmetric)
-
-    def _op_types(self) -> list[str] | None:
-        cfg = self.cfg
-        if not cfg.op_types_include and not cfg.op_types_exclude:
-            return None
-        if cfg.op_types_include:
-            base = list(cfg.op_types_include)
-        else:
-            from onnxruntime.quantization.registry import (
-                IntegerOpsRegistry,
-                QDQRegistry,
-                QLinearOpsRegistry,
-            )
-
-            reg = IntegerOpsRegistry if self.mode == "dynamic" else (
-                QDQRegistry if self.fmt == "qdq" else QLinearOpsRegistry)
-            base = sorted(reg)
-        return [t for t in base if t not in cfg.op_types_exclude]
-
-    def _candidate(self, float_nodes: list[str]) -> dict[str, Any]:
-        idx = len(self.candidates)
-        raw = self.tmp / f"cand{idx}.raw.onnx"
-        try:
-            import contextlib
-            import sys
-
-            with contextlib.redirect_stdout(sys.stderr):  # onnxruntime prints progress; keep --json clean
-                self._quantize(float_nodes, raw)
-        except (UsageError, ValidationError):
-            raise
-        except Exception as e:
-
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise PassError(f"onnxruntime could not quantize {self.artifact.path} ({self.mode}): {first[:200]}") \
-                from None
-        final = self.tmp / f"cand{idx}.onnx"
-        model = onnx_io.load(raw)
-        if self.cfg.compact:
-            graph.compact(model)
-        onnx_io.save(model, final)
-        cand: dict[str, Any] = {"index": idx, "float_nodes": list(float_nodes), "raw": raw, "path": final,
-                                "format": self.fmt if self.mode == "static" else None,
-                                "activation_type": self.settings.get("activation_type"),
-                                "bytes": os.path.getsize(final), "ratio": os.path.getsize(final) / self.artifact.size_bytes(),
-                                "chosen": False}
-        try:
-            sess = onnx_session.session(final)
-            out = onnx_session.run_all(sess, self.check_feeds, self.out_names)
-        except UsageError as e:
-            cand.update(passed=False, error=e.message, fidelity={"loss": float("inf"), "cosine": 0.0})
-            self.candidates.append(cand)
-            return cand
-        cand["fidelity"] = qops.fidelity(self.parent_outputs, out, self.out_names)
-        if self.cfg.metric:
-            cand["accuracy"] = self._accuracy(out)
-            cand["accuracy_drop"] = self._drop(cand["accuracy"])
-        cand["passed"] = self._passes(cand)
-        self.candidates.append(cand)
-        return cand
-
-    def _accuracy(self, outputs) -> float:
-        res = compute(self.cfg.metric, outputs, self.labels, self.out_names)
+    def _accuracy(self, outputs, labels) -> float:
+        res = compute(self.cfg.metric, outputs, labels, self.out_names)
         return float(res.get(self.cfg.metric, next(iter(res.values()))))
 
     def _drop(self, acc: float) -> float:
-        if self.cfg.metric in LOWER_IS_BETTER:
-            return acc - self.parent_accuracy
-        return self.parent_accuracy - acc
+        return acc - self.parent_accuracy if self.cfg.metric in LOWER_IS_BETTER else self.parent_accuracy - acc
 
-    def _passes(self, cand: dict[str, Any]) -> bool:
-        if cand.get("error"):
+    def _meets(self, cand: Candidate) -> bool:
+        if cand.error:
             return False
-        kind, budget = self._budget()
         if self.cfg.max_accuracy_drop is not None:
-            return cand["accuracy_drop"] <= budget + 1e-12
-        return bool(np.isfinite(cand["fidelity"]["loss"])) and cand["fidelity"]["loss"] <= budget
+            return cand.accuracy_drop <= self.budget + 1e-12
+        loss = cand.fidelity["loss"]
+        return bool(np.isfinite(loss)) and loss <= self.budget
 
-    def _score(self, cand: dict[str, Any]) -> float:
-        if cand.get("error"):
+    def _score(self, cand: Candidate) -> float:
+        if cand.error:
             return -np.inf
         if self.cfg.max_accuracy_drop is not None:
-            return -cand["accuracy_drop"]
-        return -cand["fidelity"]["loss"]
+            return -cand.accuracy_drop
+        return -cand.fidelity["loss"]
 
-    def _figures(self, cand: dict[str, Any]) -> str:
-        if cand.get("error"):
-            return f"the quantized model does not load ({cand['error']})"
-        f = cand["fidelity"]
-        s = f"cosine {f['cosine']:.4f} (loss {f['loss']:.4g}), max |diff| {f['max_abs_error']:.3g}"
-        if f.get("top1_agreement") is not None:
-            s += f", top-1 agreement {f['top1_agreement']:.3f}"
-        if "accuracy" in cand:
-            s += f", {self.cfg.metric} {cand['accuracy']:.4f} (parent {self.parent_accuracy:.4f})"
-        kind, budget = self._budget()
-        return s + f"; budget: {kind} <= {budget:g}"
+    # ------------------------------------------------------------ one candidate
+    def _candidate(self, settings: Settings) -> Candidate:
+        cand = Candidate(index=len(self.candidates), settings=settings, path=self.work / f"cand{len(self.candidates)}.onnx")
+        self.candidates.append(cand)
+        raw = self.work / f"cand{cand.index}.raw.onnx"
+        exclude = sorted(set(self.cfg.nodes_exclude) | set(settings.float_nodes) | contrib_excludes(self.float_model))
+        try:
+            self.strategy.build(self.prepared, settings, raw, calibration=self._reader, exclude=exclude)
+        except (UsageError, ValidationError):
+            raise
+        except Exception as e:  # noqa: BLE001 - onnxruntime cannot build this point of the space
+            cand.error = f"onnxruntime could not quantize with {settings.label()}: {first_line(e)[:160]}"
+            return cand
+        model = onnx_io.load(raw)
+        if self.cfg.compact:
+            graph.compact(model)
+        onnx_io.save(model, cand.path)
+        cand.bytes = os.path.getsize(cand.path)
+        cand.ratio = cand.bytes / self.artifact.size_bytes()
+        try:
+            sess = onnx_session.session(cand.path)
+        except UsageError as e:
+            cand.error = e.message
+            return cand
+        n = count(self.check_feeds)
+        screen = min(self.cfg.screen_samples, n)
+        if self.cfg.latency_search and 2 * screen <= n:  # cheap first: a subset, then the whole set
+            self._score_on(cand, sess, screen)
+            if not cand.error and self._hopeless(cand):
+                cand.screened_out = True
+                return cand
+        self._score_on(cand, sess, n)
+        cand.passed = self._meets(cand)
+        return cand
 
-    def _say_chosen(self, cand: dict[str, Any]) -> None:
-        ctx, r = self.ctx, self.settings
-        if self.mode in ("static", "dynamic"):
-            why = "this CPU has VNNI" if r.get("vnni") else "this CPU lacks VNNI (u8s8 kernels, reduce_range " \
-                                                          "avoids their saturation)"
-            ctx.note(f"{self.mode} INT8: activations {r['activation_type']}, weights {r['weight_type']}, "
-                     f"per-channel {'on' if r['per_channel'] else 'off'}, reduce-range "
-                     f"{'on' if r['reduce_range'] else 'off'} ({why})"
-                     + (f", {cand.get('format', self.fmt).upper()}" if self.mode == "static" else "")
-                     + (", symmetric for TensorRT (zero points 0, float bias)" if r.get("target") else ""))
-        ctx.note(f"checked against the parent on {r['check']['samples']} {r['check']['source']} inputs: "
-                 f"{self._figures(cand)}")
-        if cand["float_nodes"]:
-            ctx.note(f"kept {len(cand['float_nodes'])} sensitive nodes in float: {', '.join(cand['float_nodes'])}")
-        if len(self.candidates) > 1:
-            ctx.note(f"tried {len(self.candidates)} candidates (see measurements.quantize.candidates)")
+    def _score_on(self, cand: Candidate, sess, n: int) -> None:
+        feeds = {k: v[:n] for k, v in self.check_feeds.items()}
+        try:
+            out = self._run(sess, feeds)
+        except UsageError as e:
+            cand.error = e.message
+            return
+        except Exception as e:  # noqa: BLE001 - a candidate onnxruntime loads but cannot run
+            cand.error = f"the quantized model does not run: {first_line(e)[:160]}"
+            return
+        ref = [r[:n] if np.ndim(r) else r for r in self.parent_outputs]
+        mask = self.mask[:n] if self.mask is not None else None
+        cand.fidelity = qops.fidelity(ref, out, self.out_names, mask=mask, only=self.checked)
+        cand.checked_on = n
+        if self.cfg.metric:
+            labels = self.labels[:n] if self.labels is not None else None
+            cand.accuracy = self._accuracy(out, labels)
+            base = self.parent_accuracy if n == count(self.check_feeds) else self._accuracy(ref, labels)
+            cand.accuracy_drop = (cand.accuracy - base if self.cfg.metric in LOWER_IS_BETTER
+                                  else base - cand.accuracy)
 
-    # ------------------------------------------------------------ search helpers
-    def _rank(self, first: dict[str, Any]) -> list[tuple[str, float]]:
+    def _hopeless(self, cand: Candidate) -> bool:
+        """Screened on a subset: past the budget by more than sampling noise could explain."""
+        if self.cfg.max_accuracy_drop is not None:
+            n = max(cand.checked_on, 1)
+            return cand.accuracy_drop > self.budget + 3 * math.sqrt(0.25 / n)
+        return not np.isfinite(cand.fidelity["loss"]) or cand.fidelity["loss"] > SCREEN_MARGIN * self.budget
+
+    def _reader(self):
+        """onnxruntime CalibrationDataReader over the calibration samples, in calls the model accepts."""
+        from onnxruntime.quantization import CalibrationDataReader
+
+        items = list(calls(self.specs, self.calib_feeds))
+
+        class Reader(CalibrationDataReader):
+            def __init__(self):
+                self._it = iter(items)
+
+            def get_next(self):
+                return next(self._it, None)
+
+            def rewind(self):
+                self._it = iter(items)
+
+        return Reader()
+
+    # ------------------------------------------------------------ node fallback
+    def _fallback(self, first: Candidate) -> list[Candidate]:
+        ranked = self._rank(first)
+        tried = []
+        for k in _schedule(len(ranked), self.cfg.max_candidates - len(self.candidates)):
+            cand = self._candidate(first.settings.with_float(name for name, _ in ranked[:k]))
+            tried.append(cand)
+            if cand.passed:
+                break
+        return tried
+
+    def _rank(self, first: Candidate) -> list[tuple[str, float]]:
         """Nodes ranked by how much error they add: error of their outputs against the FP32 activations
         minus the error already on their inputs (measured on the fully quantized candidate)."""
         fmodel = self.float_model
-        quantized = onnx_io.load(first["raw"])
+        raw = self.work / f"cand{first.index}.raw.onnx"
+        if not raw.exists():
+            return []
+        quantized = onnx_io.load(raw)
         qtensors = {o for n in graph.all_nodes(quantized.graph) for o in n.output}
         init = {i.name for i in fmodel.graph.initializer}
         nodes = [n for n in fmodel.graph.node if n.name not in self.cfg.nodes_exclude]
         tensors = sorted({o for n in nodes for o in n.output if o in qtensors})
         feeds = {k: v[:32] for k, v in self.check_feeds.items()}
-        err: dict[str, float] = {}
         try:
-            fs = onnx_session.session(_save(graph.with_outputs(fmodel, tensors), self.tmp / "f_dbg.onnx"))
-            qs = onnx_session.session(_save(graph.with_outputs(quantized, tensors), self.tmp / "q_dbg.onnx"))
-            fo = onnx_session.run_all(fs, feeds, tensors)
-            qo = onnx_session.run_all(qs, feeds, tensors)
+            f_path, q_path = self.work / "f_dbg.onnx", self.work / "q_dbg.onnx"
+            onnx_io.save(graph.with_outputs(fmodel, tensors), f_path)
+            onnx_io.save(graph.with_outputs(quantized, tensors), q_path)
+            fo = onnx_session.run_all(onnx_session.session(f_path), feeds, tensors)
+            qo = onnx_session.run_all(onnx_session.session(q_path), feeds, tensors)
             err = {t: qops.rel_error(a, b) for t, a, b in zip(tensors, fo, qo)}
-        except Exception:  # some graphs will not expose intermediates: rank by op type instead
+        except Exception:  # noqa: BLE001 - some graphs will not expose intermediates: rank by op type instead
             err = {}
         qnames = {n.name for n in quantized.graph.node}
+        heavy = qops.WEIGHT_OPS + graph.RECURRENT + graph.CONTROL_FLOW
         scores = []
         for n in nodes:
             outs = [err[o] for o in n.output if o in err]
             if not outs:
                 if err:
                     continue
-                score = 1.0 if n.op_type in qops.WEIGHT_OPS + graph.RECURRENT + graph.CONTROL_FLOW else 0.0
+                score = 1.0 if n.op_type in heavy else 0.0
             else:
                 ins = [err.get(i, 0.0) for i in n.input if i and i not in init]
                 score = max(outs) - max(ins, default=0.0)
-            touched = n.name not in qnames or n.op_type in qops.WEIGHT_OPS + graph.RECURRENT + graph.CONTROL_FLOW
-            if score > 0 and touched:
+            if score > 0 and (n.name not in qnames or n.op_type in heavy):
                 scores.append((n.name, float(score)))
         scores.sort(key=lambda s: -s[1])
         self.settings["sensitivity"] = [{"node": n, "added_error": round(s, 6)} for n, s in scores[:20]]
         return scores
 
     # ------------------------------------------------------------ choosing: size, speed
-    def _speed_search_on(self) -> bool:
+    def _finish(self, passing: list[Candidate]) -> Path:
+        """Keep the fastest candidate that meets every budget (size included); refuse (exit 3) a static INT8
+        result slower than its parent unless allowed."""
+        cfg = self.cfg
+        pool = list(passing)
+        if self._speed_matters():
+            pool += self._slow_conv_variant(min(passing, key=lambda c: c.bytes))
+        fits = [c for c in pool if cfg.max_size_ratio is None or c.ratio <= cfg.max_size_ratio + 1e-12]
+        if not fits:
+            best = min(pool, key=lambda c: c.bytes)
+            dest = keep_rejected(best, self.ctx.output)
+            raise ValidationError(
+                f"no {self.mode} candidate met the size budget ({best.ratio:.3f}x of the parent at best, budget "
+                f"{cfg.max_size_ratio:g}x); the smallest was kept as {dest}",
+                details={"candidates": [c.public() for c in self.candidates]})
+        if cfg.measure_candidates and (len(fits) > 1 or self._speed_matters()):
+            self._time(fits)
+        chosen = _fastest(fits)
+        chosen.chosen = True
+        self.settings.update(chosen.settings.to_dict())
+        self._say_chosen(chosen)
+        if self._speed_matters():
+            self._slower_check(chosen, fits)
+        return chosen.path
+
+    def _speed_matters(self) -> bool:
         return self.mode == "static" and self.cfg.target == "cpu" and self.cfg.measure_candidates
 
-    def _finish(self, cand: dict[str, Any]) -> Path:
-        """The accuracy search found `cand`. For static INT8 on the CPU, build its faster-maybe variants (other
-        format, int8-unfriendly nodes kept float), time them all against the parent and keep the fastest that
-        meets the budgets; refuse (exit 3) a result slower than its parent unless allowed."""
-        cfg = self.cfg
-        pool = [cand]
-        if self._speed_search_on() and cfg.latency_search:
-            slow = [n for n in self._int8_unfriendly() if n not in cand["float_nodes"]]
-            fmts = ["qdq", "qoperator"] if cfg.format == "auto" else [cand["format"]]
-            for fmt in fmts:
-                for extra in ([], slow) if slow else ([],):
-                    if fmt == cand["format"] and not extra:
-                        continue
-                    self.fmt = fmt
-                    try:
-                        v = self._candidate(cand["float_nodes"] + extra)
-                    except Exception as e:  # a variant onnxruntime cannot build is skipped, said in the notes
-                        self.ctx.note(f"variant {fmt} (+{len(extra)} float nodes) not built: {e}")
-                        continue
-                    v["variant"] = f"{fmt}" + (f", {len(extra)} int8-slow nodes float" if extra else "")
-                    if v["passed"]:
-                        pool.append(v)
-            if slow:
-                self.settings["int8_slow_nodes"] = slow
-        cand.setdefault("variant", cand.get("format") or self.mode)
-        if self._speed_search_on():
-            self._time(pool)
-        elif self._search_on():
-            self._latency(pool)
-        budget = cfg.max_size_ratio
-        fits = [c for c in pool if budget is None or c["ratio"] <= budget + 1e-12]
-        if not fits:
-            best = min(pool, key=lambda c: c["bytes"])
-            dest = rejected_path(self.ctx.output)
-            with atomic_path(dest) as tmp:
-                tmp.write_bytes(Path(best["path"]).read_bytes())
-            best["rejected_file"] = str(dest)
-            raise ValidationError(
-                f"no {self.mode} candidate met the size budget ({best['ratio']:.3f}x of the parent at best, budget "
-                f"{budget:g}x); the smallest was kept as {dest}", details={"candidates": [_public(c) for c in pool]})
-        chosen = self._fastest(fits)  # when every variant is slower than the parent, this is the least slow
-        for c in self.candidates:
-            c["chosen"] = c is chosen
-        if chosen.get("format"):
-            self.fmt = chosen["format"]
-            self.settings.update(self._resolved())  # the settings reported are the chosen candidate's
-        self._say_chosen(chosen)
-        if self._speed_search_on():
-            self._slower_check(chosen, pool)
-        return chosen["path"]
-
-    def _int8_unfriendly(self) -> list[str]:
-        """Conv nodes with <= 4 input channels per group (the 1-channel first conv of an image model, depthwise
-        convs): their int8 kernels (im2col + a GEMM with a tiny K, layout transposes) run slower than the float
-        NCHWc ones on CPUs without VNNI; measured, not assumed: they only stay float when that variant wins."""
+    def _slow_conv_variant(self, cand: Candidate) -> list[Candidate]:
+        """Conv nodes with <= 4 input channels per group (the first conv of an image model, depthwise convs)
+        often run slower in int8 than in float; the variant that keeps them float is timed like the others."""
         inits = {i.name: i for i in self.float_model.graph.initializer}
-        out = []
+        slow = []
         for n in self.float_model.graph.node:
             if n.op_type == "Conv" and len(n.input) > 1 and n.input[1] in inits:
                 dims = list(inits[n.input[1]].dims)
-                if len(dims) >= 3 and dims[1] <= 4 and n.name not in self.cfg.nodes_exclude:
-                    out.append(n.name)
-        return out
+                if len(dims) >= 3 and dims[1] <= 4 and n.name not in self.cfg.nodes_exclude + list(cand.float_nodes):
+                    slow.append(n.name)
+        if not slow or not self.cfg.latency_search or len(self.candidates) >= self.cfg.max_candidates:
+            return []
+        self.settings["int8_slow_nodes"] = slow
+        variant = self._candidate(cand.settings.with_float([*cand.float_nodes, *slow]))
+        return [variant] if variant.passed else []
 
-    def _fastest(self, pool: list[dict[str, Any]]) -> dict[str, Any]:
-        timed = [c for c in pool if c.get("p50_ms")]
-        if not timed:
-            return min(pool, key=lambda c: c["bytes"])
-        best = min(c["p50_ms"] for c in timed)
-        near = [c for c in timed if c["p50_ms"] <= best * 1.03]  # within noise: the smaller file wins
-        return min(near, key=lambda c: (c["bytes"], c["p50_ms"]))
-
-    def _time(self, pool: list[dict[str, Any]], rounds: int = 5) -> None:
-        """p50 at batch 1 on one thread, parent and candidates interleaved over rounds in one child process
-        (optkit.measure's latency module on optkit's onnxruntime sessions), best round kept: the machine may be
-        shared, the low figure is the model's, the high ones are the neighbours'."""
-
-        paths = [str(self.artifact.path)] + [str(c["path"]) for c in pool]
+    def _time(self, pool: list[Candidate], rounds: int = 5) -> None:
+        """p50 at batch 1 on one thread, parent and candidates interleaved over rounds in one child process,
+        on the first call of the check data; the best round is kept (the low figure is the model's, the high
+        ones are the neighbours')."""
+        paths = [str(self.artifact.path)] + [str(c.path) for c in pool]
+        feeds = first_call(self.specs, self.check_feeds, 1)
         try:
-            best = run_isolated(_time_interleaved, paths, self.ctx.shapes, self.ctx.seed, rounds,
-                                what="timing the quantized candidates")
-        except Exception as e:  # latency informs the choice; a failure must not hide the result
-            self.ctx.note(f"candidate latency not measured: {e}")
+            best = run_isolated(_time_interleaved, paths, feeds, rounds, what="timing the quantized candidates")
+        except Exception as e:  # noqa: BLE001 - latency informs the choice; a failure must not hide the result
+            self.ctx.note(f"candidate latency not measured: {first_line(e)}")
             return
-        base = best[0]
-        self.settings.update(parent_p50_ms=base, latency_settings=f"batch 1, 1 thread, best p50 of {rounds} "
-                                                                  "interleaved rounds")
+        self.settings.update(parent_p50_ms=best[0], latency_settings=f"batch 1, 1 thread, best p50 of {rounds} "
+                                                                     "interleaved rounds")
         for c, t in zip(pool, best[1:]):
-            c["p50_ms"] = t
-            c["latency_ratio"] = t / base if base else None
+            c.p50_ms = t
+            c.latency_ratio = t / best[0] if best[0] else None
 
-    def _slower_check(self, chosen: dict[str, Any], pool: list[dict[str, Any]]) -> None:
-        cfg, ratio = self.cfg, chosen.get("latency_ratio")
+    def _slower_check(self, chosen: Candidate, pool: list[Candidate]) -> None:
+        cfg, ratio = self.cfg, chosen.latency_ratio
         if ratio is None:
             return
         self.settings["speed"] = {"latency_ratio": ratio, "max_latency_ratio": cfg.max_latency_ratio,
                                   "slower": ratio > cfg.max_latency_ratio}
         if ratio <= cfg.max_latency_ratio:
             self.ctx.note(f"latency: {ratio:.2f}x the parent's p50 at batch 1 on one thread "
-                          f"({chosen['p50_ms']:.3f} ms vs {self.settings['parent_p50_ms']:.3f} ms), the fastest "
-                          f"of {len(pool)} variants")
+                          f"({chosen.p50_ms:.3f} ms vs {self.settings['parent_p50_ms']:.3f} ms), the fastest "
+                          f"of {len(pool)} candidates that meet the budgets")
             return
-        tried = "; ".join(f"{c.get('variant')}: {c['latency_ratio']:.2f}x" for c in pool if c.get("latency_ratio"))
-        msg = (f"static INT8 is SLOWER than its FP32 parent on this CPU: p50 {chosen['p50_ms']:.3f} ms vs "
-               f"{self.settings['parent_p50_ms']:.3f} ms ({ratio:.2f}x at batch 1, one thread; variants tried: "
-               f"{tried}); int8 kernels do not pay off on a model this small"
-               + ("" if qops.has_vnni() else " on a CPU without VNNI"))
+        tried = "; ".join(f"{c.settings.label()}: {c.latency_ratio:.2f}x" for c in pool if c.latency_ratio)
+        msg = (f"static INT8 is SLOWER than its FP32 parent on this CPU: p50 {chosen.p50_ms:.3f} ms vs "
+               f"{self.settings['parent_p50_ms']:.3f} ms ({ratio:.2f}x at batch 1, one thread; candidates: "
+               f"{tried}); int8 kernels do not pay off on a model this small")
         if cfg.allow_slower:
             self.ctx.warn(msg + "; written anyway (--allow-slower)")
             return
-        dest = rejected_path(self.ctx.output)
-        with atomic_path(dest) as tmp:
-            tmp.write_bytes(Path(chosen["path"]).read_bytes())
-        chosen["rejected_file"] = str(dest)
+        dest = keep_rejected(chosen, self.ctx.output)
         raise ValidationError(msg + f"; kept as {dest}. Pass --allow-slower to accept it (e.g. for size), "
-                              "or keep the model float", details={"candidates": [_public(c) for c in pool],
+                              "or keep the model float", details={"candidates": [c.public() for c in self.candidates],
                                                                  "rejected": str(dest)})
 
-    def _latency(self, cands: list[dict[str, Any]]) -> None:
-        if not self.cfg.measure_candidates:
-            return
+    # ------------------------------------------------------------ telling the user
+    def _figures(self, cand: Candidate) -> str:
+        if cand.error:
+            return cand.error
+        f = cand.fidelity
+        s = f"cosine {f['cosine']:.4f} (loss {f['loss']:.4g}), max |diff| {f['max_abs_error']:.3g}"
+        if f.get("top1_agreement") is not None:
+            s += f", top-1 agreement {f['top1_agreement']:.3f}"
+        if len(self.checked) < len(self.out_names):
+            s += f" on {', '.join(self.checked)}"
+        if cand.accuracy is not None:
+            s += f", {self.cfg.metric} {cand.accuracy:.4f} (parent {self.parent_accuracy:.4f})"
+        return s + f"; budget: {self.budget_kind} <= {self.budget:g}"
 
-        settings = MeasureSettings(warmup=5, runs=50, shapes=self.ctx.shapes, seed=self.ctx.seed)
-        try:
-            base = measure(self.artifact, settings)["latency"]["p50_ms"]
-            self.settings["parent_p50_ms"] = base
-            for c in cands:
-                if c.get("error"):
-                    continue
-                p50 = measure(Artifact.load(c["path"]), settings)["latency"]["p50_ms"]
-                c["p50_ms"] = p50
-                c["latency_ratio"] = p50 / base if base else None
-        except Exception as e:  # latency is informative here; a failure must not hide the result
-            self.ctx.note(f"candidate latency not measured: {e}")
+    def _say_chosen(self, cand: Candidate) -> None:
+        ctx, s = self.ctx, cand.settings
+        if self.mode in ("static", "dynamic"):
+            ctx.note(f"{self.mode} INT8: {s.label()}"
+                     + (", symmetric for TensorRT (zero points 0, float bias)" if self.cfg.target == "tensorrt" else "")
+                     + (f", chosen from {len(self.candidates)} candidates measured on this machine"
+                        if len(self.candidates) > 1 else ""))
+        check = self.settings["check"]
+        where = f"{check['samples']} {check['source']} inputs"
+        ctx.note(f"checked against the parent on {where}: {self._figures(cand)}")
+        if check.get("subset"):
+            noise = self._sampling_noise(check["samples"])
+            ctx.note(f"judged on {check['samples']} of {check['of']} samples (--check-samples): "
+                     f"{self.budget_kind} is known to about +-{noise:.3g} (95%)"
+                     + (" - the verdict is inside that noise" if abs(self._margin(cand)) < noise else ""))
+        slow = set(self.settings.get("int8_slow_nodes") or ())
+        sensitive = [n for n in cand.float_nodes if n not in slow]
+        if sensitive:
+            ctx.note(f"kept {len(sensitive)} sensitive nodes in float: {', '.join(sensitive)}")
+        if len(sensitive) < len(cand.float_nodes):
+            ctx.note(f"kept {len(cand.float_nodes) - len(sensitive)} small-channel Conv nodes in float (their int8 "
+                     f"kernels were slower here): {', '.join(n for n in cand.float_nodes if n in slow)}")
+        if self.settings.get("stopped"):
+            ctx.note(f"the search stopped {self.settings['stopped']} (--max-candidates / --time-budget)")
+
+    def _sampling_noise(self, n: int) -> float:
+        if self.cfg.max_accuracy_drop is not None and self.parent_accuracy is not None:
+            p = min(max(self.parent_accuracy, 0.0), 1.0)
+            return 1.96 * math.sqrt(max(p * (1 - p), 1e-4) * 2 / n)   # a difference of two proportions
+        return 0.0
+
+    def _margin(self, cand: Candidate) -> float:
+        if cand.accuracy_drop is not None and self.cfg.max_accuracy_drop is not None:
+            return self.budget - cand.accuracy_drop
+        return self.budget - cand.fidelity["loss"]
+
+    def _refusal(self, tried: list[Candidate]) -> ValidationError:
+        """No candidate met the budget: the best one is kept as REJECTED and the error says why."""
+        scored = [c for c in tried if not c.error]
+        if not scored:
+            errors = sorted({c.error for c in tried})
+            if len(tried) == 1:
+                return ValidationError(f"onnxruntime's {self.mode} quantizer wrote a model onnxruntime cannot "
+                                       f"load ({errors[0]}); nothing was written. Keep the failing node types "
+                                       "float with --exclude-op", details={"candidates": [c.public() for c in tried]})
+            return ValidationError(f"no {self.mode} candidate could be built or run ({'; '.join(errors)[:300]}); "
+                                   "nothing was written", details={"candidates": [c.public() for c in tried]})
+        best = max(scored, key=self._score)
+        if not self._fallback_on():  # no budget asked for: nothing is written, not even the best
+            of = f" (the best of {len(scored)} settings tried)" if len(scored) > 1 else ""
+            return ValidationError(
+                f"{self.mode} quantization moved the outputs past the tolerance: {self._figures(best)}{of}; "
+                f"the model was not written. Rerun with --fallback to keep the most sensitive nodes in float, "
+                f"or loosen --tolerance", details={"candidates": [c.public() for c in self.candidates]})
+        dest = keep_rejected(best, self.ctx.output)
+        return ValidationError(
+            f"no {self.mode} candidate met the budget ({self.budget_kind} {self.budget:g}) after {len(tried)} tries; "
+            f"the best ({best.settings.label()}, {len(best.float_nodes)} nodes in float: {self._figures(best)}) "
+            f"was kept as {dest}", details={"candidates": [c.public() for c in self.candidates], "rejected": str(dest)})
 
 
-def _Reader(feeds: dict[str, np.ndarray], parent_session):
-    """onnxruntime CalibrationDataReader over bound feeds, in batches the model accepts."""
-    from onnxruntime.quantization import CalibrationDataReader
-
-    fixed = fixed_batch(onnx_session.input_specs(parent_session))
-    step = fixed or 16
-    n = len(next(iter(feeds.values())))
-    stop = n - n % step if (fixed or n >= step) else n  # equal batches: histogram calibrators stack them
-    items = [{k: v[s:s + step] for k, v in feeds.items()} for s in range(0, stop, step)]
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self._it = iter(items)
-
-        def get_next(self):
-            return next(self._it, None)
-
-        def rewind(self):
-            self._it = iter(items)
-
-    return Reader()
+def _fastest(pool: list[Candidate]) -> Candidate:
+    timed = [c for c in pool if c.p50_ms]
+    if not timed:
+        return min(pool, key=lambda c: c.bytes)
+    best = min(c.p50_ms for c in timed)
+    return min((c for c in timed if c.p50_ms <= best * NEAR), key=lambda c: (c.bytes, c.p50_ms))
 
 
-def _time_interleaved(paths: list[str], shapes, seed: int, rounds: int) -> list[float]:
+def _time_interleaved(paths: list[str], feeds: dict, rounds: int) -> list[float]:
     sessions = [open_session(Artifact.load(p), provider="cpu", threads=1) for p in paths]
-    feeds = [synthesize(s.inputs, shapes, batch=1, seed=seed) for s in sessions]
     best = [float("inf")] * len(paths)
     for _ in range(rounds):
-        for i, (s, f) in enumerate(zip(sessions, feeds)):
-            best[i] = min(best[i], measure_latency(s, f, warmup=10, runs=60)["p50_ms"])
+        for i, s in enumerate(sessions):
+            best[i] = min(best[i], measure_latency(s, feeds, warmup=10, runs=60)["p50_ms"])
     return best
-
-
-def _stack(feeds_list: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    return {k: np.concatenate([f[k] for f in feeds_list], axis=0) for k in feeds_list[0]}
-
-
-def _save(model, path: Path) -> Path:
-    onnx_io.save(model, path)
-    return path
 
 
 def _schedule(n: int, budget: int) -> list[int]:
@@ -734,11 +662,3 @@ def _schedule(n: int, budget: int) -> list[int]:
         steps.append(n)
     return steps
 
-
-def _public(c: dict[str, Any]) -> dict[str, Any]:
-    keep = ("index", "variant", "format", "activation_type", "float_nodes", "bytes", "ratio", "accuracy", "accuracy_drop", "p50_ms", "latency_ratio",
-            "passed", "chosen", "error", "rejected_file")
-    d = {k: c[k] for k in keep if k in c}
-    if "fidelity" in c:
-        d["fidelity"] = {k: v for k, v in c["fidelity"].items() if k != "outputs"}
-    return d

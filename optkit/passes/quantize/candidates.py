@@ -1,0 +1,97 @@
+"""A quantize candidate: the settings onnxruntime's quantizer was asked for, the file it wrote, and its figures."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from optkit.core.atomic import atomic_path
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One point of the search space. Fields a mode does not use stay None."""
+
+    format: str | None = None            # static: "qdq" or "qoperator"
+    activation_type: str | None = None   # static: "uint8" or "int8"
+    weight_type: str | None = None       # static, dynamic: "int8" or "uint8"
+    per_channel: bool | None = None      # static, dynamic
+    reduce_range: bool | None = None     # static, dynamic: 7-bit weights (u8s8 saturation on CPUs without VNNI)
+    calibration: str | None = None       # static: "minmax", "percentile", "entropy"
+    float_nodes: tuple[str, ...] = ()    # nodes kept in float (the node fallback)
+
+    def with_float(self, nodes) -> Settings:
+        return replace(self, float_nodes=tuple(nodes))
+
+    def label(self) -> str:
+        """Short, for tables: "QDQ u8 pc minmax", "dyn pc rr"."""
+        parts = []
+        if self.format:
+            parts.append("QDQ" if self.format == "qdq" else "QOp")
+        if self.activation_type:
+            parts.append({"uint8": "u8", "int8": "s8"}[self.activation_type])
+        if self.per_channel is not None:
+            parts.append("pc" if self.per_channel else "pt")
+        if self.reduce_range:
+            parts.append("rr")
+        if self.calibration:
+            parts.append(self.calibration)
+        return " ".join(parts) or "-"
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in self.__dict__.items() if v is not None and k != "float_nodes"}
+        return d | {"float_nodes": list(self.float_nodes)}
+
+
+@dataclass
+class Candidate:
+    index: int
+    settings: Settings
+    path: Path
+    bytes: int = 0
+    ratio: float = 0.0                  # size / the parent's
+    fidelity: dict[str, Any] | None = None
+    accuracy: float | None = None
+    accuracy_drop: float | None = None
+    checked_on: int = 0                 # samples the figures come from
+    screened_out: bool = False          # failed the cheap check on a subset; never scored on the full set
+    p50_ms: float | None = None
+    latency_ratio: float | None = None
+    error: str | None = None
+    passed: bool = False
+    chosen: bool = False
+    rejected_file: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def float_nodes(self) -> tuple[str, ...]:
+        return self.settings.float_nodes
+
+    def public(self) -> dict[str, Any]:
+        """What the report keeps (no paths to scratch files)."""
+        d: dict[str, Any] = {"index": self.index, "variant": self.settings.label(), **self.settings.to_dict(),
+                             "bytes": self.bytes, "ratio": self.ratio, "passed": self.passed,
+                             "chosen": self.chosen, "checked_on": self.checked_on}
+        for key in ("accuracy", "accuracy_drop", "p50_ms", "latency_ratio", "error", "rejected_file"):
+            value = getattr(self, key)
+            if value is not None:
+                d[key] = value
+        if self.screened_out:
+            d["screened_out"] = True
+        if self.fidelity is not None:
+            d["fidelity"] = {k: v for k, v in self.fidelity.items() if k != "outputs"}
+            d["fidelity"]["outputs"] = {name: {k: v for k, v in o.items() if k in ("cosine", "max_abs_error",
+                                                                                     "checked", "masked_positions")}
+                                        for name, o in (self.fidelity.get("outputs") or {}).items()}
+        return d
+
+
+def keep_rejected(cand: Candidate, output: Path) -> Path:
+    """Write the best candidate that missed a budget beside the output, under a name that says so
+    (`model.REJECTED.onnx`); the output itself is never written."""
+    suffix = output.suffix or ".onnx"
+    dest = output.with_name(f"{output.stem}.REJECTED{suffix}")
+    with atomic_path(dest) as tmp:
+        tmp.write_bytes(Path(cand.path).read_bytes())
+    cand.rejected_file = str(dest)
+    return dest

@@ -1,0 +1,185 @@
+"""One strategy per quantize mode: the settings it searches, and how onnxruntime (or onnxconverter-common)
+builds a candidate file from the prepared float model and one point of that space.
+
+Static INT8 calibrates once per calibration method: the tensor ranges are cached in the scratch folder
+(onnxruntime's `calibration_cache_path`) and every other candidate of that method reuses them.
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import sys
+from pathlib import Path
+
+from optkit.onnx import io as onnx_io
+from optkit.passes.quantize import ops as qops
+from optkit.passes.quantize.candidates import Settings
+from optkit.passes.quantize.config import QuantizeConfig
+
+# onnxruntime extra_options for TensorRT-ready QDQ: symmetric int8 (zero points 0), bias left float
+TENSORRT_OPTIONS = {"ActivationSymmetric": True, "WeightSymmetric": True, "QuantizeBias": False}
+# the per-channel int32-bias weight-scale adjustment crashes in onnxruntime 1.2x-1.3x
+NO_BIAS_ADJUST = {"QDQDisableWeightAdjustForInt32Bias": True, "WeightAdjustForInt32Bias": False}
+
+
+class Strategy:
+    mode = ""
+
+    def __init__(self, cfg: QuantizeConfig, work: Path):
+        self.cfg, self.work = cfg, work
+
+    def space(self) -> list[Settings]:
+        """The settings to try, cheapest and likeliest first; the first is the default candidate."""
+        return [Settings()]
+
+    def slower_tier(self, best: list[Settings]) -> list[Settings]:
+        """Settings worth trying only when the first tier misses the budget (e.g. costlier calibrations)."""
+        return []
+
+    def build(self, prepared: Path, settings: Settings, dest: Path, calibration=None, exclude=()) -> None:
+        raise NotImplementedError
+
+    def _choices(self, value, default: list):
+        return [value] if value is not None else default
+
+
+class Dynamic(Strategy):
+    """Weights int8 ahead of time, activations quantized at run time: per-channel x reduce-range."""
+
+    mode = "dynamic"
+
+    def space(self) -> list[Settings]:
+        cfg = self.cfg
+        combos = itertools.product(self._choices(cfg.per_channel, [True, False]),
+                                   self._choices(cfg.reduce_range, [False, True]))
+        return [Settings(weight_type=cfg.weight_type, per_channel=pc, reduce_range=rr) for pc, rr in combos]
+
+    def build(self, prepared, settings, dest, calibration=None, exclude=()) -> None:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        cfg = self.cfg
+        with contextlib.redirect_stdout(sys.stderr):  # onnxruntime prints progress; keep --json clean
+            quantize_dynamic(str(prepared), str(dest), op_types_to_quantize=op_types(cfg, "dynamic"),
+                             per_channel=settings.per_channel, reduce_range=settings.reduce_range,
+                             weight_type=QuantType.QInt8 if settings.weight_type == "int8" else QuantType.QUInt8,
+                             nodes_to_quantize=cfg.nodes_include or None, nodes_to_exclude=list(exclude),
+                             extra_options={"MatMulConstBOnly": True})
+
+
+class Static(Strategy):
+    """Calibrated INT8. For the CPU: format x activation type x per-channel x reduce-range, minmax calibration
+    first, percentile and entropy for the best of those when none meets the budget. For TensorRT: symmetric
+    signed INT8 QDQ only."""
+
+    mode = "static"
+
+    def space(self) -> list[Settings]:
+        cfg = self.cfg
+        if cfg.target == "tensorrt":
+            # per-tensor weights by default: with symmetric activations onnxruntime 1.32's per-channel QDQ moved
+            # the sample CNN to cosine 0.979 (per-tensor: 0.996); --per-channel asks for it anyway
+            return [Settings(format="qdq", activation_type="int8", weight_type="int8", per_channel=bool(cfg.per_channel),
+                             reduce_range=False, calibration=cfg.calibration_method)]
+        formats = ["qdq", "qoperator"] if cfg.format == "auto" else [cfg.format]
+        acts = ["uint8", "int8"] if cfg.activation_type == "auto" else [cfg.activation_type]
+        space = []
+        for fmt, act in itertools.product(formats, acts):
+            # QOperator per-channel trips onnxruntime's int32-bias path on some graphs: per-tensor first there
+            channels = self._choices(cfg.per_channel, [True, False] if fmt == "qdq" else [False, True])
+            for pc, rr in itertools.product(channels, self._choices(cfg.reduce_range, [False, True])):
+                space.append(Settings(format=fmt, activation_type=act, weight_type=cfg.weight_type, per_channel=pc,
+                                      reduce_range=rr, calibration=cfg.calibration_method))
+        return space
+
+    def slower_tier(self, best: list[Settings]) -> list[Settings]:
+        if self.cfg.target == "tensorrt" or "calibration_method" in self.cfg.model_fields_set:
+            return []
+        return [Settings(**{**s.__dict__, "calibration": method}) for method in ("percentile", "entropy")
+                for s in best]
+
+    def build(self, prepared, settings, dest, calibration=None, exclude=()) -> None:
+        from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+        cfg = self.cfg
+        qt = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
+        method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+                  "percentile": CalibrationMethod.Percentile}[settings.calibration]
+        cache = self.work / f"calibration-{settings.calibration}.json"
+        with contextlib.redirect_stdout(sys.stderr):
+            quantize_static(
+                str(prepared), str(dest), None if cache.exists() else calibration(),
+                quant_format=QuantFormat.QDQ if settings.format == "qdq" else QuantFormat.QOperator,
+                op_types_to_quantize=op_types(cfg, "static", settings.format), per_channel=settings.per_channel,
+                reduce_range=settings.reduce_range, activation_type=qt[settings.activation_type],
+                weight_type=qt[settings.weight_type], nodes_to_quantize=cfg.nodes_include or None,
+                nodes_to_exclude=list(exclude), calibrate_method=method, calibration_cache_path=str(cache),
+                extra_options={**NO_BIAS_ADJUST, **(TENSORRT_OPTIONS if cfg.target == "tensorrt" else {})})
+
+
+class FP16(Strategy):
+    mode = "fp16"
+
+    def build(self, prepared, settings, dest, calibration=None, exclude=()) -> None:
+        from onnxconverter_common import float16
+
+        cfg = self.cfg
+        model = onnx_io.load(prepared)
+        block = set(exclude)
+        if cfg.nodes_include:
+            block |= {n.name for n in model.graph.node if n.name not in cfg.nodes_include}
+        out = float16.convert_float_to_float16(model, keep_io_types=cfg.keep_io_types,
+                                               node_block_list=sorted(block) or None,
+                                               op_block_list=cfg.op_types_exclude or None)
+        onnx_io.save(out, dest)
+
+
+class Int4(Strategy):
+    """Weight-only INT4: MatMul (MatMulNBits) and float embedding tables (GatherBlockQuantized)."""
+
+    mode = "int4"
+
+    def __init__(self, cfg: QuantizeConfig, work: Path):
+        super().__init__(cfg, work)
+        self.gathers: list[str] = []   # set by the search's preparation (qops.int4_gathers)
+
+    def build(self, prepared, settings, dest, calibration=None, exclude=()) -> None:
+        from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+        cfg = self.cfg
+        model = onnx_io.load(prepared)
+        # only float embedding tables: any other Gather (shape arithmetic, int tables) is left alone
+        exclude = sorted(set(exclude) | {n.name for n in model.graph.node
+                                         if n.op_type == "Gather" and n.name not in self.gathers})
+        q = MatMulNBitsQuantizer(model, bits=4, block_size=cfg.block_size, is_symmetric=cfg.symmetric,
+                                 accuracy_level=cfg.accuracy_level, nodes_to_exclude=exclude,
+                                 nodes_to_include=cfg.nodes_include or None,
+                                 op_types_to_quantize=("MatMul", "Gather") if self.gathers else ("MatMul",))
+        q.process()
+        onnx_io.save(q.model.model, dest)
+
+
+STRATEGIES = {s.mode: s for s in (Dynamic, Static, FP16, Int4)}
+
+
+def strategy_for(cfg: QuantizeConfig, work: Path) -> Strategy:
+    return STRATEGIES[cfg.mode](cfg, work)
+
+
+def op_types(cfg: QuantizeConfig, mode: str, fmt: str | None = None) -> list[str] | None:
+    """The op types to quantize when the user narrowed them (None: onnxruntime's defaults)."""
+    if not cfg.op_types_include and not cfg.op_types_exclude:
+        return None
+    if cfg.op_types_include:
+        base = list(cfg.op_types_include)
+    else:
+        from onnxruntime.quantization.registry import IntegerOpsRegistry, QDQRegistry, QLinearOpsRegistry
+
+        reg = IntegerOpsRegistry if mode == "dynamic" else (QDQRegistry if fmt == "qdq" else QLinearOpsRegistry)
+        base = sorted(reg)
+    return [t for t in base if t not in cfg.op_types_exclude]
+
+
+def contrib_excludes(model) -> set[str]:
+    """Nodes onnxruntime's quantizers would turn into contrib ops that do not load (qops.CONTRIB_ONLY)."""
+    return {n.name for n in qops.contrib_lookalikes(model)}
+
