@@ -237,3 +237,26 @@ def test_mnist_eval_equals_plain_onnxruntime_argmax(cli, realcases):
     sess = ort.InferenceSession(str(realcases / "mnist.onnx"), providers=["CPUExecutionProvider"])
     logits = np.concatenate([sess.run(None, {"Input3": xi})[0] for xi in x])
     assert top1 == float((logits.argmax(1) == labels).mean())
+
+
+def test_recipe_feeds_scalar_values_and_checks_named_outputs(cli, realcases, tmp_path):
+    recipe = tmp_path / "vad.yaml"
+    recipe.write_text(f"""version: 1
+name: vad
+model: {{path: {realcases / SILERO}}}
+stages:
+  - pass: quantize.onnx-dynamic
+    config: {{check_outputs: [output]}}
+measure: {{values: {{sr: 16000}}, check_outputs: [output], runs: 5, trials: 2, normalize: false}}
+""")
+    r = cli("run", recipe, "--workspace", tmp_path / "runs", "--json")
+    assert r.rc in (0, 3), r.err
+    if r.rc == 0:
+        stages = json.loads(r.out)["stages"]
+        assert stages[0]["measurements"]["inputs"]["shapes"]["sr"] == []
+        assert stages[-1]["measurements"]["fidelity"]["outputs"]["output"]["checked"] is True
+        assert stages[-1]["measurements"]["fidelity"]["outputs"]["stateN"]["checked"] is False
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(recipe.read_text().replace("values: {sr: 16000}", "values: {nope: 1}"))
+    r = cli("run", bad, "--workspace", tmp_path / "runs2")
+    assert r.rc == 2 and "--value names input 'nope'" in one_error_line(r)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -97,6 +98,9 @@ class MeasureSection(_Strict):
     latency: bool = True
     normalize: bool = Field(default=True, description="Also time a fixed reference workload in the same run.")
     shapes: dict[str, list[int]] = Field(default_factory=dict)
+    values: dict[str, float] = Field(default_factory=dict, description="What scalar inputs are fed without data "
+                                                                       "(e.g. sr: 16000).")
+    check_outputs: list[str] = Field(default_factory=list, description="The outputs fidelity judges (default: all).")
     seed: int = Field(default=0, ge=0, le=2**32 - 1, description="Seeds data subsets, inputs and calibration.")
 
     @field_validator("threads", "batch", "warmup", "runs", "trials", "seed", mode="before")
@@ -104,6 +108,14 @@ class MeasureSection(_Strict):
     def _no_bool(cls, v: Any) -> Any:
         if isinstance(v, bool):  # YAML `true` would count as 1
             raise ValueError(f"{str(v).lower()} is not a count; write a number")
+        return v
+
+    @field_validator("values")
+    @classmethod
+    def _values(cls, v: dict[str, float]) -> dict[str, float]:
+        for name, value in v.items():
+            if isinstance(value, bool) or not math.isfinite(value):
+                raise ValueError(f"value of {name!r} must be a finite number, not {value}")
         return v
 
     @field_validator("shapes")

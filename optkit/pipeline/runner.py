@@ -164,7 +164,8 @@ def _compute_stage(ws, key, tmp, opts, name, cls, current, config, spec, r, data
         return result
     progress.step(f"running {cls.name}" + _long_hint(cls.name))
     result = run_pass(current, cls.name, spec.config, tmp / stage_output_name(cls.produces),
-                      shapes=r.measure.shapes, seed=r.measure.seed, data=data["datasets"])
+                      shapes=r.measure.shapes, values=r.measure.values, seed=r.measure.seed,
+                      data=data["datasets"])
     result.name = name
     if opts.use_cache:
         ws.cache_put(key, tmp, result)
@@ -233,7 +234,8 @@ def _load_data(loaded) -> dict[str, Any]:
 
 def measure_settings(section):
     return MeasureSettings(provider=section.provider, threads=section.threads, batch=section.batch,
-                           warmup=section.warmup, runs=section.runs, shapes=section.shapes, seed=section.seed)
+                           warmup=section.warmup, runs=section.runs, shapes=section.shapes, values=section.values,
+                           check_outputs=section.check_outputs, seed=section.seed)
 
 
 def _measure_stage(loaded, art, result, data, progress, *, name: str, reference=None):

@@ -13,7 +13,16 @@ def ref(artifact: Artifact) -> ArtifactRef:
 
 
 def input_stage(artifact: Artifact, measurements: dict[str, Any], name: str = "input") -> Stage:
-    return Stage(name=name, output=ref(artifact), measurements=measurements)
+    return Stage(name=name, output=ref(artifact), measurements=measurements, notes=inputs_note(measurements))
+
+
+def inputs_note(measurements: dict[str, Any]) -> list[str]:
+    """Which input shapes the figures come from, when optkit chose them (dynamic dims nobody set)."""
+    inputs = measurements.get("inputs") or {}
+    if inputs.get("dims") not in ("probed", "from the dim names"):
+        return []
+    shapes = ", ".join(f"{k} [{','.join(map(str, v))}]" for k, v in (inputs.get("shapes") or {}).items())
+    return [f"inputs synthesized as {shapes} (dynamic dims {inputs['dims']}; set them with --shape)"]
 
 
 def pass_stage(result, measurements: dict[str, Any]) -> Stage:
