@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from optkit.core.errors import UsageError
+from optkit.report.figures import Figures
 from optkit.report.schema import GateResult, Report, Stage
 
 OPS: dict[str, Callable[[float, float], bool]] = {
@@ -174,17 +175,8 @@ def check_gates_plan(gates: list[Gate], *, stages: list[str], measured: set[str]
 # ---------------------------------------------------------------- reading figures
 
 def _figure(s: Stage, group: str, key: Any, *, null_is_missing: bool = False) -> float | None:
-    """A figure from a stage's measurements: None when it is absent; NaN when it is recorded as null (that is
-    how a report stores a non-finite figure) so that a gate on it fails instead of passing or being skipped."""
-    d = s.measurements.get(group)
-    if not isinstance(d, dict) or not isinstance(key, str) or key not in d:
-        return None
-    v = d[key]
-    if v is None:
-        return None if null_is_missing else math.nan
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise UsageError(f"stage {s.name!r}: figure {group}.{key} is {v!r}, not a number")
-    return float(v)
+    """A figure a verdict depends on: a wrong type is a UsageError, null is NaN (see report.figures)."""
+    return Figures(s).number(group, key, strict=True, null_is_missing=null_is_missing)
 
 
 def _size(s: Stage) -> float | None:
@@ -202,8 +194,7 @@ def _noise_rel(s: Stage, normalized: bool = False) -> float:
 
 
 def _acc(s: Stage) -> float | None:
-    acc = s.measurements.get("accuracy")
-    return _figure(s, "accuracy", acc.get("metric")) if isinstance(acc, dict) else None
+    return Figures(s).accuracy(strict=True)
 
 
 def _find(report: Report, name: str | None, what: str) -> Stage:
@@ -235,7 +226,7 @@ def _value(g: Gate, report: Report, baseline: Report | None) -> tuple[float | No
         v = _lat(s, "normalized")
         return v, (v or 0) * _noise_rel(s, True), _ci_detail(s, True)
     if m == "accuracy":
-        metric = (s.measurements.get("accuracy") or {}).get("metric")
+        metric = Figures(s).metric
         return _acc(s), 0.0, (metric if isinstance(metric, str) else "")
     if m in ("cosine", "top1_agreement"):
         # a null top-1 agreement means the outputs have no classes (not applicable), not a non-finite figure
@@ -271,7 +262,7 @@ def _value(g: Gate, report: Report, baseline: Report | None) -> tuple[float | No
 
 def _normalisations(s: Stage) -> dict[Any, dict]:
     """{reference name: figures} of a stage's machine-normalised latency (older reports: one entry)."""
-    lat = s.measurements.get("latency") or {}
+    lat = Figures(s).group("latency")
     refs = lat.get("references")
     if refs:
         return refs
@@ -292,7 +283,7 @@ def shift_ci(base: list[float], cur: list[float]) -> tuple[float, float, float]:
 def _regression(bs: Stage, s: Stage) -> tuple[float | None, tuple[float, float] | None, str]:
     """% change of latency vs the baseline stage, its 95% interval (None if unknown) and a detail."""
     na, nb = _normalisations(bs), _normalisations(s)
-    lat_a, lat_b = bs.measurements.get("latency") or {}, s.measurements.get("latency") or {}
+    lat_a, lat_b = Figures(bs).group("latency"), Figures(s).group("latency")
     common = [k for k in na if k in nb]
     if common:
         # every reference rung both runs timed; several are combined per trial by their geometric mean (a
@@ -336,7 +327,7 @@ def _mb(v) -> str:
 
 
 def _ci_detail(s: Stage, normalized: bool = False) -> str:
-    lat = s.measurements.get("latency") or {}
+    lat = Figures(s).group("latency")
     rel = lat.get("normalized_ci95_pct" if normalized else "ci95_pct")
     if rel is None:
         return ""

@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from optkit.report.figures import Figures
 from optkit.report.schema import Report, Stage
 from optkit.report.table import accuracy_cell, human_bytes
 
@@ -11,30 +12,21 @@ COLUMNS = ("stage", "size A", "size B", "size Δ", "p50 A", "p50 B", "p50 Δ", "
            "accuracy Δ")
 
 
-def _figure(s: Stage | None, group: str, key: str):
-    """A finite number from a stage's measurements, else None (a hand-edited report may hold anything)."""
-    d = None if s is None else s.measurements.get(group)
-    v = d.get(key) if isinstance(d, dict) and isinstance(key, str) else None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        return None
-    return v
-
-
 def _size(s: Stage | None):
-    return _figure(s, "size", "bytes")
+    return Figures(s).size_bytes
 
 
 def _p50(s: Stage | None):
-    return _figure(s, "latency", "p50_ms")
+    return Figures(s).p50_ms
 
 
 def _ci(s: Stage | None):
-    return _figure(s, "latency", "ci95_pct")
+    return Figures(s).latency("ci95_pct")
 
 
 def _acc(s: Stage | None):
-    acc = None if s is None else s.measurements.get("accuracy")
-    return _figure(s, "accuracy", acc.get("metric")) if isinstance(acc, dict) else None
+    acc = Figures(s).accuracy()
+    return acc if acc is not None and math.isfinite(acc) else None
 
 
 def _acc_cell(s: Stage | None) -> str:

@@ -1,8 +1,10 @@
 """A self-contained HTML report: no CDN, no script, no network; plots are inline SVG."""
 from __future__ import annotations
 
+import math
 from html import escape
 
+from optkit.report.figures import Figures
 from optkit.report.schema import Report, Stage
 from optkit.report.table import columns, gate_rows, stage_rows
 
@@ -27,18 +29,17 @@ svg text{font-family:inherit}
 
 
 def _lat(s: Stage, key="p50_ms"):
-    return (s.measurements.get("latency") or {}).get(key)
+    return Figures(s).latency(key)
 
 
 def _size(s: Stage):
-    b = (s.measurements.get("size") or {}).get("bytes")
+    b = Figures(s).size_bytes
     return None if b is None else b / 1e6
 
 
 def _acc(s: Stage):
-    acc = s.measurements.get("accuracy") or {}
-    m = acc.get("metric")
-    return acc.get(m) if m else None
+    acc = Figures(s).accuracy()
+    return acc if acc is not None and math.isfinite(acc) else None
 
 
 def _finite(v):
@@ -179,7 +180,7 @@ def to_html(report: Report) -> str:
     h += [f'<th class="{"l" if c in left else ""}">{escape(c)}</th>' for c in cols]
     h.append('<th>noise</th><th class="l">pass</th><th>time</th></tr>')
     for s, row in zip(stages, rows):
-        lat = s.measurements.get("latency") or {}
+        lat = Figures(s).group("latency")
         noise = f"±{lat['ci95_pct']:.1f}%" if lat.get("ci95_pct") is not None else "-"
         h.append("<tr>" + "".join(f'<td class="{"l" if c in left else ""}">{escape(row[c])}</td>' for c in cols)
                  + f"<td>{noise}</td><td class=\"l\">{escape(s.pass_name or '-')}</td>"
@@ -194,12 +195,11 @@ def to_html(report: Report) -> str:
     h.append(bar_chart("Size per stage", names, [_size(s) for s in stages], "MB"))
     errs = []
     for s in stages:
-        lat = s.measurements.get("latency") or {}
+        lat = Figures(s).group("latency")
         p, ci = lat.get("p50_ms"), lat.get("ci95_pct")
         errs.append(p * ci / 100 if p is not None and ci else None)
     h.append(bar_chart("p50 latency per stage (95% CI)", names, [_lat(s) for s in stages], "ms", errs))
-    metric = next(((s.measurements.get("accuracy") or {}).get("metric") for s in stages
-                   if s.measurements.get("accuracy")), None)
+    metric = next((Figures(s).metric for s in stages if Figures(s).metric), None)
     h.append(bar_chart(f"Accuracy per stage ({metric})" if metric else "Accuracy per stage", names,
                        [_acc(s) for s in stages], metric or "", limit=1.0))
     h.append(scatter(stages))

@@ -1,6 +1,7 @@
 """Renderers: the console (rich), Markdown (pull-request comments, $GITHUB_STEP_SUMMARY) and JSON."""
 from __future__ import annotations
 
+from optkit.report.figures import Figures
 from optkit.report.schema import Report
 from optkit.report.table import columns, gate_rows, stage_rows
 
@@ -26,7 +27,7 @@ def to_console(report: Report, console=None) -> None:
         table.add_row(*(row[c] for c in shown))
     console.print(table)
     for stage in report.stages:
-        lat = stage.measurements.get("latency")
+        lat = Figures(stage).group("latency") or None
         if lat and len(report.stages) == 1:
             f = lambda k, spec=".4f": format(lat[k], spec) if isinstance(lat.get(k), (int, float)) else "-"  # noqa: E731
             console.print(f"latency: p50 {f('p50_ms')} ms, p90 {f('p90_ms')}, p99 {f('p99_ms')}, "

@@ -1,20 +1,13 @@
 """The figures every renderer shows, as rows of formatted cells (one row per stage)."""
 from __future__ import annotations
 
+from optkit.report.figures import Figures
 from optkit.report.schema import Report, Stage
 
 # Every renderer's stage columns; the accuracy column is named after the metric (see columns()).
 COLUMNS = ("stage", "format", "size", "size x", "params", "p50 ms", "p90 ms", "speedup", "accuracy", "cosine",
            "top-1 agree", "max |diff|")
 CONSOLE_COLUMNS = ("stage", "format", "size", "size x", "p50 ms", "speedup", "accuracy", "cosine", "agree")
-
-
-def _size(stage: Stage) -> float | None:
-    return (stage.measurements.get("size") or {}).get("bytes")
-
-
-def _p50(stage: Stage) -> float | None:
-    return (stage.measurements.get("latency") or {}).get("p50_ms")
 
 
 def human_bytes(n: float | None) -> str:
@@ -29,7 +22,7 @@ def human_bytes(n: float | None) -> str:
 
 def accuracy_label(report: Report) -> str:
     """The accuracy column's header: the metric's name when every stage used the same one."""
-    metrics = {(s.measurements.get("accuracy") or {}).get("metric") for s in report.stages} - {None}
+    metrics = {Figures(s).metric for s in report.stages} - {None}
     return metrics.pop() if len(metrics) == 1 else "accuracy"
 
 
@@ -40,8 +33,9 @@ def columns(report: Report, console: bool = False) -> list[str]:
 
 def accuracy_cell(stage: Stage, label: str | None = None) -> str:
     """The accuracy figure; named ("top1 0.97") unless the column header already names the metric."""
-    acc = stage.measurements.get("accuracy") or {}
-    metric = acc.get("metric")
+    figures = Figures(stage)
+    acc = figures.group("accuracy")
+    metric = figures.metric
     if isinstance(metric, str) and metric in acc:
         v = acc[metric]
         cell = f"{v:.4f}" if isinstance(v, (int, float)) else "nan"  # null: a non-finite figure
@@ -55,20 +49,20 @@ def stage_rows(report: Report) -> list[dict[str, str]]:
     first = report.stages[0] if report.stages else None
     label = accuracy_label(report)
     for stage in report.stages:
-        size, p50 = _size(stage), _p50(stage)
-        base_size, base_p50 = (_size(first), _p50(first)) if first else (None, None)
-        lat = stage.measurements.get("latency") or {}
-        fid = stage.measurements.get("fidelity") or {}
-        params = (stage.measurements.get("size") or {}).get("parameters")
-        agree = fid.get("top1_agreement")
+        figures, base = Figures(stage), Figures(first)
+        size, p50, base_size, base_p50 = figures.size_bytes, figures.p50_ms, base.size_bytes, base.p50_ms
+        p90 = figures.latency("p90_ms")
+        fid = figures.group("fidelity")
+        params = figures.parameters
+        agree = figures.fidelity("top1_agreement")
         rows.append({
             "stage": stage.name + (" (cached)" if stage.cached else ""),
             "format": stage.output.format,
             "size": human_bytes(size),
             "size x": f"{size / base_size:.2f}" if size and base_size else "-",
-            "params": f"{params:,}" if params is not None else "-",
+            "params": f"{params:,.0f}" if params is not None else "-",
             "p50 ms": f"{p50:.3f}" if p50 is not None else "-",
-            "p90 ms": f"{lat['p90_ms']:.3f}" if "p90_ms" in lat else "-",
+            "p90 ms": f"{p90:.3f}" if p90 is not None else "-",
             "speedup": _speedup(stage, p50, base_p50),
             label: accuracy_cell(stage, label),
             "cosine": _num(fid, "cosine", ".5f"),
@@ -81,7 +75,7 @@ def stage_rows(report: Report) -> list[dict[str, str]]:
 
 def _speedup(stage: Stage, p50: float | None, base_p50: float | None) -> str:
     """first stage's p50 / this one's; "same" when a paired measurement found no significant change."""
-    change = stage.measurements.get("latency_change")
+    change = Figures(stage).latency_change
     if change and "ratio" in change:
         return f"{1 / change['ratio']:.2f}x" if change.get("significant") else "same"
     return f"{base_p50 / p50:.2f}x" if p50 and base_p50 else "-"
