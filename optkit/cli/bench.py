@@ -5,7 +5,7 @@ from typing import Optional
 
 import typer
 
-from optkit.cli import common
+from optkit.cli import common, options
 from optkit.core.shapes import parse_shapes, parse_values
 
 
@@ -13,19 +13,19 @@ def register(app: typer.Typer) -> None:
     @app.command("bench")
     def bench_cmd(
         model: str = typer.Argument(..., help="Model file, SavedModel folder or file.py:factory."),
-        threads: Optional[int] = common.THREADS,
+        threads: Optional[int] = options.THREADS,
         batch: int = typer.Option(1, "--batch", min=1, help="Batch size (sets a dynamic first dim)."),
         warmup: int = typer.Option(10, "--warmup", min=0, help="Untimed runs first."),
         runs: int = typer.Option(100, "--runs", min=1, help="Timed runs."),
         duration: Optional[float] = typer.Option(None, "--duration", min=0.01,
                                                  help="Time runs for this many seconds instead of --runs."),
-        provider: str = common.PROVIDER,
+        provider: str = options.PROVIDER,
         data: Optional[str] = typer.Option(None, "--data", help="Feed samples from this data instead of random."),
-        shape: Optional[list[str]] = common.SHAPE,
-        value: Optional[list[str]] = common.VALUE,
-        weights: Optional[str] = common.WEIGHTS,
-        report: Optional[str] = common.OUTPUT_REPORT,
-        as_json: bool = common.JSON,
+        shape: Optional[list[str]] = options.SHAPE,
+        value: Optional[list[str]] = options.VALUE,
+        weights: Optional[str] = options.WEIGHTS,
+        report: Optional[str] = options.OUTPUT_REPORT,
+        as_json: bool = options.JSON,
     ) -> None:
         """Latency on the model's own runtime: p50/p90/p99, mean, std, throughput."""
         from optkit.measure.model import DataSpec, MeasureSettings

@@ -12,8 +12,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Optional
 
-import typer
-
 from optkit.core import interrupts, logs
 from optkit.core.artifact import Artifact
 from optkit.core.atomic import check_output_path, check_outputs
@@ -151,20 +149,6 @@ def console():
 
 def print_json(text: str) -> None:
     sys.stdout.write(text.rstrip() + "\n")
-
-
-# Shared option declarations, so every command spells them the same way.
-JSON = typer.Option(False, "--json", help="Print the result as JSON instead of a table.")
-SHAPE = typer.Option(None, "--shape", help="Input shape for dynamic dims: name=1x3x224x224 (repeatable; "
-                                            "default: from the dim names, probed).")
-VALUE = typer.Option(None, "--value", help="The value a scalar input is fed when there is no data: name=V, e.g. "
-                                           "sr=16000 (repeatable).")
-THREADS = typer.Option(None, "--threads", min=1, help="Intra-op threads (default: the runtime's).")
-PROVIDER = typer.Option("cpu", "--provider", help="onnxruntime provider: cpu, cuda, tensorrt (ONNX models).")
-WEIGHTS = typer.Option(None, "--weights", help="State dict for a factory model (loaded with weights_only=True).")
-OUTPUT_REPORT = typer.Option(None, "--report", help="Also write the JSON report to this file.")
-PRINT_RECIPE = typer.Option(False, "--print-recipe",
-                            help="Print the equivalent one-stage recipe (for `optkit run`) and exit.")
 
 
 def load_artifact(model: str, weights: Optional[str] = None, signature: Optional[str] = None, **meta):

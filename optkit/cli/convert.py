@@ -5,7 +5,7 @@ from typing import Optional
 
 import typer
 
-from optkit.cli import common
+from optkit.cli import common, options
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format, detect_format
 from optkit.core.shapes import parse_shapes, parse_values
@@ -19,10 +19,10 @@ def register(app: typer.Typer) -> None:
         model: str = typer.Argument(..., help="file.py:make_model, pkg.mod:make_model, TorchScript .pt, "
                                                ".pt2, SavedModel folder, .keras, .h5 or .tflite."),
         output: str = typer.Option(..., "--output", "-o", help="The ONNX file to write."),
-        weights: Optional[str] = common.WEIGHTS,
+        weights: Optional[str] = options.WEIGHTS,
         signature: Optional[str] = typer.Option(None, "--signature", help="SavedModel signature to convert."),
-        shape: Optional[list[str]] = common.SHAPE,
-        value: Optional[list[str]] = common.VALUE,
+        shape: Optional[list[str]] = options.SHAPE,
+        value: Optional[list[str]] = options.VALUE,
         dynamic: Optional[list[str]] = typer.Option(
             None, "--dynamic", help="Dynamic axes (PyTorch): 'batch', or NAME:DIM[=LABEL] (repeatable)."),
         exporter: str = typer.Option("dynamo", "--exporter", help="PyTorch exporter: dynamo or legacy."),
@@ -36,11 +36,11 @@ def register(app: typer.Typer) -> None:
         rtol: Optional[float] = typer.Option(None, "--rtol", min=0, help="Relative tolerance (default per dtype)."),
         external_data: str = typer.Option("auto", "--external-data",
                                           help="auto (only over 2 GB), always or never."),
-        threads: Optional[int] = common.THREADS,
+        threads: Optional[int] = options.THREADS,
         runs: int = typer.Option(50, "--runs", min=1, help="Timed runs for the latency figures."),
-        report: Optional[str] = common.OUTPUT_REPORT,
-        as_json: bool = common.JSON,
-        print_recipe: bool = common.PRINT_RECIPE,
+        report: Optional[str] = options.OUTPUT_REPORT,
+        as_json: bool = options.JSON,
+        print_recipe: bool = options.PRINT_RECIPE,
     ) -> None:
         """Convert a PyTorch or TensorFlow model to ONNX, validated against the source framework."""
         from optkit.measure.model import MeasureSettings

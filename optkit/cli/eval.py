@@ -5,7 +5,7 @@ from typing import Optional
 
 import typer
 
-from optkit.cli import common
+from optkit.cli import common, options
 from optkit.core.errors import UsageError
 from optkit.core.shapes import parse_shapes, parse_values
 
@@ -22,13 +22,13 @@ def register(app: typer.Typer) -> None:
         max_samples: Optional[int] = typer.Option(None, "--max-samples", min=1,
                                                   help="Evaluate a deterministic subset."),
         no_metric: bool = typer.Option(False, "--no-metric", help="Fidelity only (data without labels)."),
-        provider: str = common.PROVIDER,
-        threads: Optional[int] = common.THREADS,
-        shape: Optional[list[str]] = common.SHAPE,
-        value: Optional[list[str]] = common.VALUE,
-        weights: Optional[str] = common.WEIGHTS,
-        report: Optional[str] = common.OUTPUT_REPORT,
-        as_json: bool = common.JSON,
+        provider: str = options.PROVIDER,
+        threads: Optional[int] = options.THREADS,
+        shape: Optional[list[str]] = options.SHAPE,
+        value: Optional[list[str]] = options.VALUE,
+        weights: Optional[str] = options.WEIGHTS,
+        report: Optional[str] = options.OUTPUT_REPORT,
+        as_json: bool = options.JSON,
     ) -> None:
         """Accuracy on labelled data, and fidelity to a reference model."""
         from optkit.measure.model import DataSpec, MeasureSettings

@@ -5,7 +5,7 @@ from typing import Optional
 
 import typer
 
-from optkit.cli import common
+from optkit.cli import common, options
 from optkit.core.atomic import write_text
 from optkit.core.errors import GateFailed, UsageError
 
@@ -21,7 +21,7 @@ def register(app: typer.Typer) -> None:
         junit: Optional[str] = typer.Option(None, "--junit", help="Also write JUnit XML (one test case per gate)."),
         markdown: Optional[str] = typer.Option(None, "--markdown", help="Also write the Markdown report."),
         output: Optional[str] = typer.Option(None, "--output", help="Write the report with these verdicts."),
-        as_json: bool = common.JSON,
+        as_json: bool = options.JSON,
     ) -> None:
         """Check gates on a report: exit 1 when one fails, with a table of every gate and its margin."""
         import json

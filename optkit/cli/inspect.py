@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from optkit.cli import common
+from optkit.cli import common, options
 from optkit.core.shapes import format_shape
 
 
@@ -14,8 +14,8 @@ def register(app: typer.Typer) -> None:
     @app.command("inspect")
     def inspect_cmd(
         model: str = typer.Argument(..., help="Model file, SavedModel folder or file.py:factory."),
-        weights: Optional[str] = common.WEIGHTS,
-        as_json: bool = common.JSON,
+        weights: Optional[str] = options.WEIGHTS,
+        as_json: bool = options.JSON,
     ) -> None:
         """Format, inputs/outputs with shapes and dtypes, opset, op histogram, parameters, size."""
         from optkit.measure.inspect import inspect_model

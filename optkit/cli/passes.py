@@ -5,12 +5,12 @@ import json
 
 import typer
 
-from optkit.cli import common
+from optkit.cli import common, options
 
 
 def register(app: typer.Typer) -> None:
     @app.command("passes")
-    def passes_cmd(as_json: bool = common.JSON) -> None:
+    def passes_cmd(as_json: bool = options.JSON) -> None:
         """Every registered pass (built-in and plugins), what it accepts and produces, and whether it can run here."""
         from optkit.core.registry import all_passes
 

@@ -10,25 +10,10 @@ from typing import Optional
 
 import typer
 
-from optkit.cli import common
+from optkit.cli import common, options
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format, detect_format
 from optkit.core.shapes import parse_shapes, parse_values
-
-# Fine-tuning options shared with `optkit qat`.
-TRAIN = typer.Option(None, "--train", help="Labelled fine-tuning data: .npz (input + labels) or an image folder.")
-EVAL = typer.Option(None, "--eval-data", help="Labelled data for accuracy before and after.")
-METRIC = typer.Option("top1", "--metric", help="Metric for --eval-data: top1, top5 or module:function.")
-LAYOUT = typer.Option(None, "--layout", help="Image folders: nchw or nhwc (default: nhwc for Keras, nchw for torch).")
-COLOR = typer.Option("rgb", "--color", help="Image folders: rgb, bgr or gray.")
-EPOCHS = typer.Option(2, "--epochs", min=0, help="Fine-tuning epochs.")
-BATCH = typer.Option(32, "--batch-size", min=1, help="Global batch size (split over replicas and workers).")
-LR = typer.Option(None, "--learning-rate", help="Learning rate (default 1e-3; 1e-4 for QAT).")
-OPTIMIZER = typer.Option("adam", "--optimizer", help="adam, adamw, sgd or rmsprop.")
-STRATEGY = typer.Option("none", "--strategy",
-                        help="none; Keras: mirrored (local devices) or multi-worker (TF_CONFIG); torch: ddp (torchrun).")
-MAX_DROP = typer.Option(0.05, "--max-accuracy-drop",
-                        help="Fail (exit 3) when fine-tuned top-1 falls more than this (0.05 = 5 pt); -1 disables.")
 
 
 def split_names(values: Optional[list[str]]) -> Optional[list[str]]:
@@ -57,14 +42,6 @@ def load_train_data(train, eval_data, layout, color, default_layout):
     if eval_data:
         data["eval"] = load_dataset(eval_data, pre)
     return data
-
-
-def finetune_config(epochs, batch_size, learning_rate, optimizer, strategy, max_drop) -> dict:
-    cfg = {"epochs": epochs, "batch_size": batch_size, "optimizer": optimizer, "strategy": strategy,
-           "max_accuracy_drop": None if max_drop is not None and max_drop < 0 else max_drop}
-    if learning_rate is not None:
-        cfg["learning_rate"] = learning_rate
-    return cfg
 
 
 def run_stage(pass_name, model, output, config, *, data, eval_data, metric, settings, command, weights,
@@ -140,31 +117,31 @@ def register(app: typer.Typer) -> None:
         skip_unsupported: bool = typer.Option(False, "--skip-unsupported",
                                               help="Keras: skip layers TF-MOT cannot prune instead of failing."),
         round_to: Optional[int] = typer.Option(None, "--round-to", min=1, help="torch channels: multiple of this."),
-        train: Optional[str] = TRAIN,
-        eval_data: Optional[str] = EVAL,
-        metric: str = METRIC,
-        layout: Optional[str] = LAYOUT,
-        color: str = COLOR,
-        epochs: int = EPOCHS,
-        batch_size: int = BATCH,
-        learning_rate: Optional[float] = LR,
-        optimizer: str = OPTIMIZER,
-        strategy: str = STRATEGY,
-        max_accuracy_drop: float = MAX_DROP,
-        threads: Optional[int] = common.THREADS,
-        shape: Optional[list[str]] = common.SHAPE,
-        value: Optional[list[str]] = common.VALUE,
-        weights: Optional[str] = common.WEIGHTS,
-        report: Optional[str] = common.OUTPUT_REPORT,
-        as_json: bool = common.JSON,
-        print_recipe: bool = common.PRINT_RECIPE,
+        train: Optional[str] = options.TRAIN,
+        eval_data: Optional[str] = options.EVAL,
+        metric: str = options.METRIC,
+        layout: Optional[str] = options.LAYOUT,
+        color: str = options.COLOR,
+        epochs: Optional[int] = options.EPOCHS,
+        batch_size: Optional[int] = options.BATCH,
+        learning_rate: Optional[float] = options.LR,
+        optimizer: Optional[str] = options.OPTIMIZER,
+        strategy: Optional[str] = options.STRATEGY,
+        max_accuracy_drop: Optional[float] = options.MAX_DROP,
+        threads: Optional[int] = options.THREADS,
+        shape: Optional[list[str]] = options.SHAPE,
+        value: Optional[list[str]] = options.VALUE,
+        weights: Optional[str] = options.WEIGHTS,
+        report: Optional[str] = options.OUTPUT_REPORT,
+        as_json: bool = options.JSON,
+        print_recipe: bool = options.PRINT_RECIPE,
     ) -> None:
         """Prune a Keras or PyTorch model and fine-tune it on your data; the result continues to convert/quantize."""
         from optkit.measure.model import MeasureSettings
 
         common.guard_outputs({"-o": output, "--report": report}, [model, weights, train, eval_data])
         fmt = detect_format(model)
-        common_cfg = finetune_config(epochs, batch_size, learning_rate, optimizer, strategy, max_accuracy_drop)
+        common_cfg = options.finetune_config(epochs, batch_size, learning_rate, optimizer, strategy, max_accuracy_drop)
         common_cfg.update(sparsity=sparsity, layers=split_names(layers), exclude=split_names(exclude) or [])
         if fmt == Format.KERAS:
             pass_name, default_layout = "prune.keras", "nhwc"

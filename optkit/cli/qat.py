@@ -5,24 +5,8 @@ from typing import Optional
 
 import typer
 
-from optkit.cli import common
-from optkit.cli.prune import (
-    BATCH,
-    COLOR,
-    EPOCHS,
-    EVAL,
-    LAYOUT,
-    LR,
-    MAX_DROP,
-    METRIC,
-    OPTIMIZER,
-    STRATEGY,
-    TRAIN,
-    finetune_config,
-    load_train_data,
-    run_stage,
-    split_names,
-)
+from optkit.cli import common, options
+from optkit.cli.prune import load_train_data, run_stage, split_names
 from optkit.core.shapes import parse_shapes, parse_values
 
 
@@ -33,23 +17,23 @@ def register(app: typer.Typer) -> None:
         output: str = typer.Option(..., "-o", "--output", help="Where to write the QAT model (.h5)."),
         layers: Optional[list[str]] = typer.Option(None, "--layers",
                                                    help="Quantize only these layers (default: the whole model)."),
-        train: Optional[str] = TRAIN,
-        eval_data: Optional[str] = EVAL,
-        metric: str = METRIC,
-        layout: Optional[str] = LAYOUT,
-        color: str = COLOR,
-        epochs: int = EPOCHS,
-        batch_size: int = BATCH,
-        learning_rate: Optional[float] = LR,
-        optimizer: str = OPTIMIZER,
-        strategy: str = STRATEGY,
-        max_accuracy_drop: float = MAX_DROP,
-        threads: Optional[int] = common.THREADS,
-        shape: Optional[list[str]] = common.SHAPE,
-        value: Optional[list[str]] = common.VALUE,
-        report: Optional[str] = common.OUTPUT_REPORT,
-        as_json: bool = common.JSON,
-        print_recipe: bool = common.PRINT_RECIPE,
+        train: Optional[str] = options.TRAIN,
+        eval_data: Optional[str] = options.EVAL,
+        metric: str = options.METRIC,
+        layout: Optional[str] = options.LAYOUT,
+        color: str = options.COLOR,
+        epochs: Optional[int] = options.EPOCHS,
+        batch_size: Optional[int] = options.BATCH,
+        learning_rate: Optional[float] = options.LR,
+        optimizer: Optional[str] = options.OPTIMIZER,
+        strategy: Optional[str] = options.STRATEGY,
+        max_accuracy_drop: Optional[float] = options.MAX_DROP,
+        threads: Optional[int] = options.THREADS,
+        shape: Optional[list[str]] = options.SHAPE,
+        value: Optional[list[str]] = options.VALUE,
+        report: Optional[str] = options.OUTPUT_REPORT,
+        as_json: bool = options.JSON,
+        print_recipe: bool = options.PRINT_RECIPE,
     ) -> None:
         """Quantization-aware training for a Keras model; export it with `optkit tflite --mode int8`."""
         from optkit.core.registry import get_pass
@@ -57,7 +41,7 @@ def register(app: typer.Typer) -> None:
         from optkit.measure.model import MeasureSettings
 
         common.guard_outputs({"-o": output, "--report": report}, [model, train, eval_data])
-        config = finetune_config(epochs, batch_size, learning_rate, optimizer, strategy, max_accuracy_drop)
+        config = options.finetune_config(epochs, batch_size, learning_rate, optimizer, strategy, max_accuracy_drop)
         if layers:
             config["layers"] = split_names(layers)
         build_config(get_pass("qat.keras"), config)

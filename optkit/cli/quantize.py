@@ -5,7 +5,7 @@ from typing import Optional
 
 import typer
 
-from optkit.cli import common
+from optkit.cli import common, options
 from optkit.core.errors import UsageError, ValidationError
 from optkit.core.shapes import parse_shapes, parse_values
 
@@ -79,11 +79,11 @@ def register(app: typer.Typer) -> None:
         check_output: Optional[list[str]] = typer.Option(None, "--check-output",
                                                          help="Budgets judge this output only (repeatable; "
                                                               "default: every output)."),
-        threads: Optional[int] = common.THREADS,
-        shape: Optional[list[str]] = common.SHAPE,
-        value: Optional[list[str]] = common.VALUE,
-        report: Optional[str] = common.OUTPUT_REPORT,
-        as_json: bool = common.JSON,
+        threads: Optional[int] = options.THREADS,
+        shape: Optional[list[str]] = options.SHAPE,
+        value: Optional[list[str]] = options.VALUE,
+        report: Optional[str] = options.OUTPUT_REPORT,
+        as_json: bool = options.JSON,
     ) -> None:
         """Quantize an ONNX model, checked against its parent; accuracy-aware with a budget."""
         from optkit.measure.model import DataSpec, MeasureSettings

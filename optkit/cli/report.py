@@ -5,7 +5,7 @@ from typing import Optional
 
 import typer
 
-from optkit.cli import common
+from optkit.cli import common, options
 from optkit.core.atomic import write_text
 from optkit.core.errors import UsageError
 
@@ -19,7 +19,7 @@ def register(app: typer.Typer) -> None:
         a: str = typer.Argument(..., help="First report.json (A, e.g. the baseline)."),
         b: str = typer.Argument(..., help="Second report.json (B, e.g. this change)."),
         markdown: bool = typer.Option(False, "--markdown", help="Print Markdown instead of a table."),
-        as_json: bool = common.JSON,
+        as_json: bool = options.JSON,
     ) -> None:
         """Side-by-side differences of two runs: size, p50 latency (with noise) and accuracy per stage."""
         import json

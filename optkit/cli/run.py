@@ -5,7 +5,7 @@ from typing import Optional
 
 import typer
 
-from optkit.cli import common
+from optkit.cli import common, options
 from optkit.core.errors import GateFailed, UsageError
 
 
@@ -19,7 +19,7 @@ def register(app: typer.Typer) -> None:
         workspace: str = typer.Option("runs", "--workspace", help="Folder for runs/<recipe>/<run-id>/."),
         baseline: Optional[str] = typer.Option(None, "--baseline",
                                                help="Baseline report.json for the baseline gates."),
-        as_json: bool = common.JSON,
+        as_json: bool = options.JSON,
     ) -> None:
         """Run a recipe: every stage, measured, cached and resumable; reports; exit 1 when a gate fails."""
         from pathlib import Path

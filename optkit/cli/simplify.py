@@ -5,7 +5,7 @@ from typing import Optional
 
 import typer
 
-from optkit.cli import common
+from optkit.cli import common, options
 from optkit.core.errors import UsageError
 from optkit.core.shapes import parse_shapes, parse_values
 
@@ -23,12 +23,12 @@ def register(app: typer.Typer) -> None:
                                          help="Refuse results larger than this many times the input."),
         tolerance: float = typer.Option(1e-5, "--tolerance", min=0, help="Max output difference allowed."),
         data: Optional[str] = typer.Option(None, "--data", help="Check outputs on these inputs (default: random)."),
-        threads: Optional[int] = common.THREADS,
-        shape: Optional[list[str]] = common.SHAPE,
-        value: Optional[list[str]] = common.VALUE,
-        report: Optional[str] = common.OUTPUT_REPORT,
-        as_json: bool = common.JSON,
-        print_recipe: bool = common.PRINT_RECIPE,
+        threads: Optional[int] = options.THREADS,
+        shape: Optional[list[str]] = options.SHAPE,
+        value: Optional[list[str]] = options.VALUE,
+        report: Optional[str] = options.OUTPUT_REPORT,
+        as_json: bool = options.JSON,
+        print_recipe: bool = options.PRINT_RECIPE,
     ) -> None:
         """onnxslim + onnxruntime offline optimizations, checked for equal outputs and bounded growth."""
         from optkit.measure.model import DataSpec, MeasureSettings

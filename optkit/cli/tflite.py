@@ -5,7 +5,7 @@ from typing import Optional
 
 import typer
 
-from optkit.cli import common
+from optkit.cli import common, options
 from optkit.core.shapes import parse_shapes, parse_values
 
 
@@ -25,12 +25,12 @@ def register(app: typer.Typer) -> None:
         min_cosine: Optional[float] = typer.Option(None, "--min-cosine",
                                                    help="Fail below this output cosine to the source (default per mode)."),
         signature: Optional[str] = typer.Option(None, "--signature", help="SavedModel signature."),
-        threads: Optional[int] = common.THREADS,
-        shape: Optional[list[str]] = common.SHAPE,
-        value: Optional[list[str]] = common.VALUE,
-        report: Optional[str] = common.OUTPUT_REPORT,
-        as_json: bool = common.JSON,
-        print_recipe: bool = common.PRINT_RECIPE,
+        threads: Optional[int] = options.THREADS,
+        shape: Optional[list[str]] = options.SHAPE,
+        value: Optional[list[str]] = options.VALUE,
+        report: Optional[str] = options.OUTPUT_REPORT,
+        as_json: bool = options.JSON,
+        print_recipe: bool = options.PRINT_RECIPE,
     ) -> None:
         """Export a Keras model or SavedModel to TFLite (float32, float16, dynamic range or int8)."""
         from optkit.core.registry import get_pass

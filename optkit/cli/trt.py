@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from optkit.cli import common
+from optkit.cli import common, options
 from optkit.core.errors import PassError, UsageError
 from optkit.core.formats import Format
 
@@ -50,9 +50,9 @@ def build_cmd(
     runs: int = typer.Option(100, "--runs", min=1, help="Timed runs."),
     data: Optional[str] = typer.Option(None, "--data", help="Labelled data for accuracy (and fidelity)."),
     metric: Optional[str] = typer.Option(None, "--metric", help="Metric on --data: top1, top5, mse, ..."),
-    report: Optional[str] = common.OUTPUT_REPORT,
-    as_json: bool = common.JSON,
-    print_recipe: bool = common.PRINT_RECIPE,
+    report: Optional[str] = options.OUTPUT_REPORT,
+    as_json: bool = options.JSON,
+    print_recipe: bool = options.PRINT_RECIPE,
 ) -> None:
     """Build a TensorRT engine from an ONNX model, check it against the model, and measure both."""
     from optkit.measure.model import DataSpec, MeasureSettings
@@ -87,7 +87,7 @@ def check_cmd(
     shape: Optional[list[str]] = PROFILE_SHAPE,
     precision: Optional[str] = typer.Option(None, "--precision", help="Check for this build precision (int8 needs Q/DQ)."),
     strict: bool = typer.Option(False, "--strict", help="Treat warnings as blocking too."),
-    as_json: bool = common.JSON,
+    as_json: bool = options.JSON,
 ) -> None:
     """What can be checked without a GPU: unsupported ops, dynamic dims without a profile, INT64 weights, Q/DQ
     placements TensorRT rejects. Exit 0 when nothing blocks a build, 3 when something does (--strict: warnings too).

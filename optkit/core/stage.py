@@ -30,24 +30,44 @@ class StageResult:
     measurements: dict[str, Any] = field(default_factory=dict)
 
 
-def build_config(cls: type[Pass], config: dict[str, Any]):
-    """Validate a pass config; a typo or a wrong type is a usage error naming the key."""
+def build_config(cls: type[Pass], config: dict[str, Any], unknown: str = "unknown option"):
+    """Validate a pass config; a typo or a wrong type is a usage error naming the key. ConfigError carries
+    the key's path, so a recipe can point at its line."""
     try:
         return cls.Config(**config)
     except PydanticValidationError as e:
         err = e.errors()[0]
-        key = ".".join(str(p) for p in err["loc"]) or "config"
-        msg = "unknown option" if err["type"] == "extra_forbidden" else err["msg"]
-        raise UsageError(f"{cls.name}: {key}: {msg}") from None
+        raise ConfigError(cls.name, tuple(err["loc"]), config_message(err, unknown)) from None
 
 
-def check_pass(cls: type[Pass], artifact: Artifact) -> None:
+class ConfigError(UsageError):
+    def __init__(self, pass_name: str, loc: tuple, message: str):
+        self.pass_name, self.loc, self.detail = pass_name, loc, message
+        super().__init__(f"{pass_name}: {'.'.join(str(p) for p in loc) or 'config'}: {message}")
+
+
+def config_message(err: dict, unknown: str = "unknown option") -> str:
+    """pydantic's error, as one plain phrase."""
+    if err["type"] == "extra_forbidden":
+        return unknown
+    if err["type"] == "missing":
+        return "missing (required)"
+    msg = err["msg"].removeprefix("Value error, ")
+    return msg[0].lower() + msg[1:] if msg else msg
+
+
+def check_pass(cls: type[Pass], fmt, where: str = "") -> None:
+    """The pass is installed here (exit 4) and accepts `fmt` (exit 2); `where` names what gives that format."""
     missing = cls.missing()
     if missing:
         raise DependencyError(f"pass {cls.name} is unavailable here: {missing}")
-    if artifact.format not in cls.accepts:
+    check_accepts(cls, fmt, where)
+
+
+def check_accepts(cls: type[Pass], fmt, where: str = "") -> None:
+    if fmt not in cls.accepts:
         raise UsageError(f"pass {cls.name} accepts {', '.join(f.value for f in cls.accepts)}, "
-                         f"not {artifact.format.value} ({artifact.path})")
+                         f"not {fmt.value}" + (f" ({where})" if where else ""))
 
 
 def run_pass(artifact: Artifact, pass_name: str, config: dict[str, Any], output: str | Path,
@@ -55,7 +75,7 @@ def run_pass(artifact: Artifact, pass_name: str, config: dict[str, Any], output:
     """Run one pass on `artifact`, writing `output` atomically; the input is never overwritten."""
     cls = get_pass(pass_name)
     cfg = build_config(cls, config)
-    check_pass(cls, artifact)
+    check_pass(cls, artifact.format, artifact.path)
     output = check_output_path(output, inputs=(artifact.path, artifact.meta.get("weights")))
     ctx = PassContext(output=output, **ctx_fields)
     log.info("pass %s: %s -> %s", pass_name, artifact.path, output)

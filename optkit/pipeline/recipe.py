@@ -22,7 +22,8 @@ from pydantic import ValidationError as PydanticValidationError
 
 from optkit.core.errors import DependencyError, UsageError
 from optkit.core.formats import detect_format, split_factory
-from optkit.core.registry import all_passes
+from optkit.core.registry import get_pass
+from optkit.core.stage import ConfigError, build_config, check_accepts, config_message
 from optkit.measure.datasets import Preprocess
 from optkit.pipeline.gates import check_gates_plan, parse_gates
 
@@ -385,19 +386,7 @@ def _first_error(e: PydanticValidationError) -> tuple[tuple, str]:
     loc = tuple(p for p in err["loc"] if p not in ("str", "GateSpec"))
     # the key path is in the YAML (`pass`), not the Python attribute name
     loc = tuple({"pass_name": "pass", "from_": "from"}.get(p, p) for p in loc)
-    return loc, _message(err)
-
-
-def _message(err: dict) -> str:
-    t = err["type"]
-    if t == "extra_forbidden":
-        return "unknown key"
-    if t == "missing":
-        return "missing (required)"
-    msg = err["msg"]
-    if msg.startswith("Value error, "):
-        msg = msg[len("Value error, "):]
-    return msg[0].lower() + msg[1:] if msg else msg
+    return loc, config_message(err, unknown="unknown key")
 
 
 # ---------------------------------------------------------------- validation before any work
@@ -406,7 +395,6 @@ def check_passes(loaded: LoadedRecipe, allow_missing: bool = False) -> list:
     """Resolve each stage's pass and config; check the chain of formats. Returns [(cls, config), ...]."""
 
     r = loaded.recipe
-    passes = all_passes()
     fmt = None
     model = loaded.resolve(r.model.path)
     try:
@@ -427,23 +415,19 @@ def check_passes(loaded: LoadedRecipe, allow_missing: bool = False) -> list:
                                  f"choose one of {', '.join(formats)}")
             fmt = formats[st.from_]
             prev = "the model" if st.from_ == "input" else f"stage {st.from_!r}"
-        if st.pass_name not in passes:
-            import difflib
-
-            close = difflib.get_close_matches(st.pass_name, passes, n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else "; run `optkit passes` for the list"
-            raise UsageError(f"{loaded.where(loc)}: unknown pass {st.pass_name!r}{hint}")
-        cls = passes[st.pass_name]
         try:
-            cfg = cls.Config.model_validate(st.config)
-        except PydanticValidationError as e:
-            err = e.errors()[0]
-            sub = ("stages", i, "config", *err["loc"])
-            raise UsageError(f"{loaded.where(sub)}: {_message(err)} (pass {cls.name})") from None
-        if fmt not in cls.accepts:
-            raise UsageError(
-                f"{loaded.where(loc)}: {cls.name} accepts {', '.join(f.value for f in cls.accepts)}, "
-                f"but {prev} gives {fmt.value}")
+            cls = get_pass(st.pass_name)
+        except UsageError as e:
+            raise UsageError(f"{loaded.where(loc)}: {e.message}") from None
+        try:
+            cfg = build_config(cls, st.config, unknown="unknown key")
+        except ConfigError as e:
+            raise UsageError(f"{loaded.where(('stages', i, 'config', *e.loc))}: {e.detail} (pass {cls.name})") from None
+        try:
+            check_accepts(cls, fmt)
+        except UsageError:
+            raise UsageError(f"{loaded.where(loc)}: {cls.name} accepts {', '.join(f.value for f in cls.accepts)}, "
+                             f"but {prev} gives {fmt.value}") from None
         missing = cls.missing()
         if missing and not allow_missing:
             raise DependencyError(f"{loaded.where(loc)}: pass {cls.name} is unavailable here: {missing}")

@@ -1,0 +1,52 @@
+"""The options commands share, declared once. A value the user did not give is None and left out of the pass
+config (`given`), so the pass's pydantic Config holds every default; help texts name it for the reader.
+Only typer is imported here: `optkit --help` stays fast."""
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+
+# Shared option declarations, so every command spells them the same way.
+JSON = typer.Option(False, "--json", help="Print the result as JSON instead of a table.")
+SHAPE = typer.Option(None, "--shape", help="Input shape for dynamic dims: name=1x3x224x224 (repeatable; "
+                                            "default: from the dim names, probed).")
+VALUE = typer.Option(None, "--value", help="The value a scalar input is fed when there is no data: name=V, e.g. "
+                                           "sr=16000 (repeatable).")
+THREADS = typer.Option(None, "--threads", min=1, help="Intra-op threads (default: the runtime's).")
+PROVIDER = typer.Option("cpu", "--provider", help="onnxruntime provider: cpu, cuda, tensorrt (ONNX models).")
+WEIGHTS = typer.Option(None, "--weights", help="State dict for a factory model (loaded with weights_only=True).")
+OUTPUT_REPORT = typer.Option(None, "--report", help="Also write the JSON report to this file.")
+PRINT_RECIPE = typer.Option(False, "--print-recipe",
+                            help="Print the equivalent one-stage recipe (for `optkit run`) and exit.")
+
+# Fine-tuning: `optkit prune` and `optkit qat` (passes.training.finetune.FinetuneConfig holds the defaults).
+TRAIN = typer.Option(None, "--train", help="Labelled fine-tuning data: .npz (input + labels) or an image folder.")
+EVAL = typer.Option(None, "--eval-data", help="Labelled data for accuracy before and after.")
+METRIC = typer.Option("top1", "--metric", help="Metric for --eval-data: top1, top5 or module:function.")
+LAYOUT = typer.Option(None, "--layout", help="Image folders: nchw or nhwc (default: nhwc for Keras, nchw for torch).")
+COLOR = typer.Option("rgb", "--color", help="Image folders: rgb, bgr or gray.")
+EPOCHS = typer.Option(None, "--epochs", min=0, help="Fine-tuning epochs (default 2).")
+BATCH = typer.Option(None, "--batch-size", min=1, help="Global batch size, split over replicas and workers "
+                                                       "(default 32).")
+LR = typer.Option(None, "--learning-rate", help="Learning rate (default 1e-3; 1e-4 for QAT).")
+OPTIMIZER = typer.Option(None, "--optimizer", help="adam (default), adamw, sgd or rmsprop.")
+STRATEGY = typer.Option(None, "--strategy",
+                        help="none (default); Keras: mirrored (local devices) or multi-worker (TF_CONFIG); torch: ddp "
+                             "(torchrun).")
+MAX_DROP = typer.Option(None, "--max-accuracy-drop",
+                        help="Fail (exit 3) when fine-tuned top-1 falls more than this (default 0.05 = 5 pt); -1 "
+                             "disables.")
+
+
+def given(**options: Any) -> dict[str, Any]:
+    """The options the user gave (None: not given, the pass's default applies)."""
+    return {k: v for k, v in options.items() if v is not None}
+
+
+def finetune_config(epochs, batch_size, learning_rate, optimizer, strategy, max_drop) -> dict:
+    cfg = given(epochs=epochs, batch_size=batch_size, learning_rate=learning_rate, optimizer=optimizer,
+                strategy=strategy, max_accuracy_drop=max_drop)
+    if max_drop is not None and max_drop < 0:
+        cfg["max_accuracy_drop"] = None  # -1: no accuracy check after fine-tuning
+    return cfg
