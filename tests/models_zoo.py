@@ -111,6 +111,11 @@ class SentenceEncoder(nn.Module):
         self.pos = nn.Embedding(max_len, dim)
         layer = nn.TransformerEncoderLayer(dim, heads, dim_feedforward=4 * dim, dropout=0.0, batch_first=True)
         self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        for block in self.encoder.layers:  # TransformerEncoder clones one layer: give each its own weights, as a
+            block.self_attn._reset_parameters()  # trained model has (shared ones export as one tensor + Identity)
+            for m in block.modules():
+                if isinstance(m, nn.Linear):
+                    m.reset_parameters()
 
     def forward(self, input_ids, attention_mask):
         positions = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0)
