@@ -260,3 +260,68 @@ measure: {{values: {{sr: 16000}}, check_outputs: [output], runs: 5, trials: 2, n
     bad.write_text(recipe.read_text().replace("values: {sr: 16000}", "values: {nope: 1}"))
     r = cli("run", bad, "--workspace", tmp_path / "runs2")
     assert r.rc == 2 and "--value names input 'nope'" in one_error_line(r)
+
+
+@pytest.mark.parametrize("name", ["mnist.onnx", SILERO, LAYOUT, "trained_lstm.tflite", "trained_lstm_int8.tflite"])
+def test_every_realcase_inspects_and_benches_without_flags(cli, realcases, name):
+    r = cli("inspect", realcases / name, "--json")
+    assert r.rc == 0, r.err
+    r = cli("bench", realcases / name, "--runs", "3", "--json")
+    assert r.rc == 0, r.err
+    assert json.loads(r.out)["stages"][0]["measurements"]["latency"]["p50_ms"] > 0
+
+
+@pytest.fixture(scope="module")
+def page_images(tmp_path_factory):
+    """Document pages from scikit-image, resized to the detector's 800x608 and normalized like ImageNet."""
+    skimage = pytest.importorskip("skimage")
+    from skimage import transform
+
+    rows = []
+    for name in ("page", "text"):
+        im = np.asarray(getattr(skimage.data, name)(), np.float32)
+        im = np.stack([im] * 3, -1) if im.ndim == 2 else im[..., :3]
+        for flip in (False, True):
+            x = transform.resize(im[:, ::-1] if flip else im, (800, 608), preserve_range=True)
+            x = (x / 255 - np.array([0.485, 0.456, 0.406])) / np.array([0.229, 0.224, 0.225])
+            rows.append(x.transpose(2, 0, 1).astype(np.float32))
+    path = tmp_path_factory.mktemp("pages") / "pages.npz"
+    np.savez(path, image=np.stack(rows))
+    return path
+
+
+@pytest.mark.parametrize("mode", ["dynamic", "static"])
+def test_layout_detector_quantizes_or_refuses_cleanly(cli, realcases, page_images, mode, tmp_path):
+    out = tmp_path / "q.onnx"
+    args = ["--calibration-data", page_images] if mode == "static" else []
+    r = cli("quantize", realcases / LAYOUT, "--mode", mode, "--eval-data", page_images, *args, "-o", out,
+            "--max-candidates", "2", "--allow-slower")
+    assert r.rc in (0, 3), r.err
+    if r.rc == 3:  # PicoDet's hard-swish heads lose a lot in INT8: refused, nothing written
+        assert "moved the outputs past the tolerance" in one_error_line(r)
+        assert no_result_files(tmp_path) == []
+    else:
+        assert len(onnx.load(str(out)).graph.output) == 8
+
+
+def test_a_dim_no_rung_fits_and_an_unknown_value(cli, tmp_path):
+    """A model whose dynamic dim must be 7 (a Reshape to [-1, 7, 3]) runs on no ladder rung: one line naming
+    the input and --shape; a --value for an input the model lacks is refused too."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "n"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    shape = helper.make_tensor("shape", TensorProto.INT64, [3], [-1, 7, 3])
+    node = helper.make_node("Reshape", ["x", "shape"], ["y"])
+    model = helper.make_model(helper.make_graph([node], "g", [x], [y], [shape]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    path = tmp_path / "odd.onnx"
+    onnx.save(model, str(path))
+    r = cli("bench", path, "--runs", "2")
+    assert r.rc == 2
+    line = one_error_line(r)
+    assert "no shape tried for the dynamic dims of x" in line and "--shape" in line
+    r = cli("bench", path, "--shape", "x=1x21", "--runs", "2")
+    assert r.rc == 0, r.err
+    r = cli("bench", path, "--shape", "x=1x21", "--value", "rate=3", "--runs", "2")
+    assert r.rc == 2 and "--value names input 'rate'" in one_error_line(r)
