@@ -22,6 +22,7 @@ from optkit.core.errors import (
     EXIT_USAGE,
     OptkitError,
 )
+from optkit.core.text import first_line
 
 
 @dataclass
@@ -102,7 +103,7 @@ def _fail(message: str, code: int) -> int:
 def _internal(e: BaseException) -> int:
     if STATE.debug:
         traceback.print_exc()
-    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    first = first_line(e) if str(e).strip() else ""
     return _fail(f"internal error: {type(e).__name__}: {first} (rerun with --debug for the traceback)", EXIT_PASS)
 
 

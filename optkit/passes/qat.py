@@ -14,6 +14,7 @@ from optkit.core.artifact import Artifact
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format
 from optkit.core.registry import Pass, PassContext, register
+from optkit.core.text import first_line
 from optkit.passes.training.distributed import check_strategy, make_tf_strategy
 from optkit.passes.training.finetune import (
     FinetuneConfig,
@@ -81,7 +82,7 @@ class KerasQat(Pass):
                         work, clone_function=lambda layer: annotate(layer) if layer.name in config.layers else layer)
                     model = tfmot.quantization.keras.quantize_apply(annotated)
             except (ValueError, RuntimeError) as e:
-                first = str(e).strip().splitlines()[0]
+                first = first_line(e)
                 raise UsageError(f"TF-MOT cannot quantize this model: {first}; choose the layers to quantize with "
                                  "--layers") from None
         history = keras_fit(model, x, y, config, strategy, seed=ctx.seed)

@@ -24,6 +24,7 @@ from optkit.core.errors import DependencyError, UsageError
 from optkit.core.formats import detect_format, split_factory
 from optkit.core.registry import get_pass
 from optkit.core.stage import ConfigError, build_config, check_accepts, config_message
+from optkit.core.text import first_line
 from optkit.measure.datasets import Preprocess
 from optkit.pipeline.gates import check_gates_plan, parse_gates
 
@@ -269,7 +270,7 @@ def _yaml_with_lines(text: str, source: str) -> tuple[Any, dict[tuple, int]]:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark else source
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        problem = getattr(e, "problem", None) or first_line(e)
         raise UsageError(f"{where}: not valid YAML: {problem}") from None
     except RecursionError:
         raise UsageError(f"{source}: the YAML is nested too deeply for a recipe") from None

@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 
 from optkit.core.atomic import write_text
 from optkit.core.errors import UsageError
+from optkit.core.text import first_line
 
 SCHEMA_VERSION = "1.0"
 MAX_REPORT_BYTES = 256 << 20
@@ -91,7 +92,7 @@ class Report(BaseModel):
         except OSError as e:
             raise UsageError(f"cannot read report {p}: {e.strerror or e}") from None
         except ValueError as e:  # also bad UTF-8
-            raise UsageError(f"{p} is not an optkit report: not valid JSON ({str(e).splitlines()[0]})") from None
+            raise UsageError(f"{p} is not an optkit report: not valid JSON ({first_line(e)})") from None
         # a report is what optkit writes: the tool, a schema version and at least the input stage
         if not isinstance(data, dict) or data.get("tool") != "optkit" or "schema_version" not in data:
             raise UsageError(f"{p} is not an optkit report (no \"tool\": \"optkit\" and \"schema_version\")")
@@ -102,7 +103,7 @@ class Report(BaseModel):
             report = cls.model_validate(data)
         except ValueError as e:
             err = e.errors()[0] if hasattr(e, "errors") else None
-            what = (".".join(str(x) for x in err["loc"]) + ": " + err["msg"]) if err else str(e).splitlines()[0]
+            what = (".".join(str(x) for x in err["loc"]) + ": " + err["msg"]) if err else first_line(e)
             raise UsageError(f"{p} is not an optkit report: {what}") from None
         if report.schema_version.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
             raise UsageError(f"{p} has report schema {report.schema_version}; this optkit reads {SCHEMA_VERSION}")

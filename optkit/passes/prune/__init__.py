@@ -15,6 +15,7 @@ from optkit.core.errors import DependencyError, PassError, UsageError, Validatio
 from optkit.core.formats import Format
 from optkit.core.registry import Pass, PassContext, register
 from optkit.core.shapes import TensorSpec
+from optkit.core.text import first_line
 from optkit.passes.training.distributed import check_strategy, make_tf_strategy
 from optkit.passes.training.finetune import (
     FinetuneConfig,
@@ -186,7 +187,7 @@ class KerasPrune(Pass):
                     return tfmot.sparsity.keras.prune_low_magnitude(layer, **own)
                 except ValueError as e:
                     raise UsageError(f"TF-MOT cannot prune layer {layer.name!r} ({type(layer).__name__}) with these "
-                                     f"settings: {str(e).splitlines()[0]}; skip it with --exclude {layer.name}") from None
+                                     f"settings: {first_line(e)}; skip it with --exclude {layer.name}") from None
             return layer
 
         with strategy.scope():
@@ -319,14 +320,14 @@ def _channels(model, example, chosen, output_layer, named, cfg: TorchPruneConfig
         pruner.step()
     except Exception as e:
         raise PassError(f"cannot prune the channels of this model consistently: Torch-Pruning failed on its graph "
-                        f"({type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}); exclude the "
+                        f"({type(e).__name__}: {first_line(e)}); exclude the "
                         "layers involved with --exclude, or use --method unstructured") from None
     try:
         with torch.no_grad():
             out_after = model(example).shape
     except Exception as e:
         raise PassError(f"cannot prune the channels of this model consistently: after removing channels its forward "
-                        f"fails ({type(e).__name__}: {str(e).strip().splitlines()[0]}); the code probably hard-codes "
+                        f"fails ({type(e).__name__}: {first_line(e)}); the code probably hard-codes "
                         "a channel count (e.g. a reshape); exclude those layers with --exclude, or use "
                         "--method unstructured") from None
     if out_after != out_before:
@@ -351,7 +352,7 @@ def _export(model, example, output: Path, fmt: Format, check, max_error: float) 
                 torch.jit.save(torch.jit.trace(model, (example,)), str(tmp))
         except Exception as e:
             raise PassError(f"cannot save the pruned model as {fmt.value}: {type(e).__name__}: "
-                            f"{str(e).strip().splitlines()[0]}") from None
+                            f"{first_line(e)}") from None
         saved = load_program(str(tmp)).module() if fmt == Format.TORCH_EXPORT else torch.jit.load(str(tmp))
         with torch.no_grad():
             want, got = model(check).numpy(), saved(check).numpy()
