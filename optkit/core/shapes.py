@@ -48,13 +48,16 @@ def parse_shapes(values: list[str] | None) -> dict[str, list[int]]:
 # synthesized inputs use; `measure.inputs.probe` climbs when the runtime refuses it.
 LADDERS = {
     "batch": (1,),
-    "spatial": (224, 320, 640),
+    # images 224, 320, 640 square; then text-line crops (OCR recognizers take height 48 or 32, any width)
+    "height": (224, 320, 640, 48, 32, 64),
+    "width": (224, 320, 640, 320, 320, 256),
     "sequence": (128, 64, 16),
     "other": (16, 128, 1, 64, 224, 512, 576, 640, 1024),
 }
 _KINDS = (
     ("batch", re.compile(r"batch|^(n|b|bs|N|B)$|num_?samples", re.I)),
-    ("spatial", re.compile(r"height|width|^(h|w|H|W)$|^(img|image)_?(h|w|size)|^size$", re.I)),
+    ("height", re.compile(r"height|^(h|H)$|^(img|image)_?(h|size)$|^size$", re.I)),
+    ("width", re.compile(r"width|^(w|W)$|^(img|image)_?w", re.I)),
     ("sequence", re.compile(r"seq|len|token|time|step|frame|word|sentence|^(t|s|T|S|L)$", re.I)),
 )
 
@@ -66,7 +69,7 @@ def _dynamic(d) -> bool:
 def dim_kind(shape: list, index: int) -> str:
     """What dynamic dim `index` of `shape` is: from its symbolic name when it has one, else from its place.
     Unnamed: the first dim is the batch; so is a lone dynamic dim behind a fixed first dim over 1 (a state
-    [layers, batch, hidden]); two dynamic dims of an image-like rank-4 input are spatial."""
+    [layers, batch, hidden]); the dynamic dims of an image-like rank-4 input are its height and width."""
     name = shape[index]
     if isinstance(name, str) and name:
         for kind, pattern in _KINDS:
@@ -77,8 +80,10 @@ def dim_kind(shape: list, index: int) -> str:
     open_dims = [i for i, d in enumerate(shape) if _dynamic(d)]
     if open_dims == [index] and isinstance(shape[0], int) and shape[0] > 1:
         return "batch"
-    if len(shape) == 4 and open_dims in ([2, 3], [0, 2, 3], [1, 2], [0, 1, 2]) and index in (1, 2, 3):
-        return "spatial"
+    spatial = [i for i in open_dims if i > 0]
+    if len(shape) == 4 and spatial in ([2, 3], [1, 2], [2], [3]):
+        pair = [2, 3] if spatial[0] >= 2 else [1, 2]  # NCHW, else NHWC
+        return "height" if index == pair[0] else "width"
     return "other"
 
 

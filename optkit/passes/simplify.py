@@ -193,7 +193,6 @@ def _variants(artifact, config, tmp: Path, ctx):
 def _ort_offline(src: Path, dest: Path, provider: Optional[str]) -> None:
     """onnxruntime's offline optimizations saved as ONNX: basic level (standard ops only) unless a provider
     is targeted (extended level, which adds onnxruntime-specific fused ops)."""
-    import onnx
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -202,14 +201,14 @@ def _ort_offline(src: Path, dest: Path, provider: Optional[str]) -> None:
                                    else ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
     so.optimized_model_filepath = str(dest)
     ort.InferenceSession(str(src), so, providers=PROVIDERS.get(provider or "cpu", PROVIDERS["cpu"]))
-    m = onnx.load(str(dest))
+    m = onnx_io.load(dest)
     if not provider:  # standard domains, and whatever the input used already
-        source = onnx.load(str(src), load_external_data=False)
+        source = onnx_io.load(src, external_data=False)
         portable = {"", "ai.onnx", "ai.onnx.ml"} | {n.domain for n in source.graph.node}
         bad = sorted({n.domain for n in m.graph.node if n.domain not in portable})
         if bad:
             raise PassError(f"onnxruntime added non-portable ops ({', '.join(bad)})")
-    onnx.save(m, str(dest))
+    onnx_io.save(m, dest)
 
 
 def _max_scaled_error(ref, out) -> float:

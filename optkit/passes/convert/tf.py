@@ -18,6 +18,7 @@ from optkit.core.registry import PassContext
 from optkit.core.shapes import TensorSpec
 from optkit.core.text import first_line
 from optkit.onnx import graph
+from optkit.onnx import io as onnx_io
 from optkit.onnx.io import Staging
 from optkit.onnx.session import session_options, spec_of
 from optkit.passes.convert.common import check_model, choose_opset, unsupported_nodes, validate, validation_feeds
@@ -44,9 +45,8 @@ def convert_tf(artifact: Artifact, config, ctx: PassContext) -> Artifact:
             reference = _convert_keras(tf, artifact.path, opset, stage.model, Path(work), config, ctx)
         else:
             reference = _convert_saved_model(tf, artifact.path, signature, opset, stage.model)
-        import onnx
 
-        proto = onnx.load(str(stage.model), load_external_data=False)
+        proto = onnx_io.load(stage.model, external_data=False)
         bad = unsupported_nodes(proto)
         if bad:
             domain, op, node = bad[0]
@@ -56,7 +56,7 @@ def convert_tf(artifact: Artifact, config, ctx: PassContext) -> Artifact:
         check_model(stage.model)
         figures = _validate(reference, stage.model, config, ctx)
         figures["exporter"] = "tf2onnx"
-        figures["opset"] = graph.opset(onnx.load(str(stage.model), load_external_data=False))
+        figures["opset"] = graph.opset(onnx_io.load(stage.model, external_data=False))
         ctx.measurements["validation"] = figures
         stage.commit()
     return artifact.derive(ctx.output, Format.ONNX, PASS, config.model_dump(mode="json"), exporter="tf2onnx",
@@ -111,7 +111,7 @@ def _tflite_io(path: Path, session, source_path: str) -> dict[str, float]:
     import onnx
     from onnx import helper, numpy_helper
 
-    model = onnx.load(str(path))
+    model = onnx_io.load(path)
     g = model.graph
     interp = session.interp
     steps: dict[str, float] = {}
@@ -324,9 +324,8 @@ def _convert_saved_model(tf, path: str, signature: str | None, opset: int, dest:
         raise
     except Exception as e:  # noqa: BLE001
         raise _tf2onnx_error(e, f"SavedModel {path}") from None
-    import onnx
 
-    out_names = [o.name for o in onnx.load(str(dest), load_external_data=False).graph.output]
+    out_names = [o.name for o in onnx_io.load(dest, external_data=False).graph.output]
 
     def run(feeds):
         out = fn(**{k: tf.constant(v) for k, v in feeds.items()})

@@ -19,6 +19,7 @@ from optkit.core.registry import PassContext, require_extra
 from optkit.core.shapes import TensorSpec, check_unused
 from optkit.core.text import first_line
 from optkit.onnx import graph
+from optkit.onnx import io as onnx_io
 from optkit.onnx.io import Staging
 from optkit.onnx.session import session_options, spec_of
 from optkit.passes.convert.common import check_model, choose_opset, unsupported_nodes, validate, validation_feeds
@@ -74,10 +75,9 @@ class _RuntimeFailure(Exception):
 
 
 def _export_and_validate(export_obj, model, tensors, specs, out_names, dynamic, config, stage, ctx, names):
-    import onnx
 
     used = _export(export_obj, model, tensors, specs, out_names, dynamic, config, stage.model, ctx)
-    proto = onnx.load(str(stage.model), load_external_data=False)
+    proto = onnx_io.load(stage.model, external_data=False)
     bad = unsupported_nodes(proto)
     if bad:
         domain, op, node = bad[0]

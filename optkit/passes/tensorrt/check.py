@@ -21,7 +21,7 @@ from typing import Any
 
 from optkit.core.errors import UsageError
 from optkit.core.shapes import parse_shapes
-from optkit.core.text import first_line
+from optkit.onnx import io as onnx_io
 from optkit.onnx.graph import subgraphs
 
 # The ONNX operators TensorRT 10's ONNX parser supports ("Y") and explicitly does not ("N"), default domain.
@@ -115,16 +115,7 @@ def check_model(path: str, shapes: dict[str, Any] | None = None, precision: str 
     `shapes` maps input names (or "" for a single-input model) to a shape or to [min, opt, max] shapes:
     inputs named there count as having an optimization profile. `precision="int8"` also requires Q/DQ nodes.
     """
-    import onnx
-    from google.protobuf.message import DecodeError
-
-    try:
-        model = onnx.load(path, load_external_data=False)
-    except (DecodeError, OSError, ValueError, RuntimeError) as e:
-        first = first_line(e)
-        raise UsageError(f"cannot read {path} as ONNX: {first}; the file is corrupt or truncated") from None
-    if not model.graph.node and not model.graph.output:
-        raise UsageError(f"cannot read {path} as ONNX: the file holds no graph (corrupt or not ONNX)")
+    model = onnx_io.load(path, external_data=False)
     return _Checker(model, str(path), shapes or {}, precision).run()
 
 
