@@ -469,3 +469,21 @@ def test_check_output_that_names_no_output(cli, samples, tmp_path):
     assert r.rc == 2
     assert "--check-output 'nope' names no output" in one_error_line(r)
     assert no_result_files(tmp_path) == []
+
+
+def test_weights_held_as_constant_nodes_are_quantized(cli, samples, tmp_path):
+    """paddle2onnx-style: every weight a Constant node. They become initializers, so the weights shrink."""
+    m = onnx.load(str(samples / "torch_cnn.onnx"))
+    g = m.graph
+    consts = [onnx.helper.make_node("Constant", [], [i.name], value=i) for i in g.initializer]
+    del g.initializer[:]
+    nodes = consts + list(g.node)
+    del g.node[:]
+    g.node.extend(nodes)
+    src = tmp_path / "constants.onnx"
+    onnx.save(m, str(src))
+    out = tmp_path / "q.onnx"
+    r = cli("quantize", src, "--mode", "dynamic", "-o", out, "--json")
+    rep = _json(r)
+    assert any("Constant nodes into initializers" in n for n in rep["stages"][1]["notes"])
+    assert out.stat().st_size <= 0.5 * src.stat().st_size

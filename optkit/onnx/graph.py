@@ -269,3 +269,27 @@ def _index_bound(name: str, consumers: dict, inits: dict, consts: dict, depth: i
                 if b is not None:
                     bounds.append(b)
     return min(bounds) if bounds else None
+
+
+def constants_to_initializers(model) -> int:
+    """Move the main graph's Constant nodes (a `value` tensor) into initializers, in place; returns how many.
+    onnxruntime's quantizers only quantize weights held as initializers, and some exporters (paddle2onnx,
+    for one) write every weight as a Constant node. Needs IR 4 or later (initializers need not be inputs)."""
+    import onnx
+
+    keep, moved = [], 0
+    for node in model.graph.node:
+        attrs = list(node.attribute)
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(attrs) == 1 \
+                and attrs[0].name == "value" and model.ir_version >= 4:
+            tensor = onnx.TensorProto()
+            tensor.CopyFrom(attrs[0].t)
+            tensor.name = node.output[0]
+            model.graph.initializer.append(tensor)
+            moved += 1
+        else:
+            keep.append(node)
+    if moved:
+        del model.graph.node[:]
+        model.graph.node.extend(keep)
+    return moved

@@ -196,6 +196,11 @@ class Quantizer:
         named = graph.name_nodes(model)
         if named:
             ctx.note(f"named {named} unnamed nodes so they can be listed and excluded")
+        if self.mode in ("static", "dynamic"):
+            moved = graph.constants_to_initializers(model)
+            if moved:
+                ctx.note(f"moved {moved} Constant nodes into initializers (weights held as Constant nodes are not "
+                         "quantized otherwise)")
         if isinstance(self.strategy, Int4):
             model = self._prepare_int4(model)
         raw = self.work / "float.onnx"
