@@ -1,9 +1,11 @@
 """`optkit trt check`: what can be known about a TensorRT build without a GPU.
 
 A static look at an ONNX model (only `onnx` and numpy are used, so a CPU-only CI can run it):
-ops TensorRT's ONNX parser does not support, dynamic input dims without a profile, INT64 / DOUBLE
-weights, input dtypes TensorRT cannot bind, and Q/DQ placements TensorRT's explicit quantization
-rejects (non-zero zero points, UINT8, per-channel activations, int32 bias, computed scales, Q without DQ).
+ops TensorRT's ONNX parser does not support, plugin ops (warnings: they build when the plugin is registered),
+dynamic input dims without a profile, DOUBLE weights, input dtypes TensorRT cannot bind, and Q/DQ placements
+TensorRT's explicit quantization rejects (non-zero zero points, UINT8, per-channel activations, int32 bias,
+computed scales, Q without DQ). Each DequantizeLinear is traced back to its producer: a constant float weight
+quantized by a QuantizeLinear (per channel, as QAT and ModelOpt export it) is a weight, not an activation.
 
 Each finding has a severity:
   error    the build will fail (or the engine will be wrong): blocks the build
@@ -53,14 +55,36 @@ QLinearConv QLinearMatMul RegexFullMatch SequenceAt SequenceConstruct SequenceEm
 SequenceInsert SequenceLength SequenceMap SoftmaxCrossEntropyLoss SplitToSequence StringConcat
 StringNormalizer StringSplit TfIdfVectorizer Unique
 """.split())
+_WEIGHT_PATH_OPS = frozenset({"Identity", "Cast", "Transpose", "Reshape", "QuantizeLinear"})
 _QOPERATOR = {"QLinearConv", "QLinearMatMul", "ConvInteger", "MatMulInteger", "DynamicQuantizeLinear"}
+
+# The parser looks an op up by its name whatever its domain; an op it has no importer for becomes a plugin when a
+# plugin of that name is registered (onnx-tensorrt ModelImporter.cpp: FallbackPluginImporter), so an op in the
+# `trt` domain, a `*_TRT` op or one of TensorRT's standard plugins may build. Its own TRT_* ops import natively.
+TRT_DOMAINS = frozenset({"trt", "trt.plugins"})
+TRT_NATIVE_OPS = frozenset("""
+TRT_FP8QuantizeLinear TRT_FP8DequantizeLinear TRT_INT4QuantizeLinear TRT_INT4DequantizeLinear TRT_Scale TRT_Shuffle
+TRT_TopK_Min TRT_MatMul TRT_RaggedSoftmax TRT_MaxAverageBlendPool TRT_PluginV2 TRT_Gather TRT_Slice TRT_Resize
+TRT_FloorDiv TRT_Conv TRT_Deconv TRT_MaxPool TRT_AveragePool
+""".split())
+# The plugins of TensorRT's standard plugin library (NVIDIA/TensorRT plugin/README.md, 10.x), loaded by
+# trt.init_libnvinfer_plugins, which the build and the runtime call.
+TRT_STANDARD_PLUGINS = frozenset("""
+BatchedNMS_TRT BatchedNMSDynamic_TRT BatchTilePlugin_TRT Clip_TRT CoordConvAC CropAndResize CropAndResizeDynamic
+CustomEmbLayerNormPluginDynamic CustomFCPluginDynamic CustomGeluPluginDynamic CustomQKVToContextPluginDynamic
+CustomSkipLayerNormPluginDynamic DecodeBbox3DPlugin DetectionLayer_TRT DisentangledAttention_TRT EfficientNMS_TRT
+EfficientNMS_ONNX_TRT FlattenConcat_TRT GenerateDetection_TRT GridAnchor_TRT GridAnchorRect_TRT
+GroupNormalizationPlugin InstanceNormalization_TRT LReLU_TRT ModulatedDeformConv2d MultilevelCropAndResize_TRT
+MultilevelProposeROI_TRT MultiscaleDeformableAttnPlugin_TRT NMS_TRT NMSDynamic_TRT Normalize_TRT PillarScatterPlugin
+PriorBox_TRT ProposalLayer_TRT Proposal ProposalDynamic PyramidROIAlign_TRT Region_TRT Reorg_TRT ROIAlign_TRT
+ResizeNearest_TRT RPROI_TRT SpecialSlice_TRT VoxelGeneratorPlugin
+""".split())
 
 # ONNX TensorProto element types
 _FLOAT, _UINT8, _INT8, _UINT16, _INT16, _INT32, _INT64, _STRING, _BOOL, _FLOAT16, _DOUBLE, _UINT32, _UINT64 = (
     1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13)
 _BFLOAT16 = 16
 _IO_OK = {_FLOAT, _FLOAT16, _BFLOAT16, _INT32, _INT64, _INT8, _UINT8, _BOOL}
-_INT32_MIN, _INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 
@@ -192,7 +216,15 @@ class _Checker:
                     self._check_nodes(self.functions[key].node, seen_functions)
                 continue
             self.ops[node.op_type if domain in ("", "ai.onnx") else f"{domain}.{node.op_type}"] += 1
-            if domain not in ("", "ai.onnx"):
+            if node.op_type in TRT_NATIVE_OPS:
+                self.add(INFO, "trt-op", f"op {node.op_type} is one of TensorRT's own ONNX ops; its parser "
+                         "imports it", node)
+            elif _plugin_op(domain, node.op_type):
+                self.add(WARNING, "plugin-op",
+                         f"op {_qualified(domain, node.op_type)} runs as a TensorRT plugin: the build works when a "
+                         f"plugin named {node.op_type} is registered (TensorRT's standard plugins are; others need "
+                         "their plugin library loaded)", node)
+            elif domain not in ("", "ai.onnx"):
                 self.add(ERROR, "custom-op",
                          f"op {domain}.{node.op_type} is not a standard ONNX op; TensorRT needs a plugin for it "
                          "(re-export without runtime-specific fusions, e.g. before onnxruntime graph optimizations)",
@@ -226,9 +258,9 @@ class _Checker:
         if op == "MaxPool" and len(node.output) > 1 and node.output[1]:
             self.add(ERROR, "op-restriction", "MaxPool's Indices output is not supported by TensorRT", node)
         elif op == "Resize":
-            if s("mode") == "cubic":
-                self.add(ERROR, "op-restriction", "Resize mode 'cubic' is not supported by TensorRT "
-                         "(nearest and linear are)", node)
+            if s("mode") == "cubic" and self._resized_dims(node) > 2:
+                self.add(ERROR, "op-restriction", "Resize mode 'cubic' scales at most 2 dims in TensorRT (this "
+                         f"node scales {self._resized_dims(node)}); linear scales up to 3", node)
             if i("antialias"):
                 self.add(ERROR, "op-restriction", "Resize with antialias is not supported by TensorRT", node)
             ctm = s("coordinate_transformation_mode")
@@ -248,6 +280,13 @@ class _Checker:
         elif op in ("AveragePool", "MaxPool", "LpPool") and "dilations" in attrs and any(
                 d != 1 for d in attrs["dilations"].ints):
             self.add(ERROR, "op-restriction", f"{op} with dilations other than 1 is not supported by TensorRT", node)
+
+    def _resized_dims(self, node) -> int:
+        """How many dims a Resize scales, from its constant scales or sizes (0 when they are computed)."""
+        scales = self._values(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        if scales is not None and scales.size:
+            return int((scales != 1).sum())
+        return 0
 
     # -- inputs: dtypes and dynamic dims ----------------------------------------------------------------------
     def _check_inputs(self) -> list[dict]:
@@ -296,30 +335,15 @@ class _Checker:
 
     # -- weights -------------------------------------------------------------------------------------------
     def _check_weights(self) -> None:
-        slice_bounds = set()  # Slice starts/ends use INT64_MAX as "to the end": clamped safely
-        for node in self.model.graph.node:
-            if node.op_type == "Slice":
-                slice_bounds.update(node.input[1:3])
-        int64, out_of_range, doubles = [], [], []
+        int64, doubles = [], []
         for name, t in self.consts.items():
             if t.data_type == _INT64:
                 int64.append(name)
-                if name not in slice_bounds:
-                    arr = self._values(name)
-                    if arr is not None and arr.size and (arr.min() < _INT32_MIN or arr.max() > _INT32_MAX):
-                        out_of_range.append(name)
             elif t.data_type == _DOUBLE:
                 doubles.append(name)
-        if out_of_range:
-            self.add(WARNING, "int64-weights",
-                     f"{len(out_of_range)} INT64 weight(s) hold values outside the INT32 range "
-                     f"({_names(out_of_range)}); where TensorRT casts them to INT32 they are clamped")
-        if int64:
-            big = [n for n in int64 if _numel(self.consts[n]) > 64]
-            self.add(WARNING if big else INFO, "int64-weights",
-                     f"{len(int64)} INT64 weight(s) ({_names(int64)})"
-                     + (f"; {len(big)} are large tensors, which TensorRT handles more slowly than INT32"
-                        if big else "; TensorRT 10 handles these shape-like constants natively"))
+        if int64:  # TensorRT 10 has an INT64 type: the parser no longer casts INT64 weights down to INT32
+            self.add(INFO, "int64-weights", f"{len(int64)} INT64 weight(s) ({_names(int64)}); TensorRT 10 "
+                     "handles INT64 natively")
         if doubles:
             self.add(WARNING, "double-weights", f"{len(doubles)} float64 weight(s) ({_names(doubles)}); TensorRT "
                      "casts them to float32")
@@ -399,12 +423,16 @@ class _Checker:
             self.add(INFO, "qdq", f"explicitly quantized: {n_q} QuantizeLinear, {n_dq} DequantizeLinear")
 
     def _is_weight_path(self, node) -> bool:
-        """Q on a constant (weights) seen through Identity/Cast chains."""
+        """Whether the tensor a Q or DQ reads comes from a constant (weights): traced back through Identity,
+        Cast, Transpose and Reshape, and through a QuantizeLinear, so a float weight -> Q (per channel) -> DQ, the
+        layout of QAT and ModelOpt exports, is a weight."""
         name = node.input[0]
-        for _ in range(4):
+        for _ in range(8):
+            if name in self.consts:
+                return True
             prod = self.producers.get(name)
-            if prod is None or prod.op_type not in ("Identity", "Cast", "Transpose", "Reshape"):
-                return name in self.consts
+            if prod is None or prod.op_type not in _WEIGHT_PATH_OPS:
+                return False
             name = prod.input[0]
         return name in self.consts
 
@@ -418,6 +446,15 @@ class _Checker:
             return numpy_helper.to_array(t)
         except Exception:  # noqa: BLE001 - a malformed tensor is reported elsewhere by the parser
             return None
+
+
+def _plugin_op(domain: str, op: str) -> bool:
+    """An op the parser hands to a plugin: the `trt` domain, a `*_TRT` name, or a standard plugin's name."""
+    return domain in TRT_DOMAINS or op.endswith("_TRT") or op in TRT_STANDARD_PLUGINS
+
+
+def _qualified(domain: str, op: str) -> str:
+    return f"{domain}.{op}" if domain not in ("", "ai.onnx") else op
 
 
 def _numel(t) -> int:
