@@ -154,6 +154,11 @@ class OptkitRun:
     seconds: float
     error: str = ""
 
+    @property
+    def refused(self) -> bool:
+        """Exit 3 from a check that failed, not from a crash inside optkit (also exit 3, "internal error")."""
+        return self.rc == 3 and "internal error" not in self.error
+
 
 def run_optkit(*args) -> OptkitRun:
     """`optkit ARGS` as a subprocess; on a non-zero exit, its `error:` line."""
@@ -218,7 +223,7 @@ def compare(case: Case, tmp: Path, tag: str) -> Result:
     out = tmp / f"{tag}_optkit.onnx"
     before = set(tmp.iterdir())
     res.optkit = run = run_optkit("quantize", case.src, *case.optkit_args, "-o", out)
-    what = {0: "written", 3: "refused"}.get(run.rc, "failed")
+    what = "written" if run.rc == 0 else ("refused" if run.refused else "failed")
     print(f"   optkit default: exit {run.rc} ({what}) in {run.seconds:.0f} s" + (f"\n     {run.error}" if run.error else ""))
     if run.rc == 0:
         fatal, warning = check(out, case.feeds)
@@ -277,7 +282,8 @@ def print_rows(case: Case, res: Result) -> None:
     print(f"\n   {'model':<24}{heads} {'size':>6} {'latency':>8} {'int8 nodes':>10}   latency: {case.latency_note}")
     for k in ROWS:
         if k not in res.rows:
-            print(f"   {k:<24} {res.notes.get(k, '-')}")
+            if k in res.notes:
+                print(f"   {k:<24} {res.notes[k]}")
             continue
         p = res.rows[k]
         figs = "".join(f" {format(res.figures[k][key], fmt):>11}" for _, key, fmt in case.columns)
@@ -563,7 +569,7 @@ def vad(tmp: Path, quick: bool, vnni: bool) -> list[tuple[str, str, bool | None]
     res = compare(case, tmp, "vad")
 
     target = f"vad: speech probability moves <= {VAD_MAX_CHANGE} (or a clean refusal)"
-    if res.optkit.rc == 3:
+    if res.optkit.refused:
         clean = res.optkit_clean and not (tmp / "vad_optkit.onnx").exists()
         return [(target, res.notes["optkit default"], clean)]
     if "optkit default" not in res.rows:
