@@ -394,16 +394,45 @@ def _cfg(**kw):
     return TensorRTBuildConfig(**kw)
 
 
-def test_plan_dynamic_batch_defaults_to_one(tmp_path):
-    from optkit.passes.tensorrt import make_plan
+def test_plan_dynamic_batch_spans_the_accuracy_batches(tmp_path):
+    from optkit.passes.tensorrt import EVAL_BATCH, make_plan
 
-    plan = make_plan(str(conv_model(tmp_path / "b.onnx", shape=("batch", 3, 8, 8))), _cfg())
-    assert plan["profiles"] == {"input": [[1, 3, 8, 8]] * 3} and plan["shapes"] == {"input": [1, 3, 8, 8]}
-    assert "batch 1 only" in plan["notes"][0]
-    plan = make_plan(str(tmp_path / "b.onnx"), _cfg(profile={"input": [[1, 3, 8, 8], [4, 3, 8, 8], [16, 3, 8, 8]]}))
+    model = str(conv_model(tmp_path / "b.onnx", shape=("batch", 3, 8, 8)))
+    plan = make_plan(model, _cfg())
+    assert plan["profiles"] == {"input": [[1, 3, 8, 8], [1, 3, 8, 8], [EVAL_BATCH, 3, 8, 8]]}
+    assert plan["shapes"] == {"input": [1, 3, 8, 8]} and "batch 1 to 64" in plan["notes"][0]
+    # the measurement's shape (a recipe's measure.shapes) sets OPT; the batch still spans 1..max(OPT, 64)
+    plan = make_plan(model, _cfg(), {"input": [8, 3, 8, 8]})
+    assert plan["profiles"]["input"] == [[1, 3, 8, 8], [8, 3, 8, 8], [64, 3, 8, 8]]
+    plan = make_plan(model, _cfg(), {"input": [128, 3, 8, 8]})
+    assert plan["profiles"]["input"] == [[1, 3, 8, 8], [128, 3, 8, 8], [128, 3, 8, 8]]
+    # --shape / profile: taken as given
+    plan = make_plan(model, _cfg(profile={"input": [[1, 3, 8, 8], [4, 3, 8, 8], [16, 3, 8, 8]]}), {"input": [4, 3, 8, 8]})
     assert plan["profiles"]["input"][2] == [16, 3, 8, 8] and plan["shapes"]["input"] == [4, 3, 8, 8]
     plan = make_plan(str(conv_model(tmp_path / "s.onnx")), _cfg())
     assert plan["profiles"] == {} and plan["shapes"] == {"input": [1, 3, 8, 8]}
+
+
+def shape_input_model(path: Path) -> Path:
+    """x reshaped by an int64 input `shape` (a shape tensor for TensorRT)."""
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape0")]
+    g = helper.make_graph(nodes, "shape", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4]),
+                                           helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["A", "B"])])
+    return _save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+
+
+def test_plan_shape_tensor_values(tmp_path):
+    """Numbers given for a 1-D integer input, as many as it has elements, are its values (set_shape_input)."""
+    from optkit.passes.tensorrt import make_plan
+    from optkit.passes.tensorrt.check import parse_profiles
+
+    model = str(shape_input_model(tmp_path / "s.onnx"))
+    plan = make_plan(model, _cfg(profile=parse_profiles(["shape=1x6:2x12:4x24"])))
+    assert plan["values"] == {"shape": [[1, 6], [2, 12], [4, 24]]} and plan["shapes"]["shape"] == [2]
+    assert "shape" not in plan["profiles"]
+    plan = make_plan(model, _cfg(profile=parse_profiles(["shape=2"])))  # its shape, not values
+    assert plan["values"] == {} and plan["shapes"]["shape"] == [2]
 
 
 def test_plan_rejects_bad_profiles_and_configs(tmp_path):
@@ -420,8 +449,7 @@ def test_plan_rejects_bad_profiles_and_configs(tmp_path):
     static = str(conv_model(tmp_path / "s.onnx"))
     with pytest.raises(UsageError, match="explicitly quantized"):
         make_plan(static, _cfg(precision="int8"))
-    with pytest.raises(UsageError, match="strongly typed"):
-        make_plan(static, _cfg(precision="fp16", strongly_typed=True))
+    assert make_plan(static, _cfg(precision="fp16", strongly_typed=True))["quantized"] is False  # cast, then built
     plan = make_plan(str(qdq_model(tmp_path / "q.onnx")), _cfg(precision="int8", strongly_typed=True))
     assert plan["quantized"] is True
     # onnxruntime's default static QDQ (asymmetric activations, INT32 bias) can never build: exit 2, before the GPU
@@ -436,6 +464,186 @@ def test_config_rejects_unknown_keys_and_ranges():
     for bad in ({"precision": "int4"}, {"optimization_level": 6}, {"workspace": 5}, {"workspace_mb": 0}):
         with pytest.raises(PydanticError):
             _cfg(**bad)
+
+
+# -- precision on TensorRT 10 and 11 (a stub of the two attribute sets; only for the selection logic) ------------
+
+# BuilderFlag members of the real bindings (NVIDIA/TensorRT python/src/infer/pyCore.cpp at v10.16 and v11.1)
+TRT10_FLAGS = ("FP16 BF16 INT8 DEBUG GPU_FALLBACK REFIT DISABLE_TIMING_CACHE EDITABLE_TIMING_CACHE TF32 SPARSE_WEIGHTS "
+               "SAFETY_SCOPE OBEY_PRECISION_CONSTRAINTS PREFER_PRECISION_CONSTRAINTS DIRECT_IO REJECT_EMPTY_ALGORITHMS "
+               "VERSION_COMPATIBLE EXCLUDE_LEAN_RUNTIME FP8 ERROR_ON_TIMING_CACHE_MISS DISABLE_COMPILATION_CACHE "
+               "WEIGHTLESS STRIP_PLAN REFIT_IDENTICAL WEIGHT_STREAMING INT4 REFIT_INDIVIDUAL STRICT_NANS MONITOR_MEMORY "
+               "FP4 DISTRIBUTIVE_INDEPENDENCE").split()
+TRT11_FLAGS = ("DEBUG GPU_FALLBACK REFIT DISABLE_TIMING_CACHE EDITABLE_TIMING_CACHE TF32 SPARSE_WEIGHTS SAFETY_SCOPE "
+               "DIRECT_IO VERSION_COMPATIBLE EXCLUDE_LEAN_RUNTIME ERROR_ON_TIMING_CACHE_MISS DISABLE_COMPILATION_CACHE "
+               "STRIP_PLAN REFIT_IDENTICAL WEIGHT_STREAMING REFIT_INDIVIDUAL STRICT_NANS MONITOR_MEMORY "
+               "DISTRIBUTIVE_INDEPENDENCE").split()
+
+
+def stub_trt(major: int):
+    import enum
+    import types
+
+    flags = TRT10_FLAGS if major == 10 else TRT11_FLAGS
+    return types.SimpleNamespace(__version__=f"{major}.1.0", BuilderFlag=enum.IntEnum("BuilderFlag", flags),
+                                 NetworkDefinitionCreationFlag=enum.IntEnum("NetworkDefinitionCreationFlag",
+                                                                            ["STRONGLY_TYPED"]))
+
+
+@pytest.mark.parametrize("major,precision,strongly_typed,quantized,want", [
+    # TensorRT 10: the builder flags where asked; int8 (Q/DQ) strongly typed by default
+    (10, "fp32", None, False, {"strongly_typed": False, "flags": [], "cast": None}),
+    (10, "fp16", None, False, {"strongly_typed": False, "flags": ["FP16"], "cast": None}),
+    (10, "bf16", None, False, {"strongly_typed": False, "flags": ["BF16"], "cast": None}),
+    (10, "int8", None, True, {"strongly_typed": True, "flags": [], "cast": None}),
+    (10, "int8", False, True, {"strongly_typed": False, "flags": ["FP16", "INT8"], "cast": None}),
+    (10, "fp16", False, True, {"strongly_typed": False, "flags": ["FP16", "INT8"], "cast": None}),
+    (10, "fp16", True, False, {"strongly_typed": True, "flags": [], "cast": "fp16"}),
+    # TensorRT 11: no precision flags; fp16/bf16 are cast, everything is strongly typed
+    (11, "fp32", None, False, {"strongly_typed": True, "flags": [], "cast": None}),
+    (11, "fp32", False, False, {"strongly_typed": True, "flags": [], "cast": None}),
+    (11, "fp16", None, False, {"strongly_typed": True, "flags": [], "cast": "fp16"}),
+    (11, "bf16", None, False, {"strongly_typed": True, "flags": [], "cast": "bf16"}),
+    (11, "int8", None, True, {"strongly_typed": True, "flags": [], "cast": None}),
+    (11, "fp16", None, True, {"strongly_typed": True, "flags": [], "cast": None}),  # Q/DQ: the model's own types
+])
+def test_select_precision_on_tensorrt_10_and_11(major, precision, strongly_typed, quantized, want):
+    from optkit.passes.tensorrt import select_precision
+
+    trt = stub_trt(major)
+    got = select_precision(trt, precision, strongly_typed, quantized)
+    assert got == want
+    for name in got["flags"]:  # every flag it sets exists on that TensorRT
+        assert hasattr(trt.BuilderFlag, name)
+
+
+def test_select_precision_weak_typing_refused_on_tensorrt_11():
+    from optkit.core.errors import UsageError
+    from optkit.passes.tensorrt import select_precision
+
+    for precision in ("fp16", "bf16", "int8"):
+        with pytest.raises(UsageError, match="removed in TensorRT 11"):
+            select_precision(stub_trt(11), precision, False, precision == "int8")
+
+
+def test_cast_model_fp16_keeps_io_types(tmp_path):
+    """The strongly typed fp16 path casts the model (onnxconverter-common where ModelOpt is absent); inputs and
+    outputs stay float32 and the cast model still computes the same thing."""
+    import onnxruntime as ort
+
+    from optkit.passes.tensorrt import cast_model
+
+    src = conv_model(tmp_path / "m.onnx")
+    tool = cast_model(str(src), "fp16", str(tmp_path / "m16.onnx"))
+    assert tool in ("ModelOpt AutoCast", "onnxconverter-common float16")
+    m16 = onnx.load(tmp_path / "m16.onnx")
+    assert m16.graph.input[0].type.tensor_type.elem_type == TensorProto.FLOAT
+    assert any(i.data_type == TensorProto.FLOAT16 for i in m16.graph.initializer)
+    x = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    a = ort.InferenceSession(str(src)).run(None, {"input": x})[0]
+    b = ort.InferenceSession(str(tmp_path / "m16.onnx")).run(None, {"input": x})[0]
+    assert np.abs(a - b).max() <= 3e-2 * np.abs(a).max()
+
+
+def test_cast_model_bf16_without_modelopt_exits_4(tmp_path):
+    from optkit.core.errors import DependencyError
+    from optkit.passes.tensorrt import cast_model
+
+    if importlib.util.find_spec("modelopt") is not None:
+        pytest.skip("ModelOpt is installed")
+    with pytest.raises(DependencyError, match="nvidia-modelopt"):
+        cast_model(str(conv_model(tmp_path / "m.onnx")), "bf16", str(tmp_path / "b.onnx"))
+
+
+# -- accuracy in batches the engine's profile allows (CPU: a session that keeps an engine's profile) ----------
+
+
+class ProfileBoundSession:
+    """Runs the ONNX model on onnxruntime but takes only the batches a TensorRT engine with `profile` on its batch
+    dim would take, and shows its inputs the way TensorRTSession does (runtimes.tensorrt.profile_shape)."""
+
+    runtime, provider, threads = "tensorrt", "tensorrt", None
+
+    def __init__(self, path, profile):
+        from optkit.core.artifact import Artifact
+        from optkit.core.shapes import TensorSpec
+        from optkit.runtimes.onnx import OnnxSession
+        from optkit.runtimes.tensorrt import profile_shape
+
+        self.ref = OnnxSession(Artifact.load(path), provider="cpu")
+        spec = self.ref.inputs[0]
+        dims = [-1 if not isinstance(d, int) else d for d in spec.shape]
+        self.inputs = [TensorSpec(spec.name, profile_shape(dims, profile), spec.dtype)]
+        self.outputs = self.ref.outputs
+        self.lo, self.hi = profile[0][0], profile[2][0]
+        self.batches: list[int] = []
+
+    def check_feeds(self, feeds):
+        pass
+
+    def run(self, feeds):
+        from optkit.core.errors import UsageError
+
+        batch = len(next(iter(feeds.values())))
+        if not self.lo <= batch <= self.hi:
+            raise UsageError(f"batch {batch} is outside the engine's optimization profile")
+        self.batches.append(batch)
+        return self.ref.run(feeds)
+
+    def close(self):
+        pass
+
+
+def measure_accuracy_on_profile(monkeypatch, model: Path, profile) -> tuple[dict, list[int]]:
+    import optkit.measure.model as mm
+    from optkit.core.artifact import Artifact
+
+    session = ProfileBoundSession(model, profile)
+    monkeypatch.setattr(mm, "open_session", lambda *a, **k: session)
+    data = mm.DataSpec(path=str(Path("sample_models/digits_eval_nchw.npz").resolve()))
+    result = mm._measure(Artifact.load(model), mm.MeasureSettings(), False, data, "top1", None)
+    return result["accuracy"], session.batches
+
+
+def test_accuracy_runs_in_batches_the_planned_profile_allows(monkeypatch):
+    """The default plan's profile covers the batches accuracy runs in (497 digits: 64 at a time, then 49)."""
+    from optkit.passes.tensorrt import make_plan
+
+    model = Path("sample_models/torch_cnn.onnx").resolve()
+    plan = make_plan(str(model), _cfg())
+    acc, batches = measure_accuracy_on_profile(monkeypatch, model, plan["profiles"]["input"])
+    assert acc["samples"] == 497 and acc["top1"] > 0.9
+    assert max(batches) == 64 and sum(batches) == 497
+
+
+def test_accuracy_on_a_batch_one_engine_runs_one_sample_per_call(monkeypatch):
+    """An engine whose profile fixes the batch (built with --shape input=1x1x8x8, or elsewhere) reads as batch 1,
+    so accuracy feeds it one sample per call instead of failing on 64."""
+    model = Path("sample_models/torch_cnn.onnx").resolve()
+    acc, batches = measure_accuracy_on_profile(monkeypatch, model, [[1, 1, 8, 8]] * 3)
+    assert acc["samples"] == 497 and set(batches) == {1}
+
+
+@pytest.mark.parametrize("recipe", ["tensorrt.yaml", "onnx-tensorrt.yaml"])
+def test_ready_tensorrt_recipes_fit_their_accuracy_batches(cli, monkeypatch, recipe):
+    """Each tensorrt.build stage of the ready recipes plans a profile its accuracy measurement fits, and the recipe
+    validates (--dry-run); without TensorRT, running it stops at the first TensorRT stage with exit 4."""
+    import yaml
+
+    from optkit.passes.tensorrt import TensorRTBuildConfig, make_plan
+
+    path = Path("recipes") / recipe
+    doc = yaml.safe_load(path.read_text())
+    model = (path.parent / doc["model"]["path"]).resolve()
+    stages = [st for st in doc["stages"] if st["pass"] == "tensorrt.build"]
+    assert len(stages) == 2
+    for st in stages:
+        config = TensorRTBuildConfig(**{**st.get("config", {}), "precision": "fp16"})  # int8 is planned on the QDQ
+        plan = make_plan(str(model), config, doc["measure"].get("shapes"))
+        acc, batches = measure_accuracy_on_profile(monkeypatch, model, plan["profiles"]["input"])
+        assert acc["samples"] == 497 and max(batches) == 64
+    r = cli("run", path, "--dry-run")
+    assert r.rc == 0, r.err
 
 
 def test_timing_cache_path(monkeypatch, tmp_path):

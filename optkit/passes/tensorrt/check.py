@@ -88,6 +88,10 @@ _IO_OK = {_FLOAT, _FLOAT16, _BFLOAT16, _INT32, _INT64, _INT8, _UINT8, _BOOL}
 
 ERROR, WARNING, INFO = "error", "warning", "info"
 
+# Accuracy and fidelity run a model over its data this many samples per call (measure.model: run_over(...,
+# batch=64)): a dynamic batch dim without a profile is built for batch 1 up to this.
+EVAL_BATCH = 64
+
 
 @dataclass
 class Finding:
@@ -324,7 +328,8 @@ class _Checker:
             if dynamic == [0]:
                 self.add(WARNING, "dynamic-batch",
                          f"input {v.name!r} has a dynamic batch dim ({pattern}) and no profile: the engine is built "
-                         f"for batch 1; for a range give --shape {v.name}=MIN:OPT:MAX (e.g. "
+                         f"for batch 1 to {EVAL_BATCH}, tuned for 1; for another range give --shape "
+                         f"{v.name}=MIN:OPT:MAX (e.g. "
                          f"{pattern.replace('N', '1', 1)}:{pattern.replace('N', '8', 1)}:"
                          f"{pattern.replace('N', '32', 1)})")
             else:
