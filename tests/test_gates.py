@@ -245,3 +245,25 @@ def test_latency_trials_reports_trial_distributions(tmp_path):
     assert r.passed and r.value == pytest.approx(0.0)
     raw = latency_trials(art, MeasureSettings(threads=1, warmup=1, runs=5), trials=2, normalize=False)
     assert "references" not in raw and "normalized" not in raw and len(raw["trial_low_ms"]) == 2
+
+
+def test_gates_on_figures_of_the_wrong_type_are_usage_errors_in_process():
+    """A report built in Python is not checked by Report.load: every gate refuses a wrong-typed figure (exit 2)
+    instead of crashing on it."""
+    bad = stage("int8", size=300_000, p50=1.0, ci=2.0, acc=0.965)
+    bad.measurements["latency"]["ci95_pct"] = "x"
+    rep = report(stage("input", size=1_000_000, p50=2.0, ci=2.0, acc=0.97), bad)
+    for g in ("latency_p50_ms <= 1", "speedup >= 1", "latency_regression_pct <= 10", "size_mb <= 1"):
+        with pytest.raises(UsageError, match=r"stage 'int8': figure latency.ci95_pct is 'x', not a number"):
+            evaluate(rep, parse_gates([g]), R)
+
+
+def test_a_latency_figure_recorded_as_null_fails_the_regression_gate():
+    """null is a non-finite figure: the regression gate fails on it, as the absolute latency gates do."""
+    base = report(stage("input", size=1_000_000, p50=2.0, ci=2.0))
+    base.stages[0].measurements["latency"]["p50_ms"] = None
+    (r,) = evaluate(report(stage("input", size=1_000_000, p50=2.0, ci=2.0)),
+                    parse_gates(["latency_regression_pct <= 10"]), base)
+    assert not r.passed and "NaN" in r.detail
+    (r,) = evaluate(base, parse_gates(["latency_p50_ms <= 10"]))
+    assert not r.passed and "NaN" in r.detail

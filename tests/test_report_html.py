@@ -125,3 +125,136 @@ def test_html_renders_in_headless_chromium(tmp_path):
     im = Image.open(png).convert("RGB")
     colours = im.getcolors(maxcolors=1 << 20)
     assert colours is not None and len(colours) > 50
+
+
+# ---------------------------------------------------------------- the typed view of a stage's figures
+
+def figures_stage(measurements: dict, name: str = "q") -> Stage:
+    return Stage(name=name, output=ArtifactRef(path=f"{name}.onnx", format="onnx", sha256=name),
+                 measurements=measurements)
+
+
+def test_stage_figures_gives_every_figure_typed_and_none_when_absent():
+    import math
+
+    from optkit.report.figures import LatencyChange, Normalisation, StageFigures
+
+    lat = {"p50_ms": 0.5, "p90_ms": 0.6, "p99_ms": 0.9, "mean_ms": 0.55, "std_ms": 0.1, "runs": 250, "batch": 1,
+           "threads": 1, "throughput_per_s": 1800.0, "trials": 5, "trial_p50_ms": [0.5, 0.51, None], "ci95_pct": 2.0,
+           "low_ms": 0.45, "trial_low_ms": [0.45, 0.46], "low_ci95_pct": 1.0, "normalized": 1.2,
+           "trial_normalized": [1.2, 1.21], "normalized_ci95_pct": None, "reference": "onnxruntime MLP 1x256",
+           "references": {"mlp1x256": {"normalized": 1.2, "trial_normalized": [1.2, 1.21], "ci95_pct": 0.5,
+                                       "bytes": 262144}}}
+    f = StageFigures.of(figures_stage({
+        "size": {"bytes": 50_000, "gzip_bytes": 42_000, "parameters": 47_544, "sparsity": 0.01},
+        "latency": lat, "latency_change": {"ratio": 0.8, "ratio_ci95": [0.7, 0.9], "significant": True, "trials": 5},
+        "accuracy": {"metric": "top1", "top1": 0.97, "top5": 0.999, "samples": 497},
+        "fidelity": {"cosine": 0.9999, "top1_agreement": None, "max_abs_error": None, "mean_abs_error": 0.01,
+                     "outputs": {"logits": {"cosine": 0.9999, "max_abs_error": 3.2, "checked": True},
+                                 "aux": {"cosine": 0.5, "checked": False}}},
+    }))
+    assert f.measured == {"size", "latency", "accuracy", "fidelity"}
+    assert (f.size_bytes, f.gzip_bytes, f.parameters, f.initializer_bytes) == (50_000, 42_000, 47_544, None)
+    assert isinstance(f.size_bytes, int) and f.size_mb == 0.05              # numbers keep their type
+    assert (f.p50_ms, f.p90_ms, f.p99_ms, f.runs, f.threads, f.trials) == (0.5, 0.6, 0.9, 250, 1, 5)
+    assert f.trial_p50_ms[:2] == (0.5, 0.51) and math.isnan(f.trial_p50_ms[2])   # a null trial: NaN
+    assert f.normalized_ci95_pct is None                                      # null interval: one trial, none
+    assert f.normalisations == {"mlp1x256": Normalisation(1.2, (1.2, 1.21), 0.5, None, 262144)}
+    assert f.latency_change == LatencyChange(0.8, (0.7, 0.9), True, 5)
+    assert (f.metric, f.accuracy, f.scores) == ("top1", 0.97, {"top1": 0.97, "top5": 0.999})
+    assert f.cosine == 0.9999 and f.fidelity_loss == pytest.approx(1e-4)
+    assert f.top1_agreement is None and f.max_abs_error == math.inf          # null: not applicable / infinite error
+    assert list(f.outputs) == ["logits", "aux"] and f.outputs["logits"].max_abs_error == 3.2
+    assert not f.outputs["aux"].checked
+    empty = StageFigures.of(figures_stage({}))
+    assert empty == StageFigures.of(None) == StageFigures()
+    assert (empty.size_bytes, empty.size_mb, empty.p50_ms, empty.accuracy, empty.cosine, empty.fidelity_loss,
+            empty.latency_change, empty.metric) == (None,) * 8
+    assert empty.normalisations == {} and empty.measured == frozenset()
+
+
+def test_stage_figures_null_is_nan_and_a_wrong_type_is_absent_or_strict():
+    import math
+
+    from optkit.core.errors import UsageError
+    from optkit.report.figures import StageFigures, finite
+
+    s = figures_stage({"size": {"bytes": None}, "latency": {"p50_ms": None, "ci95_pct": None, "normalized": 0.9,
+                                                            "normalized_ci95_pct": 3.0},
+                       "accuracy": {"metric": "top1", "top1": None}, "fidelity": {"cosine": None}})
+    f = StageFigures.of(s)
+    assert all(math.isnan(v) for v in (f.size_bytes, f.p50_ms, f.accuracy, f.cosine, f.fidelity_loss))
+    assert f.ci95_pct is None and finite(f.p50_ms) is None and finite(2) == 2 and finite(True) is None
+    # an older report: one reference, keyed by its description (none here)
+    assert f.normalisations[None].normalized == 0.9 and f.normalisations[None].ci95_pct == 3.0
+    wrong = figures_stage({"size": {"bytes": "big"}, "latency": {"p50_ms": 1.0, "trial_p50_ms": ["x"]},
+                           "accuracy": {"metric": ["top1"]}, "fidelity": [1]})
+    f = StageFigures.of(wrong)
+    assert (f.size_bytes, f.trial_p50_ms, f.metric, f.accuracy, f.cosine, f.p50_ms) == (None,) * 5 + (1.0,)
+    with pytest.raises(UsageError, match=r"stage 'q': figure size.bytes is 'big', not a number"):
+        StageFigures.of(figures_stage({"size": {"bytes": "big"}}), strict=True)
+    with pytest.raises(UsageError, match=r"figure accuracy.metric is \['top1'\], not a metric's name"):
+        StageFigures.of(figures_stage({"accuracy": {"metric": ["top1"]}}), strict=True)
+    with pytest.raises(UsageError, match=r"figure latency.trial_p50_ms is \['x'\], not a list of numbers"):
+        StageFigures.of(figures_stage({"latency": {"trial_p50_ms": ["x"]}}), strict=True)
+    with pytest.raises(UsageError, match="figures fidelity are list, not an object"):
+        StageFigures.of(figures_stage({"fidelity": [1]}), strict=True)
+
+
+# A report as optkit wrote it before trials, normalised latency, per-output fidelity and latency_change.
+OLD_REPORT = {
+    "schema_version": "1.0", "tool": "optkit", "created": "2025-06-01T10:00:00+00:00",
+    "command": "optkit run recipes/quickstart.yaml", "machine": {"processor": "x86_64", "cpu_count": 4},
+    "versions": {"optkit": "0.1.0"}, "recipe": {"gates": ["size_ratio <= 0.35"]}, "run": {"run_id": "old"},
+    "stages": [
+        {"name": "input", "pass": None, "output": {"path": "m.onnx", "format": "onnx", "sha256": "a" * 64},
+         "measurements": {"size": {"bytes": 206515, "size_mb": 0.206515, "parameters": 47532},
+                          "latency": {"p50_ms": 0.052, "p90_ms": 0.06, "p99_ms": 0.09, "mean_ms": 0.055,
+                                      "std_ms": 0.01, "runs": 100, "batch": 1, "throughput_per_s": 18000.0},
+                          "accuracy": {"top1": 0.9738, "metric": "top1"}}},
+        {"name": "int8", "pass": "quantize.onnx-static",
+         "input": {"path": "m.onnx", "format": "onnx", "sha256": "a" * 64},
+         "output": {"path": "q.onnx", "format": "onnx", "sha256": "b" * 64}, "config": {"calibration_method": "minmax"},
+         "duration_s": 2.5, "notes": ["static INT8"],
+         "measurements": {"size": {"bytes": 62000, "size_mb": 0.062, "parameters": 47544},
+                          "latency": {"p50_ms": 0.031, "p90_ms": 0.04, "p99_ms": 0.05, "mean_ms": 0.033,
+                                      "std_ms": 0.005, "runs": 100, "batch": 1, "throughput_per_s": 30000.0},
+                          "accuracy": {"top1": 0.9718, "metric": "top1"},
+                          "fidelity": {"max_abs_error": 3.2, "mean_abs_error": 0.07, "cosine": 0.99995}}},
+    ],
+    "gates": [{"gate": "size_ratio <= 0.35", "metric": "size_ratio", "stage": "int8", "value": 0.3002,
+               "threshold": 0.35, "op": "<=", "passed": True, "margin": 0.0498, "detail": "input -> int8"}],
+}
+
+
+def test_an_older_report_loads_renders_compares_and_gates(cli, tmp_path):
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(OLD_REPORT))
+    rep = Report.load(old)
+    assert "| int8 | onnx | 62.0 KB | 0.30 | 47,544 | 0.031 | 0.040 | 1.68x | 0.9718 | 0.99995 | - | 3.2 |" in \
+        to_markdown(rep)
+    html = to_html(rep)
+    assert html.count("<svg") == 4 and "62.0 KB" in html
+    sample_report().save(tmp_path / "new.json")
+    rows = json.loads(cli("report", "compare", old, tmp_path / "new.json", "--json").out)
+    assert rows[1] == {"stage": "int8", "size_a": 62000, "size_b": 62000, "p50_a": 0.031, "p50_b": 0.031,
+                       "accuracy_a": 0.9718, "accuracy_b": 0.9718, "latency_noise_pct": 4.0}
+    for fmt in ("console", "md", "html", "junit", "json"):
+        r = cli("report", "render", old, "--format", fmt)
+        assert r.rc == 0 and "Traceback" not in r.err, (fmt, r.err)
+    # the stored gates; and the old report as a baseline (raw p50: it has no trials nor normalised latency)
+    assert cli("gate", old).rc == 0
+    r = cli("gate", tmp_path / "new.json", "latency_regression_pct <= 10", "size_growth_pct <= 0",
+            "--baseline", old, "--json")
+    assert r.rc == 0, r.err
+    assert [(g["value"], g["detail"].split(";")[0]) for g in json.loads(r.out)] == \
+        [(pytest.approx(0.0), "p50 ms 0.031 -> 0.031"), (pytest.approx(0.0), "0.062 MB -> 0.062 MB")]
+
+
+def test_renderers_and_gates_read_figures_only_through_the_typed_view():
+    """table, compare, html, render, junit and gates never index a stage's measurements themselves."""
+    root = Path(__file__).resolve().parents[1] / "optkit"
+    for rel in ("report/table.py", "report/compare.py", "report/html.py", "report/render.py", "report/junit.py",
+                "pipeline/gates.py"):
+        text = (root / rel).read_text()
+        assert ".measurements" not in text and '["latency"]' not in text and "get(\"size\")" not in text, rel

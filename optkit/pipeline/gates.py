@@ -37,6 +37,7 @@ Any other latency gate fails only when its figure is past the threshold by more 
 """
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from collections.abc import Callable
@@ -46,7 +47,7 @@ from typing import Any
 import numpy as np
 
 from optkit.core.errors import UsageError
-from optkit.report.figures import Figures
+from optkit.report.figures import Normalisation, StageFigures
 from optkit.report.schema import GateResult, Report, Stage
 
 OPS: dict[str, Callable[[float, float], bool]] = {
@@ -102,8 +103,6 @@ class Gate:
 def _metric(name: str) -> str:
     name = ALIASES.get(name, name)
     if name not in METRICS:
-        import difflib
-
         close = difflib.get_close_matches(name, list(METRICS) + list(ALIASES), n=1)
         hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(METRICS)}"
         raise UsageError(f"unknown gate metric {name!r}; {hint}")
@@ -174,27 +173,9 @@ def check_gates_plan(gates: list[Gate], *, stages: list[str], measured: set[str]
 
 # ---------------------------------------------------------------- reading figures
 
-def _figure(s: Stage, group: str, key: Any, *, null_is_missing: bool = False) -> float | None:
-    """A figure a verdict depends on: a wrong type is a UsageError, null is NaN (see report.figures)."""
-    return Figures(s).number(group, key, strict=True, null_is_missing=null_is_missing)
-
-
-def _size(s: Stage) -> float | None:
-    return _figure(s, "size", "bytes")
-
-
-def _lat(s: Stage, key: str = "p50_ms") -> float | None:
-    return _figure(s, "latency", key)
-
-
-def _noise_rel(s: Stage, normalized: bool = False) -> float:
-    """Relative 95% half-width of the stage's latency (0 when measured in one trial: no interval, null)."""
-    v = _figure(s, "latency", "normalized_ci95_pct" if normalized else "ci95_pct", null_is_missing=True)
-    return (v or 0.0) / 100
-
-
-def _acc(s: Stage) -> float | None:
-    return Figures(s).accuracy(strict=True)
+def _noise_rel(f: StageFigures, normalized: bool = False) -> float:
+    """Relative 95% half-width of the stage's latency (0 when measured in one trial: no interval)."""
+    return ((f.normalized_ci95_pct if normalized else f.ci95_pct) or 0.0) / 100
 
 
 def _find(report: Report, name: str | None, what: str) -> Stage:
@@ -213,36 +194,36 @@ def _value(g: Gate, report: Report, baseline: Report | None) -> tuple[float | No
     For latency_regression_pct the noise is the 95% interval (lo, hi) in %, or None."""
     s = _find(report, g.stage, "the report")
     first = report.stages[0]
+    # a verdict depends on these figures: strict (a wrong type is a UsageError); null reads as NaN
+    f = StageFigures.of(s, strict=True)
     m = g.metric
     if m == "size_mb":
-        b = _size(s)
-        return (None if b is None else b / 1e6), 0.0, ""
+        return f.size_mb, 0.0, ""
     if m.startswith("latency_p"):
-        key = m[len("latency_"):]
-        v = _lat(s, key)
-        noise = (v or 0) * _noise_rel(s)
-        return v, noise, _ci_detail(s)
+        v = {"latency_p50_ms": f.p50_ms, "latency_p90_ms": f.p90_ms, "latency_p99_ms": f.p99_ms}[m]
+        return v, (v or 0) * _noise_rel(f), _ci_detail(f)
     if m == "normalized_latency":
-        v = _lat(s, "normalized")
-        return v, (v or 0) * _noise_rel(s, True), _ci_detail(s, True)
+        v = f.normalized
+        return v, (v or 0) * _noise_rel(f, True), _ci_detail(f, True)
     if m == "accuracy":
-        metric = Figures(s).metric
-        return _acc(s), 0.0, (metric if isinstance(metric, str) else "")
-    if m in ("cosine", "top1_agreement"):
-        # a null top-1 agreement means the outputs have no classes (not applicable), not a non-finite figure
-        return _figure(s, "fidelity", m, null_is_missing=m == "top1_agreement"), 0.0, ""
+        return f.accuracy, 0.0, f.metric or ""
+    if m == "cosine":
+        return f.cosine, 0.0, ""
+    if m == "top1_agreement":  # null: the outputs have no classes (not applicable), so absent
+        return f.top1_agreement, 0.0, ""
     if m == "accuracy_drop":
-        a, b = _acc(first), _acc(s)
+        a, b = StageFigures.of(first, strict=True).accuracy, f.accuracy
         return (None if a is None or b is None else a - b), 0.0, f"{first.name} {_f(a)} -> {s.name} {_f(b)}"
     if m == "size_ratio":
-        a, b = _size(first), _size(s)
+        a, b = StageFigures.of(first, strict=True).size_bytes, f.size_bytes
         return (None if not a or b is None else b / a), 0.0, f"{first.name} -> {s.name}"
     if m == "speedup":
-        a, b = _lat(first), _lat(s)
+        fa = StageFigures.of(first, strict=True)
+        a, b = fa.p50_ms, f.p50_ms
         if not a or not b:
             return None, 0.0, ""
         v = a / b
-        rel = math.hypot(_noise_rel(first), _noise_rel(s))
+        rel = math.hypot(_noise_rel(fa), _noise_rel(f))
         return v, v * rel, f"p50 {a:.4g} -> {b:.4g} ms"
     # baseline
     if baseline is None:
@@ -251,25 +232,14 @@ def _value(g: Gate, report: Report, baseline: Report | None) -> tuple[float | No
         bs = _find(baseline, s.name, "the baseline report")
     except UsageError:
         bs = baseline.stages[-1]
+    fb = StageFigures.of(bs, strict=True)
     if m == "size_growth_pct":
-        a, b = _size(bs), _size(s)
+        a, b = fb.size_bytes, f.size_bytes
         return (None if not a or b is None else 100 * (b / a - 1)), 0.0, f"{_mb(a)} -> {_mb(b)}"
     if m == "accuracy_drop_vs_baseline":
-        a, b = _acc(bs), _acc(s)
+        a, b = fb.accuracy, f.accuracy
         return (None if a is None or b is None else a - b), 0.0, f"baseline {_f(a)} -> {_f(b)}"
-    return _regression(bs, s)
-
-
-def _normalisations(s: Stage) -> dict[Any, dict]:
-    """{reference name: figures} of a stage's machine-normalised latency (older reports: one entry)."""
-    lat = Figures(s).group("latency")
-    refs = lat.get("references")
-    if refs:
-        return refs
-    if lat.get("normalized"):
-        return {lat.get("reference"): {"normalized": lat["normalized"], "trial_normalized": lat.get("trial_normalized"),
-                                       "ci95_pct": lat.get("normalized_ci95_pct")}}
-    return {}
+    return _regression(fb, f)
 
 
 def shift_ci(base: list[float], cur: list[float]) -> tuple[float, float, float]:
@@ -280,16 +250,16 @@ def shift_ci(base: list[float], cur: list[float]) -> tuple[float, float, float]:
     return float(np.median(d)), float(d[k - 1]), float(d[n * m - k])
 
 
-def _regression(bs: Stage, s: Stage) -> tuple[float | None, tuple[float, float] | None, str]:
-    """% change of latency vs the baseline stage, its 95% interval (None if unknown) and a detail."""
-    na, nb = _normalisations(bs), _normalisations(s)
-    lat_a, lat_b = Figures(bs).group("latency"), Figures(s).group("latency")
+def _regression(fa: StageFigures, fb: StageFigures) -> tuple[float | None, tuple[float, float] | None, str]:
+    """% change of latency from the baseline stage's figures (fa) to the run's (fb), its 95% interval (None if
+    unknown) and a detail."""
+    na, nb = fa.normalisations, fb.normalisations
     common = [k for k in na if k in nb]
     if common:
         # every reference rung both runs timed; several are combined per trial by their geometric mean (a
         # reference "between" them in size), so a cache effect that favours one rung over the other cancels
-        def combine(refs: dict, key: str) -> Any:
-            vals = [refs[k].get(key) for k in common]
+        def combine(refs: dict[Any, Normalisation], key: str) -> Any:
+            vals = [getattr(refs[k], key) for k in common]
             if any(not v for v in vals):
                 return None
             if key == "normalized":
@@ -299,13 +269,13 @@ def _regression(bs: Stage, s: Stage) -> tuple[float | None, tuple[float, float] 
         basis = f"normalised ({'+'.join(str(k or 'reference') for k in common)})"
         ta, tb = combine(na, "trial_normalized"), combine(nb, "trial_normalized")
         pa, pb = combine(na, "normalized"), combine(nb, "normalized")
-        ca, cb = (max((r[k].get("ci95_pct") or 0) for k in common) for r in (na, nb))
-    elif lat_a.get("trial_low_ms") and lat_b.get("trial_low_ms"):
-        basis, ta, tb = "raw p10 ms", lat_a["trial_low_ms"], lat_b["trial_low_ms"]
-        pa, pb, ca, cb = lat_a.get("low_ms"), lat_b.get("low_ms"), lat_a.get("low_ci95_pct"), lat_b.get("low_ci95_pct")
+        ca, cb = (max((r[k].ci95_pct or 0) for k in common) for r in (na, nb))
+    elif fa.trial_low_ms and fb.trial_low_ms:
+        basis, ta, tb = "raw p10 ms", fa.trial_low_ms, fb.trial_low_ms
+        pa, pb, ca, cb = fa.low_ms, fb.low_ms, fa.low_ci95_pct, fb.low_ci95_pct
     else:
-        basis, ta, tb = "p50 ms", lat_a.get("trial_p50_ms"), lat_b.get("trial_p50_ms")
-        pa, pb, ca, cb = lat_a.get("p50_ms"), lat_b.get("p50_ms"), lat_a.get("ci95_pct"), lat_b.get("ci95_pct")
+        basis, ta, tb = "p50 ms", fa.trial_p50_ms, fb.trial_p50_ms
+        pa, pb, ca, cb = fa.p50_ms, fb.p50_ms, fa.ci95_pct, fb.ci95_pct
     if ta and tb and len(ta) > 1 and len(tb) > 1:
         est, lo, hi = shift_ci(ta, tb)
         v, ci = 100 * math.expm1(est), (100 * math.expm1(lo), 100 * math.expm1(hi))
@@ -326,12 +296,11 @@ def _mb(v) -> str:
     return "-" if v is None else f"{v / 1e6:.3f} MB"
 
 
-def _ci_detail(s: Stage, normalized: bool = False) -> str:
-    lat = Figures(s).group("latency")
-    rel = lat.get("normalized_ci95_pct" if normalized else "ci95_pct")
+def _ci_detail(f: StageFigures, normalized: bool = False) -> str:
+    rel = f.normalized_ci95_pct if normalized else f.ci95_pct
     if rel is None:
         return ""
-    return f"±{rel:.1f}% over {lat.get('trials')} trials"
+    return f"±{rel:.1f}% over {f.trials} trials"
 
 
 def evaluate(report: Report, gates: list[Gate], baseline: Report | None = None) -> list[GateResult]:

@@ -1,41 +1,14 @@
 """Side-by-side differences of two reports (stages matched by name, else by position)."""
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from optkit.report.figures import Figures
+from optkit.report.figures import StageFigures, finite
 from optkit.report.schema import Report, Stage
 from optkit.report.table import accuracy_cell, human_bytes
 
 COLUMNS = ("stage", "size A", "size B", "size Δ", "p50 A", "p50 B", "p50 Δ", "accuracy A", "accuracy B",
            "accuracy Δ")
-
-
-def _size(s: Stage | None):
-    return Figures(s).size_bytes
-
-
-def _p50(s: Stage | None):
-    return Figures(s).p50_ms
-
-
-def _ci(s: Stage | None):
-    return Figures(s).latency("ci95_pct")
-
-
-def _acc(s: Stage | None):
-    acc = Figures(s).accuracy()
-    return acc if acc is not None and math.isfinite(acc) else None
-
-
-def _acc_cell(s: Stage | None) -> str:
-    if s is None:
-        return "-"
-    try:
-        return accuracy_cell(s)
-    except (TypeError, ValueError, AttributeError):  # a figure of the wrong type
-        return "-"
 
 
 def pair_stages(a: Report, b: Report) -> list[tuple[str, Stage | None, Stage | None]]:
@@ -64,20 +37,23 @@ def compare(a: Report, b: Report) -> list[dict[str, Any]]:
     """One row per stage: the raw figures and formatted cells."""
     rows = []
     for name, sa, sb in pair_stages(a, b):
-        pa, pb = _p50(sa), _p50(sb)
-        aa, ab = _acc(sa), _acc(sb)
-        noise = ((_ci(sa) or 0) ** 2 + (_ci(sb) or 0) ** 2) ** 0.5
+        fa, fb = StageFigures.of(sa), StageFigures.of(sb)
+        size_a, size_b = finite(fa.size_bytes), finite(fb.size_bytes)
+        pa, pb = finite(fa.p50_ms), finite(fb.p50_ms)
+        aa, ab = finite(fa.accuracy), finite(fb.accuracy)
+        noise = ((finite(fa.ci95_pct) or 0) ** 2 + (finite(fb.ci95_pct) or 0) ** 2) ** 0.5
         lat_delta = _pct(pa, pb)
         if pa and pb and noise and abs(100 * (pb / pa - 1)) <= noise:
             lat_delta += " (within noise)"
         rows.append({
             "stage": name,
-            "size A": human_bytes(_size(sa)), "size B": human_bytes(_size(sb)), "size Δ": _pct(_size(sa), _size(sb)),
+            "size A": human_bytes(size_a), "size B": human_bytes(size_b), "size Δ": _pct(size_a, size_b),
             "p50 A": "-" if pa is None else f"{pa:.3f}", "p50 B": "-" if pb is None else f"{pb:.3f}",
             "p50 Δ": lat_delta,
-            "accuracy A": _acc_cell(sa), "accuracy B": _acc_cell(sb),
+            "accuracy A": "-" if sa is None else accuracy_cell(sa),
+            "accuracy B": "-" if sb is None else accuracy_cell(sb),
             "accuracy Δ": "-" if aa is None or ab is None else f"{ab - aa:+.4f}",
-            "raw": {"size_a": _size(sa), "size_b": _size(sb), "p50_a": pa, "p50_b": pb, "accuracy_a": aa,
+            "raw": {"size_a": size_a, "size_b": size_b, "p50_a": pa, "p50_b": pb, "accuracy_a": aa,
                     "accuracy_b": ab, "latency_noise_pct": noise or None},
         })
     return rows

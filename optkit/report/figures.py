@@ -1,77 +1,260 @@
-"""One typed view of a stage's figures. Table, compare, html and gates read measurements only through it.
+"""One typed view of a stage's figures: `StageFigures.of(stage)`. Table, render, compare, html and gates read
+a stage's measurements only through it; the JSON report keeps its untyped `measurements` dict.
 
-A figure is absent (None), a number, or recorded as null: that is how a report stores a non-finite figure
-(NaN, Inf), and `number` gives it as NaN so a gate on it fails instead of passing or being skipped. Reports
-can be hand-edited, so a figure of the wrong type is a UsageError where it would decide a verdict (gates) and
-simply absent where it is only shown.
+Every figure is a field that is None when the report lacks it, never a KeyError. A figure the report records
+as null is a non-finite measurement (JSON has no NaN or Inf; pydantic writes them as null) and reads:
+- as NaN for a measured figure (size, latency, accuracy, cosine), so a gate on it fails instead of passing or
+  being skipped;
+- as +inf for an error (max / mean abs error): the only non-finite error `measure.fidelity` records;
+- as None where null means "none": a confidence interval of one trial, top-1 agreement of outputs that have
+  no classes.
+Numbers keep their type (an int stays an int), so they print as they did. A figure of the wrong type (a
+hand-edited or hand-built report) is simply absent; with `strict` (gates: a verdict depends on it) it is a
+UsageError, as `Report.load` refuses such a report up front.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Any
 
 from optkit.core.errors import UsageError
 
 
-class Figures:
-    def __init__(self, stage) -> None:
-        self.stage = stage
-        self.m: dict[str, Any] = stage.measurements if stage is not None else {}
+def finite(v: Any) -> float | None:
+    """v when it is a finite number, else None (absent, NaN, Inf or not a number): what is shown and plotted."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return v
 
-    def group(self, name: str) -> dict[str, Any]:
-        d = self.m.get(name)
-        return d if isinstance(d, dict) else {}
 
-    def number(self, group: str, key: Any, *, strict: bool = False, null_is_missing: bool = False) -> float | None:
-        """The figure: None when absent, NaN when recorded as null (None with null_is_missing). A value that is
-        not a number is a UsageError with `strict`, else absent."""
-        d = self.group(group)
-        if not isinstance(key, str) or key not in d:
+class _Reader:
+    """Reads one group of a stage's measurements (a dict) into typed values."""
+
+    def __init__(self, stage: str, group: str, d: Any, strict: bool) -> None:
+        self.stage, self.group, self.strict = stage, group, strict
+        self.d: dict[str, Any] = d if isinstance(d, dict) else {}
+
+    def wrong(self, key: str, v: Any, what: str = "a number") -> None:
+        """A figure of the wrong type: absent, or with `strict` a UsageError."""
+        if self.strict:
+            shown = repr(v) if len(repr(v)) <= 40 else repr(v)[:37] + "..."
+            raise UsageError(f"stage {self.stage!r}: figure {self.group}.{key} is {shown}, not {what}")
+
+    def number(self, key: str, null: float | None = math.nan) -> float | None:
+        """The figure; `null` is what a recorded null reads as."""
+        if key not in self.d:
             return None
-        v = d[key]
+        v = self.d[key]
         if v is None:
-            return None if null_is_missing else math.nan
+            return null
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            if strict:
-                raise UsageError(f"stage {getattr(self.stage, 'name', '?')!r}: figure {group}.{key} is {v!r}, "
-                                 "not a number")
+            self.wrong(key, v)
             return None
-        return float(v)
+        return v
 
-    def finite(self, group: str, key: Any) -> float | None:
-        """The figure when it is a finite number, else None (for showing and plotting)."""
-        v = self.number(group, key)
-        return v if v is not None and math.isfinite(v) else None
+    def numbers(self, key: str) -> tuple[float, ...] | None:
+        """A list of figures (per trial); a null element reads as NaN."""
+        v = self.d.get(key)
+        if v is None:
+            return None
+        ok = isinstance(v, list) and all(x is None or (isinstance(x, (int, float)) and not isinstance(x, bool))
+                                         for x in v)
+        if not ok:
+            self.wrong(key, v, "a list of numbers")
+            return None
+        return tuple(math.nan if x is None else x for x in v)
 
-    # the figures the renderers and gates name
+    def text(self, key: str) -> str | None:
+        v = self.d.get(key)
+        return v if isinstance(v, str) else None
+
+    def count(self, key: str) -> int | None:
+        """A count shown but never judged (threads, trials): an int, else absent."""
+        v = self.d.get(key)
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+@dataclass(frozen=True)
+class Normalisation:
+    """Machine-normalised latency on one reference rung: the model's p10 / the reference's, per trial."""
+    normalized: float | None = None
+    trial_normalized: tuple[float, ...] | None = None
+    ci95_pct: float | None = None             # None: one trial, no interval
+    low_ms: float | None = None
+    bytes: float | None = None                # the reference's size
+
+
+@dataclass(frozen=True)
+class LatencyChange:
+    """The paired input/output latency ratio (single-stage commands: both timed call by call)."""
+    ratio: float | None = None                # output / input
+    ratio_ci95: tuple[float, ...] | None = None
+    significant: bool = False
+    trials: int | None = None
+
+
+@dataclass(frozen=True)
+class OutputFidelity:
+    """Fidelity of one output to the reference model's."""
+    cosine: float | None = None
+    max_abs_error: float | None = None
+    mean_abs_error: float | None = None
+    max_rel_error: float | None = None
+    top1_agreement: float | None = None
+    nonfinite: int | None = None
+    checked: bool = True                      # whether the overall figures judge this output
+
+
+@dataclass(frozen=True)
+class StageFigures:
+    """The figures of one report stage; see the module's doc for what None, NaN and inf mean."""
+    measured: frozenset[str] = frozenset()    # the groups with figures: size, latency, accuracy, fidelity
+    # size
+    size_bytes: float | None = None
+    gzip_bytes: float | None = None
+    parameters: float | None = None
+    initializer_bytes: float | None = None
+    sparsity: float | None = None
+    # latency: over all timed runs of all trials
+    p50_ms: float | None = None
+    p90_ms: float | None = None
+    p99_ms: float | None = None
+    mean_ms: float | None = None
+    std_ms: float | None = None
+    min_ms: float | None = None
+    max_ms: float | None = None
+    throughput_per_s: float | None = None
+    runs: float | None = None
+    batch: float | None = None
+    threads: int | None = None
+    trials: int | None = None
+    # latency: per trial, with the 95% half-width of their mean in % (None: one trial)
+    trial_p50_ms: tuple[float, ...] | None = None
+    ci95_pct: float | None = None
+    low_ms: float | None = None               # the median of the trials' 10th percentiles
+    trial_low_ms: tuple[float, ...] | None = None
+    low_ci95_pct: float | None = None
+    # latency: machine-normalised on the primary reference rung, and on every rung timed
+    normalized: float | None = None
+    trial_normalized: tuple[float, ...] | None = None
+    normalized_ci95_pct: float | None = None
+    reference: str | None = None
+    references: dict[str, Normalisation] = field(default_factory=dict)
+    latency_change: LatencyChange | None = None
+    # accuracy: the stage's own metric and its value, and every float the group holds by name
+    metric: str | None = None
+    accuracy: float | None = None
+    scores: dict[str, float] = field(default_factory=dict)
+    # fidelity to the reference model's outputs (overall: the worst of the judged outputs)
+    cosine: float | None = None
+    top1_agreement: float | None = None       # None also when the outputs have no classes
+    max_abs_error: float | None = None
+    mean_abs_error: float | None = None
+    outputs: dict[str, OutputFidelity] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, stage: Any, *, strict: bool = False) -> StageFigures:
+        """The figures of a report stage (of None: no figure at all). With `strict`, a figure of the wrong type
+        is a UsageError instead of absent."""
+        m = getattr(stage, "measurements", None)
+        if not isinstance(m, dict):
+            return cls()
+        name = str(getattr(stage, "name", "?"))
+
+        def reader(group: str) -> _Reader:
+            if strict and m.get(group) is not None and not isinstance(m[group], dict):
+                raise UsageError(f"stage {name!r}: figures {group} are {type(m[group]).__name__}, not an object")
+            return _Reader(name, group, m.get(group), strict)
+
+        size, lat, acc, fid = reader("size"), reader("latency"), reader("accuracy"), reader("fidelity")
+        size_keys = {"size_bytes": "bytes", "gzip_bytes": "gzip_bytes", "parameters": "parameters",
+                     "initializer_bytes": "initializer_bytes", "sparsity": "sparsity"}
+        lat_keys = ("p50_ms", "p90_ms", "p99_ms", "mean_ms", "std_ms", "min_ms", "max_ms", "throughput_per_s",
+                    "runs", "batch", "low_ms", "normalized")
+        intervals = ("ci95_pct", "low_ci95_pct", "normalized_ci95_pct")
+        metric = acc.d.get("metric")
+        if metric is not None and not isinstance(metric, str):
+            acc.wrong("metric", metric, "a metric's name")
+            metric = None
+        return cls(
+            measured=frozenset(r.group for r in (size, lat, acc, fid) if r.d),
+            **{f: size.number(k) for f, k in size_keys.items()},
+            **{k: lat.number(k) for k in lat_keys},
+            **{k: lat.number(k, None) for k in intervals},
+            **{k: lat.numbers(k) for k in ("trial_p50_ms", "trial_low_ms", "trial_normalized")},
+            threads=lat.count("threads"), trials=lat.count("trials"), reference=lat.text("reference"),
+            references=_references(lat),
+            latency_change=_latency_change(m.get("latency_change")),
+            metric=metric,
+            accuracy=acc.number(metric) if metric else None,
+            scores={k: v for k, v in acc.d.items() if isinstance(v, float)},
+            cosine=fid.number("cosine"),
+            top1_agreement=fid.number("top1_agreement", None),
+            max_abs_error=fid.number("max_abs_error", math.inf),
+            mean_abs_error=fid.number("mean_abs_error", math.inf),
+            outputs=_outputs(fid.d.get("outputs")),
+        )
+
+    # ------------------------------------------------------------ derived figures
     @property
-    def size_bytes(self) -> float | None:
-        return self.finite("size", "bytes")
+    def size_mb(self) -> float | None:
+        return None if self.size_bytes is None else self.size_bytes / 1e6
 
     @property
-    def parameters(self) -> float | None:
-        return self.finite("size", "parameters")
-
-    def latency(self, key: str = "p50_ms") -> float | None:
-        return self.finite("latency", key)
-
-    @property
-    def p50_ms(self) -> float | None:
-        return self.latency("p50_ms")
+    def fidelity_loss(self) -> float | None:
+        """1 - cosine, the budget quantize checks (2.0 for outputs with NaN or Inf: cosine -1)."""
+        if self.cosine is None:
+            return None
+        return max(0.0, 1.0 - self.cosine) if math.isfinite(self.cosine) else math.nan
 
     @property
-    def metric(self) -> str | None:
-        m = self.group("accuracy").get("metric")
-        return m if isinstance(m, str) else None
+    def normalisations(self) -> dict[str | None, Normalisation]:
+        """{reference rung: normalised latency}: every rung timed (older reports: the one reference, by its
+        description), or {} when latency was not normalised."""
+        if self.references:
+            return dict(self.references)
+        if self.normalized:
+            return {self.reference: Normalisation(self.normalized, self.trial_normalized, self.normalized_ci95_pct)}
+        return {}
 
-    def accuracy(self, *, strict: bool = False) -> float | None:
-        """The value of the stage's own metric (NaN when recorded as null)."""
-        return self.number("accuracy", self.metric, strict=strict) if self.metric else None
 
-    def fidelity(self, key: str) -> float | None:
-        return self.finite("fidelity", key)
+def _references(lat: _Reader) -> dict[str, Normalisation]:
+    refs = lat.d.get("references")
+    if not isinstance(refs, dict):
+        if refs is not None:
+            lat.wrong("references", refs, "an object")
+        return {}
+    out = {}
+    for name, r in refs.items():
+        if not isinstance(r, dict):
+            lat.wrong(f"references.{name}", r, "an object")
+            continue
+        rr = _Reader(lat.stage, f"latency.references.{name}", r, lat.strict)
+        out[name] = Normalisation(normalized=rr.number("normalized"), trial_normalized=rr.numbers("trial_normalized"),
+                                  ci95_pct=rr.number("ci95_pct", None), low_ms=rr.number("low_ms"),
+                                  bytes=rr.number("bytes"))
+    return out
 
-    @property
-    def latency_change(self) -> dict[str, Any]:
-        """The paired input/output latency ratio with its CI (single-stage commands), or {}."""
-        return self.group("latency_change")
+
+def _latency_change(d: Any) -> LatencyChange | None:
+    r = _Reader("", "latency_change", d, False)
+    if "ratio" not in r.d:
+        return None
+    return LatencyChange(ratio=r.number("ratio"), ratio_ci95=r.numbers("ratio_ci95"),
+                         significant=bool(r.d.get("significant")), trials=r.count("trials"))
+
+
+def _outputs(d: Any) -> dict[str, OutputFidelity]:
+    if not isinstance(d, dict):
+        return {}
+    out = {}
+    for name, e in d.items():
+        if isinstance(e, dict):
+            r = _Reader("", f"fidelity.outputs.{name}", e, False)
+            out[name] = OutputFidelity(
+                cosine=r.number("cosine"), max_abs_error=r.number("max_abs_error", math.inf),
+                mean_abs_error=r.number("mean_abs_error", math.inf), max_rel_error=r.number("max_rel_error", math.inf),
+                top1_agreement=r.number("top1_agreement", None), nonfinite=r.count("nonfinite"),
+                checked=e.get("checked", True) is not False)
+    return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from html import escape
 
-from optkit.report.figures import Figures
+from optkit.report.figures import StageFigures, finite
 from optkit.report.schema import Report, Stage
 from optkit.report.table import columns, gate_rows, stage_rows
 
@@ -28,34 +28,9 @@ svg text{font-family:inherit}
 """
 
 
-def _lat(s: Stage, key="p50_ms"):
-    return Figures(s).latency(key)
-
-
-def _size(s: Stage):
-    b = Figures(s).size_bytes
-    return None if b is None else b / 1e6
-
-
-def _acc(s: Stage):
-    acc = Figures(s).accuracy()
-    return acc if acc is not None and math.isfinite(acc) else None
-
-
-def _finite(v):
-    """A plottable number, or None (absent, not a number, NaN or infinite)."""
-    import math
-
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        return None
-    return v
-
-
 def _ticks(lo: float, hi: float, n: int = 4) -> list[float]:
     if hi <= lo:
         hi = lo + 1
-    import math
-
     step = (hi - lo) / n
     mag = 10 ** math.floor(math.log10(step))
     step = min((m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= step), default=step)
@@ -72,8 +47,8 @@ def bar_chart(title: str, labels: list[str], values: list, unit: str, errors: li
     """Vertical bars, one per stage; missing values are shown as 'n/a'. `limit` caps the axis (e.g. 1 for a rate)."""
     left, right, top, bottom = 48, 10, 10, 46
     pw, ph = width - left - right, height - top - bottom
-    values = [_finite(v) for v in values]  # NaN or Inf (a hand-made report) has no bar: shown as n/a
-    errors = [_finite(e) for e in errors] if errors else None
+    values = [finite(v) for v in values]  # NaN or Inf (a hand-made report) has no bar: shown as n/a
+    errors = [finite(e) for e in errors] if errors else None
     present = [v for v in values if v is not None]
     hi = max([v + (e or 0) for v, e in zip(values, errors or [0] * len(values)) if v is not None] or [1])
     ticks = _ticks(0, min(hi * 1.1, limit) if limit is not None and hi <= limit else hi * 1.1)
@@ -117,7 +92,10 @@ def bar_chart(title: str, labels: list[str], values: list, unit: str, errors: li
 
 def scatter(stages: list[Stage], width: int = 520, height: int = 300) -> str:
     """Accuracy vs p50 latency; the marker's area follows the model size."""
-    pts = [(s.name, _finite(_lat(s)), _finite(_acc(s)), _finite(_size(s)), i) for i, s in enumerate(stages)]
+    pts = []
+    for i, s in enumerate(stages):
+        f = StageFigures.of(s)
+        pts.append((s.name, finite(f.p50_ms), finite(f.accuracy), finite(f.size_mb), i))
     pts = [p for p in pts if p[1] is not None and p[2] is not None]
     if not pts:
         return ""
@@ -179,9 +157,9 @@ def to_html(report: Report) -> str:
     cols = columns(report)
     h += [f'<th class="{"l" if c in left else ""}">{escape(c)}</th>' for c in cols]
     h.append('<th>noise</th><th class="l">pass</th><th>time</th></tr>')
-    for s, row in zip(stages, rows):
-        lat = Figures(s).group("latency")
-        noise = f"±{lat['ci95_pct']:.1f}%" if lat.get("ci95_pct") is not None else "-"
+    figures = [StageFigures.of(s) for s in stages]
+    for s, f, row in zip(stages, figures, rows):
+        noise = f"±{f.ci95_pct:.1f}%" if f.ci95_pct is not None else "-"
         h.append("<tr>" + "".join(f'<td class="{"l" if c in left else ""}">{escape(row[c])}</td>' for c in cols)
                  + f"<td>{noise}</td><td class=\"l\">{escape(s.pass_name or '-')}</td>"
                  + f"<td>{s.duration_s:.2f}s</td></tr>")
@@ -192,16 +170,12 @@ def to_html(report: Report) -> str:
         h.append('<ul class="notes">' + "".join(
             f'<li class="{"warn" if w else ""}"><b>{escape(n)}</b>: {escape(t)}</li>' for n, t, w in notes) + "</ul>")
     h.append('<h2>Plots</h2><div class="plots">')
-    h.append(bar_chart("Size per stage", names, [_size(s) for s in stages], "MB"))
-    errs = []
-    for s in stages:
-        lat = Figures(s).group("latency")
-        p, ci = lat.get("p50_ms"), lat.get("ci95_pct")
-        errs.append(p * ci / 100 if p is not None and ci else None)
-    h.append(bar_chart("p50 latency per stage (95% CI)", names, [_lat(s) for s in stages], "ms", errs))
-    metric = next((Figures(s).metric for s in stages if Figures(s).metric), None)
+    h.append(bar_chart("Size per stage", names, [f.size_mb for f in figures], "MB"))
+    errs = [f.p50_ms * f.ci95_pct / 100 if f.p50_ms is not None and f.ci95_pct else None for f in figures]
+    h.append(bar_chart("p50 latency per stage (95% CI)", names, [f.p50_ms for f in figures], "ms", errs))
+    metric = next((f.metric for f in figures if f.metric), None)
     h.append(bar_chart(f"Accuracy per stage ({metric})" if metric else "Accuracy per stage", names,
-                       [_acc(s) for s in stages], metric or "", limit=1.0))
+                       [f.accuracy for f in figures], metric or "", limit=1.0))
     h.append(scatter(stages))
     h.append("</div>")
     if report.gates:

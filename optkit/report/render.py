@@ -1,7 +1,7 @@
 """Renderers: the console (rich), Markdown (pull-request comments, $GITHUB_STEP_SUMMARY) and JSON."""
 from __future__ import annotations
 
-from optkit.report.figures import Figures
+from optkit.report.figures import StageFigures, finite
 from optkit.report.schema import Report
 from optkit.report.table import columns, gate_rows, stage_rows
 
@@ -26,14 +26,9 @@ def to_console(report: Report, console=None) -> None:
     for row in rows:
         table.add_row(*(row[c] for c in shown))
     console.print(table)
-    for stage in report.stages:
-        lat = Figures(stage).group("latency") or None
-        if lat and len(report.stages) == 1:
-            f = lambda k, spec=".4f": format(lat[k], spec) if isinstance(lat.get(k), (int, float)) else "-"  # noqa: E731
-            console.print(f"latency: p50 {f('p50_ms')} ms, p90 {f('p90_ms')}, p99 {f('p99_ms')}, "
-                          f"mean {f('mean_ms')} ± {f('std_ms')} ms over {f('runs', '')} runs; "
-                          f"batch {f('batch', '')}, threads {lat.get('threads') or 'default'}, "
-                          f"{f('throughput_per_s', '.1f')} samples/s")
+    only = StageFigures.of(report.stages[0]) if len(report.stages) == 1 else None
+    if only is not None and "latency" in only.measured:
+        console.print(_latency_line(only))
     for stage in report.stages:
         for note in stage.notes:
             console.print(Text(f"{stage.name}: {note}", "dim"))
@@ -48,6 +43,17 @@ def to_console(report: Report, console=None) -> None:
             gates.add_row(row["gate"], row["value"], row["threshold"], row["margin"],
                           Text(row["verdict"], style))
         console.print(gates)
+
+
+def _latency_line(f: StageFigures) -> str:
+    """A one-stage report's latency in one line ('-' for a figure it lacks or a non-finite one)."""
+    def cell(v, spec=".4f") -> str:
+        return "-" if finite(v) is None else format(v, spec)
+
+    return (f"latency: p50 {cell(f.p50_ms)} ms, p90 {cell(f.p90_ms)}, p99 {cell(f.p99_ms)}, "
+            f"mean {cell(f.mean_ms)} ± {cell(f.std_ms)} ms over {cell(f.runs, '')} runs; "
+            f"batch {cell(f.batch, '')}, threads {f.threads or 'default'}, "
+            f"{cell(f.throughput_per_s, '.1f')} samples/s")
 
 
 def to_markdown(report: Report) -> str:
