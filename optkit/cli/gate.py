@@ -1,6 +1,7 @@
 """optkit gate REPORT.json [GATE ...] [--baseline BASE.json]"""
 from __future__ import annotations
 
+import json
 from typing import Optional
 
 import typer
@@ -24,8 +25,6 @@ def register(app: typer.Typer) -> None:
         as_json: bool = options.JSON,
     ) -> None:
         """Check gates on a report: exit 1 when one fails, with a table of every gate and its margin."""
-        import json
-
         from optkit.pipeline.gates import evaluate, parse_gates
         from optkit.report.schema import Report
 

@@ -1,6 +1,8 @@
 """optkit report compare A.json B.json; optkit report render REPORT.json --format md|html|junit|console"""
 from __future__ import annotations
 
+import importlib
+import json
 from typing import Optional
 
 import typer
@@ -22,8 +24,6 @@ def register(app: typer.Typer) -> None:
         as_json: bool = options.JSON,
     ) -> None:
         """Side-by-side differences of two runs: size, p50 latency (with noise) and accuracy per stage."""
-        import json
-
         from optkit.report import compare as cmp
         from optkit.report.schema import Report
 
@@ -57,8 +57,6 @@ def register(app: typer.Typer) -> None:
 
             to_console(rep, common.console())
             return
-        import importlib
-
         mod, fn = renderers[fmt].split(":")
         text = getattr(importlib.import_module(mod), fn)(rep)
         if output:

@@ -1,6 +1,8 @@
 """The report: one JSON document with a versioned schema."""
 from __future__ import annotations
 
+import json
+import os
 import platform
 import sys
 from datetime import datetime, timezone
@@ -76,8 +78,6 @@ class Report(BaseModel):
 
     @classmethod
     def load(cls, path: str | Path) -> Report:
-        import json
-
         p = Path(path)
         if p.is_dir():
             raise UsageError(f"report {p} is a folder; name its report.json")
@@ -175,8 +175,6 @@ def _check_figures(data: dict, p: Path) -> None:
 
 
 def machine_info() -> dict[str, Any]:
-    import os
-
     info = {"system": platform.system(), "machine": platform.machine(), "python": sys.version.split()[0],
             "cpu_count": os.cpu_count(), "processor": _cpu_model()}
     return info
