@@ -32,8 +32,11 @@ def build_cmd(
     output: str = typer.Option(..., "-o", "--output", help="Engine file to write (.engine or .plan)."),
     precision: str = typer.Option("fp16", "--precision",
                                   help="fp32, fp16, bf16, or int8 (int8 needs a Q/DQ model: no calibration)."),
-    strongly_typed: bool = typer.Option(False, "--strongly-typed",
-                                        help="Strongly typed network: precision comes from the model's types."),
+    strongly_typed: Optional[bool] = typer.Option(
+        None, "--strongly-typed/--weakly-typed",
+        help="Strongly typed network: precision comes from the model's types (fp16/bf16: the model is cast first). "
+             "Default: strongly typed for int8 and wherever TensorRT has no precision flags (TensorRT 11); "
+             "--weakly-typed uses TensorRT 10's FP16/BF16/INT8 builder flags."),
     shape: Optional[list[str]] = PROFILE_SHAPE,
     workspace_mb: Optional[int] = typer.Option(None, "--workspace-mb", min=1, help="Workspace memory limit (MiB)."),
     opt_level: int = typer.Option(3, "--opt-level", min=0, max=5, help="Builder optimization level 0-5."),
@@ -89,10 +92,12 @@ def check_cmd(
     strict: bool = typer.Option(False, "--strict", help="Treat warnings as blocking too."),
     as_json: bool = options.JSON,
 ) -> None:
-    """What can be checked without a GPU: unsupported ops, dynamic dims without a profile, INT64 weights, Q/DQ
-    placements TensorRT rejects. Exit 0 when nothing blocks a build, 3 when something does (--strict: warnings too).
+    """What can be checked without a GPU: unsupported ops, plugin ops, dynamic dims without a profile, Q/DQ
+    placements TensorRT rejects; and whether the installed onnxruntime can run ONNX models on TensorRT
+    (--provider tensorrt). Exit 0 when nothing blocks a build, 3 when something does (--strict: warnings too).
     """
     from optkit.passes.tensorrt.check import check_model, parse_profiles
+    from optkit.runtimes.tensorrt import ort_tensorrt_status
 
     artifact = common.load_artifact(model)
     if artifact.format != Format.ONNX:
@@ -100,10 +105,12 @@ def check_cmd(
     if precision not in (None, "fp32", "fp16", "bf16", "int8"):
         raise UsageError(f"unknown --precision {precision!r}; choose fp32, fp16, bf16 or int8")
     result = check_model(artifact.path, shapes=parse_profiles(shape), precision=precision)
+    ort_status = ort_tensorrt_status()
     if as_json:
-        common.print_json(json.dumps(result.to_dict(strict), indent=2))
+        common.print_json(json.dumps({**result.to_dict(strict), "onnxruntime": ort_status}, indent=2))
     else:
         _render(result, strict)
+        _render_ort(ort_status)
     blocking = result.blocking(strict)
     if blocking:
         kinds = "problem" if len(blocking) == 1 else "problems"
@@ -130,3 +137,11 @@ def _render(result, strict: bool) -> None:
     blocking = result.blocking(strict)
     con.print(f"{len(result.errors)} error(s), {len(result.warnings)} warning(s)"
               + (": nothing blocks a build" if not blocking else ""))
+
+
+def _render_ort(status: dict) -> None:
+    con = common.console()
+    if status["tensorrt"]:
+        con.print(f"onnxruntime {status['version']}: TensorRT and CUDA providers available (--provider tensorrt)")
+    else:
+        con.print(f"--provider tensorrt: {status['why']}", style="yellow")
