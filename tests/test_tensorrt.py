@@ -362,6 +362,18 @@ def test_check_bad_input(cli, tmp_path):
     assert r.rc == 2 and "MIN <= OPT <= MAX" in one_error_line(r)
 
 
+def test_check_reports_whether_onnxruntime_can_use_tensorrt(cli, tmp_path):
+    import onnxruntime as ort
+
+    r, rep = check_json(cli, conv_model(tmp_path / "m.onnx"))
+    assert r.rc == 0
+    status = rep["onnxruntime"]
+    assert status["version"] == ort.__version__ and status["providers"] == ort.get_available_providers()
+    if "TensorrtExecutionProvider" not in ort.get_available_providers():
+        assert status["tensorrt"] is False and "optkit[trt-ort]" in status["why"]
+        assert "optkit[trt-ort]" in cli("trt", "check", tmp_path / "m.onnx").out.replace("\n", "")
+
+
 def test_check_table_covers_the_onnx_ops_it_claims():
     from optkit.passes.tensorrt.check import TRT_SUPPORTED_OPS, TRT_UNSUPPORTED_OPS
 
@@ -836,6 +848,106 @@ def test_gpu_cuda_graphs_and_parser_error(cli, tmp_path):
     r = cli("trt", "build", unsupported_op_model(tmp_path / "u.onnx"), "-o", tmp_path / "u.engine")
     assert r.rc == 3 and "uniq0" in one_error_line(r) and "Unique" in one_error_line(r)
     assert not (tmp_path / "u.engine").exists()
+
+
+def _digits() -> Path:
+    return Path("sample_models/digits_eval_nchw.npz").resolve()
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_dynamic_batch_engine_measures_accuracy(cli, tmp_path):
+    """No --shape: the engine takes batch 1..64, so accuracy over 497 digits (64 per call) runs."""
+    r = cli("trt", "build", "sample_models/torch_cnn.onnx", "-o", tmp_path / "d.engine", "--data", _digits(),
+            "--metric", "top1", "--runs", "10", "--json")
+    assert r.rc == 0, r.err
+    m = json.loads(r.out)["stages"][-1]["measurements"]
+    assert m["accuracy"]["samples"] == 497 and m["accuracy"]["top1"] > 0.9
+    assert m["tensorrt"]["profiles"]["input"][2] == [64, 1, 8, 8]
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_bf16(cli, tmp_path):
+    import tensorrt as trt
+
+    if not hasattr(trt.BuilderFlag, "BF16") and importlib.util.find_spec("modelopt") is None:
+        pytest.skip("TensorRT 11 builds bf16 from a cast model: needs nvidia-modelopt[onnx]")
+    r = cli("trt", "build", conv_model(tmp_path / "m.onnx"), "-o", tmp_path / "b.engine", "--precision", "bf16",
+            "--runs", "10", "--json")
+    if r.rc == 3 and "bf16" in r.err.lower() and "support" in r.err.lower():
+        pytest.skip("this GPU has no bf16 kernels")
+    assert r.rc == 0, r.err
+    t = json.loads(r.out)["stages"][-1]["measurements"]["tensorrt"]
+    assert t["validation"]["precision"] == "bf16"
+    assert t["builder_flags"] == ["BF16"] or t["cast"] == "bf16"
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("make", ["qdq", "qat"])
+def test_gpu_strongly_typed_int8(cli, tmp_path, make):
+    """int8 from a Q/DQ model builds strongly typed by default, from onnxruntime-style and QAT-style Q/DQ alike."""
+    model = (qdq_model if make == "qdq" else qat_model)(tmp_path / f"{make}.onnx")
+    r = cli("trt", "build", model, "-o", tmp_path / "q.engine", "--precision", "int8", "--runs", "10", "--json")
+    assert r.rc == 0, r.err
+    t = json.loads(r.out)["stages"][-1]["measurements"]["tensorrt"]
+    assert t["strongly_typed"] is True and t["builder_flags"] == [] and t["validation"]["precision"] == "int8"
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_strongly_typed_fp16_casts_the_model(cli, tmp_path):
+    r = cli("trt", "build", conv_model(tmp_path / "m.onnx"), "-o", tmp_path / "h.engine", "--precision", "fp16",
+            "--strongly-typed", "--runs", "10", "--json")
+    assert r.rc == 0, r.err
+    t = json.loads(r.out)["stages"][-1]["measurements"]["tensorrt"]
+    assert t["strongly_typed"] is True and t["cast"] == "fp16" and t["validation"]["precision"] == "fp16"
+
+
+def _build_elsewhere(onnx_path: Path, engine_path: Path, profile) -> None:
+    """An engine built with TensorRT's Python API alone, as a user or trtexec would."""
+    import tensorrt as trt
+
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    network = builder.create_network(0)
+    parser = trt.OnnxParser(network, logger)
+    assert parser.parse_from_file(str(onnx_path))
+    config = builder.create_builder_config()
+    prof = builder.create_optimization_profile()
+    prof.set_shape(network.get_input(0).name, *profile)
+    config.add_optimization_profile(prof)
+    engine_path.write_bytes(bytes(builder.build_serialized_network(network, config)))
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_engine_built_elsewhere(cli, tmp_path):
+    """An engine optkit did not build, with a batch-1 profile: bench runs it, eval feeds it one digit per call."""
+    engine = tmp_path / "elsewhere.engine"
+    _build_elsewhere(Path("sample_models/torch_cnn.onnx"), engine, [[1, 1, 8, 8]] * 3)
+    r = cli("bench", engine, "--runs", "20", "--json")
+    assert r.rc == 0, r.err
+    r = cli("eval", engine, "--data", _digits(), "--metric", "top1", "--json")
+    assert r.rc == 0, r.err
+    assert "497" in r.out
+    r = cli("bench", engine, "--batch", "8", "--runs", "2")
+    assert r.rc == 2
+
+
+@pytest.mark.gpu
+@gpu
+def test_gpu_onnx_on_onnxruntime_tensorrt_provider(cli, tmp_path, monkeypatch):
+    from optkit.runtimes.tensorrt import ort_tensorrt_status
+
+    status = ort_tensorrt_status()
+    if not status["tensorrt"]:
+        pytest.skip(f"onnxruntime cannot use TensorRT here: {status['why']}")
+    monkeypatch.setenv("OPTKIT_CACHE_DIR", str(tmp_path / "cache"))
+    r = cli("bench", conv_model(tmp_path / "m.onnx"), "--provider", "tensorrt", "--runs", "20", "--json")
+    assert r.rc == 0, r.err
+    assert "tensorrt" in r.out
 
 
 def test_onnx_provider_fallback_is_an_error(tmp_path, monkeypatch):
