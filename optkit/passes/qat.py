@@ -38,9 +38,9 @@ from optkit.passes.training.keras import (
 
 
 class QatConfig(FinetuneConfig):
+    min_epochs = 1
     layers: list[str] | None = None     # annotate only these layers (default: quantize_model on the whole model)
-    epochs: int = Field(default=2, ge=1)
-    learning_rate: float = Field(default=1e-4, gt=0)
+    learning_rate: float = Field(default=1e-4, gt=0)  # QAT fine-tunes a trained model gently
 
 
 @register

@@ -45,15 +45,26 @@ from optkit.passes.training.keras import (
 from optkit.runtimes.torch import load_program, load_torch_model
 
 
-def _check_sparsity(v: float) -> float:
-    if not 0 < v < 1:
-        raise ValueError(f"sparsity must be between 0 and 1 (exclusive), got {v}")
-    return v
+class PruneConfig(FinetuneConfig):
+    """What both prune passes take: how much to prune, where, and the fine-tuning (FinetuneConfig)."""
+
+    # Keras: final fraction of zero weights per pruned layer; torch: share of weights zeroed (unstructured, global
+    # L1) or of channels removed (channels)
+    sparsity: float = 0.5
+    layers: list[str] | None = None                       # prune only these (default: every Conv / Dense / Linear)
+    exclude: list[str] = Field(default_factory=list)      # never prune these (torch: nor the output layer)
+
+    @field_validator("sparsity")
+    @classmethod
+    def _sparsity(cls, v: float) -> float:
+        if not 0 < v < 1:
+            raise ValueError(f"sparsity must be between 0 and 1 (exclusive), got {v}")
+        return v
 
 
 # =============================================================================================== Keras
-class KerasPruneConfig(FinetuneConfig):
-    sparsity: float = 0.5                                   # final fraction of zero weights per pruned layer
+class KerasPruneConfig(PruneConfig):
+    min_epochs = 1                                        # the schedule prunes while training
     schedule: Literal["constant", "polynomial"] = "polynomial"
     initial_sparsity: float = Field(default=0.0, ge=0, lt=1)  # polynomial only
     end_fraction: float = Field(default=0.6, gt=0, le=1)  # polynomial: reach the target after this share of steps
@@ -61,15 +72,7 @@ class KerasPruneConfig(FinetuneConfig):
     block_size: tuple[int, int] | None = None             # block sparsity, e.g. [1, 4]
     block_pooling: Literal["AVG", "MAX"] = "AVG"
     m_by_n: tuple[int, int] | None = None                 # M zeros in every N weights, e.g. [2, 4] (2:4)
-    layers: list[str] | None = None                       # prune only these layers (default: every prunable one)
-    exclude: list[str] = Field(default_factory=list)      # never prune these layers
     skip_unsupported: bool = False                        # skip layers TF-MOT cannot prune instead of failing
-    epochs: int = Field(default=2, ge=1)
-
-    @field_validator("sparsity")
-    @classmethod
-    def _sparsity(cls, v: float) -> float:
-        return _check_sparsity(v)
 
     @field_validator("m_by_n")
     @classmethod
@@ -222,18 +225,10 @@ class KerasPrune(Pass):
 
 
 # ============================================================================================= PyTorch
-class TorchPruneConfig(FinetuneConfig):
+class TorchPruneConfig(PruneConfig):
     method: Literal["unstructured", "channels"] = "channels"
-    sparsity: float = 0.5            # unstructured: share of weights zeroed (global L1); channels: share removed
-    layers: list[str] | None = None  # module names to prune (default: every Conv / Linear)
-    exclude: list[str] = Field(default_factory=list)  # module names never pruned (the output layer always is)
     round_to: int | None = Field(default=None, ge=1)  # channels: keep counts a multiple of this
     max_error: float = Field(default=1e-4, gt=0)       # saved program vs in-memory model, max abs difference
-
-    @field_validator("sparsity")
-    @classmethod
-    def _sparsity(cls, v: float) -> float:
-        return _check_sparsity(v)
 
 
 def _torch_example(artifact: Artifact, examples, ctx: PassContext):

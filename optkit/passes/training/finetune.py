@@ -7,10 +7,10 @@ framework allows. Frameworks are imported inside the functions.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from optkit.core.errors import UsageError, ValidationError
 from optkit.core.registry import PassConfig
@@ -20,7 +20,11 @@ Optimizer = Literal["adam", "sgd", "rmsprop", "adamw"]
 
 
 class FinetuneConfig(PassConfig):
-    """Fine-tuning options shared by the passes that train (flat, so recipes stay simple)."""
+    """Fine-tuning options shared by the passes that train (flat, so recipes stay simple): `optkit prune` and
+    `optkit qat` take them as one option group (cli.options.Finetune). A pass adds its own fields and, where it
+    differs, its own default (QAT's smaller learning rate) or `min_epochs`."""
+
+    min_epochs: ClassVar[int] = 0   # 1 for a pass that cannot skip training (Keras pruning schedules, QAT)
 
     epochs: int = Field(default=2, ge=0)
     batch_size: int = Field(default=32, ge=1)          # global batch (split across replicas / workers)
@@ -28,6 +32,13 @@ class FinetuneConfig(PassConfig):
     optimizer: Optimizer = "adam"
     strategy: Literal["none", "mirrored", "multi-worker", "ddp"] = "none"
     max_accuracy_drop: float | None = Field(default=0.05, ge=0, le=1)  # fail (exit 3) past this top-1 drop
+
+    @field_validator("epochs")
+    @classmethod
+    def _min_epochs(cls, v: int) -> int:
+        if v < cls.min_epochs:
+            raise ValueError(f"input should be greater than or equal to {cls.min_epochs} (this pass trains)")
+        return v
 
 
 def train_arrays(ctx, specs, *, what: str, required: bool = True) -> tuple[np.ndarray, np.ndarray] | None:
