@@ -59,20 +59,18 @@ def test_silero_bench_and_simplify_need_no_flag(cli, realcases, tmp_path):
     onnx.checker.check_model(str(out))
 
 
-def test_silero_data_layouts_and_quantize(cli, realcases, silero_data, tmp_path):
-    out = tmp_path / "q.onnx"
-    r = cli("quantize", realcases / SILERO, "--mode", "dynamic", "--eval-data", silero_data, "-o", out, "--json")
-    if r.rc == 3:  # refused: nothing written
-        assert no_result_files(tmp_path) == []
-        return
+def test_silero_data_layouts_and_nothing_to_quantize(cli, realcases, silero_data, tmp_path):
+    r = cli("bench", realcases / SILERO, "--data", silero_data, "--runs", "3", "--json")
     assert r.rc == 0, r.err
-    # faithful: speech probability moves by at most 0.05 on every chunk, as plain onnxruntime sees it
-    data = np.load(silero_data)
-    calls = [{"input": data["input"][i:i + 1], "state": data["state"][i], "sr": np.asarray(data["sr"][i])}
-             for i in range(len(data["sr"]))]
-    ref = np.array([o[0] for o in _ort_outputs(realcases / SILERO, calls)]).ravel()
-    got = np.array([o[0] for o in _ort_outputs(out, calls)]).ravel()
-    assert np.abs(ref - got).max() <= 0.05
+    assert json.loads(r.out)["stages"][0]["measurements"]["inputs"]["shapes"]["state"] == [2, 1, 128]
+    # its Conv and LSTM weights sit inside If subgraphs, where onnxruntime's quantizer leaves them float: a
+    # "quantized" copy would be the same model (onnxruntime's pre-processing even makes it 1.4x larger)
+    for mode in ("dynamic", "static"):
+        r = cli("quantize", realcases / SILERO, "--mode", mode, "--eval-data", silero_data, "--calibration-data",
+                silero_data, "-o", tmp_path / "q.onnx")
+        assert r.rc == 2, r.err
+        assert "nothing to quantize" in one_error_line(r) and "left every node float" in r.err
+        assert no_result_files(tmp_path) == []
 
 
 def test_data_layout_that_fits_no_rule_names_the_shapes(cli, realcases, tmp_path):
@@ -245,17 +243,15 @@ def test_recipe_feeds_scalar_values_and_checks_named_outputs(cli, realcases, tmp
 name: vad
 model: {{path: {realcases / SILERO}}}
 stages:
-  - pass: quantize.onnx-dynamic
-    config: {{check_outputs: [output]}}
+  - pass: simplify.onnx
 measure: {{values: {{sr: 16000}}, check_outputs: [output], runs: 5, trials: 2, normalize: false}}
 """)
     r = cli("run", recipe, "--workspace", tmp_path / "runs", "--json")
-    assert r.rc in (0, 3), r.err
-    if r.rc == 0:
-        stages = json.loads(r.out)["stages"]
-        assert stages[0]["measurements"]["inputs"]["shapes"]["sr"] == []
-        assert stages[-1]["measurements"]["fidelity"]["outputs"]["output"]["checked"] is True
-        assert stages[-1]["measurements"]["fidelity"]["outputs"]["stateN"]["checked"] is False
+    assert r.rc == 0, r.err
+    stages = json.loads(r.out)["stages"]
+    assert stages[0]["measurements"]["inputs"]["shapes"]["sr"] == []
+    assert stages[-1]["measurements"]["fidelity"]["outputs"]["output"]["checked"] is True
+    assert stages[-1]["measurements"]["fidelity"]["outputs"]["stateN"]["checked"] is False
     bad = tmp_path / "bad.yaml"
     bad.write_text(recipe.read_text().replace("values: {sr: 16000}", "values: {nope: 1}"))
     r = cli("run", bad, "--workspace", tmp_path / "runs2")

@@ -38,7 +38,8 @@ def register(app: typer.Typer) -> None:
                                                "(otherwise exit 3, the model kept as .REJECTED.onnx)."),
         max_latency_ratio: Optional[float] = typer.Option(None, "--max-latency-ratio", min=0,
                                                           help="Static INT8: slower means p50 (batch 1, 1 thread) "
-                                                               "above this x the parent's (default 1.05)."),
+                                                               "above this x the parent's beyond the timing noise "
+                                                               "(default 1.05)."),
         no_latency_search: bool = typer.Option(False, "--no-latency-search",
                                                help="Build only the first setting (no search over formats, types, "
                                                     "per-channel, reduce-range, calibration)."),

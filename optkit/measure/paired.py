@@ -11,18 +11,15 @@ which no interval over a handful of trials sees; anything else is "no significan
 """
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
-
-import numpy as np
 
 from optkit.core.artifact import Artifact
 from optkit.core.isolate import run_isolated
 from optkit.measure.datasets import load_dataset
 from optkit.measure.latency import LIMIT_S, summarize
 from optkit.measure.model import MeasureSettings, latency_feeds, synthesized
-from optkit.measure.trials import low, t95
+from optkit.measure.trials import low, ratio_ci95
 from optkit.runtimes.base import open_session
 
 MIN_CHANGE = 0.03
@@ -86,13 +83,7 @@ def _paired(before: Artifact, after: Artifact, settings: MeasureSettings, trials
             gc.enable()
     for s in sessions:
         s.close()
-    logs = np.log(np.asarray(ratios))
-    centre = float(np.exp(np.median(logs)))
-    if len(logs) > 1:
-        half = t95(len(logs) - 1) * float(logs.std(ddof=1)) / math.sqrt(len(logs))
-        lo, hi = float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half))
-    else:
-        lo = hi = centre
+    centre, lo, hi = ratio_ci95(ratios)
     figures = [summarize(t, batch=settings.batch, warmup=settings.warmup, threads=s.threads, provider=s.provider)
                for t, s in zip(times, sessions)]
     return {"before": figures[0], "after": figures[1], "ratio": centre, "ratio_ci95": [lo, hi],

@@ -66,6 +66,16 @@ def t95(dof: int) -> float:
     return _T95[dof - 1] if dof <= len(_T95) else 1.96
 
 
+def ratio_ci95(ratios: list[float]) -> tuple[float, float, float]:
+    """Ratios from paired trials: (median, lo, hi), a 95% t-interval on their logs (lo = hi for one)."""
+    logs = np.log(np.asarray(ratios, dtype=np.float64))
+    centre = float(np.exp(np.median(logs)))
+    if len(logs) < 2:
+        return centre, centre, centre
+    half = t95(len(logs) - 1) * float(logs.std(ddof=1)) / math.sqrt(len(logs))
+    return centre, float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half))
+
+
 def ci95_pct(values: list[float]) -> float | None:
     """The 95% half-width of the mean of `values`, in % of the mean (None for fewer than 2)."""
     if len(values) < 2:

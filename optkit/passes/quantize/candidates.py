@@ -57,6 +57,7 @@ class Candidate:
     screened_out: bool = False          # failed the cheap check on a subset; never scored on the full set
     p50_ms: float | None = None
     latency_ratio: float | None = None
+    latency_ratio_ci95: list[float] | None = None
     error: str | None = None
     passed: bool = False
     chosen: bool = False
@@ -72,7 +73,8 @@ class Candidate:
         d: dict[str, Any] = {"index": self.index, "variant": self.settings.label(), **self.settings.to_dict(),
                              "bytes": self.bytes, "ratio": self.ratio, "passed": self.passed,
                              "chosen": self.chosen, "checked_on": self.checked_on}
-        for key in ("accuracy", "accuracy_drop", "p50_ms", "latency_ratio", "error", "rejected_file"):
+        for key in ("accuracy", "accuracy_drop", "p50_ms", "latency_ratio", "latency_ratio_ci95", "error",
+                    "rejected_file"):
             value = getattr(self, key)
             if value is not None:
                 d[key] = value

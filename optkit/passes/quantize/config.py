@@ -61,7 +61,8 @@ class QuantizeConfig(PassConfig):
     latency_search: bool = True
     max_size_ratio: Optional[float] = Field(default=None, gt=0)   # size budget: output bytes / input bytes
     # A static INT8 model slower than its parent is an error (exit 3) unless allowed: p50 at batch 1 on one
-    # thread must be <= max_latency_ratio x the parent's (the 5% default margin covers measurement noise)
+    # thread must not exceed max_latency_ratio x the parent's beyond the timing noise (the 95% interval of the
+    # paired ratio lies wholly above it); the 5% margin covers the lasting offset between two sessions
     max_latency_ratio: float = Field(default=1.05, gt=0)
     allow_slower: bool = False
     compact: bool = True                    # short internal names: smaller files, same math

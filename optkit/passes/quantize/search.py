@@ -29,6 +29,7 @@ from optkit.measure.accuracy import compute, resolve_metric
 from optkit.measure.fidelity import attention_mask, check_names
 from optkit.measure.inputs import probe, synthesize
 from optkit.measure.latency import measure_latency
+from optkit.measure.trials import ratio_ci95
 from optkit.onnx import graph
 from optkit.onnx import io as onnx_io
 from optkit.onnx import session as onnx_session
@@ -39,6 +40,7 @@ from optkit.passes.quantize.config import LOWER_IS_BETTER, MIN_OPSET, TOLERANCE,
 from optkit.passes.quantize.engine import Int4, contrib_excludes, strategy_for
 from optkit.runtimes.base import open_session
 
+PREPROCESS_GROWTH = 1.02  # a pre-processed model this much larger than its input is not used
 NEAR = 1.03          # timings within 3% are a tie: the smaller file wins
 SCREEN_MARGIN = 2.0  # a candidate whose subset loss is over this many budgets is not scored on the full set
 
@@ -54,6 +56,7 @@ class Quantizer:
         self.deadline = time.monotonic() + cfg.time_budget if cfg.time_budget else math.inf
         self.prepared = self.work / "prepared.onnx"
         self.float_model = None
+        self.quantizable: list[str] = []  # "Conv x12": the ops of the mode the model holds
         self.parent = None
         self.specs: list = []
         self.out_names: list[str] = []
@@ -168,6 +171,7 @@ class Quantizer:
             k = qops.INT4_WEIGHT_INPUT
             present = [op for op in present if (qops.int4_gathers(model) if op == "Gather" else any(
                 n.op_type == op and len(n.input) > k[op] and n.input[k[op]] in inits for n in model.graph.node))]
+        self.quantizable = [f"{op} x{counts[op]}" for op in present]
         if not present:
             have = ", ".join(sorted(counts)) or "no ops"
             raise UsageError(f"nothing to quantize in {self.artifact.path} for mode {self.mode}: it has {have}; "
@@ -215,7 +219,13 @@ class Quantizer:
                 m = onnx_io.load(self.prepared)
                 graph.name_nodes(m)
                 onnx_io.save(m, self.prepared)
-                ctx.note("pre-processed: shape inference and onnxruntime graph optimization before quantizing")
+                grown = os.path.getsize(self.prepared) / os.path.getsize(raw)
+                if grown > PREPROCESS_GROWTH:  # constant folding copied weights into several subgraphs
+                    ctx.note(f"pre-processing skipped: onnxruntime's graph optimization made the model {grown:.2f}x "
+                             "larger (constants copied into subgraphs); quantizing the model as it is")
+                    shutil.copyfile(raw, self.prepared)
+                else:
+                    ctx.note("pre-processed: shape inference and onnxruntime graph optimization before quantizing")
             except Exception as e:  # noqa: BLE001 - symbolic shape inference fails on some graphs
                 ctx.note(f"pre-processing skipped ({first_line(e)[:120]}); quantizing the model as it is")
                 shutil.copyfile(raw, self.prepared)
@@ -362,6 +372,14 @@ class Quantizer:
             cand.error = f"onnxruntime could not quantize with {settings.label()}: {first_line(e)[:160]}"
             return cand
         model = onnx_io.load(raw)
+        if self.mode != "fp16" and not graph.is_quantized(model):
+            if not settings.float_nodes:
+                raise UsageError(f"nothing to quantize in {self.artifact.path} for mode {self.mode}: onnxruntime's "
+                                 f"quantizer left every node float ({', '.join(self.quantizable)}: "
+                                 "their weights are not constants it can reach, e.g. inside If subgraphs, or their "
+                                 "inputs are not float); nothing was written")
+            cand.error = "nothing was quantized (every quantizable node is kept float)"
+            return cand
         if self.cfg.compact:
             graph.compact(model)
         onnx_io.save(model, cand.path)
@@ -527,36 +545,43 @@ class Quantizer:
 
     def _time(self, pool: list[Candidate], rounds: int = 5) -> None:
         """p50 at batch 1 on one thread, parent and candidates interleaved over rounds in one child process,
-        on the first call of the check data; the best round is kept (the low figure is the model's, the high
-        ones are the neighbours')."""
+        on the first call of the check data. A candidate's p50 is its best round (the low figure is the
+        model's, the high ones are the neighbours'); its ratio to the parent is the median of the per-round
+        ratios, with their 95% interval (a round times both under the same machine state)."""
         paths = [str(self.artifact.path)] + [str(c.path) for c in pool]
         feeds = first_call(self.specs, self.check_feeds, 1)
         try:
-            best = run_isolated(_time_interleaved, paths, feeds, rounds, what="timing the quantized candidates")
+            p50s = run_isolated(_time_interleaved, paths, feeds, rounds, what="timing the quantized candidates")
         except Exception as e:  # noqa: BLE001 - latency informs the choice; a failure must not hide the result
             self.ctx.note(f"candidate latency not measured: {first_line(e)}")
             return
-        self.settings.update(parent_p50_ms=best[0], latency_settings=f"batch 1, 1 thread, best p50 of {rounds} "
-                                                                     "interleaved rounds")
-        for c, t in zip(pool, best[1:]):
-            c.p50_ms = t
-            c.latency_ratio = t / best[0] if best[0] else None
+        parent = [r[0] for r in p50s]
+        self.settings.update(parent_p50_ms=min(parent), latency_settings=f"batch 1, 1 thread, best p50 of "
+                                                                         f"{rounds} interleaved rounds")
+        for i, c in enumerate(pool, start=1):
+            c.p50_ms = min(r[i] for r in p50s)
+            c.latency_ratio, *c.latency_ratio_ci95 = ratio_ci95([r[i] / r[0] for r in p50s])
 
     def _slower_check(self, chosen: Candidate, pool: list[Candidate]) -> None:
+        """Refused only when slower than max_latency_ratio beyond the timing noise: the whole 95% interval of
+        the ratio lies above it (a fixed cut inside the noise would flip between runs)."""
         cfg, ratio = self.cfg, chosen.latency_ratio
         if ratio is None:
             return
-        self.settings["speed"] = {"latency_ratio": ratio, "max_latency_ratio": cfg.max_latency_ratio,
-                                  "slower": ratio > cfg.max_latency_ratio}
-        if ratio <= cfg.max_latency_ratio:
-            self.ctx.note(f"latency: {ratio:.2f}x the parent's p50 at batch 1 on one thread "
-                          f"({chosen.p50_ms:.3f} ms vs {self.settings['parent_p50_ms']:.3f} ms), the fastest "
-                          f"of {len(pool)} candidates that meet the budgets")
+        lo, hi = chosen.latency_ratio_ci95
+        slower = lo > cfg.max_latency_ratio
+        self.settings["speed"] = {"latency_ratio": ratio, "latency_ratio_ci95": [lo, hi],
+                                  "max_latency_ratio": cfg.max_latency_ratio, "slower": slower}
+        figures = (f"{ratio:.2f}x the parent's p50 (95% CI {lo:.2f}-{hi:.2f}x) at batch 1 on one thread, "
+                   f"{chosen.p50_ms:.3f} ms vs {self.settings['parent_p50_ms']:.3f} ms")
+        if not slower:
+            inside = " - within the timing noise of the limit" if hi > cfg.max_latency_ratio else ""
+            self.ctx.note(f"latency: {figures}{inside}; the fastest of {len(pool)} candidates that meet the "
+                          "budgets")
             return
         tried = "; ".join(f"{c.settings.label()}: {c.latency_ratio:.2f}x" for c in pool if c.latency_ratio)
-        msg = (f"static INT8 is SLOWER than its FP32 parent on this CPU: p50 {chosen.p50_ms:.3f} ms vs "
-               f"{self.settings['parent_p50_ms']:.3f} ms ({ratio:.2f}x at batch 1, one thread; candidates: "
-               f"{tried}); int8 kernels do not pay off on a model this small")
+        msg = (f"static INT8 is SLOWER than its FP32 parent on this CPU: {figures} (limit "
+               f"{cfg.max_latency_ratio:g}x; candidates: {tried}); int8 kernels do not pay off here")
         if cfg.allow_slower:
             self.ctx.warn(msg + "; written anyway (--allow-slower)")
             return
@@ -648,13 +673,10 @@ def _fastest(pool: list[Candidate]) -> Candidate:
     return min((c for c in timed if c.p50_ms <= best * NEAR), key=lambda c: (c.bytes, c.p50_ms))
 
 
-def _time_interleaved(paths: list[str], feeds: dict, rounds: int) -> list[float]:
+def _time_interleaved(paths: list[str], feeds: dict, rounds: int) -> list[list[float]]:
+    """p50 (ms) per round and model."""
     sessions = [open_session(Artifact.load(p), provider="cpu", threads=1) for p in paths]
-    best = [float("inf")] * len(paths)
-    for _ in range(rounds):
-        for i, s in enumerate(sessions):
-            best[i] = min(best[i], measure_latency(s, feeds, warmup=10, runs=60)["p50_ms"])
-    return best
+    return [[measure_latency(s, feeds, warmup=10, runs=60)["p50_ms"] for s in sessions] for _ in range(rounds)]
 
 
 def _schedule(n: int, budget: int) -> list[int]:

@@ -21,7 +21,7 @@ Optimizer = Literal["adam", "sgd", "rmsprop", "adamw"]
 
 class FinetuneConfig(PassConfig):
     """Fine-tuning options shared by the passes that train (flat, so recipes stay simple): `optkit prune` and
-    `optkit qat` take them as one option group (cli.options.Finetune). A pass adds its own fields and, where it
+    `optkit qat` take them (cli.options). A pass adds its own fields and, where it
     differs, its own default (QAT's smaller learning rate) or `min_epochs`."""
 
     min_epochs: ClassVar[int] = 0   # 1 for a pass that cannot skip training (Keras pruning schedules, QAT)
