@@ -17,7 +17,7 @@ exits 0. Sections:
    (layout_cdla.onnx) on scikit-image's document pages; no target.
 
 Each section compares (a) `optkit quantize MODEL --mode static|dynamic [--calibration-data C] --eval-data E
--o OUT`, run as a subprocess with no other flag (exit 0: written; 3: refused, or 2: nothing to quantize), (b) onnxruntime's
+-o OUT`, run as a subprocess with no other flag (exit 0: written, 3: refused), (b) onnxruntime's
 quantize_static / quantize_dynamic with default arguments on the original file, and (c) the best single
 onnxruntime configuration from a sweep: static: format x activation type x per-channel x reduce-range x
 calibration method (--quick: no reduce-range, no Percentile), on a prepared copy (opset 13 for per-channel,
@@ -156,10 +156,8 @@ class OptkitRun:
 
     @property
     def refused(self) -> bool:
-        """Exit 3 from a check that failed, or 2 for a model with nothing to quantize; not a crash inside optkit
-        (also exit 3, "internal error")."""
-        return (self.rc == 3 and "internal error" not in self.error) or (self.rc == 2 and "nothing to quantize"
-                                                                          in self.error)
+        """Exit 3 from a check that failed, not from a crash inside optkit (also exit 3, "internal error")."""
+        return self.rc == 3 and "internal error" not in self.error
 
 
 def run_optkit(*args) -> OptkitRun:

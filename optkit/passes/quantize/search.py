@@ -374,10 +374,10 @@ class Quantizer:
         model = onnx_io.load(raw)
         if self.mode != "fp16" and not graph.is_quantized(model):
             if not settings.float_nodes:
-                raise UsageError(f"nothing to quantize in {self.artifact.path} for mode {self.mode}: onnxruntime's "
-                                 f"quantizer left every node float ({', '.join(self.quantizable)}: "
-                                 "their weights are not constants it can reach, e.g. inside If subgraphs, or their "
-                                 "inputs are not float); nothing was written")
+                raise ValidationError(
+                    f"nothing was quantized in {self.artifact.path} (mode {self.mode}): onnxruntime's quantizer left "
+                    f"every node float ({', '.join(self.quantizable)}: their weights are not constants it can reach, "
+                    "e.g. inside If subgraphs, or their inputs are not float); nothing was written")
             cand.error = "nothing was quantized (every quantizable node is kept float)"
             return cand
         if self.cfg.compact:
