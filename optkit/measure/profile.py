@@ -1,12 +1,16 @@
-"""Where the time goes: onnxruntime's profiler over repeated runs, as per-node and per-op-type tables.
+"""Where the time goes: onnxruntime's profiler over repeated runs, as per-node and per-op-type tables; and
+TensorFlow's profiler (a TensorBoard profile log) for Keras and SavedModel sources.
 
-The profiler's JSON is a Chrome trace (it opens in Perfetto or chrome://tracing). Each "Node" event with a
-`_kernel_time` name is one kernel run; a node's time is its total over the profiled runs divided by the number
-of runs, so the per-op totals add up to one call's kernel time (what p50 latency measures, less the
-framework overhead between kernels).
+onnxruntime's profile is a Chrome trace (it opens in Perfetto or chrome://tracing). Each "Node" event whose
+name ends in `_kernel_time` is one kernel run and each "model_run" event one call. The warm-up calls are
+dropped; of the profiled calls, the middle half by kernel time (the calls between its 25th and 75th
+percentile) is averaged, so a node's time is what it takes in a typical call and the rows add up to one
+typical call's kernel time: p50 latency less what the session spends between kernels. The p50 of a plain
+(unprofiled) session with the same threads and feeds is measured beside it, so the two can be compared.
 """
 from __future__ import annotations
 
+import bisect
 import json
 import shutil
 import tempfile
@@ -14,95 +18,200 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from optkit.core.artifact import Artifact
 from optkit.core.atomic import atomic_path
+from optkit.core.batching import first_call
 from optkit.core.errors import UsageError
 from optkit.measure.inputs import probe, synthesize
-from optkit.onnx.session import input_specs, session_options
+from optkit.measure.latency import measure_latency
+from optkit.onnx.session import session_options
+from optkit.runtimes.base import open_session
 
 KERNEL = "_kernel_time"
+MAX_RUNS = 100_000
+CLOSE = 0.10   # the per-op total should be within this share of the p50
+
+# op types whose presence in a quantized model means part of it still runs in float
+FLOAT_COMPUTE = ("Conv", "MatMul", "Gemm", "ConvTranspose", "FusedConv", "FusedMatMul", "FusedGemm", "Attention",
+                 "MultiHeadAttention", "LSTM", "GRU", "RNN", "Einsum")
+QUANTIZED = ("QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul", "QGemm",
+             "MatMulIntegerToFloat", "MatMulNBits", "QAttention", "QuantizeLinear", "DequantizeLinear",
+             "DynamicQuantizeLinear")
 
 
-def profile_onnx(path: str | Path, *, runs: int = 50, warmup: int = 10, threads: int | None = 1,
-                 shapes: dict | None = None, values: dict | None = None, feeds: dict | None = None,
+def feeds_for(session, shapes: dict | None, values: dict | None, data=None, seed: int = 0) -> dict:
+    """One call's feeds: the first sample of `data` (a Dataset), else synthesized with probed dims."""
+    if data is not None:
+        return first_call(session.inputs, data.bind(session.inputs), 1)
+    shapes, _ = probe(session.inputs, session.run, shapes, values, seed)
+    return synthesize(session.inputs, shapes, 1, seed, values)
+
+
+def profile_onnx(artifact: Artifact, *, runs: int = 50, warmup: int = 10, threads: int | None = None,
+                 shapes: dict | None = None, values: dict | None = None, data=None,
                  trace: str | Path | None = None, seed: int = 0) -> dict[str, Any]:
-    """Profile `runs` calls of the model at `path`; returns nodes, op types and the total per call (ms).
-    With `trace`, the Chrome trace is written there."""
+    """Profile `runs` calls of an ONNX model on onnxruntime's CPU provider; returns the per-node and per-op
+    figures (summarize) with the p50 of a plain session. With `trace`, the Chrome trace is written there."""
     import onnxruntime as ort
 
-    if runs < 1:
-        raise UsageError(f"--runs {runs} is out of range: give 1 or more")
+    if not 1 <= runs <= MAX_RUNS:
+        raise UsageError(f"--runs {runs} is out of range: give 1 to {MAX_RUNS:,}")
+    plain = open_session(artifact, provider="cpu", threads=threads)
+    feeds = feeds_for(plain, shapes, values, data, seed)
+    plain.check_feeds(feeds)
+    latency = measure_latency(plain, feeds, warmup=warmup, runs=max(runs, 20))
+    plain.close()
     work = Path(tempfile.mkdtemp(prefix="optkit-profile-"))
     try:
-        plain = ort.InferenceSession(str(path), sess_options=session_options(threads),
-                                     providers=["CPUExecutionProvider"])
-        specs = input_specs(plain, path)
-        if feeds is None:
-            names = [o.name for o in plain.get_outputs()]
-            shapes, _ = probe(specs, lambda f: plain.run(names, f), shapes, values, seed)
-            feeds = synthesize(specs, shapes, 1, seed, values)
-        for _ in range(warmup):
-            plain.run(None, feeds)
         so = session_options(threads)
         so.enable_profiling = True
         so.profile_file_prefix = str(work / "profile")
-        sess = ort.InferenceSession(str(path), sess_options=so, providers=["CPUExecutionProvider"])
-        for _ in range(warmup):
-            sess.run(None, feeds)
-        sess.end_profiling()  # drops the warm-up events: a new file starts with the next run
-        sess = ort.InferenceSession(str(path), sess_options=so, providers=["CPUExecutionProvider"])
-        for _ in range(runs):
+        sess = ort.InferenceSession(str(artifact.path), sess_options=so, providers=["CPUExecutionProvider"])
+        for _ in range(warmup + runs):
             sess.run(None, feeds)
         events = json.loads(Path(sess.end_profiling()).read_text())
-        if trace is not None:
-            with atomic_path(trace) as tmp:
-                tmp.write_text(json.dumps(events))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return summarize(events, runs)
+    result = summarize(events, skip=warmup)
+    result.update(close_to_p50(result["total_ms"], latency["p50_ms"]), threads=threads, trace=None)
+    if trace is not None:
+        with atomic_path(trace) as tmp:
+            tmp.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+        result["trace"] = str(trace)
+    return result
 
 
-def summarize(events: list[dict], runs: int) -> dict[str, Any]:
-    nodes: dict[str, dict] = {}
-    per_op: dict[str, float] = defaultdict(float)
-    for e in events:
-        if e.get("cat") != "Node" or not str(e.get("name", "")).endswith(KERNEL):
+def close_to_p50(total_ms: float, p50_ms: float) -> dict[str, Any]:
+    ratio = total_ms / p50_ms if p50_ms > 0 else float("nan")
+    return {"p50_ms": p50_ms, "total_vs_p50": ratio, "within_10pct": bool(abs(ratio - 1) <= CLOSE)}
+
+
+def summarize(events: list[dict], skip: int = 0) -> dict[str, Any]:
+    """Per-node and per-op-type times (ms per call, share of the total) from onnxruntime's profile events,
+    the first `skip` calls left out."""
+    calls = sorted((e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
+                   key=lambda e: e["ts"])
+    calls = calls[skip:] if len(calls) > skip else calls
+    starts = [c["ts"] for c in calls]
+    kernels = [e for e in events if e.get("cat") == "Node" and str(e.get("name", "")).endswith(KERNEL)]
+    per_call: dict[str, np.ndarray] = {}
+    info: dict[str, dict] = {}
+    for e, own in self_times(kernels):
+        i = bisect.bisect_right(starts, e["ts"]) - 1
+        if i < 0 or e["ts"] > calls[i]["ts"] + calls[i]["dur"] + 1:  # warm-up or outside any call
             continue
-        name = e["name"][: -len(KERNEL)]
-        args = e.get("args", {})
+        args = e.get("args") or {}
         op = args.get("op_name", "?")
-        entry = nodes.setdefault(name, {"node": name, "op": op, "provider": args.get("provider", ""), "us": 0.0})
-        entry["us"] += float(e.get("dur", 0))
-        per_op[op] += float(e.get("dur", 0))
-    total = sum(n["us"] for n in nodes.values())
-    rows = sorted(nodes.values(), key=lambda n: -n["us"])
-    for n in rows:
-        n["ms"] = n.pop("us") / runs / 1e3
-        n["share"] = n["ms"] * runs * 1e3 / total if total else 0.0
-    ops = [{"op": op, "ms": us / runs / 1e3, "share": us / total if total else 0.0,
-            "nodes": sum(1 for n in rows if n["op"] == op)} for op, us in sorted(per_op.items(), key=lambda x: -x[1])]
-    return {"runs": runs, "total_ms": total / runs / 1e3, "nodes": rows, "ops": ops}
+        name = e["name"][: -len(KERNEL)] or f"{op}#{args.get('node_index', '?')}"
+        if name not in info:
+            info[name] = {"node": name, "op": op, "provider": args.get("provider", "").replace("ExecutionProvider", "")}
+            per_call[name] = np.zeros(len(calls))
+        per_call[name][i] += own
+    if not per_call:
+        return {"runs": len(calls), "total_ms": 0.0, "run_ms": 0.0, "node_count": 0, "nodes": [], "ops": []}
+    totals = sum(per_call.values())
+    lo, hi = np.percentile(totals, [25, 75])
+    typical = (totals >= lo) & (totals <= hi)
+    nodes = [{**info[n], "ms": float(t[typical].mean()) / 1e3} for n, t in per_call.items()]
+    total = sum(n["ms"] for n in nodes)
+    for n in nodes:
+        n["share"] = n["ms"] / total if total else 0.0
+    nodes.sort(key=lambda n: -n["ms"])
+    per_op: dict[str, list] = defaultdict(lambda: [0.0, 0])
+    for n in nodes:
+        per_op[n["op"]][0] += n["ms"]
+        per_op[n["op"]][1] += 1
+    ops = [{"op": op, "ms": ms, "share": ms / total if total else 0.0, "nodes": count}
+           for op, (ms, count) in sorted(per_op.items(), key=lambda x: -x[1][0])]
+    run_ms = float(np.median([c["dur"] for c in calls])) / 1e3
+    return {"runs": len(calls), "total_ms": total, "run_ms": run_ms, "node_count": len(nodes), "nodes": nodes,
+            "ops": ops}
+
+
+def self_times(kernels: list[dict]):
+    """(event, its own time in us): a control-flow node (If, Loop, Scan) is timed around the kernels of its
+    subgraphs, which have events of their own; their time is taken off it so nothing counts twice."""
+    own = {id(e): float(e.get("dur", 0)) for e in kernels}
+    stacks: dict = defaultdict(list)
+    for e in sorted(kernels, key=lambda e: (e["ts"], -e.get("dur", 0))):
+        stack = stacks[(e.get("pid"), e.get("tid"))]
+        end = e["ts"] + e.get("dur", 0)
+        while stack and stack[-1]["ts"] + stack[-1].get("dur", 0) + 1 < end:  # 1 us: rounding
+            stack.pop()
+        if stack:
+            own[id(stack[-1])] -= float(e.get("dur", 0))
+        stack.append(e)
+    return [(e, max(own[id(e)], 0.0)) for e in kernels]
+
+
+def _stem(name: str) -> str:
+    """A node's name without what onnxruntime's fusions and the quantizer add to it, to match two models."""
+    name = name.removeprefix("fused ")
+    changed = True
+    while changed:
+        changed = False
+        for suffix in ("_nchwc", "_quant", "_MatMul", "_QuantizeLinear"):
+            if name.endswith(suffix) and len(name) > len(suffix):
+                name, changed = name[: -len(suffix)], True
+    return name
+
+
+def float_nodes(profile: dict[str, Any]) -> list[dict]:
+    """The float compute nodes of a model that also runs quantized kernels (empty for a float model)."""
+    if not any(n["op"] in QUANTIZED for n in profile["nodes"]):
+        return []
+    return [{"node": n["node"], "op": n["op"], "ms": n["ms"]} for n in profile["nodes"] if n["op"] in FLOAT_COMPUTE]
 
 
 def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """Two profiles side by side: per op type, and per node present in both (matched by name)."""
+    """Two profiles side by side: per op type, per node matched by name (less the suffixes fusions and the
+    quantizer add), and the float compute nodes that still run in whichever model is quantized."""
     ops_a = {o["op"]: o["ms"] for o in a["ops"]}
     ops_b = {o["op"]: o["ms"] for o in b["ops"]}
     ops = [{"op": op, "a_ms": ops_a.get(op, 0.0), "b_ms": ops_b.get(op, 0.0),
-            "delta_ms": ops_b.get(op, 0.0) - ops_a.get(op, 0.0)} for op in sorted(set(ops_a) | set(ops_b))]
-    ops.sort(key=lambda o: -abs(o["delta_ms"]))
-    nodes_b = {n["node"]: n for n in b["nodes"]}
-    matched = [{"node": n["node"], "a_op": n["op"], "b_op": nodes_b[n["node"]]["op"], "a_ms": n["ms"],
-                "b_ms": nodes_b[n["node"]]["ms"], "delta_ms": nodes_b[n["node"]]["ms"] - n["ms"]}
-               for n in a["nodes"] if n["node"] in nodes_b]
+            "delta_ms": ops_b.get(op, 0.0) - ops_a.get(op, 0.0)} for op in set(ops_a) | set(ops_b)]
+    ops.sort(key=lambda o: (-abs(o["delta_ms"]), o["op"]))
+    by_stem: dict[str, dict] = {}
+    for n in b["nodes"]:
+        by_stem.setdefault(_stem(n["node"]), n)
+    matched = []
+    for n in a["nodes"]:
+        m = by_stem.pop(_stem(n["node"]), None)
+        if m is not None:
+            matched.append({"a_node": n["node"], "b_node": m["node"], "a_op": n["op"], "b_op": m["op"],
+                            "a_ms": n["ms"], "b_ms": m["ms"], "delta_ms": m["ms"] - n["ms"]})
     matched.sort(key=lambda n: -abs(n["delta_ms"]))
     return {"a_total_ms": a["total_ms"], "b_total_ms": b["total_ms"], "ops": ops, "nodes": matched,
-            "float_in_b": [o for o in ops if o["b_ms"] > 0 and o["op"] in FLOAT_COMPUTE and
-                           any(q["b_ms"] > 0 for q in ops if q["op"] in QUANTIZED_COMPUTE)]}
+            "float_in_a": float_nodes(a), "float_in_b": float_nodes(b)}
 
 
-# op types whose presence beside quantized kernels means part of a quantized model still runs in float
-FLOAT_COMPUTE = ("Conv", "MatMul", "Gemm", "ConvTranspose", "FusedConv", "FusedMatMul", "FusedGemm")
-QUANTIZED_COMPUTE = ("QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul",
-                     "QGemm", "MatMulIntegerToFloat")
+def profile_tf(artifact: Artifact, logdir: str | Path, *, runs: int = 20, warmup: int = 5,
+               threads: int | None = None, shapes: dict | None = None, values: dict | None = None, data=None,
+               seed: int = 0) -> dict[str, Any]:
+    """A TensorBoard profile log (tf.profiler) of `runs` calls of a Keras or SavedModel model, in `logdir`
+    (created when missing; optkit only adds its run folder). Returns the log folder and the p50 latency."""
+    from optkit.runtimes.tf import import_tf
 
-
+    if not 1 <= runs <= MAX_RUNS:
+        raise UsageError(f"--runs {runs} is out of range: give 1 to {MAX_RUNS:,}")
+    logdir = Path(logdir)
+    if logdir.exists() and not logdir.is_dir():
+        raise UsageError(f"--logdir {logdir} is a file; give a folder (TensorBoard reads its plugins/profile/)")
+    session = open_session(artifact, provider="cpu", threads=threads)
+    feeds = feeds_for(session, shapes, values, data, seed)
+    session.check_feeds(feeds)
+    latency = measure_latency(session, feeds, warmup=warmup, runs=max(runs, 20))
+    tf = import_tf()
+    logdir.mkdir(parents=True, exist_ok=True)
+    before = set(logdir.rglob("*.xplane.pb"))
+    tf.profiler.experimental.start(str(logdir))
+    try:
+        for _ in range(runs):
+            session.run(feeds)
+    finally:
+        tf.profiler.experimental.stop()
+    written = sorted(set(logdir.rglob("*.xplane.pb")) - before)
+    return {"logdir": str(logdir), "runs": runs, "p50_ms": latency["p50_ms"], "threads": threads,
+            "files": [str(p) for p in written]}

@@ -1,0 +1,151 @@
+"""optkit profile MODEL [--data D] [--compare OTHER] [--trace FILE] [--logdir DIR]"""
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+
+from optkit.cli import common, options
+from optkit.core.errors import UsageError
+from optkit.core.formats import Format
+from optkit.core.shapes import parse_shapes, parse_values
+
+NAME_WIDTH = 34  # node names are cut to this, so every table fits 80 columns
+NUMERIC = ("nodes", "ms", "share", "a ms", "b ms", "delta", "delta ms")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("profile")
+    def profile_cmd(
+        model: str = typer.Argument(..., help="ONNX model (or Keras / SavedModel with --logdir)."),
+        data: Optional[str] = typer.Option(None, "--data", help="Feed the first sample of this data instead of random."),
+        compare: Optional[str] = typer.Option(None, "--compare",
+                                              help="A second ONNX model (e.g. its INT8 copy), side by side."),
+        trace: Optional[str] = typer.Option(None, "--trace", help="Write the Chrome trace (Perfetto, chrome://tracing)."),
+        logdir: Optional[str] = typer.Option(None, "--logdir",
+                                             help="Keras / SavedModel: write a TensorBoard profile log (tf.profiler)."),
+        top: int = typer.Option(10, "--top", min=1, help="Op types and nodes shown."),
+        runs: int = typer.Option(50, "--runs", min=1, help="Profiled calls (after 10 warm-up calls)."),
+        threads: Optional[int] = options.THREADS,
+        shape: Optional[list[str]] = options.SHAPE,
+        value: Optional[list[str]] = options.VALUE,
+        as_json: bool = options.JSON,
+    ) -> None:
+        """Where the time goes: per op type and per node (onnxruntime's profiler), against the p50 latency."""
+        from optkit.core.isolate import run_isolated
+        from optkit.measure import profile as prof
+
+        common.guard_outputs({"--trace": trace}, [model, data, compare])
+        artifact = common.load_artifact(model)
+        other = common.load_artifact(compare) if compare else None
+        kwargs = dict(runs=runs, threads=threads, shapes=parse_shapes(shape), values=parse_values(value))
+        if data:
+            from optkit.measure.datasets import load_dataset
+
+            kwargs["data"] = load_dataset(data)
+        if artifact.format in (Format.KERAS, Format.TF_SAVEDMODEL):
+            if not logdir:
+                raise UsageError(f"{model} is a {artifact.format.value} model: give --logdir DIR for a TensorBoard "
+                                 "profile, or convert it to ONNX first (optkit convert) for per-op tables")
+            if trace or compare:
+                raise UsageError("--trace and --compare are for ONNX models; a Keras / SavedModel profile goes to "
+                                 "--logdir (open it with TensorBoard's profile plugin)")
+            return _print_tf(prof.profile_tf(artifact, logdir, **kwargs), as_json)
+        for flag, art in (("MODEL", artifact), ("--compare", other)):
+            if art is not None and art.format != Format.ONNX:
+                raise UsageError(f"{flag} {art.path} is {art.format.value}: optkit profile takes ONNX models (and "
+                                 "Keras / SavedModel with --logdir); convert it to ONNX first (optkit convert)")
+        if logdir:
+            raise UsageError("--logdir is for Keras / SavedModel models; for ONNX write a Chrome trace with --trace")
+        b = run_isolated(prof.profile_onnx, other, **kwargs, what=f"profiling {compare}") if other else None
+        a = run_isolated(prof.profile_onnx, artifact, **kwargs, trace=trace, what=f"profiling {model}")
+        result = {"model": model, **_top(a, top)}
+        if b is not None:
+            both = prof.compare(a, b)
+            result["compare"] = {"model": compare, "profile": _top(b, top), **both, "ops": both["ops"][:top],
+                                 "nodes": both["nodes"][:top], "matched": len(both["nodes"])}
+        if as_json:
+            common.print_json(json.dumps(result, indent=2))
+        else:
+            _print_onnx(result, top)
+
+
+def _top(p: dict, top: int) -> dict:
+    return {**p, "ops": p["ops"][:top], "nodes": p["nodes"][:top]}
+
+
+def _cut(name: str, width: int = NAME_WIDTH) -> str:
+    return name if len(name) <= width else name[:8] + "..." + name[-(width - 11):]
+
+
+def _table(title: str, columns: tuple[str, ...]):
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in columns:
+        table.add_column(col, no_wrap=True, justify="right" if col in NUMERIC else "left")
+    return table
+
+
+def _summary_line(p: dict, label: str = "") -> str:
+    verdict = "within" if p["within_10pct"] else "NOT within"
+    line = (f"{label}kernels {p['total_ms']:.4g} ms per call ({p['runs']} calls profiled); p50 latency "
+            f"{p['p50_ms']:.4g} ms: the per-op total is {p['total_vs_p50']:.2f}x the p50, {verdict} 10%")
+    if p["total_vs_p50"] > 1.1:
+        line += (f" (onnxruntime's profiler adds a few microseconds to each of the {p['node_count']} kernels a "
+                 "call, which weighs on a model this fast: read the shares)")
+    return line
+
+
+def _print_onnx(r: dict, top: int) -> None:
+    con = common.console()
+    c = r.get("compare")
+    if c is None:
+        ops = _table(f"time per op type (top {top})", ("op", "nodes", "ms", "share"))
+        for o in r["ops"]:
+            ops.add_row(o["op"], str(o["nodes"]), f"{o['ms']:.4f}", f"{o['share']:.1%}")
+        con.print(ops)
+        nodes = _table(f"slowest nodes (top {top})", ("node", "op", "ms", "share"))
+        for n in r["nodes"]:
+            nodes.add_row(_cut(n["node"]), n["op"], f"{n['ms']:.4f}", f"{n['share']:.1%}")
+        con.print(nodes)
+        con.print(_summary_line(r))
+    else:
+        con.print(f"a = {r['model']}\nb = {c['model']}")
+        ops = _table(f"time per op type (top {top} by change)", ("op", "a ms", "b ms", "delta ms"))
+        for o in c["ops"]:
+            ops.add_row(_cut(o["op"], 24), f"{o['a_ms']:.4f}", f"{o['b_ms']:.4f}", f"{o['delta_ms']:+.4f}")
+        ops.add_row("total", f"{c['a_total_ms']:.4f}", f"{c['b_total_ms']:.4f}",
+                    f"{c['b_total_ms'] - c['a_total_ms']:+.4f}")
+        con.print(ops)
+        nodes = _table(f"matched nodes (top {top} by change of {c['matched']})",
+                       ("node (a)", "op in b", "a ms", "b ms", "delta"))
+        for n in c["nodes"]:
+            nodes.add_row(_cut(n["a_node"], 24), _cut(n["b_op"], 21), f"{n['a_ms']:.4f}", f"{n['b_ms']:.4f}",
+                          f"{n['delta_ms']:+.4f}")
+        con.print(nodes)
+        for side, name in (("a", r["model"]), ("b", c["model"])):
+            floats = c[f"float_in_{side}"]
+            if floats:
+                counts: dict[str, list] = {}
+                for n in floats:
+                    counts.setdefault(n["op"], []).append(n["ms"])
+                said = ", ".join(f"{op} x{len(ms)} ({sum(ms):.4f} ms)" for op, ms in counts.items())
+                con.print(f"float compute still running in the quantized model {side} ({name}): {said}")
+        if not c["float_in_a"] and not c["float_in_b"]:
+            con.print("float compute in a quantized model: none (or neither model runs quantized kernels)")
+        con.print(_summary_line(r, "a: "))
+        con.print(_summary_line(c["profile"], "b: "))
+    if r.get("trace"):
+        con.print(f"Chrome trace: {r['trace']} (open in https://ui.perfetto.dev or chrome://tracing)")
+
+
+def _print_tf(r: dict, as_json: bool) -> None:
+    if as_json:
+        common.print_json(json.dumps(r, indent=2))
+        return
+    con = common.console()
+    con.print(f"TensorBoard profile of {r['runs']} calls in {r['logdir']} (p50 latency {r['p50_ms']:.4g} ms); "
+              f"view it with: tensorboard --logdir {r['logdir']} (profile plugin: pip install tensorboard-plugin-profile)")

@@ -1,0 +1,56 @@
+"""profile.onnx: where an ONNX model's time goes (onnxruntime's profiler), as a recipe stage.
+
+The model passes through unchanged (written with onnx.io.copy_model); the figures go in the stage's
+measurements under "profile": the per-call kernel total, the top op types and nodes, the p50 latency measured in
+the same process, and the Chrome trace's file name (written beside the output, for Perfetto or
+chrome://tracing).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from optkit.core.artifact import Artifact
+from optkit.core.formats import Format
+from optkit.core.registry import Pass, PassConfig, PassContext, register
+from optkit.measure.profile import MAX_RUNS, profile_onnx
+from optkit.onnx.io import copy_model
+
+TOP_NODES = 20
+
+
+class ProfileConfig(PassConfig):
+    top: int = Field(default=10, ge=1, le=1000)        # op types kept in the figures
+    runs: int = Field(default=50, ge=1, le=MAX_RUNS)  # profiled calls, after 10 warm-up calls
+    threads: int | None = Field(default=None, ge=1)   # intra-op threads (None: onnxruntime's default)
+    trace: bool = True                                 # write the Chrome trace beside the output
+
+
+def trace_path(output: Path) -> Path:
+    return output.with_name(output.name.removesuffix(".onnx") + ".trace.json")
+
+
+@register
+class ProfileOnnx(Pass):
+    name = "profile.onnx"
+    summary = "onnxruntime's profiler: time per op type and node (and a Chrome trace); the model is unchanged"
+    accepts = (Format.ONNX,)
+    produces = Format.ONNX
+    Config = ProfileConfig
+
+    def run(self, artifact: Artifact, config: ProfileConfig, ctx: PassContext) -> Artifact:
+        output = Path(ctx.output)
+        data = ctx.data.get("eval") or ctx.data.get("calibration")
+        trace = trace_path(output) if config.trace else None
+        prof = profile_onnx(artifact, runs=config.runs, threads=config.threads, shapes=ctx.shapes,
+                            values=ctx.values, data=data, trace=trace, seed=ctx.seed)
+        copy_model(artifact.path, output)
+        ctx.measurements["profile"] = {
+            "total_ms": prof["total_ms"], "runs": prof["runs"], "ops": prof["ops"][: config.top],
+            "nodes": prof["nodes"][:TOP_NODES], "trace": trace.name if trace else None, "p50_ms": prof["p50_ms"],
+            "total_vs_p50": prof["total_vs_p50"], "within_10pct": prof["within_10pct"], "threads": config.threads,
+        }
+        ctx.note(f"profile: kernels {prof['total_ms']:.3g} ms per call, p50 {prof['p50_ms']:.3g} ms "
+                 f"({prof['total_vs_p50']:.2f}x)" + (f"; Chrome trace {trace.name} beside the model" if trace else ""))
+        return artifact.derive(output, Format.ONNX, self.name, config.model_dump(mode="json"))
