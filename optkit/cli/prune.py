@@ -15,6 +15,9 @@ from optkit.core.errors import UsageError
 from optkit.core.formats import Format, detect_format
 from optkit.core.shapes import parse_shapes, parse_values
 
+TENSORBOARD = typer.Option(None, "--tensorboard",
+                           help="Write the fine-tuning curves (loss, accuracy per epoch) to this folder for TensorBoard.")
+
 
 def split_names(values: Optional[list[str]]) -> Optional[list[str]]:
     if values is None:
@@ -30,6 +33,15 @@ def pair(value: Optional[str], option: str, sep: str) -> Optional[list[int]]:
     except ValueError:
         raise UsageError(f"bad {option} {value!r}: expected two integers like 2{sep}4") from None
     return [a, b]
+
+
+def add_tensorboard(config: dict, folder: Optional[str]) -> None:
+    """--tensorboard: checked before any work (the tensorboard package, a folder), then part of the config."""
+    if folder is not None:
+        from optkit.passes.training.finetune import check_tensorboard
+
+        check_tensorboard(folder)
+        config["tensorboard"] = folder
 
 
 def load_train_data(train, eval_data, layout, color, default_layout):
@@ -128,6 +140,7 @@ def register(app: typer.Typer) -> None:
         optimizer: Optional[str] = options.OPTIMIZER,
         strategy: Optional[str] = options.STRATEGY,
         max_accuracy_drop: Optional[float] = options.MAX_DROP,
+        tensorboard: Optional[str] = TENSORBOARD,
         threads: Optional[int] = options.THREADS,
         shape: Optional[list[str]] = options.SHAPE,
         value: Optional[list[str]] = options.VALUE,
@@ -143,6 +156,7 @@ def register(app: typer.Typer) -> None:
         fmt = detect_format(model)
         common_cfg = options.finetune_config(epochs, batch_size, learning_rate, optimizer, strategy, max_accuracy_drop)
         common_cfg.update(sparsity=sparsity, layers=split_names(layers), exclude=split_names(exclude) or [])
+        add_tensorboard(common_cfg, tensorboard)
         if fmt == Format.KERAS:
             pass_name, default_layout = "prune.keras", "nhwc"
             config = {**common_cfg, "schedule": schedule, "frequency": frequency,

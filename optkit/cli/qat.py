@@ -6,7 +6,7 @@ from typing import Optional
 import typer
 
 from optkit.cli import common, options
-from optkit.cli.prune import load_train_data, run_stage, split_names
+from optkit.cli.prune import TENSORBOARD, add_tensorboard, load_train_data, run_stage, split_names
 from optkit.core.shapes import parse_shapes, parse_values
 
 
@@ -28,6 +28,7 @@ def register(app: typer.Typer) -> None:
         optimizer: Optional[str] = options.OPTIMIZER,
         strategy: Optional[str] = options.STRATEGY,
         max_accuracy_drop: Optional[float] = options.MAX_DROP,
+        tensorboard: Optional[str] = TENSORBOARD,
         threads: Optional[int] = options.THREADS,
         shape: Optional[list[str]] = options.SHAPE,
         value: Optional[list[str]] = options.VALUE,
@@ -44,6 +45,7 @@ def register(app: typer.Typer) -> None:
         config = options.finetune_config(epochs, batch_size, learning_rate, optimizer, strategy, max_accuracy_drop)
         if layers:
             config["layers"] = split_names(layers)
+        add_tensorboard(config, tensorboard)
         build_config(get_pass("qat.keras"), config)
         settings = MeasureSettings(threads=threads, shapes=parse_shapes(shape), values=parse_values(value))
         data = ({"train": train} if train else {}) if print_recipe else \

@@ -20,6 +20,7 @@ from optkit.passes.training.finetune import (
     FinetuneConfig,
     check_accuracy,
     check_labels,
+    check_tensorboard,
     eval_arrays,
     keras_fit,
     keras_predict,
@@ -53,6 +54,7 @@ class KerasQat(Pass):
     Config = QatConfig
 
     def run(self, artifact: Artifact, config: QatConfig, ctx: PassContext) -> Artifact:
+        check_tensorboard(config.tensorboard)
         check_strategy(config.strategy, "tf")
         check_keras_output(ctx.output, self.name)
         if Path(ctx.output).suffix.lower() != ".h5":

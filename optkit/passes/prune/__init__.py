@@ -21,6 +21,7 @@ from optkit.passes.training.finetune import (
     FinetuneConfig,
     check_accuracy,
     check_labels,
+    check_tensorboard,
     eval_arrays,
     keras_fit,
     keras_predict,
@@ -153,6 +154,7 @@ class KerasPrune(Pass):
     Config = KerasPruneConfig
 
     def run(self, artifact: Artifact, config: KerasPruneConfig, ctx: PassContext) -> Artifact:
+        check_tensorboard(config.tensorboard)
         check_strategy(config.strategy, "tf")
         check_keras_output(ctx.output, self.name)
         strategy = make_tf_strategy(config.strategy)  # first: multi-worker must start before other TF work
@@ -369,6 +371,7 @@ class TorchPrune(Pass):
     def run(self, artifact: Artifact, config: TorchPruneConfig, ctx: PassContext) -> Artifact:
         import torch
 
+        check_tensorboard(config.tensorboard)
         check_strategy(config.strategy, "torch")
         suffix = Path(ctx.output).suffix.lower()
         fmts = {".pt2": Format.TORCH_EXPORT, ".pt": Format.TORCHSCRIPT}

@@ -6,15 +6,17 @@ framework allows. Frameworks are imported inside the functions.
 """
 from __future__ import annotations
 
+import importlib.util
 import math
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field, field_validator
 
-from optkit.core.errors import UsageError, ValidationError
+from optkit.core.errors import DependencyError, UsageError, ValidationError
 from optkit.core.registry import PassConfig
-from optkit.passes.training.distributed import init_torch_ddp
+from optkit.passes.training.distributed import init_torch_ddp, is_chief
 
 Optimizer = Literal["adam", "sgd", "rmsprop", "adamw"]
 
@@ -32,6 +34,7 @@ class FinetuneConfig(PassConfig):
     optimizer: Optimizer = "adam"
     strategy: Literal["none", "mirrored", "multi-worker", "ddp"] = "none"
     max_accuracy_drop: float | None = Field(default=0.05, ge=0, le=1)  # fail (exit 3) past this top-1 drop
+    tensorboard: str | None = None     # a folder: the fine-tuning curves (loss, accuracy per epoch) as TensorBoard logs
 
     @field_validator("epochs")
     @classmethod
@@ -39,6 +42,20 @@ class FinetuneConfig(PassConfig):
         if v < cls.min_epochs:
             raise ValueError(f"input should be greater than or equal to {cls.min_epochs} (this pass trains)")
         return v
+
+
+TENSORBOARD_HINT = "pip install tensorboard"
+
+
+def check_tensorboard(folder: str | None) -> None:
+    """Before any work: --tensorboard needs the tensorboard package and a folder (created when missing; optkit
+    only adds event files to it)."""
+    if folder is None:
+        return
+    if importlib.util.find_spec("tensorboard") is None:
+        raise DependencyError(f"--tensorboard needs the tensorboard package, which is not installed: {TENSORBOARD_HINT}")
+    if Path(folder).exists() and not Path(folder).is_dir():
+        raise UsageError(f"--tensorboard {folder} is a file; give a folder for the event files")
 
 
 def train_arrays(ctx, specs, *, what: str, required: bool = True) -> tuple[np.ndarray, np.ndarray] | None:
@@ -134,7 +151,11 @@ def keras_fit(model, x: np.ndarray, y: np.ndarray, cfg: FinetuneConfig, strategy
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     options.experimental_deterministic = True
     data = data.with_options(options)
-    hist = model.fit(data, epochs=cfg.epochs, callbacks=callbacks or [], verbose=0)
+    callbacks = list(callbacks or [])
+    if cfg.tensorboard and is_chief():  # epoch_loss and epoch_accuracy under <folder>/train
+        check_tensorboard(cfg.tensorboard)
+        callbacks.append(tf_keras.callbacks.TensorBoard(log_dir=cfg.tensorboard, write_graph=False, profile_batch=0))
+    hist = model.fit(data, epochs=cfg.epochs, callbacks=callbacks, verbose=0)
     return {k: [float(v) for v in vals] for k, vals in hist.history.items()}
 
 
@@ -177,10 +198,11 @@ def torch_fit(model, x: np.ndarray, y: np.ndarray, cfg: FinetuneConfig, *, seed:
     opt = torch_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
     xt, yt = torch.from_numpy(x), torch.from_numpy(y)
     gen = torch.Generator().manual_seed(seed)
-    losses = []
-    for _ in range(cfg.epochs):
+    writer = torch_writer(cfg.tensorboard) if cfg.tensorboard and rank == 0 else None
+    losses, accuracies = [], []
+    for epoch in range(cfg.epochs):
         order = torch.randperm(len(xt), generator=gen)  # same order on every rank (same seed)
-        total, count = 0.0, 0
+        total, count, correct = 0.0, 0, 0
         for start in range(0, len(order), cfg.batch_size):
             batch = order[start:start + cfg.batch_size]
             mine = torch.tensor_split(batch, world)[rank]  # every sample of the global batch, on some rank
@@ -191,19 +213,42 @@ def torch_fit(model, x: np.ndarray, y: np.ndarray, cfg: FinetuneConfig, *, seed:
             opt.zero_grad(set_to_none=True)
             # DDP averages gradients over the ranks; scaling each rank's summed loss by world / len(batch)
             # makes that average the gradient of the global batch's mean loss, whatever the shard sizes
-            summed = F.cross_entropy(net(xb), yb, reduction="sum") * weight
+            logits = net(xb)
+            summed = F.cross_entropy(logits, yb, reduction="sum") * weight
             (summed * (world / len(batch))).backward()
             opt.step()
             total += summed.item()
             count += len(mine) if weight else 0
+            correct += int((logits.argmax(1) == yb).sum()) if weight else 0
         losses.append(total / max(count, 1))
+        accuracies.append(correct / max(count, 1))
+        if writer is not None:  # the tags and folder the Keras callback uses
+            writer.add_scalar("epoch_loss", losses[-1], epoch)
+            writer.add_scalar("epoch_accuracy", accuracies[-1], epoch)
+    if writer is not None:
+        writer.close()
     model.eval().to("cpu")
     if ddp:
         import torch.distributed as dist
 
         dist.barrier()
         dist.destroy_process_group()  # from here on every rank works alone (export, checks)
-    return {"loss": losses, "world_size": world}
+    return {"loss": losses, "accuracy": accuracies, "world_size": world}
+
+
+def torch_writer(folder: str):
+    """torch's SummaryWriter on <folder>/train (as the Keras callback lays it out)."""
+    import sys
+    import types
+
+    check_tensorboard(folder)
+    if "tensorflow" not in sys.modules:  # tensorboard's switch for its TensorFlow-free stub: no 5 s TF import
+        sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as e:
+        raise DependencyError(f"--tensorboard cannot import torch.utils.tensorboard ({e}): {TENSORBOARD_HINT}") from None
+    return SummaryWriter(log_dir=str(Path(folder) / "train"))
 
 
 def torch_predict(model, x: np.ndarray, batch: int = 256) -> np.ndarray:
