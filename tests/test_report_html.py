@@ -231,7 +231,7 @@ def test_an_older_report_loads_renders_compares_and_gates(cli, tmp_path):
     old = tmp_path / "old.json"
     old.write_text(json.dumps(OLD_REPORT))
     rep = Report.load(old)
-    assert "| int8 | onnx | 62.0 KB | 0.30 | 47,544 | 0.031 | 0.040 | 1.68x | 0.9718 | 0.99995 | - | 3.2 |" in \
+    assert "| int8 | onnx | 62.0 KB | 0.30 | 47,544 | 0.031 | 0.040 | 1.68x | 30,000.0 | 0.9718 | 0.99995 | 3.2 |" in \
         to_markdown(rep)
     html = to_html(rep)
     assert html.count("<svg") == 4 and "62.0 KB" in html

@@ -63,7 +63,7 @@ def measure_concurrency(sessions: list, feeds: dict[str, np.ndarray], *, concurr
     ms = np.concatenate([np.asarray(t) for t in times]) * 1e3
     calls = int(ms.size)
     return {"concurrency": concurrency, "sessions": len(sessions), "calls": calls,
-            "throughput": calls * batch / wall if wall > 0 else None,
+            "throughput_per_s": calls * batch / wall if wall > 0 else None,
             "p50_ms": float(np.percentile(ms, 50)), "p90_ms": float(np.percentile(ms, 90)),
             "p99_ms": float(np.percentile(ms, 99)), "mean_ms": float(ms.mean()), "batch": batch,
             "wall_s": wall}

@@ -39,10 +39,15 @@ class PeakRSS:
         self._thread.start()
         return self
 
+    def stop(self) -> None:
+        """Stop sampling (what runs after this is not the model's own: a reference model loaded to compare)."""
+        if not self._stop.is_set():
+            self._stop.set()
+            self._thread.join()
+            self.peak_bytes = max(self.peak_bytes, rss_bytes())
+
     def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak_bytes = max(self.peak_bytes, rss_bytes())
+        self.stop()
 
 
 def figures(baseline: int, loaded: int, peak: int) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -14,12 +14,15 @@ from optkit.core.batching import call_as_samples, first_call
 from optkit.core.errors import OptkitError, UsageError
 from optkit.core.isolate import run_isolated
 from optkit.core.text import first_line
+from optkit.measure import memory
 from optkit.measure.accuracy import compute, run_over
+from optkit.measure.concurrency import measure_concurrency
 from optkit.measure.datasets import load_dataset
 from optkit.measure.fidelity import attention_mask, compare_outputs
 from optkit.measure.inputs import probe, synthesize
 from optkit.measure.latency import measure_latency
 from optkit.measure.size import measure_size
+from optkit.onnx.session import OrtSettings
 from optkit.runtimes.base import open_session
 
 log = logging.getLogger(__name__)
@@ -29,6 +32,7 @@ MAX_BATCH = 65536
 MAX_WARMUP = 100_000
 MAX_RUNS = 1_000_000
 MAX_DURATION_S = 3600.0
+MAX_CONCURRENCY = 256
 
 
 class MeasureSettings(BaseModel):
@@ -49,6 +53,9 @@ class MeasureSettings(BaseModel):
     values: dict[str, float] = Field(default_factory=dict)   # --value: what scalar inputs are fed
     check_outputs: list[str] = Field(default_factory=list)   # --check-output: the outputs fidelity judges
     seed: int = 0
+    session: OrtSettings = Field(default_factory=OrtSettings)  # onnxruntime session options (ONNX models)
+    concurrency: int | None = None     # also time N requests in flight from N threads (measure.concurrency)
+    sessions: Literal["shared", "per-thread"] = "shared"    # under concurrency: one session, or one per thread
 
     @model_validator(mode="after")
     def _bounds(self) -> MeasureSettings:
@@ -62,10 +69,17 @@ class MeasureSettings(BaseModel):
                                       ("--runs", self.runs, 1, MAX_RUNS)):
             if not lo <= value <= hi:
                 raise UsageError(f"{option} {value} is out of range: give {lo} to {hi:,}")
+        if self.concurrency is not None and not 1 <= self.concurrency <= MAX_CONCURRENCY:
+            raise UsageError(f"--concurrency {self.concurrency} is out of range: give 1 to {MAX_CONCURRENCY} "
+                             "requests in flight")
         if self.duration is not None and not (math.isfinite(self.duration) and 0 < self.duration <= MAX_DURATION_S):
             raise UsageError(f"--duration {self.duration:g} is out of range: give seconds over 0 and at most "
                              f"{MAX_DURATION_S:g}")
         return self
+
+    def open(self, artifact: Artifact):
+        """A session for `artifact` with these settings (provider, threads, onnxruntime options)."""
+        return open_session(artifact, provider=self.provider, threads=self.threads, ort_settings=self.session)
 
 
 class DataSpec(BaseModel):
@@ -109,7 +123,19 @@ def measure(artifact: Artifact, settings: MeasureSettings | None = None, *, late
 def _measure(artifact: Artifact, settings: MeasureSettings, latency: bool, data: DataSpec | None,
              metric: str | None, reference: Artifact | None) -> dict:
     result: dict[str, Any] = {"size": measure_size(artifact)}
-    session = open_session(artifact, provider=settings.provider, threads=settings.threads)
+    baseline = memory.rss_bytes()
+    session = settings.open(artifact)
+    loaded = memory.rss_bytes()
+    with memory.PeakRSS() as peak:
+        _run_measurements(result, artifact, session, settings, latency, data, metric, reference, peak)
+    result["memory"] = memory.figures(baseline, loaded, peak.peak_bytes)
+    session.close()
+    return result
+
+
+def _run_measurements(result: dict, artifact: Artifact, session, settings: MeasureSettings, latency: bool,
+                      data: DataSpec | None, metric: str | None, reference: Artifact | None,
+                      peak: memory.PeakRSS) -> None:
     count = getattr(session, "parameter_count", None)
     if "parameters" not in result["size"] and count is not None:
         result["size"]["parameters"] = count()
@@ -135,6 +161,8 @@ def _measure(artifact: Artifact, settings: MeasureSettings, latency: bool, data:
         if latency:
             result["latency"] = measure_latency(session, feeds, warmup=settings.warmup, runs=settings.runs,
                                                 duration=settings.duration, batch=settings.batch)
+        if settings.concurrency:
+            result["concurrency"] = _under_load(artifact, session, feeds, settings)
         outputs = run_over(session, eval_feeds, batch=64) if (metric or reference) else None
     except OptkitError:
         raise
@@ -148,6 +176,7 @@ def _measure(artifact: Artifact, settings: MeasureSettings, latency: bool, data:
         names = [s.name for s in session.outputs]
         result["accuracy"] = {**compute(metric, outputs, labels, names), "metric": metric, "samples": len(labels)}
     if reference is not None:
+        peak.stop()
         ref_session = open_session(reference, provider="cpu")
         ref_feeds = ds.bind(ref_session.inputs) if ds is not None else dict(
             zip([s.name for s in ref_session.inputs], eval_feeds.values()))
@@ -157,5 +186,15 @@ def _measure(artifact: Artifact, settings: MeasureSettings, latency: bool, data:
                                                 only=settings.check_outputs or None),
                               "reference": reference.path,
                               "samples": len(outputs[0]) if getattr(outputs[0], "ndim", 1) else 1}
-    session.close()
-    return result
+
+
+def _under_load(artifact: Artifact, session, feeds: dict, settings: MeasureSettings) -> dict:
+    """Throughput and latency with settings.concurrency requests in flight (measure.concurrency)."""
+    n = settings.concurrency
+    extra = [settings.open(artifact) for _ in range(n - 1)] if settings.sessions == "per-thread" else []
+    try:
+        return measure_concurrency([session, *extra], feeds, concurrency=n, warmup=settings.warmup,
+                                   runs=settings.runs, duration=settings.duration, batch=settings.batch)
+    finally:
+        for s in extra:
+            s.close()

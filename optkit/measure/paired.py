@@ -20,7 +20,6 @@ from optkit.measure.datasets import load_dataset
 from optkit.measure.latency import LIMIT_S, summarize
 from optkit.measure.model import MeasureSettings, latency_feeds, synthesized
 from optkit.measure.trials import low, ratio_ci95
-from optkit.runtimes.base import open_session
 
 MIN_CHANGE = 0.03
 
@@ -38,7 +37,7 @@ def _paired(before: Artifact, after: Artifact, settings: MeasureSettings, trials
 
     trial_limit = (LIMIT_S if limit_s is None else limit_s) / (2 * trials)
     arts = (before, after)
-    sessions = [open_session(a, provider=settings.provider, threads=settings.threads) for a in arts]
+    sessions = [settings.open(a) for a in arts]
     feeds = []
     for session in sessions:
         if data is not None:
@@ -58,7 +57,7 @@ def _paired(before: Artifact, after: Artifact, settings: MeasureSettings, trials
             if fresh and trial:
                 for i, a in enumerate(arts):
                     sessions[i].close()
-                    sessions[i] = open_session(a, provider=settings.provider, threads=settings.threads)
+                    sessions[i] = settings.open(a)
             start = clock()
             for _ in range(settings.warmup):
                 for s, f in zip(sessions, feeds):

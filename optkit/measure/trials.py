@@ -48,7 +48,6 @@ from optkit.measure.datasets import load_dataset
 from optkit.measure.latency import LIMIT_S, summarize
 from optkit.measure.model import latency_feeds, synthesized
 from optkit.onnx.session import session_options
-from optkit.runtimes.base import open_session
 
 # two-sided 95% Student t quantiles for 1..30 degrees of freedom
 _T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
@@ -161,7 +160,7 @@ def _trials(artifact: Artifact, settings, trials: int, normalize: bool, data, li
 
     # each trial's warm-up and its timed runs get half of the trial's share of the limit
     trial_limit = (LIMIT_S if limit_s is None else limit_s) / (2 * trials)
-    session = open_session(artifact, provider=settings.provider, threads=settings.threads)
+    session = settings.open(artifact)
     if data is not None:
         ds = load_dataset(data.path, data.preprocess, data.labels)
         feeds = latency_feeds(session.inputs, ds.bind(session.inputs), settings.batch, ds.source)
@@ -181,7 +180,7 @@ def _trials(artifact: Artifact, settings, trials: int, normalize: bool, data, li
         nonlocal session
         if not first:
             session.close()
-            session = open_session(artifact, provider=settings.provider, threads=settings.threads)
+            session = settings.open(artifact)
         state.update(run=session.run, timer=session.timer(),
                      refs=[_reference_runner(r, settings.threads) for r in rungs])
         start = clock()

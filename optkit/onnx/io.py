@@ -84,3 +84,18 @@ class Staging:
         for f in sorted(self.dir.iterdir(), key=lambda p: p == self.model):
             os.replace(f, self.dest.parent / f.name)
         return self.dest
+
+
+def copy_model(src: str | Path, dest: str | Path) -> Path:
+    """The model at `src`, external data included, written unchanged to `dest` (atomically): the output of a
+    pass that measures a model without changing it (tune, profile)."""
+    import onnx
+
+    with Staging(Path(dest)) as staged:
+        model = load(src)
+        if model.ByteSize() >= TWO_GB:
+            onnx.save_model(model, str(staged.model), save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=f"{staged.dest.name}.data", size_threshold=1024)
+        else:
+            save(model, staged.model)
+        return staged.commit()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from optkit.core import logs
 from optkit.core.batching import run_batched
@@ -37,7 +39,42 @@ def quiet_ort() -> int:
     return severity
 
 
-def session_options(threads: int | None = None, optimize: bool = True):
+class OrtSettings(BaseModel):
+    """onnxruntime session options beyond the intra-op threads (MeasureSettings.threads): what `optkit tune`
+    searches and what a recipe's `measure.session` sets. None: onnxruntime's default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    inter_op_threads: int | None = Field(default=None, ge=1, le=256)
+    execution_mode: Literal["sequential", "parallel"] | None = None
+    graph_optimization: Literal["disable", "basic", "extended", "all"] | None = None
+    cpu_mem_arena: bool | None = None
+    mem_pattern: bool | None = None
+
+    def snippet(self, threads: int | None) -> str:
+        """The Python lines that make the same onnxruntime SessionOptions."""
+        lines = ["import onnxruntime as ort", "", "so = ort.SessionOptions()"]
+        if threads:
+            lines.append(f"so.intra_op_num_threads = {threads}")
+        if self.inter_op_threads:
+            lines.append(f"so.inter_op_num_threads = {self.inter_op_threads}")
+        if self.execution_mode:
+            lines.append(f"so.execution_mode = ort.ExecutionMode.{_EXECUTION[self.execution_mode]}")
+        if self.graph_optimization:
+            lines.append(f"so.graph_optimization_level = ort.GraphOptimizationLevel."
+                         f"{_OPTIMIZATION[self.graph_optimization]}")
+        if self.cpu_mem_arena is not None:
+            lines.append(f"so.enable_cpu_mem_arena = {self.cpu_mem_arena}")
+        if self.mem_pattern is not None:
+            lines.append(f"so.enable_mem_pattern = {self.mem_pattern}")
+        return "\n".join(lines) + "\n"
+
+
+_EXECUTION = {"sequential": "ORT_SEQUENTIAL", "parallel": "ORT_PARALLEL"}
+_OPTIMIZATION = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
+                 "all": "ORT_ENABLE_ALL"}
+
+
+def session_options(threads: int | None = None, optimize: bool = True, ort_settings: OrtSettings | None = None):
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -47,6 +84,18 @@ def session_options(threads: int | None = None, optimize: bool = True):
         so.inter_op_num_threads = 1
     if not optimize:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    o = ort_settings
+    if o is not None:
+        if o.inter_op_threads:
+            so.inter_op_num_threads = o.inter_op_threads
+        if o.execution_mode:
+            so.execution_mode = getattr(ort.ExecutionMode, _EXECUTION[o.execution_mode])
+        if o.graph_optimization:
+            so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _OPTIMIZATION[o.graph_optimization])
+        if o.cpu_mem_arena is not None:
+            so.enable_cpu_mem_arena = o.cpu_mem_arena
+        if o.mem_pattern is not None:
+            so.enable_mem_pattern = o.mem_pattern
     return so
 
 

@@ -3,8 +3,8 @@
 A gate is written `metric <= value` (or `<`, `>=`, `>`), optionally `metric@stage <= value`; the default
 stage is the last one. Three kinds:
 
-- absolute: size_mb, latency_p50_ms / latency_p90_ms / latency_p99_ms, normalized_latency, accuracy,
-  cosine, top1_agreement
+- absolute: size_mb, latency_p50_ms / latency_p90_ms / latency_p99_ms, normalized_latency, throughput,
+  memory_mb, accuracy, cosine, top1_agreement
 - relative to the first stage (the input model): accuracy_drop, size_ratio, speedup
 - relative to a baseline report: latency_regression_pct, size_growth_pct, accuracy_drop_vs_baseline
 
@@ -70,6 +70,9 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("latency_p90_ms", "absolute", "latency", "ms", "90th percentile latency"),
     Metric("latency_p99_ms", "absolute", "latency", "ms", "99th percentile latency"),
     Metric("normalized_latency", "absolute", "normalized", "x ref", "p50 / the reference workload's p50"),
+    Metric("throughput", "absolute", "throughput", "samples/s", "samples per second (under load when the stage "
+           "measured concurrency, else one call at a time)"),
+    Metric("memory_mb", "absolute", "memory", "MiB", "peak memory (RSS) of loading and running the model"),
     Metric("accuracy", "absolute", "accuracy", "", "the eval metric (e.g. top1)"),
     Metric("cosine", "absolute", "fidelity", "", "cosine similarity of outputs to the input model"),
     Metric("top1_agreement", "absolute", "fidelity", "", "share of samples with the input model's top-1"),
@@ -165,7 +168,8 @@ def check_gates_plan(gates: list[Gate], *, stages: list[str], measured: set[str]
             why = {"latency": "latency is not measured (measure.latency: false)",
                    "normalized": "normalised latency is not measured (measure.normalize: false)",
                    "accuracy": "accuracy is not measured (add data.eval)",
-                   "fidelity": "fidelity is not measured"}.get(meta.needs, f"{meta.needs} is not measured")
+                   "fidelity": "fidelity is not measured",
+                   "throughput": "throughput is not measured (measure.latency: false and no measure.concurrency)"}.get(meta.needs, f"{meta.needs} is not measured")
             raise UsageError(f"gate {g.text!r} cannot be checked: {why}")
         if meta.kind == "baseline" and not has_baseline:
             raise UsageError(f"gate {g.text!r} compares with a baseline report; set `baseline:` or --baseline")
@@ -205,6 +209,13 @@ def _value(g: Gate, report: Report, baseline: Report | None) -> tuple[float | No
     if m == "normalized_latency":
         v = f.normalized
         return v, (v or 0) * _noise_rel(f, True), _ci_detail(f, True)
+    if m == "throughput":
+        if f.load_throughput_per_s is not None:
+            return f.load_throughput_per_s, 0.0, f"{f.concurrency} in flight"
+        v = f.throughput_per_s
+        return v, (v or 0) * _noise_rel(f), _ci_detail(f)
+    if m == "memory_mb":
+        return f.memory_mb, 0.0, "peak RSS above the baseline"
     if m == "accuracy":
         return f.accuracy, 0.0, f.metric or ""
     if m == "cosine":

@@ -26,6 +26,7 @@ from optkit.core.registry import get_pass
 from optkit.core.stage import ConfigError, build_config, check_accepts, config_message
 from optkit.core.text import first_line
 from optkit.measure.datasets import Preprocess
+from optkit.onnx.session import OrtSettings
 from optkit.pipeline.gates import check_gates_plan, parse_gates
 
 RECIPE_VERSION = 1
@@ -104,8 +105,14 @@ class MeasureSection(_Strict):
                                                                        "(e.g. sr: 16000).")
     check_outputs: list[str] = Field(default_factory=list, description="The outputs fidelity judges (default: all).")
     seed: int = Field(default=0, ge=0, le=2**32 - 1, description="Seeds data subsets, inputs and calibration.")
+    concurrency: int | None = Field(default=None, ge=1, le=256, description="Also time this many requests in "
+                                                                           "flight (throughput under load).")
+    sessions: Literal["shared", "per-thread"] = Field(default="shared", description="Under concurrency: one "
+                                                                                     "session, or one per thread.")
+    session: OrtSettings = Field(default_factory=OrtSettings, description="onnxruntime session options (ONNX "
+                                                                            "models), e.g. from `optkit tune`.")
 
-    @field_validator("threads", "batch", "warmup", "runs", "trials", "seed", mode="before")
+    @field_validator("threads", "batch", "warmup", "runs", "trials", "seed", "concurrency", mode="before")
     @classmethod
     def _no_bool(cls, v: Any) -> Any:
         if isinstance(v, bool):  # YAML `true` would count as 1
@@ -482,7 +489,9 @@ def validate(loaded: LoadedRecipe, *, baseline: str | None = None, allow_missing
 
 def measured_figures(loaded: LoadedRecipe) -> set[str]:
     r = loaded.recipe
-    figures = {"size"}
+    figures = {"size", "memory"}
+    if r.measure.latency or r.measure.concurrency:
+        figures.add("throughput")
     if r.measure.latency:
         figures.add("latency")
         if r.measure.normalize:

@@ -107,6 +107,17 @@ class OutputFidelity:
 
 
 @dataclass(frozen=True)
+class TrialPoint:
+    """One measured trial of a tune stage (measurements.tune.trials): where it sits on latency x throughput."""
+    number: int | None = None
+    label: str = ""
+    p50_ms: float | None = None
+    throughput_per_s: float | None = None
+    feasible: bool = False                    # met the SLOs and the memory limit
+    pareto: bool = False                      # no other trial is both faster and higher in throughput
+
+
+@dataclass(frozen=True)
 class StageFigures:
     """The figures of one report stage; see the module's doc for what None, NaN and inf mean."""
     measured: frozenset[str] = frozenset()    # the groups with figures: size, latency, accuracy, fidelity
@@ -152,6 +163,18 @@ class StageFigures:
     max_abs_error: float | None = None
     mean_abs_error: float | None = None
     outputs: dict[str, OutputFidelity] = field(default_factory=dict)
+    # memory: RSS in MiB above the measuring process's baseline, after loading and at the peak while running
+    load_mb: float | None = None
+    memory_mb: float | None = None
+    # under load: `concurrency` requests in flight over `sessions` sessions
+    concurrency: int | None = None
+    sessions: int | None = None
+    load_throughput_per_s: float | None = None
+    load_p50_ms: float | None = None
+    load_p99_ms: float | None = None
+    # tune: the trials measured (complete, not a repeat of another) and the chosen one's number
+    tune_trials: tuple[TrialPoint, ...] = ()
+    tune_best: int | None = None
 
     @classmethod
     def of(cls, stage: Any, *, strict: bool = False) -> StageFigures:
@@ -168,6 +191,7 @@ class StageFigures:
             return _Reader(name, group, m.get(group), strict)
 
         size, lat, acc, fid = reader("size"), reader("latency"), reader("accuracy"), reader("fidelity")
+        mem, conc = reader("memory"), reader("concurrency")
         size_keys = {"size_bytes": "bytes", "gzip_bytes": "gzip_bytes", "parameters": "parameters",
                      "initializer_bytes": "initializer_bytes", "sparsity": "sparsity"}
         lat_keys = ("p50_ms", "p90_ms", "p99_ms", "mean_ms", "std_ms", "min_ms", "max_ms", "throughput_per_s",
@@ -178,7 +202,7 @@ class StageFigures:
             acc.wrong("metric", metric, "a metric's name")
             metric = None
         return cls(
-            measured=frozenset(r.group for r in (size, lat, acc, fid) if r.d),
+            measured=frozenset(r.group for r in (size, lat, acc, fid, mem, conc) if r.d),
             **{f: size.number(k) for f, k in size_keys.items()},
             **{k: lat.number(k) for k in lat_keys},
             **{k: lat.number(k, None) for k in intervals},
@@ -194,9 +218,19 @@ class StageFigures:
             max_abs_error=fid.number("max_abs_error", math.inf),
             mean_abs_error=fid.number("mean_abs_error", math.inf),
             outputs=_outputs(fid.d.get("outputs")),
+            load_mb=mem.number("load_mb"), memory_mb=mem.number("peak_mb"),
+            concurrency=conc.count("concurrency"), sessions=conc.count("sessions"),
+            load_throughput_per_s=conc.number("throughput_per_s"), load_p50_ms=conc.number("p50_ms"),
+            load_p99_ms=conc.number("p99_ms"),
+            **_tune(m.get("tune")),
         )
 
     # ------------------------------------------------------------ derived figures
+    @property
+    def throughput(self) -> float | None:
+        """Samples per second: under load when measured (bench --concurrency), else one call at a time."""
+        return self.load_throughput_per_s if self.load_throughput_per_s is not None else self.throughput_per_s
+
     @property
     def size_mb(self) -> float | None:
         return None if self.size_bytes is None else self.size_bytes / 1e6
@@ -243,6 +277,21 @@ def _latency_change(d: Any) -> LatencyChange | None:
         return None
     return LatencyChange(ratio=r.number("ratio"), ratio_ci95=r.numbers("ratio_ci95"),
                          significant=bool(r.d.get("significant")), trials=r.count("trials"))
+
+
+def _tune(d: Any) -> dict[str, Any]:
+    if not isinstance(d, dict) or not isinstance(d.get("trials"), list):
+        return {}
+    points = []
+    for t in d["trials"]:
+        if isinstance(t, dict) and t.get("state") == "complete" and "duplicate_of" not in t:
+            r = _Reader("", "tune.trials", t.get("figures"), False)
+            number = t.get("number")
+            points.append(TrialPoint(number=number if isinstance(number, int) else None, label=str(t.get("label", "")),
+                                     p50_ms=r.number("p50_ms"), throughput_per_s=r.number("throughput_per_s"),
+                                     feasible=t.get("feasible") is True, pareto=t.get("pareto") is True))
+    best = (d.get("best") or {}).get("trial") if isinstance(d.get("best"), dict) else None
+    return {"tune_trials": tuple(points), "tune_best": best if isinstance(best, int) else None}
 
 
 def _outputs(d: Any) -> dict[str, OutputFidelity]:

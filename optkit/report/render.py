@@ -16,7 +16,7 @@ def to_console(report: Report, console=None) -> None:
     table = Table(title=report.command or "optkit report", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     rows = stage_rows(report)
     # a column with no figure in any row only takes width from the ones that matter
-    shown = [c for c in columns(report, console=True) if c in ("stage", "format") or any(r[c] != "-" for r in rows)]
+    shown = columns(report, console=True)
     if len(rows) == 1:
         shown = [c for c in shown if c not in ("size x", "speedup")]
     widest_stage = max((len(r["stage"]) for r in rows), default=5)
@@ -29,6 +29,11 @@ def to_console(report: Report, console=None) -> None:
     only = StageFigures.of(report.stages[0]) if len(report.stages) == 1 else None
     if only is not None and "latency" in only.measured:
         console.print(_latency_line(only))
+    if only is not None and "concurrency" in only.measured:
+        console.print(_load_line(only))
+    if only is not None and "memory" in only.measured:
+        console.print(f"memory: {_cell(only.load_mb, '.1f')} MiB to load, peak {_cell(only.memory_mb, '.1f')} MiB "
+                      "above the process's baseline (RSS)")
     for stage in report.stages:
         for note in stage.notes:
             console.print(Text(f"{stage.name}: {note}", "dim"))
@@ -45,11 +50,20 @@ def to_console(report: Report, console=None) -> None:
         console.print(gates)
 
 
-def _latency_line(f: StageFigures) -> str:
-    """A one-stage report's latency in one line ('-' for a figure it lacks or a non-finite one)."""
-    def cell(v, spec=".4f") -> str:
-        return "-" if finite(v) is None else format(v, spec)
+def _cell(v, spec=".4f") -> str:
+    """'-' for a figure a report lacks or a non-finite one."""
+    return "-" if finite(v) is None else format(v, spec)
 
+
+def _load_line(f: StageFigures) -> str:
+    return (f"under load: {f.concurrency} requests in flight over {f.sessions} session"
+            f"{'s' if (f.sessions or 0) > 1 else ''}: {_cell(f.load_throughput_per_s, ',.1f')} samples/s, "
+            f"p50 {_cell(f.load_p50_ms)} ms, p99 {_cell(f.load_p99_ms)} ms")
+
+
+def _latency_line(f: StageFigures) -> str:
+    """A one-stage report's latency in one line."""
+    cell = _cell
     return (f"latency: p50 {cell(f.p50_ms)} ms, p90 {cell(f.p90_ms)}, p99 {cell(f.p99_ms)}, "
             f"mean {cell(f.mean_ms)} ± {cell(f.std_ms)} ms over {cell(f.runs, '')} runs; "
             f"batch {cell(f.batch, '')}, threads {f.threads or 'default'}, "

@@ -5,8 +5,8 @@ from optkit.report.figures import StageFigures, finite
 from optkit.report.schema import Report, Stage
 
 # Every renderer's stage columns; the accuracy column is named after the metric (see columns()).
-COLUMNS = ("stage", "format", "size", "size x", "params", "p50 ms", "p90 ms", "speedup", "accuracy", "cosine",
-           "top-1 agree", "max |diff|")
+COLUMNS = ("stage", "format", "size", "size x", "params", "p50 ms", "p90 ms", "speedup", "samples/s", "memory MB",
+           "accuracy", "cosine", "top-1 agree", "max |diff|")
 CONSOLE_COLUMNS = ("stage", "format", "size", "size x", "p50 ms", "speedup", "accuracy", "cosine", "agree")
 
 
@@ -27,8 +27,11 @@ def accuracy_label(report: Report) -> str:
 
 
 def columns(report: Report, console: bool = False) -> list[str]:
+    """The columns with a figure in some stage (stage and format always)."""
     label = accuracy_label(report)
-    return [label if c == "accuracy" else c for c in (CONSOLE_COLUMNS if console else COLUMNS)]
+    rows = stage_rows(report)
+    named = [label if c == "accuracy" else c for c in (CONSOLE_COLUMNS if console else COLUMNS)]
+    return [c for c in named if c in ("stage", "format") or any(r[c] != "-" for r in rows)]
 
 
 def accuracy_cell(stage: Stage, label: str | None = None) -> str:
@@ -49,6 +52,7 @@ def stage_rows(report: Report) -> list[dict[str, str]]:
         f = StageFigures.of(stage)
         size, p50, p90 = finite(f.size_bytes), finite(f.p50_ms), finite(f.p90_ms)
         params, agree = finite(f.parameters), finite(f.top1_agreement)
+        throughput, mem = finite(f.throughput), finite(f.memory_mb)
         rows.append({
             "stage": stage.name + (" (cached)" if stage.cached else ""),
             "format": stage.output.format,
@@ -57,7 +61,10 @@ def stage_rows(report: Report) -> list[dict[str, str]]:
             "params": f"{params:,.0f}" if params is not None else "-",
             "p50 ms": f"{p50:.3f}" if p50 is not None else "-",
             "p90 ms": f"{p90:.3f}" if p90 is not None else "-",
-            "speedup": _speedup(f, p50, base_p50),
+            "speedup": _speedup(f, p50, base_p50) if f.batch == base.batch else "-",  # calls of other sizes
+            "samples/s": "-" if throughput is None else f"{throughput:,.1f}" + (f" @{f.concurrency}" if
+                                                                              f.concurrency else ""),
+            "memory MB": "-" if mem is None else f"{mem:.1f}",
             label: accuracy_cell(stage, label),
             "cosine": "-" if f.cosine is None else f"{f.cosine:.5f}",
             "top-1 agree": f"{agree:.4f}" if agree is not None else "-",

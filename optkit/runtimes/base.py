@@ -54,14 +54,17 @@ class Session:
         pass
 
 
-def open_session(artifact: Artifact, provider: str = "cpu", threads: int | None = None) -> Session:
-    """Load `artifact` on its own runtime."""
+def open_session(artifact: Artifact, provider: str = "cpu", threads: int | None = None,
+                 ort_settings=None) -> Session:
+    """Load `artifact` on its own runtime; `ort_settings` (onnx.session.OrtSettings) apply to ONNX models."""
     fmt = artifact.format
     log.debug("opening %s (%s) on %s", artifact.path, fmt.value, provider)
     if fmt == Format.ONNX:
         from optkit.runtimes.onnx import OnnxSession
 
-        return OnnxSession(artifact, provider=provider, threads=threads)
+        return OnnxSession(artifact, provider=provider, threads=threads, ort_settings=ort_settings)
+    if ort_settings is not None and ort_settings.model_dump(exclude_none=True):
+        raise UsageError(f"onnxruntime session options apply to ONNX models; {artifact.path} is {fmt.value}")
     if provider not in ("cpu", "auto") and fmt != Format.TRT_ENGINE:
         raise UsageError(f"--provider {provider} applies to ONNX models; {artifact.path} is {fmt.value}")
     if fmt == Format.TFLITE:

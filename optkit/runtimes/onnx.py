@@ -7,7 +7,7 @@ from optkit.core.artifact import Artifact
 from optkit.core.cachedir import cache_dir
 from optkit.core.errors import DependencyError, UsageError
 from optkit.core.text import first_line
-from optkit.onnx.session import check_feedable, session_options, spec_of, with_hints
+from optkit.onnx.session import OrtSettings, check_feedable, session_options, spec_of, with_hints
 from optkit.runtimes.base import Session
 
 PROVIDERS = {
@@ -33,7 +33,8 @@ def provider_list(provider: str) -> list:
 class OnnxSession(Session):
     runtime = "onnxruntime"
 
-    def __init__(self, artifact: Artifact, provider: str = "cpu", threads: int | None = None):
+    def __init__(self, artifact: Artifact, provider: str = "cpu", threads: int | None = None,
+                 ort_settings: OrtSettings | None = None):
         import onnxruntime as ort
 
         if provider == "auto":
@@ -48,7 +49,8 @@ class OnnxSession(Session):
             )
         try:
             self.sess = ort.InferenceSession(
-                artifact.path, sess_options=session_options(threads), providers=provider_list(provider)
+                artifact.path, sess_options=session_options(threads, ort_settings=ort_settings),
+                providers=provider_list(provider)
             )
         except Exception as e:  # onnxruntime raises several exception types for unreadable models
             first = first_line(e)

@@ -1,0 +1,82 @@
+"""Serving figures: bench --concurrency (throughput and latency under load), memory on every measurement, the
+onnxruntime session options a recipe can set, and gates on throughput and memory."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from conftest import no_result_files, one_error_line
+
+
+@pytest.mark.parametrize("sessions, expected", [("shared", 1), ("per-thread", 3)])
+def test_bench_concurrency_and_memory(cli, samples, sessions, expected):
+    r = cli("bench", samples / "torch_cnn.onnx", "--concurrency", "3", "--sessions", sessions, "--runs", "40",
+            "--json")
+    assert r.rc == 0, r.err
+    m = json.loads(r.out)["stages"][0]["measurements"]
+    load = m["concurrency"]
+    assert load["concurrency"] == 3 and load["sessions"] == expected and load["calls"] == 3 * 40
+    assert load["throughput_per_s"] > 0 and load["p50_ms"] <= load["p99_ms"]
+    assert m["memory"]["peak_mb"] >= m["memory"]["load_mb"] > 0
+
+
+def test_bench_console_shows_load_and_memory(cli, samples):
+    r = cli("bench", samples / "torch_cnn.onnx", "--concurrency", "2", "--runs", "20")
+    assert r.rc == 0, r.err
+    assert "under load: 2 requests in flight over 1 session" in r.out and "memory:" in r.out
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--concurrency", "0"], "--concurrency 0 is out of range"),
+    (["--concurrency", "2", "--sessions", "many"], "--sessions 'many'"),
+])
+def test_bad_load_flags(cli, samples, tmp_path, args, words):
+    r = cli("bench", samples / "torch_cnn.onnx", *args, "--report", tmp_path / "r.json")
+    assert r.rc == 2
+    assert words in one_error_line(r)
+    assert no_result_files(tmp_path) == []
+
+
+def _recipe(tmp_path, samples, measure: dict, gates: list[str]):
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump({"version": 1, "name": "serve",
+                                    "model": {"path": str(samples / "torch_cnn.onnx")},
+                                    "stages": [{"pass": "simplify.onnx"}],
+                                    "measure": {"runs": 20, "trials": 2, "normalize": False, **measure},
+                                    "gates": gates}))
+    return path
+
+
+def test_recipe_session_options_concurrency_and_gates(cli, samples, tmp_path):
+    measure = {"concurrency": 2, "sessions": "per-thread", "threads": 1,
+               "session": {"graph_optimization": "basic", "execution_mode": "sequential", "cpu_mem_arena": False}}
+    r = cli("run", _recipe(tmp_path, samples, measure, ["throughput >= 1", "memory_mb <= 100000"]),
+            "--workspace", tmp_path / "ws", "--json")
+    assert r.rc == 0, r.err
+    rep = json.loads(r.out)
+    for stage in rep["stages"]:
+        assert stage["measurements"]["concurrency"]["sessions"] == 2
+        assert stage["measurements"]["memory"]["peak_mb"] > 0
+    assert [g["passed"] for g in rep["gates"]] == [True, True]
+    r = cli("run", _recipe(tmp_path, samples, measure, ["memory_mb <= 0.001"]), "--workspace", tmp_path / "ws2")
+    assert r.rc == 1  # the gate failed
+
+
+@pytest.mark.parametrize("measure, words", [
+    ({"concurrency": 0}, "concurrency"),
+    ({"session": {"graph_optimisation": "all"}}, "graph_optimisation"),
+    ({"session": {"execution_mode": "fast"}}, "execution_mode"),
+    ({"sessions": "some"}, "sessions"),
+])
+def test_recipe_measure_typos(cli, samples, tmp_path, measure, words):
+    r = cli("run", _recipe(tmp_path, samples, measure, []), "--workspace", tmp_path / "ws")
+    assert r.rc == 2
+    assert words in one_error_line(r)
+
+
+def test_throughput_gate_needs_a_measurement(cli, samples, tmp_path):
+    r = cli("run", _recipe(tmp_path, samples, {"latency": False}, ["throughput >= 1"]),
+            "--workspace", tmp_path / "ws")
+    assert r.rc == 2 and "throughput is not measured" in one_error_line(r)
