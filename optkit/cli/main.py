@@ -39,7 +39,7 @@ def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks, de
 
 # Command modules in help order; each has register(app). Frameworks are imported inside the commands.
 COMMANDS = ("inspect", "bench", "eval", "passes", "convert", "simplify", "quantize", "prune", "qat", "tflite", "trt",
-            "run", "gate", "report", "recipe")
+            "tune", "profile", "run", "gate", "report", "recipe")
 
 
 def _register() -> None:

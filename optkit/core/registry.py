@@ -23,6 +23,8 @@ BUILTIN_MODULES = (
     "optkit.passes.qat",
     "optkit.passes.tflite",
     "optkit.passes.tensorrt",
+    "optkit.passes.tune",
+    "optkit.passes.profile",
 )
 
 # What each extra needs importable, and how to install it.
@@ -32,6 +34,7 @@ EXTRAS: dict[str, tuple[tuple[str, ...], str]] = {
     "tfmot": (("tensorflow", "tf_keras", "tensorflow_model_optimization"), "pip install 'optkit[tf]'"),
     "simplify": (("onnxslim",), "pip install 'optkit[simplify]'"),
     "quantize": (("onnxconverter_common",), "pip install 'optkit[quantize]'"),
+    "tune": (("optuna",), "pip install 'optkit[tune]'"),
     "trt": (("tensorrt",), "pip install 'optkit[trt]' (needs an NVIDIA GPU and driver)"),
 }
 

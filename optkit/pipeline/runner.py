@@ -14,7 +14,9 @@ from optkit.core.registry import PassContext
 from optkit.core.stage import StageResult, run_pass
 from optkit.measure.datasets import load_dataset
 from optkit.measure.model import DataSpec, MeasureSettings, measure
+from optkit.measure.serving import Setting
 from optkit.measure.trials import latency_trials
+from optkit.onnx.session import OrtSettings
 from optkit.pipeline.gates import evaluate, gates_of_recipe
 from optkit.pipeline.recipe import validate
 from optkit.pipeline.workspace import Progress, Workspace
@@ -235,14 +237,20 @@ def _load_data(loaded) -> dict[str, Any]:
 def measure_settings(section):
     return MeasureSettings(provider=section.provider, threads=section.threads, batch=section.batch,
                            warmup=section.warmup, runs=section.runs, shapes=section.shapes, values=section.values,
-                           check_outputs=section.check_outputs, seed=section.seed)
+                           check_outputs=section.check_outputs, seed=section.seed, session=section.session,
+                           concurrency=section.concurrency, sessions=section.sessions)
 
 
 def _measure_stage(loaded, art, result, data, progress, *, name: str, reference=None):
     r = loaded.recipe
     settings = measure_settings(r.measure)
-    if art.format not in (Format.ONNX, Format.TRT_ENGINE):
-        settings = settings.model_copy(update={"provider": "cpu"})
+    if art.format not in (Format.ONNX, Format.TRT_ENGINE):  # onnxruntime's options apply to ONNX stages
+        settings = settings.model_copy(update={"provider": "cpu", "session": OrtSettings()})
+    elif art.format == Format.TRT_ENGINE:
+        settings = settings.model_copy(update={"session": OrtSettings()})
+    tuned = result.ctx.measurements.get("tune") if result is not None else None
+    if tuned:  # a tune stage is measured (and gated) served the way it chose
+        settings = Setting(**tuned["best"]["setting"]).settings(settings)
     ev = data["specs"].get("eval")
     metric = r.data.eval.metric if ev is not None else None
     progress.step("measuring size" + (f", {metric}" if metric else "") + (", fidelity" if reference else ""))

@@ -33,3 +33,18 @@ def pass_stage(result, measurements: dict[str, Any]) -> Stage:
         notes=list(result.ctx.notes), warnings=list(result.ctx.warnings),
         measurements={**result.ctx.measurements, **measurements},
     )
+
+
+def tune_stage(artifact: Artifact, result: dict[str, Any], notes: list[str], size: dict[str, Any]) -> Stage:
+    """`optkit tune`'s one stage: the search (measurements.tune) and the best setting's figures, which tables
+    and gates read as throughput under load and memory."""
+    best, setting = result["best"]["figures"], result["best"]["setting"]
+    return Stage(name="tune", pass_name="tune.onnx", output=ref(artifact), notes=notes, measurements={
+        "tune": result,
+        "size": size,
+        "concurrency": {"concurrency": setting["concurrency"],
+                        "sessions": setting["concurrency"] if setting["sessions"] == "per-thread" else 1,
+                        "batch": setting["batch"], "throughput_per_s": best.get("throughput_per_s"),
+                        "p50_ms": best.get("p50_ms"), "p90_ms": best.get("p90_ms"), "p99_ms": best.get("p99_ms")},
+        "memory": {"peak_mb": best.get("memory_mb"), "load_mb": best.get("load_mb")},
+    })

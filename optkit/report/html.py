@@ -136,6 +136,53 @@ def scatter(stages: list[Stage], width: int = 520, height: int = 300) -> str:
     return ('<div class="plot"><h3>Accuracy vs latency (marker area: size)</h3>' + "".join(out) + "</div>")
 
 
+def pareto(stage: Stage, width: int = 520, height: int = 320) -> str:
+    """A tune stage's trials: throughput against p50 latency; the Pareto front (no trial is both faster and
+    higher in throughput) joined by a line, settings that miss the SLO hollow, the chosen one ringed."""
+    f = StageFigures.of(stage)
+    pts = [(finite(t.p50_ms), finite(t.throughput_per_s), t.feasible, t.pareto, t.number, t.label)
+           for t in f.tune_trials]
+    pts = [p for p in pts if p[0] is not None and p[1] is not None]
+    if not pts:
+        return ""
+    best = f.tune_best
+    left, right, top, bottom = 64, 20, 14, 44
+    pw, ph = width - left - right, height - top - bottom
+    xt, yt = _ticks(0, max(p[0] for p in pts) * 1.1), _ticks(0, max(p[1] for p in pts) * 1.1)
+    x1, y1 = xt[-1] or 1, yt[-1] or 1
+    sx = lambda v: left + pw * v / x1  # noqa: E731
+    sy = lambda v: top + ph - ph * v / y1  # noqa: E731
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+           f'aria-label="throughput vs latency of the tune trials">']
+    for t in xt:
+        out.append(f'<line x1="{sx(t):.1f}" x2="{sx(t):.1f}" y1="{top}" y2="{top + ph}" stroke="#eee"/>')
+        out.append(f'<text x="{sx(t):.1f}" y="{top + ph + 14}" font-size="10" text-anchor="middle" fill="#666">{t:g}</text>')
+    for t in yt:
+        out.append(f'<line x1="{left}" x2="{left + pw}" y1="{sy(t):.1f}" y2="{sy(t):.1f}" stroke="#eee"/>')
+        out.append(f'<text x="{left - 6}" y="{sy(t) + 4:.1f}" font-size="10" text-anchor="end" fill="#666">{t:g}</text>')
+    out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>')
+    front = sorted((p for p in pts if p[3]), key=lambda p: p[0])
+    if len(front) > 1:
+        path = " ".join(f"{sx(p[0]):.1f},{sy(p[1]):.1f}" for p in front)
+        out.append(f'<polyline points="{path}" fill="none" stroke="{PALETTE[1]}" stroke-width="1.5"/>')
+    for x, y, ok, on_front, number, label in pts:
+        color = PALETTE[1] if on_front else (PALETTE[0] if ok else PALETTE[3])
+        fill = color if ok else "none"
+        out.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="4" fill="{fill}" fill-opacity="0.7" '
+                   f'stroke="{color}"><title>trial {number}: {escape(label)}; p50 {x:.4g} ms, {y:,.1f} samples/s'
+                   f'{"" if ok else " (misses the SLO)"}</title></circle>')
+        if number == best:
+            out.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="9" fill="none" stroke="#222" '
+                       f'stroke-width="1.5"/>')
+    out.append(f'<text x="{left + pw / 2}" y="{height - 6}" font-size="11" text-anchor="middle" fill="#444">'
+               f'p50 latency per request (ms)</text>')
+    out.append(f'<text transform="translate(14 {top + ph / 2}) rotate(-90)" font-size="11" text-anchor="middle" '
+               f'fill="#444">throughput (samples/s)</text>')
+    out.append("</svg>")
+    return (f'<div class="plot"><h3>{escape(stage.name)}: throughput vs latency per trial (line: Pareto front; '
+            f'ringed: chosen; hollow: misses the SLO)</h3>' + "".join(out) + "</div>")
+
+
 def to_html(report: Report) -> str:
     stages = report.stages
     names = [s.name for s in stages]
@@ -177,6 +224,7 @@ def to_html(report: Report) -> str:
     h.append(bar_chart(f"Accuracy per stage ({metric})" if metric else "Accuracy per stage", names,
                        [f.accuracy for f in figures], metric or "", limit=1.0))
     h.append(scatter(stages))
+    h += [pareto(s) for s in stages]
     h.append("</div>")
     if report.gates:
         h.append('<h2>Gates</h2><table><tr><th class="l">gate</th><th class="l">stage</th><th>value</th>'

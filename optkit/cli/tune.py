@@ -1,0 +1,167 @@
+"""optkit tune MODEL [--data D] --objective throughput|latency|cost [--slo 'p99<=20ms'] [--max-memory 2GB]"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from optkit.cli import common, options
+from optkit.core.errors import UsageError
+from optkit.core.shapes import parse_shapes, parse_values
+
+_SIZE = re.compile(r"^\s*([0-9.]+)\s*(b|kb|mb|gb|kib|mib|gib)?\s*$", re.I)
+_DURATION = re.compile(r"^\s*([0-9.]+)\s*(s|sec|m|min|h)?\s*$", re.I)
+
+
+def parse_memory(text: str) -> float:
+    """'2GB', '512MiB', '800' (MiB) -> MiB."""
+    m = _SIZE.match(text)
+    if not m or float(m[1]) <= 0:
+        raise UsageError(f"--max-memory {text!r}: give a size such as 2GB, 512MB or 512MiB")
+    scale = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30}
+    return float(m[1]) * scale[(m[2] or "mib").lower()] / 2 ** 20
+
+
+def parse_duration(text: str) -> float:
+    """'10m', '90s', '1h', '600' (seconds) -> seconds."""
+    m = _DURATION.match(text)
+    if not m or float(m[1]) <= 0:
+        raise UsageError(f"--time-budget {text!r}: give a duration such as 90s, 10m or 1h")
+    return float(m[1]) * {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}[(m[2] or "s").lower()]
+
+
+def parse_space(items: list[str]) -> dict[str, list[str]]:
+    space = {}
+    for item in items:
+        name, sep, values = item.partition("=")
+        if not sep or not name.strip() or not values.strip():
+            raise UsageError(f"--space {item!r}: write NAME=V1,V2,... e.g. batch=1,8,32")
+        space[name.strip()] = [v.strip() for v in values.split(",") if v.strip()]
+    return space
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("tune")
+    def tune_cmd(
+        model: str = typer.Argument(..., help="ONNX model."),
+        data: Optional[str] = typer.Option(None, "--data", help="Time real samples from this data (default: "
+                                                                "synthesized inputs)."),
+        objective: list[str] = typer.Option(["throughput"], "--objective",
+                                            help="throughput (samples/s), latency (p50 of one request) or cost "
+                                                 "(CPU seconds per 1,000 samples); repeat or comma-separate "
+                                                 "for a multi-objective search."),
+        slo: Optional[list[str]] = typer.Option(None, "--slo", help="A service-level objective every chosen "
+                                                                     "setting meets: 'p99<=20ms', "
+                                                                     "'throughput>=200' (repeatable)."),
+        max_memory: Optional[str] = typer.Option(None, "--max-memory", help="Peak memory a setting may use, "
+                                                                             "e.g. 2GB."),
+        trials: Optional[int] = typer.Option(None, "--trials", help="Trials in the study (default 40)."),
+        time_budget: Optional[str] = typer.Option(None, "--time-budget", help="Stop searching after this "
+                                                                               "long, e.g. 10m."),
+        trial_seconds: Optional[float] = typer.Option(None, "--trial-seconds",
+                                                      help="Timed seconds per trial (default 1)."),
+        space: Optional[list[str]] = typer.Option(None, "--space", help="A dimension's choices, e.g. "
+                                                                         "batch=1,8,32 or threads=1,2 (repeatable)."),
+        storage: Optional[str] = typer.Option(None, "--storage",
+                                              help="Optuna storage shared by workers: sqlite:///f.db, "
+                                                   "postgresql://..., mysql://... or journal:FILE (default: "
+                                                   "an SQLite file beside -o, so a stopped tune resumes)."),
+        study: Optional[str] = typer.Option(None, "--study", help="Study name (with --storage: the same name on "
+                                                                  "every worker)."),
+        confirm: Optional[int] = typer.Option(None, "--confirm", help="Best settings measured again to tell a "
+                                                                      "win from noise (default 3; 0: none)."),
+        seed: int = typer.Option(0, "--seed", min=0, help="Sampler seed."),
+        output: Optional[str] = typer.Option(None, "-o", "--output",
+                                             help="Best settings JSON (default: MODEL_NAME.tune.json here)."),
+        shape: Optional[list[str]] = options.SHAPE,
+        value: Optional[list[str]] = options.VALUE,
+        report: Optional[str] = options.OUTPUT_REPORT,
+        as_json: bool = options.JSON,
+    ) -> None:
+        """Find the serving settings (threads, batch, requests in flight, sessions, onnxruntime options) that
+        best meet an objective, by Bayesian search (Optuna TPE); writes the best settings, an onnxruntime
+        SessionOptions snippet and the recipe lines that serve and gate the model that way."""
+        from optkit.core.registry import get_pass, require_extra
+        from optkit.core.stage import build_config
+        from optkit.measure.model import MeasureSettings
+
+        require_extra("tune", "optkit tune")
+        output = output or f"{Path(model).stem}.tune.json"
+        common.guard_outputs({"-o": output, "--report": report}, [model, data])
+        goals = [o.strip() for item in objective for o in item.split(",") if o.strip()]
+        config = options.given(objective=goals, slo=slo or None, trials=trials, trial_seconds=trial_seconds,
+                               space=parse_space(space or []) or None, storage=storage, study=study,
+                               confirm=confirm, seed=seed,
+                               max_memory_mb=parse_memory(max_memory) if max_memory else None,
+                               time_budget=parse_duration(time_budget) if time_budget else None)
+        cfg = build_config(get_pass("tune.onnx"), config, unknown="unknown option")
+        settings = MeasureSettings(shapes=parse_shapes(shape), values=parse_values(value), seed=seed)
+        run_tune(model, cfg, settings, data=data, output=Path(output), report_path=report, as_json=as_json)
+
+
+def run_tune(model: str, cfg, settings, *, data: Optional[str], output: Path, report_path: Optional[str],
+             as_json: bool) -> None:
+    import json
+
+    from optkit.core.atomic import write_text
+    from optkit.measure.datasets import load_dataset
+    from optkit.measure.size import measure_size
+    from optkit.passes.tune import Tuner
+    from optkit.report.build import tune_stage
+    from optkit.report.schema import Report
+
+    artifact = common.load_artifact(model)
+    notes: list[str] = []
+    tuner = Tuner(artifact, cfg, settings=settings, data=load_dataset(data) if data else None,
+                  default_storage=output.with_suffix(".db"), notes=notes)
+    result = tuner.run()
+    best = {"model": artifact.path, **{k: v for k, v in result.items() if k != "trials"}}
+    write_text(output, json.dumps(best, indent=2) + "\n")
+    notes.append(f"best settings written to {output}")
+    report = Report(command=f"optkit tune {model}", stages=[tune_stage(artifact, result, notes,
+                                                                       measure_size(artifact))])
+    if report_path:
+        report.save(report_path)
+    if as_json:
+        common.print_json(report.to_json())
+        return
+    _print(result, notes)
+
+
+def _print(result: dict, notes: list[str]) -> None:
+    from rich import box
+    from rich.table import Table
+
+    from optkit.passes.tune import num
+
+    con = common.console()
+    figure, maximize = result["objective_figure"], result["direction"] == "maximize"
+    table = Table(title=f"tune: {', '.join(result['objective'])}, {result['study']['trials']} trials "
+                        f"({result['study']['pruned']} pruned)", title_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False, collapse_padding=True)
+    for col in ("#", "setting", "samples/s", "p50 ms", "p99 ms", "MiB"):
+        table.add_column(col, justify="left" if col == "setting" else "right", no_wrap=col != "setting")
+    done = [t for t in result["trials"] if t["state"] == "complete" and "duplicate_of" not in t]
+    done.sort(key=lambda t: t["figures"][figure] * (-1 if maximize else 1))
+    for t in done[:10]:
+        f = t["figures"]
+        table.add_row(str(t["number"]), t["label"] + ("" if t["feasible"] else " (misses the SLO)"),
+                      f"{f['throughput_per_s']:,.0f}", f"{f['p50_ms']:.3f}", f"{f['p99_ms']:.3f}",
+                      f"{f['memory_mb']:.0f}")
+    con.print(table)
+    best = result["best"]
+    conf = best.get("confirmed")
+    how = (f"; measured again: {num(conf['mean'])} (95% CI {num(conf['ci95'][0])}-{num(conf['ci95'][1])}) "
+           f"over {conf['rounds']} rounds") if conf else ""
+    con.print(f"best: {best['label']}{how}")
+    for t in result["ties"]:
+        con.print(f"tie (within the noise): {t['label']}")
+    for note in notes:
+        con.print(note, style="dim")
+    con.print("onnxruntime SessionOptions:\n" + result["session_options"], markup=False, highlight=False)
+    import yaml
+
+    con.print("recipe lines (measure and gate the model served this way):\n"
+              + yaml.safe_dump(result["recipe"], sort_keys=False), markup=False, highlight=False)

@@ -1,0 +1,563 @@
+"""`optkit tune`: the serving settings of an ONNX model found by Bayesian search (Optuna's TPE).
+
+The space: intra- and inter-op threads, execution mode, graph optimisation level, batch size (when the model
+batches), requests in flight and sessions, memory arena and pattern, and the execution provider where more than
+one is present. Each trial measures one setting under load in a child process (measure.serving); a short probe
+first stops a setting that clearly misses the service-level objective (a pruned trial). Settings that miss an
+SLO or the memory limit are infeasible: TPE learns from them through its constraints.
+
+The study lives in Optuna storage: by default an SQLite file beside the output, so an interrupted tune resumes;
+`--storage URL --study NAME` shares one study between machines (each runs the same command; together they run
+`trials` trials, and a setting already measured is not measured again). After the search, the best few
+settings are measured again in interleaved rounds: those whose interval overlaps the winner's are ties.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+import math
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field, field_validator
+
+from optkit.core.artifact import Artifact
+from optkit.core.batching import first_call
+from optkit.core.cachedir import cache_dir
+from optkit.core.errors import DependencyError, UsageError, ValidationError
+from optkit.core.formats import Format
+from optkit.core.isolate import run_isolated
+from optkit.core.registry import Pass, PassConfig, PassContext, register
+from optkit.core.text import first_line
+from optkit.measure.model import MeasureSettings, synthesized
+from optkit.measure.serving import Setting, batch_feeds, measure_setting
+from optkit.measure.trials import t95
+from optkit.onnx.io import copy_model
+from optkit.onnx.session import OrtSettings
+
+log = logging.getLogger(__name__)
+
+# objective -> (figure, direction)
+OBJECTIVES = {"throughput": ("throughput_per_s", "maximize"), "latency": ("p50_ms", "minimize"),
+              "cost": ("cpu_s_per_1k", "minimize")}
+SLO_FIGURES = {"p50": "p50_ms", "p90": "p90_ms", "p99": "p99_ms", "throughput": "throughput_per_s"}
+DIMENSIONS = ("provider", "threads", "execution_mode", "inter_op_threads", "graph_optimization", "batch",
+              "concurrency", "sessions", "cpu_mem_arena", "mem_pattern")
+BATCHES = (1, 2, 4, 8, 16, 32, 64)
+ROUNDS = 3  # confirmation rounds of the best settings
+
+
+class Slo:
+    """A service-level objective: `p99<=20ms`, `p50 < 5 ms`, `throughput>=200`."""
+
+    _RE = re.compile(r"^\s*(p50|p90|p99|throughput)\s*(<=|<|>=|>)\s*([0-9.]+(?:e[-+]?\d+)?)\s*(ms|s|us|/s)?\s*$", re.I)
+
+    def __init__(self, text: str):
+        m = self._RE.match(text)
+        if not m:
+            raise UsageError(f"cannot read SLO {text!r}; write it as p50|p90|p99<=MILLISECONDS ms or "
+                             "throughput>=SAMPLES/s, e.g. 'p99<=20ms'")
+        what, op, value, unit = m[1].lower(), m[2], float(m[3]), (m[4] or "").lower()
+        if what == "throughput" and op in ("<", "<=") or what != "throughput" and op in (">", ">="):
+            raise UsageError(f"SLO {text!r} asks for {'less throughput' if what == 'throughput' else 'more latency'}"
+                             "; write p99<=X ms or throughput>=Y")
+        if not math.isfinite(value) or value <= 0:
+            raise UsageError(f"SLO {text!r}: the limit must be a positive number")
+        self.text, self.figure = text.strip(), SLO_FIGURES[what]
+        self.limit = value * {"s": 1e3, "us": 1e-3}.get(unit, 1.0)
+        self.upper = what != "throughput"
+
+    def violation(self, figures: dict) -> float:
+        """<= 0 when met; else how far off, relative to the limit."""
+        v = figures.get(self.figure)
+        if v is None or not math.isfinite(v):
+            return math.inf
+        return (v - self.limit) / self.limit if self.upper else (self.limit - v) / self.limit
+
+    def hopeless(self, probe: dict) -> bool:
+        """A short probe is off by more than noise explains: p50 already over twice a latency limit (tail
+        percentiles are higher still), or under half the throughput asked for."""
+        v = probe.get(self.figure if not self.upper else "p50_ms")
+        return v is not None and (v > 2 * self.limit if self.upper else v < self.limit / 2)
+
+
+class TuneConfig(PassConfig):
+    objective: list[Literal["throughput", "latency", "cost"]] = Field(default_factory=lambda: ["throughput"],
+                                                                      min_length=1)
+    slo: list[str] = Field(default_factory=list)              # e.g. ["p99<=20ms", "throughput>=200"]
+    max_memory_mb: float | None = Field(default=None, gt=0)   # peak RSS of a setting (MiB)
+    trials: int = Field(default=40, ge=1, le=10_000)
+    time_budget: float | None = Field(default=None, gt=0)     # seconds for the search (this process)
+    trial_seconds: float = Field(default=1.0, gt=0, le=600)   # timed seconds per trial, after a short probe
+    space: dict[str, list[Any]] = Field(default_factory=dict)  # a dimension's choices (replaces the default)
+    storage: str | None = None                                 # an Optuna storage URL, or journal:PATH
+    study: str | None = None
+    seed: int = Field(default=0, ge=0)
+    confirm: int = Field(default=3, ge=0, le=20)              # best settings measured again for ties (0: none)
+
+    @field_validator("objective")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("an objective is named twice")
+        return v
+
+    @field_validator("slo")
+    @classmethod
+    def _slo(cls, v: list[str]) -> list[str]:
+        for text in v:
+            Slo(text)
+        return v
+
+
+# ------------------------------------------------------------------------------------------------ the space
+def default_space(cfg: TuneConfig, batchable: bool, providers: list[str]) -> dict[str, list[Any]]:
+    cpus = os.cpu_count() or 1
+    threads = sorted({2 ** i for i in range(int(math.log2(cpus)) + 1)} | {cpus})
+    single = cfg.objective == ["latency"]  # one request at a time: batch and concurrency stay 1
+    space: dict[str, list[Any]] = {
+        "provider": providers,
+        "threads": threads,
+        "execution_mode": ["sequential", "parallel"],
+        "inter_op_threads": threads,
+        "graph_optimization": ["disable", "basic", "extended", "all"],
+        "batch": list(BATCHES) if batchable and not single else [1],
+        "concurrency": [1] if single else sorted({2 ** i for i in range(int(math.log2(2 * cpus)) + 1)}),
+        "sessions": ["shared", "per-thread"],
+        "cpu_mem_arena": [True, False],
+        "mem_pattern": [True, False],
+    }
+    for name, choices in cfg.space.items():
+        if name not in DIMENSIONS:
+            import difflib
+
+            close = difflib.get_close_matches(name, DIMENSIONS, n=1)
+            raise UsageError(f"unknown tune dimension {name!r}; " + (f"did you mean {close[0]!r}?" if close else
+                                                                      f"known: {', '.join(DIMENSIONS)}"))
+        if not choices:
+            raise UsageError(f"tune dimension {name!r} has no choices")
+        if name == "batch" and not batchable and choices != [1]:
+            raise UsageError("the model cannot batch (see the note), so --space batch cannot be searched")
+        space[name] = [_choice(name, c) for c in choices]
+    return space
+
+
+def _choice(name: str, value: Any) -> Any:
+    """A choice from the command line or a recipe, checked against what the dimension takes."""
+    ints = ("threads", "inter_op_threads", "batch", "concurrency")
+    words = {"provider": ("cpu", "cuda", "tensorrt"), "execution_mode": ("sequential", "parallel"),
+             "graph_optimization": ("disable", "basic", "extended", "all"), "sessions": ("shared", "per-thread")}
+    text = str(value).strip().lower()
+    if name in ints:
+        if not text.isdigit() or int(text) < 1:
+            raise UsageError(f"tune dimension {name}: {value!r} is not a count of 1 or more")
+        return int(text)
+    if name in words:
+        if text not in words[name]:
+            raise UsageError(f"tune dimension {name}: {value!r} is not one of {', '.join(words[name])}")
+        return text
+    if text in ("true", "1", "on", "yes"):
+        return True
+    if text in ("false", "0", "off", "no"):
+        return False
+    raise UsageError(f"tune dimension {name}: {value!r} is not true or false")
+
+
+def suggest(trial, space: dict[str, list[Any]]) -> Setting:
+    """The setting an Optuna trial asks for; inter-op threads only in parallel mode, sessions only with more
+    than one request in flight."""
+    def pick(name: str) -> Any:
+        choices = space[name]
+        return choices[0] if len(choices) == 1 else trial.suggest_categorical(name, choices)
+
+    return _setting(pick)
+
+
+def grid(space: dict[str, list[Any]]) -> list[Setting]:
+    """Every setting of the space (the same conditions as `suggest`): what an exhaustive search measures."""
+    out, seen = [], set()
+    names = list(space)
+    for combo in itertools.product(*(space[n] for n in names)):
+        values = dict(zip(names, combo))
+        s = _setting(values.__getitem__)
+        if s not in seen:
+            seen.add(s)
+            out.append(s)
+    return out
+
+
+def _setting(pick) -> Setting:
+    mode = pick("execution_mode")
+    concurrency = pick("concurrency")
+    return Setting(provider=pick("provider"), threads=pick("threads"), batch=pick("batch"), concurrency=concurrency,
+                   sessions=pick("sessions") if concurrency > 1 else "shared",
+                   session=OrtSettings(execution_mode=mode,
+                                       inter_op_threads=pick("inter_op_threads") if mode == "parallel" else None,
+                                       graph_optimization=pick("graph_optimization"),
+                                       cpu_mem_arena=pick("cpu_mem_arena"), mem_pattern=pick("mem_pattern")))
+
+
+# ------------------------------------------------------------------------------------------------ inputs
+def model_inputs(artifact: Artifact, settings: MeasureSettings, data) -> tuple[dict, str | None]:
+    """One call's feeds at batch 1, and why the model cannot batch (None when it can), found in a child."""
+    return run_isolated(_inputs, artifact, settings, data, what=f"preparing inputs for {artifact.path}")
+
+
+def _inputs(artifact: Artifact, settings: MeasureSettings, data) -> tuple[dict, str | None]:
+    session = settings.open(artifact)
+    if data is not None:  # a measure.datasets.Dataset
+        feeds = first_call(session.inputs, data.bind(session.inputs), 1)
+    else:
+        feeds = synthesized(session, settings)[0]
+    session.check_feeds(feeds)
+    fixed = [s.name for s in session.inputs if not s.shape or isinstance(s.shape[0], int)]
+    if fixed:
+        return feeds, f"input {fixed[0]!r} has no dynamic first (batch) dimension"
+    if any(np.ndim(v) == 0 or np.shape(v)[0] != 1 for v in feeds.values()):
+        return feeds, "its inputs are not batched on their first axis"
+    try:
+        outputs = session.run(batch_feeds(feeds, 2))
+    except Exception as e:  # noqa: BLE001 - the model does not run at batch 2: it cannot batch
+        return feeds, f"it does not run at batch 2 ({first_line(e)[:100]})"
+    if any(np.ndim(o) == 0 or np.shape(o)[0] != 2 for o in outputs):
+        return feeds, "its outputs at batch 2 do not have 2 rows"
+    session.close()
+    return feeds, None
+
+
+def providers_here() -> list[str]:
+    import onnxruntime as ort
+
+    have = ort.get_available_providers()
+    return ["cpu"] + [p for p, name in (("cuda", "CUDAExecutionProvider"), ("tensorrt", "TensorrtExecutionProvider"))
+                      if name in have]
+
+
+# ------------------------------------------------------------------------------------------------ storage
+def open_storage(url: str):
+    """An Optuna storage: a database URL (sqlite:///file.db, postgresql://..., mysql://...) or journal:PATH (a
+    journal file several processes can share)."""
+    import optuna
+
+    try:
+        if url.startswith("journal:"):
+            from optuna.storages.journal import JournalFileBackend
+
+            path = url[len("journal:"):]
+            if not path or not Path(path).parent.is_dir():
+                raise UsageError(f"journal storage {url!r}: the folder of {path or '(no path)'} does not exist")
+            return optuna.storages.JournalStorage(JournalFileBackend(path))
+        if "://" not in url:
+            raise UsageError(f"cannot read storage {url!r}: give a database URL (sqlite:///tune.db, "
+                             "postgresql://user@host/db) or journal:PATH")
+        return _rdb(url)
+    except (UsageError, DependencyError):
+        raise
+    except ModuleNotFoundError as e:
+        raise DependencyError(f"storage {url.split(':')[0]} needs the Python package {e.name!r}: pip install "
+                              f"{e.name}") from None
+    except Exception as e:  # noqa: BLE001 - sqlalchemy and drivers raise many kinds: the user's URL is wrong
+        raise UsageError(f"cannot open tune storage {_redact(url)}: {first_line(e)[:200]}") from None
+
+
+def _rdb(url: str, attempts: int = 5):
+    """An RDB storage; workers starting together race to create its tables, so a clash is retried."""
+    import optuna
+    import sqlalchemy.exc
+
+    for i in range(attempts - 1):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError) as e:
+            if not any(w in str(e) for w in ("locked", "UNIQUE", "already exists")):
+                raise
+            time.sleep(0.2 * (i + 1))
+    return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
+
+
+def _redact(url: str) -> str:
+    return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", url)
+
+
+# ------------------------------------------------------------------------------------------------ the search
+class Tuner:
+    """One tune: the search, then the confirmation of the best settings. `run()` returns the result dict
+    (what the report keeps under measurements.tune and the best-settings JSON holds)."""
+
+    def __init__(self, artifact: Artifact, cfg: TuneConfig, *, settings: MeasureSettings, data,
+                 default_storage: Path, notes: list[str]):
+        if artifact.format != Format.ONNX:
+            raise UsageError(f"optkit tune searches onnxruntime settings: {artifact.path} is "
+                             f"{artifact.format.value}; convert it to ONNX first (optkit convert)")
+        self.artifact, self.cfg, self.settings, self.data, self.notes = artifact, cfg, settings, data, notes
+        self.slos = [Slo(s) for s in cfg.slo]
+        self.figures = [OBJECTIVES[o][0] for o in cfg.objective]
+        self.directions = [OBJECTIVES[o][1] for o in cfg.objective]
+        self.storage_url = cfg.storage or f"sqlite:///{default_storage}"
+        self.deadline = time.monotonic() + cfg.time_budget if cfg.time_budget else math.inf
+
+    # -------------------------------------------------------------- setup
+    def _prepare(self) -> None:
+        self.feeds, no_batch = model_inputs(self.artifact, self.settings, self.data)
+        if no_batch:
+            self.notes.append(f"batch size left out of the search: the model cannot batch ({no_batch})")
+        self.space = default_space(self.cfg, batchable=no_batch is None, providers=providers_here())
+        self.left_out = {"batch": no_batch} if no_batch else {}
+
+    def _study(self):
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.DEBUG if log.isEnabledFor(logging.DEBUG) else optuna.logging.ERROR)
+        asked = {"model_sha256": self.artifact.sha256, "space": self.space, "objective": self.cfg.objective,
+                 "slo": self.cfg.slo, "max_memory_mb": self.cfg.max_memory_mb,
+                 "inputs": {k: list(np.shape(v)) for k, v in self.feeds.items()}}
+        digest = hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()[:10]
+        name = self.cfg.study or f"optkit-tune-{Path(self.artifact.path).stem}-{digest}"
+        storage = open_storage(self.storage_url)
+        # several workers of one study: each its own seed, so their first random settings differ
+        seed = self.cfg.seed if self.cfg.storage is None else self.cfg.seed + os.getpid()
+        sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, max(3, self.cfg.trials // 4)),
+                                             constraints_func=_constraints)
+        try:
+            study = optuna.create_study(storage=storage, study_name=name, sampler=sampler, load_if_exists=True,
+                                        directions=self.directions)
+        except ValueError as e:  # the stored study has other directions
+            raise UsageError(f"study {name!r} in {_redact(self.storage_url)} was made for a different search "
+                             f"({first_line(e)}); name a new one with --study") from None
+        except Exception as e:  # noqa: BLE001 - the storage cannot be written or read
+            raise UsageError(f"cannot use tune storage {_redact(self.storage_url)}: {first_line(e)[:200]}") from None
+        stored = study.user_attrs.get("optkit")
+        if stored is None:
+            study.set_user_attr("optkit", json.loads(json.dumps(asked)))
+        elif stored != json.loads(json.dumps(asked)):
+            differs = [k for k in asked if json.dumps(stored.get(k), sort_keys=True) !=
+                       json.dumps(asked[k], sort_keys=True)]
+            raise UsageError(f"study {name!r} in {_redact(self.storage_url)} was made for a different search "
+                             f"(its {', '.join(differs)} differ from this one's); name a new one with --study, or "
+                             "ask for the same search")
+        self.study_name = name
+        return study
+
+    # -------------------------------------------------------------- one trial
+    def _objective(self, trial):
+        import optuna
+
+        study = trial.study
+        counted = [t for t in study.get_trials(deepcopy=False)
+                   if t.number < trial.number and not t.user_attrs.get("skipped")
+                   and t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED,
+                                   optuna.trial.TrialState.RUNNING)]
+        if len(counted) >= self.cfg.trials or time.monotonic() > self.deadline:
+            trial.set_user_attr("skipped", True)  # the study has its trials (other workers ran them too)
+            study.stop()
+            raise optuna.TrialPruned("the study has all its trials")
+        setting = suggest(trial, self.space)
+        trial.set_user_attr("setting", setting.model_dump(mode="json"))
+        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,
+                                                          optuna.trial.TrialState.PRUNED)):
+            if t.user_attrs.get("setting") == trial.user_attrs["setting"] and "figures" in t.user_attrs:
+                return self._record(trial, t.user_attrs["figures"], duplicate_of=t.number)
+        figures = measure_setting(self.artifact, setting, self.feeds, seconds=self.cfg.trial_seconds,
+                                  hopeless=self._hopeless)
+        log.info("trial %d: %s -> %s", trial.number, setting.label(), _short(figures))
+        return self._record(trial, figures)
+
+    def _record(self, trial, figures: dict, duplicate_of: int | None = None):
+        import optuna
+
+        trial.set_user_attr("figures", figures)
+        trial.set_user_attr("constraints", self._violations(figures))
+        if duplicate_of is not None:
+            trial.set_user_attr("duplicate_of", duplicate_of)
+        if figures.get("pruned"):
+            raise optuna.TrialPruned(figures["pruned"])
+        values = [figures.get(f) for f in self.figures]
+        if any(v is None or not math.isfinite(v) for v in values):
+            raise optuna.TrialPruned("no figure")
+        return values if len(values) > 1 else values[0]
+
+    def _violations(self, figures: dict) -> list[float]:
+        out = [s.violation(figures) for s in self.slos]
+        if self.cfg.max_memory_mb is not None:
+            m = figures.get("memory_mb")
+            out.append(math.inf if m is None else (m - self.cfg.max_memory_mb) / self.cfg.max_memory_mb)
+        return [min(v, 1e9) for v in out]
+
+    def _hopeless(self, probe: dict) -> str | None:
+        for s in self.slos:
+            if s.hopeless(probe):
+                return f"clearly misses {s.text} (probe: {_short(probe)})"
+        return None
+
+    # -------------------------------------------------------------- the whole tune
+    def run(self) -> dict[str, Any]:
+        import optuna
+
+        self._prepare()
+        study = self._study()
+        states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+        done = sum(1 for t in study.get_trials(deepcopy=False, states=states) if not t.user_attrs.get("skipped"))
+        if done:
+            self.notes.append(f"study {self.study_name}: {done} trials already done (resumed)")
+        if done < self.cfg.trials and time.monotonic() < self.deadline:
+            timeout = None if self.deadline == math.inf else max(1.0, self.deadline - time.monotonic())
+            study.optimize(self._objective, n_trials=self.cfg.trials - done, timeout=timeout,
+                           callbacks=[optuna.study.MaxTrialsCallback(self.cfg.trials, states=states)],
+                           catch=())
+        trials = [t for t in study.get_trials(deepcopy=False, states=states)
+                  if not t.user_attrs.get("skipped") and "figures" in t.user_attrs]
+        if not trials:
+            raise ValidationError("no tune trial finished (time budget too short?); nothing was written")
+        return self._result(trials)
+
+    def _result(self, trials: list) -> dict[str, Any]:
+        rows = [{"number": t.number, "state": t.state.name.lower(), "setting": t.user_attrs["setting"],
+                 "label": Setting(**t.user_attrs["setting"]).label(), "figures": t.user_attrs["figures"],
+                 "feasible": all(v <= 0 for v in t.user_attrs.get("constraints", [])),
+                 **({"duplicate_of": t.user_attrs["duplicate_of"]} if "duplicate_of" in t.user_attrs else {})}
+                for t in trials]
+        complete = [r for r in rows if r["state"] == "complete" and "duplicate_of" not in r]
+        feasible = [r for r in complete if r["feasible"]]
+        if not feasible:
+            raise self._missed(rows)
+        ranked = sorted(feasible, key=self._key)
+        confirmed = self._confirm(ranked[:self.cfg.confirm]) if self.cfg.confirm > 1 else []
+        best = confirmed[0] if confirmed else {**ranked[0], "confirmed": None}
+        ties = [c for c in confirmed[1:] if c["tie"]]
+        _mark_pareto(rows)
+        setting = Setting(**best["setting"])
+        figure, direction = self.figures[0], self.directions[0]
+        return {
+            "objective": self.cfg.objective, "slo": self.cfg.slo, "max_memory_mb": self.cfg.max_memory_mb,
+            "best": {"setting": best["setting"], "label": best["label"], "figures": best["figures"],
+                     "trial": best["number"], "confirmed": best.get("confirmed")},
+            "ties": [{"setting": t["setting"], "label": t["label"], "confirmed": t["confirmed"]} for t in ties],
+            "session_options": setting.session.snippet(setting.threads),
+            "recipe": {"measure": setting.recipe_measure(), "gates": self._gates(best["figures"])},
+            "space": self.space, "left_out": self.left_out,
+            "study": {"storage": _redact(self.storage_url), "name": self.study_name, "trials": len(rows),
+                      "pruned": sum(r["state"] == "pruned" for r in rows),
+                      "duplicates": sum("duplicate_of" in r for r in rows)},
+            "objective_figure": figure, "direction": direction,
+            "trials": rows,
+        }
+
+    def _key(self, row: dict) -> float:
+        v = row["figures"][self.figures[0]]
+        return -v if self.directions[0] == "maximize" else v
+
+    def _confirm(self, top: list[dict]) -> list[dict]:
+        """The best settings measured again, interleaved over ROUNDS rounds (each sees the machine the others
+        see); the winner has the best mean; a setting whose 95% interval overlaps the winner's is a tie."""
+        figure = self.figures[0]
+        runs: dict[int, list[dict]] = {r["number"]: [] for r in top}
+        for _ in range(ROUNDS):
+            for r in top:
+                runs[r["number"]].append(measure_setting(self.artifact, Setting(**r["setting"]), self.feeds,
+                                                         seconds=self.cfg.trial_seconds))
+        out = []
+        for r in top:
+            values = [f[figure] for f in runs[r["number"]] if f.get(figure) is not None]
+            mean = float(np.mean(values))
+            half = t95(len(values) - 1) * float(np.std(values, ddof=1)) / math.sqrt(len(values)) \
+                if len(values) > 1 else 0.0
+            merged = {k: float(np.median([f[k] for f in runs[r["number"]] if f.get(k) is not None]))
+                      for k in runs[r["number"]][0] if isinstance(runs[r["number"]][0][k], (int, float))}
+            out.append({**r, "figures": merged, "confirmed": {"figure": figure, "mean": mean, "ci95": [mean - half,
+                                                                                                      mean + half],
+                                                              "rounds": len(values)}})
+        sign = -1 if self.directions[0] == "maximize" else 1
+        out.sort(key=lambda c: sign * c["confirmed"]["mean"])
+        lo, hi = out[0]["confirmed"]["ci95"]
+        for c in out:
+            c_lo, c_hi = c["confirmed"]["ci95"]
+            c["tie"] = c_lo <= hi and c_hi >= lo
+        return out
+
+    def _gates(self, figures: dict) -> list[str]:
+        """Gates a recipe can keep: the SLOs, the memory limit, and throughput not more than 10% under the
+        tuned figure."""
+        gates = []
+        for s in self.slos:
+            metric = {"p50_ms": "latency_p50_ms", "p90_ms": "latency_p90_ms", "p99_ms": "latency_p99_ms",
+                      "throughput_per_s": "throughput"}[s.figure]
+            gates.append(f"{metric} {'<=' if s.upper else '>='} {s.limit:g}")
+        if self.cfg.max_memory_mb is not None:
+            gates.append(f"memory_mb <= {self.cfg.max_memory_mb:g}")
+        if "throughput" in self.cfg.objective and figures.get("throughput_per_s"):
+            gates.append(f"throughput >= {num(0.9 * figures['throughput_per_s'])}")
+        return gates
+
+    def _missed(self, rows: list[dict]) -> ValidationError:
+        measured = [r for r in rows if "duplicate_of" not in r]
+        closest = min(measured, key=lambda r: sum(max(0.0, v) for v in self._violations(r["figures"])))
+        asked = ", ".join(self.cfg.slo + ([f"memory <= {self.cfg.max_memory_mb:g} MiB"]
+                                          if self.cfg.max_memory_mb is not None else []))
+        return ValidationError(f"no setting met {asked} in {len(measured)} trials; the closest: "
+                               f"{closest['label']} ({_short(closest['figures'])})",
+                               details={"trials": rows})
+
+
+def _constraints(trial) -> list[float]:
+    return trial.user_attrs.get("constraints", [])
+
+
+def _mark_pareto(rows: list[dict]) -> None:
+    """Mark the feasible trials no other beats on both p50 latency and throughput."""
+    pts = [r for r in rows if r["state"] == "complete" and r["feasible"] and "duplicate_of" not in r]
+    for r in rows:
+        r["pareto"] = False
+    for r in pts:
+        f = r["figures"]
+        r["pareto"] = not any(o is not r and o["figures"]["p50_ms"] <= f["p50_ms"]
+                              and o["figures"]["throughput_per_s"] >= f["throughput_per_s"]
+                              and (o["figures"]["p50_ms"] < f["p50_ms"]
+                                   or o["figures"]["throughput_per_s"] > f["throughput_per_s"]) for o in pts)
+
+
+def num(v: float) -> str:
+    """A figure as people read it: 108,213 or 0.0351."""
+    return f"{v:,.0f}".replace(",", "") if abs(v) >= 1000 else f"{v:.4g}"
+
+
+def _short(f: dict) -> str:
+    parts = []
+    if f.get("throughput_per_s") is not None:
+        parts.append(f"{f['throughput_per_s']:,.1f} samples/s")
+    for k in ("p50_ms", "p99_ms"):
+        if f.get(k) is not None:
+            parts.append(f"{k[:3]} {f[k]:.3g} ms")
+    if f.get("memory_mb") is not None:
+        parts.append(f"memory {f['memory_mb']:.0f} MiB")
+    return ", ".join(parts)
+
+
+@register
+class TuneOnnx(Pass):
+    name = "tune.onnx"
+    summary = "Serving settings (threads, batch, concurrency, session options) found by Bayesian search"
+    accepts = (Format.ONNX,)
+    produces = Format.ONNX
+    extra = "tune"
+    Config = TuneConfig
+
+    def run(self, artifact: Artifact, config: TuneConfig, ctx: PassContext) -> Artifact:
+        data = ctx.data.get("eval")  # real samples to time, when the recipe has them
+        settings = MeasureSettings(shapes=ctx.shapes, values=ctx.values, seed=ctx.seed)
+        # in the cache folder: a recipe stopped mid-tune resumes its study on the next run
+        folder = cache_dir() / "tune"
+        folder.mkdir(parents=True, exist_ok=True)
+        tuner = Tuner(artifact, config, settings=settings, data=data,
+                      default_storage=folder / f"{artifact.sha256[:16]}.db", notes=ctx.notes)
+        result = tuner.run()
+        ctx.measurements["tune"] = result
+        ctx.note(f"tuned for {', '.join(config.objective)}: {result['best']['label']} "
+                 f"({_short(result['best']['figures'])})")
+        copy_model(artifact.path, ctx.output)
+        return Artifact.load(str(ctx.output))
