@@ -17,6 +17,7 @@ from pydantic import Field, field_validator
 from optkit.core.errors import DependencyError, UsageError, ValidationError
 from optkit.core.registry import PassConfig
 from optkit.passes.training.distributed import init_torch_ddp, is_chief
+from optkit.runtimes.tf import import_tf
 
 Optimizer = Literal["adam", "sgd", "rmsprop", "adamw"]
 
@@ -238,12 +239,9 @@ def torch_fit(model, x: np.ndarray, y: np.ndarray, cfg: FinetuneConfig, *, seed:
 
 def torch_writer(folder: str):
     """torch's SummaryWriter on <folder>/train (as the Keras callback lays it out)."""
-    import sys
-    import types
-
     check_tensorboard(folder)
-    if "tensorflow" not in sys.modules:  # tensorboard's switch for its TensorFlow-free stub: no 5 s TF import
-        sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
+    if importlib.util.find_spec("tensorflow") is not None:
+        import_tf()  # tensorboard imports TensorFlow where it is installed: the legacy Keras, and quietly
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as e:
