@@ -41,7 +41,7 @@ class ProfileOnnx(Pass):
 
     def run(self, artifact: Artifact, config: ProfileConfig, ctx: PassContext) -> Artifact:
         output = Path(ctx.output)
-        data = ctx.data.get("eval") or ctx.data.get("calibration")
+        data = ctx.data.get("eval") if ctx.data.get("eval") is not None else ctx.data.get("calibration")
         trace = trace_path(output) if config.trace else None
         prof = profile_onnx(artifact, runs=config.runs, threads=config.threads, shapes=ctx.shapes,
                             values=ctx.values, data=data, trace=trace, seed=ctx.seed)
