@@ -60,6 +60,24 @@ def test_per_op_totals_add_up_to_p50(tmp_path):
     assert p["total_ms"] <= p["run_ms"] * 1.05
 
 
+def test_profiler_overhead_is_measured_and_taken_off(samples):
+    """onnxruntime's profiler adds its own cost to each kernel: measured here (a Relu chain, plain and profiled)
+    and taken off every kernel event, the raw figures kept beside the corrected ones."""
+    from optkit.core.artifact import Artifact
+    from optkit.measure.profile import calibrate_overhead, profile_onnx
+
+    p = profile_onnx(Artifact.load(samples / "torch_cnn.onnx"), runs=20, threads=1)
+    overhead = p["profiler_overhead_us_per_kernel"]
+    assert 0 <= overhead < 50, p
+    assert overhead == calibrate_overhead(1)["overhead_us"]  # cached per process: the same figure again
+    assert 0 < p["total_ms"] <= p["total_raw_ms"]
+    assert p["total_raw_ms"] - p["total_ms"] <= p["node_count"] * overhead / 1e3 + 1e-9
+    assert all(0 <= n["ms"] <= n["raw_ms"] for n in p["nodes"]) and all(o["ms"] <= o["raw_ms"] for o in p["ops"])
+    assert sum(o["raw_ms"] for o in p["ops"]) == pytest.approx(p["total_raw_ms"])
+    assert sum(n["share"] for n in p["nodes"]) == pytest.approx(1.0)  # shares of the corrected times
+    assert p["raw_vs_p50"] == pytest.approx(p["total_raw_ms"] / p["p50_ms"]) and p["call_overhead_us"] >= 0
+
+
 def test_control_flow_is_not_counted_twice(realcases):
     """silero VAD runs most of its nodes inside If branches: an If's time is its own, not its subgraph's."""
     from optkit.core.artifact import Artifact
@@ -88,6 +106,7 @@ def test_cli_table_trace_and_json(cli, samples, tmp_path):
     d = json.loads(r.out)
     assert len(d["ops"]) == 2 and len(d["nodes"]) == 2 and d["trace"] is None
     assert d["p50_ms"] > 0 and d["total_ms"] > 0 and isinstance(d["within_10pct"], bool)
+    assert 0 < d["total_ms"] <= d["total_raw_ms"] and 0 <= d["profiler_overhead_us_per_kernel"] < 50
 
 
 def test_cli_data_feeds_real_samples(cli, samples):
