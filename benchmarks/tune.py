@@ -86,12 +86,13 @@ def tune_vs_grid(name: str, path: Path, seconds: float, work: Path) -> list[tupl
     trials = len(points) // 3
     notes: list[str] = []
     t0 = time.perf_counter()
-    result = Tuner(art, TuneConfig(space=SPACE, trials=trials, trial_seconds=seconds, confirm=0),
+    result = Tuner(art, TuneConfig(space=SPACE, trials=trials, trial_seconds=seconds),
                    settings=MeasureSettings(), data=None, default_storage=work / f"{path.stem}.db", notes=notes).run()
     tune_s = time.perf_counter() - t0
     tuned = Setting(**result["best"]["setting"])
     print(f"   grid: {len(points)} settings in {grid_s:.0f} s; best {grid_best.label()}")
-    print(f"   tune: {trials} trials in {tune_s:.0f} s; best {tuned.label()}")
+    print(f"   tune: {trials} trials (+ its best 3 measured again {3} times) in {tune_s:.0f} s; best "
+          f"{tuned.label()}")
     final = interleaved(art, {"grid": grid_best, "tune": tuned, "default": Setting()}, feeds, seconds)
     print(f"   measured again ({ROUNDS} interleaved rounds, samples/s): grid best {final['grid']:,.0f}, "
           f"tune best {final['tune']:,.0f}, onnxruntime default session {final['default']:,.0f}")

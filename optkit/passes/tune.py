@@ -21,6 +21,7 @@ import math
 import os
 import re
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -167,6 +168,31 @@ def _choice(name: str, value: Any) -> Any:
     if text in ("false", "0", "off", "no"):
         return False
     raise UsageError(f"tune dimension {name}: {value!r} is not true or false")
+
+
+def starting_points(space: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """The first settings a study measures, before the sampler learns: onnxruntime's default (every core on
+    one request), every core on the largest batch, and one single-threaded session per core at the largest
+    and the smallest batch. Throughput optima on CPUs usually sit near one of them; the search refines."""
+    def fit(want: dict[str, Any]) -> dict[str, Any]:
+        out = {}
+        for name, value in want.items():
+            choices = space.get(name, [])
+            if len(choices) > 1:
+                out[name] = min(choices, key=lambda c: abs(c - value)) if isinstance(value, int) and not \
+                    isinstance(value, bool) else (value if value in choices else choices[0])
+        return out
+
+    cores, batches = max(space["threads"]), space["batch"]
+    points = [{"threads": cores, "batch": min(batches), "concurrency": 1},
+              {"threads": cores, "batch": max(batches), "concurrency": 1},
+              {"threads": 1, "batch": max(batches), "concurrency": cores, "sessions": "per-thread"},
+              {"threads": 1, "batch": min(batches), "concurrency": cores, "sessions": "per-thread"}]
+    unique = []
+    for p in map(fit, points):
+        if p and p not in unique:
+            unique.append(p)
+    return unique
 
 
 def suggest(trial, space: dict[str, list[Any]]) -> Setting:
@@ -322,8 +348,12 @@ class Tuner:
         storage = open_storage(self.storage_url)
         # several workers of one study: each its own seed, so their first random settings differ
         seed = self.cfg.seed if self.cfg.storage is None else self.cfg.seed + os.getpid()
-        sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, max(3, self.cfg.trials // 4)),
-                                             constraints_func=_constraints)
+        with warnings.catch_warnings():  # multivariate and group are "experimental" (stable since Optuna 2.x)
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            # multivariate + group: the dimensions that exist only together (inter-op threads in parallel mode,
+            # sessions with several requests in flight) are modelled jointly
+            sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, max(3, self.cfg.trials // 4)),
+                                                 multivariate=True, group=True)
         try:
             study = optuna.create_study(storage=storage, study_name=name, sampler=sampler, load_if_exists=True,
                                         directions=self.directions)
@@ -373,6 +403,8 @@ class Tuner:
 
         trial.set_user_attr("figures", figures)
         trial.set_user_attr("constraints", self._violations(figures))
+        for i, v in enumerate(trial.user_attrs["constraints"]):  # TPE learns what is infeasible from these
+            trial.set_constraint(f"c{i}", v)
         if duplicate_of is not None:
             trial.set_user_attr("duplicate_of", duplicate_of)
         if figures.get("pruned"):
@@ -405,6 +437,9 @@ class Tuner:
         done = sum(1 for t in study.get_trials(deepcopy=False, states=states) if not t.user_attrs.get("skipped"))
         if done:
             self.notes.append(f"study {self.study_name}: {done} trials already done (resumed)")
+        elif not study.trials:
+            for params in starting_points(self.space):
+                study.enqueue_trial(params, skip_if_exists=True)
         if done < self.cfg.trials and time.monotonic() < self.deadline:
             timeout = None if self.deadline == math.inf else max(1.0, self.deadline - time.monotonic())
             study.optimize(self._objective, n_trials=self.cfg.trials - done, timeout=timeout,
@@ -502,10 +537,6 @@ class Tuner:
         return ValidationError(f"no setting met {asked} in {len(measured)} trials; the closest: "
                                f"{closest['label']} ({_short(closest['figures'])})",
                                details={"trials": rows})
-
-
-def _constraints(trial) -> list[float]:
-    return trial.user_attrs.get("constraints", [])
 
 
 def _mark_pareto(rows: list[dict]) -> None:
