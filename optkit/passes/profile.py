@@ -50,6 +50,9 @@ class ProfileOnnx(Pass):
             "total_ms": prof["total_ms"], "runs": prof["runs"], "ops": prof["ops"][: config.top],
             "nodes": prof["nodes"][:TOP_NODES], "trace": trace.name if trace else None, "p50_ms": prof["p50_ms"],
             "total_vs_p50": prof["total_vs_p50"], "within_10pct": prof["within_10pct"], "threads": config.threads,
+            "total_raw_ms": prof["total_raw_ms"],
+            "profiler_overhead_us_per_kernel": prof["profiler_overhead_us_per_kernel"],
+            "call_overhead_us": prof.get("call_overhead_us"),
         }
         ctx.note(f"profile: kernels {prof['total_ms']:.3g} ms per call, p50 {prof['p50_ms']:.3g} ms "
                  f"({prof['total_vs_p50']:.2f}x)" + (f"; Chrome trace {trace.name} beside the model" if trace else ""))
