@@ -1,6 +1,8 @@
 """Fidelity: how close a model's outputs are to a reference model's on the same inputs."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from optkit.core.errors import PassError, UsageError
@@ -9,15 +11,52 @@ from optkit.core.errors import PassError, UsageError
 NONFINITE_COSINE = -1.0
 
 
-def attention_mask(specs: list, feeds: dict[str, np.ndarray]) -> np.ndarray | None:
-    """The [samples, sequence] mask the model was fed, when one of its inputs is an attention mask (an int or
-    bool input the graph or its name marks as a mask): positions where it is 0 are padding."""
+@dataclass(frozen=True)
+class Padding:
+    """The [samples, sequence] attention mask the model was fed (0: padding), and the outputs it applies to:
+    those whose second dim is the sequence (dynamic, and named like the mask's when both are named). A
+    [batch, 8] output is never masked because 8 happens to be the sequence length."""
+    mask: np.ndarray
+    outputs: frozenset[str] | None = None     # None: every output whose two leading dims are the mask's
+
+    def first(self, n: int) -> Padding:
+        return Padding(self.mask[:n], self.outputs)
+
+    def keep(self, name: str, shape: tuple) -> np.ndarray | None:
+        """The positions of output `name` to judge ([samples, sequence] booleans), or None: judge them all."""
+        if self.outputs is not None and name not in self.outputs:
+            return None
+        if len(shape) < 2 or tuple(shape[:2]) != self.mask.shape:
+            return None
+        keep = self.mask != 0
+        if not keep.any():
+            raise UsageError(f"the attention mask masks every position of output {name!r}: nothing is left to "
+                             "compare; give data with real (unpadded) tokens")
+        return keep
+
+
+def attention_mask(specs: list, feeds: dict[str, np.ndarray], outputs: list | None = None) -> Padding | None:
+    """The padding of the inputs fed, when one of them is an attention mask (an int or bool input the graph or
+    its name marks as a mask). With the model's output specs, only outputs with a sequence axis are masked."""
     for spec in specs:
         arr = feeds.get(spec.name)
         is_mask = getattr(spec, "mask", False) or "mask" in spec.name.lower()
         if is_mask and arr is not None and arr.ndim == 2 and arr.dtype.kind in "biu":
-            return arr
+            return Padding(np.asarray(arr), None if outputs is None else _sequence_outputs(spec, outputs))
     return None
+
+
+def _sequence_outputs(mask_spec, outputs: list) -> frozenset[str]:
+    seq = mask_spec.shape[1] if len(mask_spec.shape) > 1 else None
+    names = set()
+    for out in outputs:
+        shape = list(out.shape or [])
+        if len(shape) < 2 or isinstance(shape[1], int):
+            continue
+        if isinstance(seq, str) and isinstance(shape[1], str) and shape[1] != seq:
+            continue
+        names.add(out.name)
+    return frozenset(names)
 
 
 def check_names(only: list[str] | None, names: list[str]) -> list[str]:
@@ -32,13 +71,13 @@ def check_names(only: list[str] | None, names: list[str]) -> list[str]:
 
 
 def compare_outputs(ref: list[np.ndarray], out: list[np.ndarray], names: list[str],
-                    mask: np.ndarray | None = None, only: list[str] | None = None) -> dict:
+                    mask: Padding | None = None, only: list[str] | None = None) -> dict:
     """Per output and overall: max/mean abs error, max rel error, cosine, top-1 agreement (for [N, C] outputs).
 
     `nonfinite` / `reference_nonfinite` count NaN and Inf values in `out` / `ref`. Where there are any, the
     errors are inf, the cosine is NONFINITE_COSINE (-1.0) and rows holding them never count as agreeing.
-    `mask` ([samples, sequence], from `attention_mask`) drops padded positions from every output whose two
-    leading dims are the mask's. The overall figures cover the `only` outputs (all when None); every output
+    `mask` (from `attention_mask`) drops padded positions from the outputs with a sequence axis; NaN and Inf
+    are counted over every position, padded or not. The overall figures cover the `only` outputs (all when None); every output
     is reported, with `checked` saying which ones the overall figures judge.
     """
     if len(ref) != len(out):
@@ -47,10 +86,12 @@ def compare_outputs(ref: list[np.ndarray], out: list[np.ndarray], names: list[st
     per = {}
     for name, a, b in zip(names, ref, out):
         a, b = np.asarray(a), np.asarray(b)
-        masked = 0
-        if mask is not None and a.ndim >= 2 and a.shape[:2] == mask.shape and b.shape == a.shape:
-            keep = np.asarray(mask) != 0
+        masked, nonfinite = 0, None
+        keep = mask.keep(name, a.shape) if mask is not None and b.shape == a.shape else None
+        if keep is not None:
             masked = int(keep.size - keep.sum())
+            if a.dtype.kind in "fc" or b.dtype.kind in "fc":  # padded NaN still fails
+                nonfinite = (_nonfinite(a) - _nonfinite(a[keep]), _nonfinite(b) - _nonfinite(b[keep]))
             a, b = a[keep], b[keep]
         if a.dtype.kind not in "biufc" or b.dtype.kind not in "biufc":  # strings: equal or not
             same = a.shape == b.shape and bool(np.all(a == b))
@@ -65,6 +106,8 @@ def compare_outputs(ref: list[np.ndarray], out: list[np.ndarray], names: list[st
             b = b.reshape(a.shape)
         fa, fb = np.isfinite(a), np.isfinite(b)
         bad_a, bad_b = int(a.size - fa.sum()), int(b.size - fb.sum())
+        if nonfinite is not None:
+            bad_a, bad_b = bad_a + nonfinite[0], bad_b + nonfinite[1]
         entry = {"nonfinite": bad_b, "reference_nonfinite": bad_a}
         if bad_a or bad_b:
             worst = int(np.argmin(fa & fb))  # the first position where either side is NaN or Inf
@@ -97,6 +140,10 @@ def compare_outputs(ref: list[np.ndarray], out: list[np.ndarray], names: list[st
         "reference_nonfinite": sum(e["reference_nonfinite"] for e in judged),
         "outputs": per,
     }
+
+
+def _nonfinite(a: np.ndarray) -> int:
+    return int(a.size - np.isfinite(a).sum()) if a.dtype.kind in "fc" else 0
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:

@@ -182,7 +182,8 @@ def _run_measurements(result: dict, artifact: Artifact, session, settings: Measu
             zip([s.name for s in ref_session.inputs], eval_feeds.values()))
         ref_out = run_over(ref_session, ref_feeds, batch=64)
         result["fidelity"] = {**compare_outputs(ref_out, outputs, [s.name for s in session.outputs],
-                                                mask=attention_mask(session.inputs, eval_feeds),
+                                                mask=attention_mask(session.inputs, eval_feeds,
+                                                                    session.outputs),
                                                 only=settings.check_outputs or None),
                               "reference": reference.path,
                               "samples": len(outputs[0]) if getattr(outputs[0], "ndim", 1) else 1}

@@ -114,8 +114,9 @@ def fidelity(ref: list[np.ndarray], out: list[np.ndarray], names: list[str], mas
             continue
         if a.ndim < 2 or a.size == 0 or a.shape != b.shape or not np.issubdtype(a.dtype, np.floating):
             continue
-        if mask is not None and a.shape[:2] == np.shape(mask):  # padded positions count for nothing
-            keep = (np.asarray(mask) != 0).reshape(*np.shape(mask), *([1] * (a.ndim - 2)))
+        keep = mask.keep(name, a.shape) if mask is not None else None
+        if keep is not None:  # padded positions count for nothing
+            keep = keep.reshape(*keep.shape, *([1] * (a.ndim - 2)))
             a, b = np.where(keep, a, 0), np.where(keep, b, 0)
         a2 = a.reshape(len(a), -1).astype(np.float64)
         b2 = b.reshape(len(b), -1).astype(np.float64)

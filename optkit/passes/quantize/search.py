@@ -288,7 +288,8 @@ class Quantizer:
             self.check_feeds = self._synthesized(n, ctx.seed + 1000)
             self.settings["check"] = {"source": "synthetic", "samples": n}
             ctx.note(f"checked against the parent on {n} synthesized inputs (no data given)")
-        self.mask = attention_mask(self.specs, self.check_feeds)
+        self.mask = attention_mask(self.specs, self.check_feeds,
+                                   [onnx_session.spec_of(o) for o in self.parent.get_outputs()])
         try:
             self.parent_outputs = self._run(self.parent, self.check_feeds)
         except UsageError:
@@ -412,7 +413,7 @@ class Quantizer:
             cand.error = f"the quantized model does not run: {first_line(e)[:160]}"
             return
         ref = [r[:n] if np.ndim(r) else r for r in self.parent_outputs]
-        mask = self.mask[:n] if self.mask is not None else None
+        mask = self.mask.first(n) if self.mask is not None else None
         cand.fidelity = qops.fidelity(ref, out, self.out_names, mask=mask, only=self.checked)
         cand.checked_on = n
         if self.cfg.metric:
