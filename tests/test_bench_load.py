@@ -31,6 +31,9 @@ def test_bench_console_shows_load_and_memory(cli, samples):
 @pytest.mark.parametrize("args, words", [
     (["--concurrency", "0"], "--concurrency 0 is out of range"),
     (["--concurrency", "2", "--sessions", "many"], "--sessions 'many'"),
+    (["--sessions", "per-thread"], "give --concurrency N as well"),
+    (["--value", "x=nan"], "finite number"),
+    (["--shape", "input=99999999999x1x8x8"], "at most 16 dims"),
 ])
 def test_bad_load_flags(cli, samples, tmp_path, args, words):
     r = cli("bench", samples / "torch_cnn.onnx", *args, "--report", tmp_path / "r.json")
@@ -80,3 +83,12 @@ def test_throughput_gate_needs_a_measurement(cli, samples, tmp_path):
     r = cli("run", _recipe(tmp_path, samples, {"latency": False}, ["throughput >= 1"]),
             "--workspace", tmp_path / "ws")
     assert r.rc == 2 and "throughput is not measured" in one_error_line(r)
+
+
+def test_a_tflite_interpreter_is_not_shared_between_threads(cli, realcases):
+    model = realcases / "trained_lstm.tflite"
+    r = cli("bench", model, "--runs", "5", "--concurrency", "2")
+    assert r.rc == 2 and "--sessions per-thread" in one_error_line(r)
+    r = cli("bench", model, "--runs", "5", "--concurrency", "2", "--sessions", "per-thread", "--json")
+    assert r.rc == 0, r.err
+    assert json.loads(r.out)["stages"][0]["measurements"]["concurrency"]["sessions"] == 2

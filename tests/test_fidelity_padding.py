@@ -59,3 +59,23 @@ def test_a_mask_that_hides_everything_is_an_error(cli, tmp_path):
     assert r.rc == 2, r.err
     assert "masks every position of output 'hidden'" in one_error_line(r)
     assert no_result_files(out) == []
+
+
+def test_simplify_refuses_a_model_whose_own_outputs_are_nan(cli, tmp_path):
+    """Nothing can be checked against NaN: exit 3, nothing written (it used to pass 'equal within 0')."""
+    w = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32)
+    graph = h.make_graph([h.make_node("MatMul", ["x", "W"], ["y"]), h.make_node("Log", ["y"], ["z"])], "g",
+                         [h.make_tensor_value_info("x", T.FLOAT, ["batch", 4])],
+                         [h.make_tensor_value_info("z", T.FLOAT, ["batch", 4])], [nh.from_array(w, "W")])
+    model = tmp_path / "log.onnx"
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8), model)
+    out = tmp_path / "out"
+    out.mkdir()
+    r = cli("simplify", model, "-o", out / "s.onnx")
+    assert r.rc == 3, r.err
+    assert "NaN or Inf" in one_error_line(r)
+    assert no_result_files(out) == []
+    data = tmp_path / "c.npz"
+    np.savez(data, x=np.ones((3, 4), np.complex64))
+    r = cli("bench", model, "--data", data, "--runs", "2")
+    assert r.rc == 2 and "complex" in one_error_line(r)

@@ -155,12 +155,29 @@ def test_a_model_that_cannot_batch_leaves_batch_out(cli, realcases, tmp_path):
     (["--space", "batch=0,8"], "not a count"),
     (["--space", "threads"], "NAME=V1,V2"),
     (["--trials", "0"], "trials"),
+    (["--max-memory", "1.2.3GB"], "--max-memory"),
+    (["--time-budget", "."], "--time-budget"),
+    (["--slo", "p99<=20/s"], "p99 is in ms"),
+    (["--slo", "throughput>=2s"], "throughput is in samples/s"),
+    (["--space", "batch=99999999999999999999"], "from 1 to 65536"),
+    (["--storage", "sqlite:///STUDY.json"], "is also"),
 ])
 def test_bad_tune_flags(cli, samples, tmp_path, args, words):
+    args = [str(a).replace("STUDY.json", str(tmp_path / "b.json")) for a in args]  # the study file is -o
     r = cli("tune", samples / "torch_cnn.onnx", *args, "-o", tmp_path / "b.json")
     assert r.rc == 2, r.err
     assert words in one_error_line(r)
     assert no_result_files(tmp_path) == []
+
+
+def test_the_study_identity_includes_the_input_values(cli, realcases, tmp_path):
+    """Another --value is another search: its figures are never taken from a study measured on other inputs."""
+    args = ["tune", realcases / "silero_vad.onnx", *FAST, "--trials", "2", "--space", "threads=1",
+            "--space", "concurrency=1", "-o", tmp_path / "b.json", "--json"]
+    assert cli(*args, "--value", "sr=16000").rc == 0
+    r = cli(*args, "--value", "sr=8000")
+    assert r.rc == 0, r.err
+    assert "resumed" not in " ".join(json.loads(r.out)["stages"][0]["notes"])
 
 
 def test_tune_refuses_a_model_that_is_not_onnx(cli, samples, tmp_path):

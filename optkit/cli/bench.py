@@ -39,6 +39,8 @@ def register(app: typer.Typer) -> None:
 
         if sessions not in ("shared", "per-thread"):
             raise UsageError(f"--sessions {sessions!r}: give shared or per-thread")
+        if sessions != "shared" and not concurrency:
+            raise UsageError("--sessions applies to --concurrency: give --concurrency N as well")
         common.guard_outputs({"--report": report}, [model, weights, data])
         settings = MeasureSettings(provider=provider, threads=threads, batch=batch, warmup=warmup, runs=runs,
                                    duration=duration, shapes=parse_shapes(shape), values=parse_values(value),

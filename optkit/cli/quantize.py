@@ -92,7 +92,8 @@ def register(app: typer.Typer) -> None:
         common.guard_outputs({"-o": output, "--report": report}, [model, calibration_data, eval_data, labels])
         if mode not in ("dynamic", "static", "fp16", "int4"):
             raise UsageError(f"unknown --mode {mode!r}; choose dynamic, static, fp16 or int4")
-        settings = MeasureSettings(threads=threads, shapes=parse_shapes(shape), values=parse_values(value))
+        settings = MeasureSettings(threads=threads, shapes=parse_shapes(shape), values=parse_values(value),
+                                   check_outputs=check_output or [])
         data = {}
         if calibration_data:
             data["calibration"] = _load(calibration_data, None)

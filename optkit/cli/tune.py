@@ -11,8 +11,9 @@ from optkit.cli import common, options
 from optkit.core.errors import UsageError
 from optkit.core.shapes import parse_shapes, parse_values
 
-_SIZE = re.compile(r"^\s*([0-9.]+)\s*(b|kb|mb|gb|kib|mib|gib)?\s*$", re.I)
-_DURATION = re.compile(r"^\s*([0-9.]+)\s*(s|sec|m|min|h)?\s*$", re.I)
+_NUMBER = r"(\d+(?:\.\d*)?|\.\d+)"
+_SIZE = re.compile(rf"^\s*{_NUMBER}\s*(b|kb|mb|gb|kib|mib|gib)?\s*$", re.I)
+_DURATION = re.compile(rf"^\s*{_NUMBER}\s*(s|sec|m|min|h)?\s*$", re.I)
 
 
 def parse_memory(text: str) -> float:
@@ -40,6 +41,21 @@ def parse_space(items: list[str]) -> dict[str, list[str]]:
             raise UsageError(f"--space {item!r}: write NAME=V1,V2,... e.g. batch=1,8,32")
         space[name.strip()] = [v.strip() for v in values.split(",") if v.strip()]
     return space
+
+
+def _check_storage(storage: Optional[str], output: Path, others: list) -> None:
+    """The study's file (the default beside -o, an sqlite:/// or journal: path) is none of the other files."""
+    if storage is None:
+        path = output.with_suffix(".db")
+    elif storage.startswith("sqlite:///"):
+        path = Path(storage[len("sqlite:///"):])
+    elif storage.startswith("journal:"):
+        path = Path(storage[len("journal:"):])
+    else:
+        return
+    for other in others:
+        if other and Path(other).resolve() == path.resolve():
+            raise UsageError(f"the tune study file {path} is also {other}: give another -o or --storage")
 
 
 def register(app: typer.Typer) -> None:
@@ -90,6 +106,7 @@ def register(app: typer.Typer) -> None:
         require_extra("tune", "optkit tune")
         output = output or f"{Path(model).stem}.tune.json"
         common.guard_outputs({"-o": output, "--report": report}, [model, data])
+        _check_storage(storage, Path(output), [output, report, model, data])
         goals = [o.strip() for item in objective for o in item.split(",") if o.strip()]
         config = options.given(objective=goals, slo=slo or None, trials=trials, trial_seconds=trial_seconds,
                                space=parse_space(space or []) or None, storage=storage, study=study,

@@ -5,6 +5,7 @@ or unknown); `measure.inputs.probe` walks the ladder's rungs until the runtime a
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -29,6 +30,10 @@ class TensorSpec:
         return self.shape is None or any(not (isinstance(d, int) and d > 0) for d in self.shape)
 
 
+MAX_DIM = 1 << 20              # one dimension of a measurement shape
+MAX_ELEMENTS = 1 << 28         # elements of one synthesized input (1 GiB of float32)
+
+
 def parse_shapes(values: list[str] | None) -> dict[str, list[int]]:
     """Parse `name=1x3x8x8` items; a bare `1x3x8x8` applies to the model's only input (key "")."""
     shapes: dict[str, list[int]] = {}
@@ -40,6 +45,9 @@ def parse_shapes(values: list[str] | None) -> dict[str, list[int]]:
             raise UsageError(f"bad --shape {item!r}: expected name=1x3x224x224 (positive integers joined by x)") from None
         if not shape or any(d <= 0 for d in shape):
             raise UsageError(f"bad --shape {item!r}: every dimension must be a positive integer")
+        if len(shape) > 16 or max(shape) > MAX_DIM or math.prod(shape) > MAX_ELEMENTS:
+            raise UsageError(f"bad --shape {item!r}: at most 16 dims of at most {MAX_DIM:,} each and "
+                             f"{MAX_ELEMENTS:,} elements")
         shapes[name.strip()] = shape
     return shapes
 
@@ -140,6 +148,8 @@ def parse_values(values: list[str] | None) -> dict[str, float]:
             value = None
         if not sep or not name.strip() or value is None:
             raise UsageError(f"bad --value {item!r}: expected NAME=NUMBER, e.g. --value sr=16000")
+        if not math.isfinite(value):
+            raise UsageError(f"bad --value {item!r}: the value must be a finite number")
         parsed[name.strip()] = int(value) if value.is_integer() else value
     return parsed
 

@@ -80,7 +80,15 @@ class Dataset:
 
 
 def _fit(arr: np.ndarray, spec, source: str) -> np.ndarray:
-    if arr.dtype.kind not in "biufc" and "string" not in str(spec.dtype):
+    if arr.dtype.kind == "c":
+        raise UsageError(f"data for input {spec.name!r} from {source} is complex ({arr.dtype}); the model expects "
+                         f"{spec.dtype} (give the real part, or both parts as their own arrays)")
+    if "string" in str(spec.dtype):  # a string input: text data, fed as it is
+        if arr.dtype.kind not in "USO":
+            raise UsageError(f"data for input {spec.name!r} from {source} holds {arr.dtype} values, but the model "
+                             "expects strings")
+        return arr.astype(object)
+    if arr.dtype.kind not in "biufc":
         raise UsageError(f"data for input {spec.name!r} from {source} holds {arr.dtype} values (text or objects), "
                          f"but the model expects {spec.dtype} numbers")
     if spec.shape is None:

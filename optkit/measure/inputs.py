@@ -38,7 +38,7 @@ def synthesize(specs: list, shapes: dict[str, list[int]] | None = None, batch: i
         elif spec_mask(spec):
             feeds[spec.name] = np.ones(shape, dtype=dtype)
         elif dtype == np.bool_:
-            feeds[spec.name] = rng.random(shape) < 0.5
+            feeds[spec.name] = np.asarray(rng.random(shape) < 0.5)  # an array even for a scalar input
         elif np.issubdtype(dtype, np.integer) and getattr(spec, "value_range", None):
             low, high = spec.value_range
             feeds[spec.name] = rng.integers(low, max(high, low + 1), size=shape).astype(dtype)

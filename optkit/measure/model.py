@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from optkit.core.artifact import Artifact
 from optkit.core.batching import call_as_samples, first_call
 from optkit.core.errors import OptkitError, UsageError
+from optkit.core.formats import Format
 from optkit.core.isolate import run_isolated
 from optkit.core.text import first_line
 from optkit.measure import memory
@@ -22,7 +23,7 @@ from optkit.measure.fidelity import attention_mask, compare_outputs
 from optkit.measure.inputs import probe, synthesize
 from optkit.measure.latency import measure_latency
 from optkit.measure.size import measure_size
-from optkit.onnx.session import OrtSettings
+from optkit.onnx.session import OrtSettings, warm_onnxruntime
 from optkit.runtimes.base import open_session
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,7 @@ MAX_WARMUP = 100_000
 MAX_RUNS = 1_000_000
 MAX_DURATION_S = 3600.0
 MAX_CONCURRENCY = 256
+NOT_THREAD_SAFE = ("tflite", "tensorrt")  # one interpreter / execution context per thread
 
 
 class MeasureSettings(BaseModel):
@@ -123,6 +125,8 @@ def measure(artifact: Artifact, settings: MeasureSettings | None = None, *, late
 def _measure(artifact: Artifact, settings: MeasureSettings, latency: bool, data: DataSpec | None,
              metric: str | None, reference: Artifact | None) -> dict:
     result: dict[str, Any] = {"size": measure_size(artifact)}
+    if artifact.format == Format.ONNX:
+        warm_onnxruntime()  # the runtime's own start-up is not the model's memory
     baseline = memory.rss_bytes()
     session = settings.open(artifact)
     loaded = memory.rss_bytes()
@@ -192,6 +196,9 @@ def _run_measurements(result: dict, artifact: Artifact, session, settings: Measu
 def _under_load(artifact: Artifact, session, feeds: dict, settings: MeasureSettings) -> dict:
     """Throughput and latency with settings.concurrency requests in flight (measure.concurrency)."""
     n = settings.concurrency
+    if n > 1 and settings.sessions == "shared" and session.runtime in NOT_THREAD_SAFE:
+        raise UsageError(f"a {session.runtime} session cannot serve several requests at once (it is not "
+                         "thread-safe): use --sessions per-thread (recipe: measure.sessions: per-thread)")
     extra = [settings.open(artifact) for _ in range(n - 1)] if settings.sessions == "per-thread" else []
     try:
         return measure_concurrency([session, *extra], feeds, concurrency=n, warmup=settings.warmup,

@@ -21,7 +21,7 @@ from optkit.core.isolate import run_isolated
 from optkit.measure import memory
 from optkit.measure.concurrency import measure_concurrency
 from optkit.measure.model import MeasureSettings
-from optkit.onnx.session import OrtSettings
+from optkit.onnx.session import OrtSettings, warm_onnxruntime
 
 PROBE_S = 0.25
 
@@ -89,6 +89,7 @@ def measure_setting(artifact: Artifact, setting: Setting, feeds: dict[str, np.nd
 def _measure(artifact: Artifact, setting: Setting, feeds: dict, seconds: float, hopeless) -> dict[str, Any]:
     settings = setting.settings()
     feeds = batch_feeds(feeds, setting.batch)
+    warm_onnxruntime()  # the runtime's own start-up is not the setting's memory
     baseline = memory.rss_bytes()
     sessions = [settings.open(artifact) for _ in range(setting.concurrency if setting.sessions == "per-thread"
                                                        else 1)]

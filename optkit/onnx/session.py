@@ -2,6 +2,7 @@
 The runtime (`optkit.runtimes.onnx`) and the passes that check their own outputs share these."""
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 from typing import Literal
@@ -155,3 +156,19 @@ def run_all(sess, feeds: dict[str, np.ndarray], names: list[str] | None = None, 
     """Run a session over every sample, in batches the model accepts (see core.batching.run_batched)."""
     names = names or [o.name for o in sess.get_outputs()]
     return run_batched(lambda f: sess.run(names, f), input_specs(sess), feeds, batch)
+
+
+@functools.cache
+def warm_onnxruntime() -> None:
+    """Load and initialise onnxruntime (libraries, default allocators) with a one-node model, once per
+    process, so that memory measured afterwards is the model's own, wherever the measurement runs."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "warm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    sess = ort.InferenceSession(model.SerializeToString(), sess_options=session_options(1),
+                                providers=["CPUExecutionProvider"])
+    sess.run(None, {"x": np.zeros(1, np.float32)})

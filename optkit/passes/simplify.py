@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Literal, Optional
 
+import numpy as np
 from pydantic import Field
 
 from optkit.core.artifact import Artifact
@@ -137,6 +138,12 @@ def _reference(artifact, ctx, config):
         given = "the given data" if data is not None else "synthesized inputs"
         raise UsageError(f"{artifact.path} does not run on {given}: {first_line(e)[:200]}; "
                          "give inputs it accepts with --data (and --shape for dynamic dims)") from None
+    bad = sum(int(np.size(a) - np.isfinite(a).sum()) for a in map(np.asarray, ref) if a.dtype.kind in "fc")
+    if bad:  # nothing to check a simplified model against
+        given = "the given data" if data is not None else "synthesized inputs"
+        raise ValidationError(f"{artifact.path} itself outputs {bad} NaN or Inf values on {given}, so a simplified "
+                              "model cannot be checked against it; nothing was written. Give inputs on which it "
+                              "computes finite outputs (--data)")
     return run, ref, n
 
 

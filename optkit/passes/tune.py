@@ -57,7 +57,8 @@ ROUNDS = 3  # confirmation rounds of the best settings
 class Slo:
     """A service-level objective: `p99<=20ms`, `p50 < 5 ms`, `throughput>=200`."""
 
-    _RE = re.compile(r"^\s*(p50|p90|p99|throughput)\s*(<=|<|>=|>)\s*([0-9.]+(?:e[-+]?\d+)?)\s*(ms|s|us|/s)?\s*$", re.I)
+    _RE = re.compile(r"^\s*(p50|p90|p99|throughput)\s*(<=|<|>=|>)\s*(\d+(?:\.\d*)?(?:e[-+]?\d+)?|\.\d+)\s*"
+                     r"(ms|s|us|/s)?\s*$", re.I)
 
     def __init__(self, text: str):
         m = self._RE.match(text)
@@ -65,6 +66,9 @@ class Slo:
             raise UsageError(f"cannot read SLO {text!r}; write it as p50|p90|p99<=MILLISECONDS ms or "
                              "throughput>=SAMPLES/s, e.g. 'p99<=20ms'")
         what, op, value, unit = m[1].lower(), m[2], float(m[3]), (m[4] or "").lower()
+        if (what == "throughput") != (unit in ("", "/s")) and unit:
+            raise UsageError(f"SLO {text!r}: {what} is in " + ("samples/s" if what == "throughput" else
+                                                                "ms, s or us"))
         if what == "throughput" and op in ("<", "<=") or what != "throughput" and op in (">", ">="):
             raise UsageError(f"SLO {text!r} asks for {'less throughput' if what == 'throughput' else 'more latency'}"
                              "; write p99<=X ms or throughput>=Y")
@@ -92,15 +96,15 @@ class TuneConfig(PassConfig):
     objective: list[Literal["throughput", "latency", "cost"]] = Field(default_factory=lambda: ["throughput"],
                                                                       min_length=1)
     slo: list[str] = Field(default_factory=list)              # e.g. ["p99<=20ms", "throughput>=200"]
-    max_memory_mb: float | None = Field(default=None, gt=0)   # peak RSS of a setting (MiB)
-    trials: int = Field(default=40, ge=1, le=10_000)
-    time_budget: float | None = Field(default=None, gt=0)     # seconds for the search (this process)
-    trial_seconds: float = Field(default=1.0, gt=0, le=600)   # timed seconds per trial, after a short probe
+    max_memory_mb: float | None = Field(default=None, gt=0, allow_inf_nan=False)  # peak RSS of a setting (MiB)
+    trials: int = Field(default=40, ge=1, le=10_000, strict=True)
+    time_budget: float | None = Field(default=None, gt=0, allow_inf_nan=False)  # seconds for the search
+    trial_seconds: float = Field(default=1.0, gt=0, le=600, allow_inf_nan=False)  # timed, after a short probe
     space: dict[str, list[Any]] = Field(default_factory=dict)  # a dimension's choices (replaces the default)
     storage: str | None = None                                 # an Optuna storage URL, or journal:PATH
     study: str | None = None
-    seed: int = Field(default=0, ge=0)
-    confirm: int = Field(default=3, ge=0, le=20)              # best settings measured again for ties (0: none)
+    seed: int = Field(default=0, ge=0, strict=True)
+    confirm: int = Field(default=3, ge=0, le=20, strict=True)  # best settings measured again for ties (0: none)
 
     @field_validator("objective")
     @classmethod
@@ -113,12 +117,35 @@ class TuneConfig(PassConfig):
     @classmethod
     def _slo(cls, v: list[str]) -> list[str]:
         for text in v:
-            Slo(text)
+            try:
+                Slo(text)
+            except UsageError as e:  # a ValueError keeps the key's path for the recipe's error line
+                raise ValueError(e.message) from None
+        return v
+
+    @field_validator("space")
+    @classmethod
+    def _space(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        for name, choices in v.items():
+            try:
+                if name not in DIMENSIONS:
+                    import difflib
+
+                    close = difflib.get_close_matches(name, DIMENSIONS, n=1)
+                    raise UsageError(f"unknown tune dimension {name!r}; " + (
+                        f"did you mean {close[0]!r}?" if close else f"known: {', '.join(DIMENSIONS)}"))
+                if not choices:
+                    raise UsageError(f"tune dimension {name!r} has no choices")
+                for c in choices:
+                    _choice(name, c)
+            except UsageError as e:
+                raise ValueError(e.message) from None
         return v
 
 
 # ------------------------------------------------------------------------------------------------ the space
-def default_space(cfg: TuneConfig, batchable: bool, providers: list[str]) -> dict[str, list[Any]]:
+def default_space(cfg: TuneConfig, batchable: bool, providers: list[str],
+                  no_batch: str | None = None) -> dict[str, list[Any]]:
     cpus = os.cpu_count() or 1
     threads = sorted({2 ** i for i in range(int(math.log2(cpus)) + 1)} | {cpus})
     single = cfg.objective == ["latency"]  # one request at a time: batch and concurrency stay 1
@@ -134,18 +161,11 @@ def default_space(cfg: TuneConfig, batchable: bool, providers: list[str]) -> dic
         "cpu_mem_arena": [True, False],
         "mem_pattern": [True, False],
     }
-    for name, choices in cfg.space.items():
-        if name not in DIMENSIONS:
-            import difflib
-
-            close = difflib.get_close_matches(name, DIMENSIONS, n=1)
-            raise UsageError(f"unknown tune dimension {name!r}; " + (f"did you mean {close[0]!r}?" if close else
-                                                                      f"known: {', '.join(DIMENSIONS)}"))
-        if not choices:
-            raise UsageError(f"tune dimension {name!r} has no choices")
-        if name == "batch" and not batchable and choices != [1]:
-            raise UsageError("the model cannot batch (see the note), so --space batch cannot be searched")
-        space[name] = [_choice(name, c) for c in choices]
+    for name, choices in cfg.space.items():  # checked by TuneConfig
+        values = list(dict.fromkeys(_choice(name, c) for c in choices))
+        if name == "batch" and not batchable and values != [1]:
+            raise UsageError(f"--space batch cannot be searched: the model cannot batch ({no_batch or 'no batch axis'})")
+        space[name] = values
     return space
 
 
@@ -156,8 +176,9 @@ def _choice(name: str, value: Any) -> Any:
              "graph_optimization": ("disable", "basic", "extended", "all"), "sessions": ("shared", "per-thread")}
     text = str(value).strip().lower()
     if name in ints:
-        if not text.isdigit() or int(text) < 1:
-            raise UsageError(f"tune dimension {name}: {value!r} is not a count of 1 or more")
+        most = {"batch": 65536, "concurrency": 256}.get(name, 256)
+        if not text.isdigit() or not 1 <= int(text) <= most:
+            raise UsageError(f"tune dimension {name}: {value!r} is not a count from 1 to {most}")
         return int(text)
     if name in words:
         if text not in words[name]:
@@ -242,6 +263,8 @@ def _inputs(artifact: Artifact, settings: MeasureSettings, data) -> tuple[dict, 
     else:
         feeds = synthesized(session, settings)[0]
     session.check_feeds(feeds)
+    if not session.inputs:
+        return feeds, "it has no inputs"
     fixed = [s.name for s in session.inputs if not s.shape or isinstance(s.shape[0], int)]
     if fixed:
         return feeds, f"input {fixed[0]!r} has no dynamic first (batch) dimension"
@@ -278,16 +301,20 @@ def open_storage(url: str):
             path = url[len("journal:"):]
             if not path or not Path(path).parent.is_dir():
                 raise UsageError(f"journal storage {url!r}: the folder of {path or '(no path)'} does not exist")
-            return optuna.storages.JournalStorage(JournalFileBackend(path))
+            try:
+                return optuna.storages.JournalStorage(JournalFileBackend(path))
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                raise UsageError(f"{path} is not an Optuna journal file") from None
         if "://" not in url:
             raise UsageError(f"cannot read storage {url!r}: give a database URL (sqlite:///tune.db, "
                              "postgresql://user@host/db) or journal:PATH")
         return _rdb(url)
     except (UsageError, DependencyError):
         raise
-    except ModuleNotFoundError as e:
-        raise DependencyError(f"storage {url.split(':')[0]} needs the Python package {e.name!r}: pip install "
-                              f"{e.name}") from None
+    except ImportError as e:  # a missing database driver (optuna wraps sqlalchemy's ModuleNotFoundError)
+        missing = getattr(e.__cause__, "name", None) or getattr(e, "name", None)
+        raise DependencyError(f"storage {url.split(':')[0]} needs its database driver"
+                              + (f": pip install {missing}" if missing else f" ({first_line(e)[:120]})")) from None
     except Exception as e:  # noqa: BLE001 - sqlalchemy and drivers raise many kinds: the user's URL is wrong
         raise UsageError(f"cannot open tune storage {_redact(url)}: {first_line(e)[:200]}") from None
 
@@ -333,7 +360,8 @@ class Tuner:
         self.feeds, no_batch = model_inputs(self.artifact, self.settings, self.data)
         if no_batch:
             self.notes.append(f"batch size left out of the search: the model cannot batch ({no_batch})")
-        self.space = default_space(self.cfg, batchable=no_batch is None, providers=providers_here())
+        self.space = default_space(self.cfg, batchable=no_batch is None, providers=providers_here(),
+                                   no_batch=no_batch)
         self.left_out = {"batch": no_batch} if no_batch else {}
 
     def _study(self):
@@ -342,7 +370,10 @@ class Tuner:
         optuna.logging.set_verbosity(optuna.logging.DEBUG if log.isEnabledFor(logging.DEBUG) else optuna.logging.ERROR)
         asked = {"model_sha256": self.artifact.sha256, "space": self.space, "objective": self.cfg.objective,
                  "slo": self.cfg.slo, "max_memory_mb": self.cfg.max_memory_mb,
-                 "inputs": {k: list(np.shape(v)) for k, v in self.feeds.items()}}
+                 "inputs": {k: list(np.shape(v)) for k, v in self.feeds.items()},
+                 # the values too: another --value, other data or seed is another search
+                 "inputs_sha256": hashlib.sha256(b"".join(np.ascontiguousarray(self.feeds[k]).tobytes()
+                                                          for k in sorted(self.feeds))).hexdigest()}
         digest = hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()[:10]
         name = self.cfg.study or f"optkit-tune-{Path(self.artifact.path).stem}-{digest}"
         storage = open_storage(self.storage_url)
@@ -357,6 +388,8 @@ class Tuner:
         try:
             study = optuna.create_study(storage=storage, study_name=name, sampler=sampler, load_if_exists=True,
                                         directions=self.directions)
+        except json.JSONDecodeError:
+            raise UsageError(f"{_redact(self.storage_url)} is not an Optuna journal file") from None
         except ValueError as e:  # the stored study has other directions
             raise UsageError(f"study {name!r} in {_redact(self.storage_url)} was made for a different search "
                              f"({first_line(e)}); name a new one with --study") from None

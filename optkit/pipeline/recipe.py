@@ -23,6 +23,7 @@ from pydantic import ValidationError as PydanticValidationError
 from optkit.core.errors import DependencyError, UsageError
 from optkit.core.formats import detect_format, split_factory
 from optkit.core.registry import get_pass
+from optkit.core.shapes import MAX_DIM, MAX_ELEMENTS
 from optkit.core.stage import ConfigError, build_config, check_accepts, config_message
 from optkit.core.text import first_line
 from optkit.measure.datasets import Preprocess
@@ -33,8 +34,6 @@ RECIPE_VERSION = 1
 MAX_RECIPE_BYTES = 1 << 20     # a recipe is a page of YAML; anything this big is a mistake or an attack
 MAX_ALIASES = 100              # YAML aliases (*name); a "billion laughs" file needs many
 MAX_NODES = 100_000            # YAML nodes once every alias is expanded
-MAX_DIM = 1 << 20              # one dimension of a measurement shape
-MAX_ELEMENTS = 1 << 28         # elements of one synthesized input (1 GiB of float32)
 MAX_DEPTH = 64                 # nested mappings and lists; a recipe needs a handful
 _NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,99}")
 

@@ -244,6 +244,9 @@ def measure_settings(section):
 def _measure_stage(loaded, art, result, data, progress, *, name: str, reference=None):
     r = loaded.recipe
     settings = measure_settings(r.measure)
+    ignored = None
+    if settings.session != OrtSettings() and art.format != Format.ONNX:
+        ignored = f"measure.session (onnxruntime's options) does not apply to {art.format.value}: not used here"
     if art.format not in (Format.ONNX, Format.TRT_ENGINE):  # onnxruntime's options apply to ONNX stages
         settings = settings.model_copy(update={"provider": "cpu", "session": OrtSettings()})
     elif art.format == Format.TRT_ENGINE:
@@ -264,4 +267,6 @@ def _measure_stage(loaded, art, result, data, progress, *, name: str, reference=
         stage = input_stage(art, figures, name=name)
     else:
         stage = pass_stage(result, figures)
+    if ignored:
+        stage.notes.append(ignored)
     return stage
