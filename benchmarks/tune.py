@@ -161,7 +161,7 @@ def main() -> None:
     print("\n== targets")
     for target, figure, ok in rows:
         print(f"   {'PASS' if ok else 'MISS' if ok is False else 'INFO'}  {target}: {figure}")
-    print("   optkit profile's per-op totals against p50: benchmarks/profile.py")
+    print("   optkit profile's per-op totals against p50: benchmarks/profile_totals.py")
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ def test_per_op_totals_add_up_to_p50(tmp_path):
     assert p["ops"][0]["nodes"] == 4
     assert sum(o["ms"] for o in p["ops"]) == pytest.approx(p["total_ms"])
     assert sum(n["share"] for n in p["nodes"]) == pytest.approx(1.0)
-    # the target is 10% (benchmarks/profile.py); a loaded test machine gets some slack
+    # the target is 10% (benchmarks/profile_totals.py); a loaded test machine gets some slack
     assert 0.75 <= p["total_vs_p50"] <= 1.25, p
     assert p["total_ms"] <= p["run_ms"] * 1.05
 

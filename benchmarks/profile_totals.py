@@ -1,6 +1,6 @@
 """optkit profile: do the per-op totals add up to the p50 latency? (target: within 10%)
 
-    .venv/bin/python benchmarks/profile.py [--threads N] [--runs N]
+    .venv/bin/python benchmarks/profile_totals.py [--threads N] [--runs N]
 
 Models: the sample digits CNN (sample_models/torch_cnn.onnx), mnist.onnx (../shared/realcases), and the
 sentence encoder of tests/models_zoo (vocab 8000, width 256, 4 heads, 4 layers, as benchmarks/realmodels.py
