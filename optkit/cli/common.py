@@ -220,6 +220,9 @@ def run_single_stage(pass_name: str, model: str, output: str, config: dict, *, c
     return report
 
 
+PAIRED_LIMIT_S = 30.0  # the timing of a single-stage command's input against its output, all trials
+
+
 def _paired_latency(source, output, settings, eval_data, before: dict, stage) -> None:
     """Time the input and the output call by call in one process (measure.paired): each stage gets its
     latency, and the pass's stage the ratio with its confidence interval; a change inside the noise reads
@@ -228,7 +231,8 @@ def _paired_latency(source, output, settings, eval_data, before: dict, stage) ->
     from optkit.measure.paired import describe, paired_latency
 
     try:
-        paired = paired_latency(source, output, settings, data=eval_data)
+        # bounded: a command on a large model spends seconds on timing, not minutes (at least 5 pairs a trial)
+        paired = paired_latency(source, output, settings, data=eval_data, limit_s=PAIRED_LIMIT_S)
     except OptkitError:
         before["latency"] = measure(source, settings, data=eval_data)["latency"]
         stage.measurements["latency"] = measure(output, settings, data=eval_data)["latency"]
