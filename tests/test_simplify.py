@@ -92,3 +92,19 @@ def test_not_onnx(cli, tmp_path):
     r = cli("simplify", bad, "-o", tmp_path / "s.onnx")
     assert r.rc == 2
     one_error_line(r)
+
+
+def test_a_model_without_inputs_is_simplified_and_checked(cli, tmp_path):
+    """It runs once (its outputs are constants); it used to stop with "no sample to run"."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    c = helper.make_tensor("c", TensorProto.FLOAT, [2, 3], [-1, 2, -3, 4, -5, 6])
+    graph = helper.make_graph([helper.make_node("Constant", [], ["k"], value=c), helper.make_node("Relu", ["k"], ["y"])],
+                              "g", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    model = tmp_path / "noinputs.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), model)
+    r = cli("simplify", model, "-o", tmp_path / "s.onnx")
+    assert r.rc == 0, r.err
+    assert "on 1 inputs" in r.out.replace("\n", " ") or "on 1 input" in r.out.replace("\n", " ")
+    onnx.checker.check_model(str(tmp_path / "s.onnx"))

@@ -133,7 +133,10 @@ def run_batched(run: Callable[[dict], list], specs: list, feeds: dict[str, np.nd
     When every input is batched and the model's batch is dynamic or one fixed size, samples go `batch` at a
     time (exactly the fixed size when it has one; samples that would not fill the last call are an error,
     never dropped in silence: `trim` first to drop them on purpose) and outputs join on their first axis.
-    Otherwise each sample is one call, and outputs are stacked on a new sample axis."""
+    Otherwise each sample is one call, and outputs are stacked on a new sample axis. A model without inputs
+    runs once."""
+    if not specs and not feeds:
+        return [np.asarray(o) for o in run({})]
     n = count(feeds)
     by_name = {s.name: s for s in specs}
     layouts = {k: layout(by_name[k], np.shape(v)[1:]) if k in by_name else "batched" for k, v in feeds.items()}
