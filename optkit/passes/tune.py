@@ -395,10 +395,11 @@ class Tuner:
                              f"({first_line(e)}); name a new one with --study") from None
         except Exception as e:  # noqa: BLE001 - the storage cannot be written or read
             raise UsageError(f"cannot use tune storage {_redact(self.storage_url)}: {first_line(e)[:200]}") from None
+        asked = json.loads(json.dumps(asked))  # as storage gives it back (lists, string keys)
         stored = study.user_attrs.get("optkit")
         if stored is None:
-            study.set_user_attr("optkit", json.loads(json.dumps(asked)))
-        elif stored != json.loads(json.dumps(asked)):
+            study.set_user_attr("optkit", asked)
+        elif stored != asked:
             differs = [k for k in asked if json.dumps(stored.get(k), sort_keys=True) !=
                        json.dumps(asked[k], sort_keys=True)]
             raise UsageError(f"study {name!r} in {_redact(self.storage_url)} was made for a different search "

@@ -90,6 +90,27 @@ def bar_chart(title: str, labels: list[str], values: list, unit: str, errors: li
     return f'<div class="plot"><h3>{escape(title)}</h3>{"".join(parts)}</div>'
 
 
+def _grid(xt: list[float], yt: list[float], sx, sy, left: float, top: float, pw: float, ph: float) -> list[str]:
+    """A plot's grid lines and tick labels at the ticks, and its frame."""
+    out = []
+    for t in xt:
+        out.append(f'<line x1="{sx(t):.1f}" x2="{sx(t):.1f}" y1="{top}" y2="{top + ph}" stroke="#eee"/>')
+        out.append(f'<text x="{sx(t):.1f}" y="{top + ph + 14}" font-size="10" text-anchor="middle" fill="#666">{t:g}</text>')
+    for t in yt:
+        out.append(f'<line x1="{left}" x2="{left + pw}" y1="{sy(t):.1f}" y2="{sy(t):.1f}" stroke="#eee"/>')
+        out.append(f'<text x="{left - 6}" y="{sy(t) + 4:.1f}" font-size="10" text-anchor="end" fill="#666">{t:g}</text>')
+    out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>')
+    return out
+
+
+def _labels(x: str, y: str, left: float, top: float, pw: float, ph: float, height: float) -> list[str]:
+    """A plot's axis titles."""
+    return [f'<text x="{left + pw / 2}" y="{height - 6}" font-size="11" text-anchor="middle" fill="#444">'
+            f'{escape(x)}</text>',
+            f'<text transform="translate(14 {top + ph / 2}) rotate(-90)" font-size="11" text-anchor="middle" '
+            f'fill="#444">{escape(y)}</text>']
+
+
 def scatter(stages: list[Stage], width: int = 520, height: int = 300) -> str:
     """Accuracy vs p50 latency; the marker's area follows the model size."""
     pts = []
@@ -114,13 +135,7 @@ def scatter(stages: list[Stage], width: int = 520, height: int = 300) -> str:
     smax = max((p[3] or 0) for p in pts) or 1
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
            f'aria-label="accuracy vs latency">']
-    for t in xt:
-        out.append(f'<line x1="{sx(t):.1f}" x2="{sx(t):.1f}" y1="{top}" y2="{top + ph}" stroke="#eee"/>')
-        out.append(f'<text x="{sx(t):.1f}" y="{top + ph + 14}" font-size="10" text-anchor="middle" fill="#666">{t:g}</text>')
-    for t in yt:
-        out.append(f'<line x1="{left}" x2="{left + pw}" y1="{sy(t):.1f}" y2="{sy(t):.1f}" stroke="#eee"/>')
-        out.append(f'<text x="{left - 6}" y="{sy(t) + 4:.1f}" font-size="10" text-anchor="end" fill="#666">{t:g}</text>')
-    out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>')
+    out += _grid(xt, yt, sx, sy, left, top, pw, ph)
     for name, x, y, size, i in pts:
         r = 5 + 17 * ((size or 0) / smax) ** 0.5
         color = PALETTE[i % len(PALETTE)]
@@ -128,10 +143,7 @@ def scatter(stages: list[Stage], width: int = 520, height: int = 300) -> str:
                    f'stroke="{color}"><title>{escape(name)}: {x:.4g} ms, {y:.4f}, '
                    f'{(size or 0):.3g} MB</title></circle>')
         out.append(f'<text x="{sx(x) + r + 3:.1f}" y="{sy(y) + 4:.1f}" font-size="11">{escape(name)}</text>')
-    out.append(f'<text x="{left + pw / 2}" y="{height - 6}" font-size="11" text-anchor="middle" fill="#444">'
-               f'p50 latency (ms)</text>')
-    out.append(f'<text transform="translate(14 {top + ph / 2}) rotate(-90)" font-size="11" text-anchor="middle" '
-               f'fill="#444">accuracy</text>')
+    out += _labels("p50 latency (ms)", "accuracy", left, top, pw, ph, height)
     out.append("</svg>")
     return ('<div class="plot"><h3>Accuracy vs latency (marker area: size)</h3>' + "".join(out) + "</div>")
 
@@ -154,13 +166,7 @@ def pareto(stage: Stage, width: int = 520, height: int = 320) -> str:
     sy = lambda v: top + ph - ph * v / y1  # noqa: E731
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
            f'aria-label="throughput vs latency of the tune trials">']
-    for t in xt:
-        out.append(f'<line x1="{sx(t):.1f}" x2="{sx(t):.1f}" y1="{top}" y2="{top + ph}" stroke="#eee"/>')
-        out.append(f'<text x="{sx(t):.1f}" y="{top + ph + 14}" font-size="10" text-anchor="middle" fill="#666">{t:g}</text>')
-    for t in yt:
-        out.append(f'<line x1="{left}" x2="{left + pw}" y1="{sy(t):.1f}" y2="{sy(t):.1f}" stroke="#eee"/>')
-        out.append(f'<text x="{left - 6}" y="{sy(t) + 4:.1f}" font-size="10" text-anchor="end" fill="#666">{t:g}</text>')
-    out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>')
+    out += _grid(xt, yt, sx, sy, left, top, pw, ph)
     front = sorted((p for p in pts if p[3]), key=lambda p: p[0])
     if len(front) > 1:
         path = " ".join(f"{sx(p[0]):.1f},{sy(p[1]):.1f}" for p in front)
@@ -174,10 +180,7 @@ def pareto(stage: Stage, width: int = 520, height: int = 320) -> str:
         if number == best:
             out.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="9" fill="none" stroke="#222" '
                        f'stroke-width="1.5"/>')
-    out.append(f'<text x="{left + pw / 2}" y="{height - 6}" font-size="11" text-anchor="middle" fill="#444">'
-               f'p50 latency per request (ms)</text>')
-    out.append(f'<text transform="translate(14 {top + ph / 2}) rotate(-90)" font-size="11" text-anchor="middle" '
-               f'fill="#444">throughput (samples/s)</text>')
+    out += _labels("p50 latency per request (ms)", "throughput (samples/s)", left, top, pw, ph, height)
     out.append("</svg>")
     return (f'<div class="plot"><h3>{escape(stage.name)}: throughput vs latency per trial (line: Pareto front; '
             f'ringed: chosen; hollow: misses the SLO)</h3>' + "".join(out) + "</div>")
