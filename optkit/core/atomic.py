@@ -8,7 +8,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from optkit.core import interrupts
@@ -64,6 +64,17 @@ def check_outputs(outputs: dict[str, str | os.PathLike | None], inputs: Iterable
         if key in seen:
             raise UsageError(f"{flag} and {seen[key]} name the same file {dest}; give each its own path")
         seen[key] = flag
+
+
+def check_side_output(dest: str | os.PathLike, *, ours: Callable[[Path], bool], inputs: Iterable = (),
+                      what: str = "output") -> Path:
+    """check_output_path for a file optkit writes without being asked for it by name (a model kept aside, a
+    study database): it may replace an existing file only when `ours(dest)` recognises optkit's own."""
+    dest = check_output_path(dest, inputs=inputs, what=what)
+    if dest.exists() and not ours(dest):
+        raise UsageError(f"{what} would be written to {dest}, which exists and was not written by optkit; "
+                         "move it away or choose another output name")
+    return dest
 
 
 def _same_file(dest: Path, src) -> bool:

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from optkit.core.atomic import atomic_path
+from optkit.core.atomic import atomic_path, check_side_output
 
 
 @dataclass(frozen=True)
@@ -88,12 +88,48 @@ class Candidate:
         return d
 
 
-def keep_rejected(cand: Candidate, output: Path) -> Path:
-    """Write the best candidate that missed a budget beside the output, under a name that says so
-    (`model.REJECTED.onnx`); the output itself is never written."""
-    suffix = output.suffix or ".onnx"
-    dest = output.with_name(f"{output.stem}.REJECTED{suffix}")
+REJECTED_KEY = "optkit.rejected"  # metadata that marks a model optkit kept aside (and may replace)
+
+
+def rejected_path(output: Path) -> Path:
+    """Where a result that missed a budget is kept: beside the output, under a name that says so."""
+    output = Path(output)
+    return output.with_name(f"{output.stem}.REJECTED{output.suffix or '.onnx'}")
+
+
+def check_rejected_path(output: Path, inputs=()) -> Path:
+    """Before any work: the kept-aside file may be written (not an input, not a file optkit did not write)."""
+    return check_side_output(rejected_path(output), ours=_kept_aside, inputs=inputs, what="the rejected model")
+
+
+def keep_rejected(cand: Candidate, output: Path, reason: str) -> Path:
+    """Write the best candidate that missed a budget as `model.REJECTED.onnx`, marked in its metadata as
+    optkit's (so a later run may replace it, and no one else's file ever is); the output itself is never
+    written."""
+    import onnx
+
+    dest = check_rejected_path(output)
+    model = onnx.load(str(cand.path), load_external_data=False)
+    _set_prop(model, REJECTED_KEY, reason[:500])
     with atomic_path(dest) as tmp:
-        tmp.write_bytes(Path(cand.path).read_bytes())
+        onnx.save(model, str(tmp))
     cand.rejected_file = str(dest)
     return dest
+
+
+def _set_prop(model, key: str, value: str) -> None:
+    for prop in model.metadata_props:
+        if prop.key == key:
+            prop.value = value
+            return
+    model.metadata_props.add(key=key, value=value)
+
+
+def _kept_aside(path: Path) -> bool:
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # noqa: BLE001 - not ONNX at all: certainly not ours
+        return False
+    return any(p.key == REJECTED_KEY for p in model.metadata_props)

@@ -510,7 +510,7 @@ class Quantizer:
         fits = [c for c in pool if cfg.max_size_ratio is None or c.ratio <= cfg.max_size_ratio + 1e-12]
         if not fits:
             best = min(pool, key=lambda c: c.bytes)
-            dest = keep_rejected(best, self.ctx.output)
+            dest = keep_rejected(best, self.ctx.output, "missed the size budget")
             raise ValidationError(
                 f"no {self.mode} candidate met the size budget ({best.ratio:.3f}x of the parent at best, budget "
                 f"{cfg.max_size_ratio:g}x); the smallest was kept as {dest}",
@@ -586,7 +586,7 @@ class Quantizer:
         if cfg.allow_slower:
             self.ctx.warn(msg + "; written anyway (--allow-slower)")
             return
-        dest = keep_rejected(chosen, self.ctx.output)
+        dest = keep_rejected(chosen, self.ctx.output, "slower than its parent")
         raise ValidationError(msg + f"; kept as {dest}. Pass --allow-slower to accept it (e.g. for size), "
                               "or keep the model float", details={"candidates": [c.public() for c in self.candidates],
                                                                  "rejected": str(dest)})
@@ -659,7 +659,7 @@ class Quantizer:
                 f"{self.mode} quantization moved the outputs past the tolerance: {self._figures(best)}{of}; "
                 f"the model was not written. Rerun with --fallback to keep the most sensitive nodes in float, "
                 f"or loosen --tolerance", details={"candidates": [c.public() for c in self.candidates]})
-        dest = keep_rejected(best, self.ctx.output)
+        dest = keep_rejected(best, self.ctx.output, f"missed the {self.budget_kind} budget")
         return ValidationError(
             f"no {self.mode} candidate met the budget ({self.budget_kind} {self.budget:g}) after {len(tried)} tries; "
             f"the best ({best.settings.label()}, {len(best.float_nodes)} nodes in float: {self._figures(best)}) "
