@@ -5,8 +5,18 @@ The Python API mirrors the CLI. Names are imported lazily so `import optkit` sta
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 
 __version__ = "0.1.0"
+
+# optkit sends nothing over the network. onnxruntime's Linux builds start Microsoft's telemetry (a session file
+# in $TMPDIR, a device id under ~/.cache, look-ups of the collector's host) when the library is imported, and
+# only this variable, set before that import, stops it; children inherit it. A caller that imported
+# onnxruntime first still gets its events switched off.
+os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+if "onnxruntime" in sys.modules:
+    sys.modules["onnxruntime"].disable_telemetry_events()
 
 _EXPORTS = {
     "Artifact": "optkit.core.artifact",

@@ -12,7 +12,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from optkit.core.artifact import Artifact
 from optkit.core.batching import call_as_samples, first_call
 from optkit.core.errors import OptkitError, UsageError
-from optkit.core.formats import Format
 from optkit.core.isolate import run_isolated
 from optkit.core.text import first_line
 from optkit.measure import memory
@@ -23,8 +22,8 @@ from optkit.measure.fidelity import attention_mask, compare_outputs
 from optkit.measure.inputs import probe, synthesize
 from optkit.measure.latency import measure_latency
 from optkit.measure.size import measure_size
-from optkit.onnx.session import OrtSettings, warm_onnxruntime
-from optkit.runtimes.base import open_session
+from optkit.onnx.session import OrtSettings
+from optkit.runtimes.base import open_session, warm_runtime
 
 log = logging.getLogger(__name__)
 
@@ -125,8 +124,7 @@ def measure(artifact: Artifact, settings: MeasureSettings | None = None, *, late
 def _measure(artifact: Artifact, settings: MeasureSettings, latency: bool, data: DataSpec | None,
              metric: str | None, reference: Artifact | None) -> dict:
     result: dict[str, Any] = {"size": measure_size(artifact)}
-    if artifact.format == Format.ONNX:
-        warm_onnxruntime()  # the runtime's own start-up is not the model's memory
+    warm_runtime(artifact.format)  # the runtime's own start-up is not the model's memory
     baseline = memory.rss_bytes()
     session = settings.open(artifact)
     loaded = memory.rss_bytes()

@@ -53,34 +53,53 @@ class Session:
     def close(self) -> None:
         pass
 
+    @classmethod
+    def warm(cls) -> None:
+        """Load the runtime itself (libraries, allocators), so memory measured afterwards is the model's own."""
+
 
 def open_session(artifact: Artifact, provider: str = "cpu", threads: int | None = None,
                  ort_settings=None) -> Session:
     """Load `artifact` on its own runtime; `ort_settings` (onnx.session.OrtSettings) apply to ONNX models."""
     fmt = artifact.format
     log.debug("opening %s (%s) on %s", artifact.path, fmt.value, provider)
+    cls = session_class(fmt)
     if fmt == Format.ONNX:
-        from optkit.runtimes.onnx import OnnxSession
-
-        return OnnxSession(artifact, provider=provider, threads=threads, ort_settings=ort_settings)
+        return cls(artifact, provider=provider, threads=threads, ort_settings=ort_settings)
     if ort_settings is not None and ort_settings.model_dump(exclude_none=True):
         raise UsageError(f"onnxruntime session options apply to ONNX models; {artifact.path} is {fmt.value}")
     if provider not in ("cpu", "auto") and fmt != Format.TRT_ENGINE:
         raise UsageError(f"--provider {provider} applies to ONNX models; {artifact.path} is {fmt.value}")
+    if fmt == Format.TRT_ENGINE:
+        return cls(artifact)
+    return cls(artifact, threads=threads)
+
+
+def warm_runtime(fmt: Format) -> None:
+    """Start the runtime that runs `fmt` before a memory baseline is taken (TensorFlow's import alone is
+    hundreds of MiB, which is not a TFLite model's memory)."""
+    session_class(fmt).warm()
+
+
+def session_class(fmt: Format) -> type[Session]:
+    if fmt == Format.ONNX:
+        from optkit.runtimes.onnx import OnnxSession
+
+        return OnnxSession
     if fmt == Format.TFLITE:
         from optkit.runtimes.tflite import TFLiteSession
 
-        return TFLiteSession(artifact, threads=threads)
+        return TFLiteSession
     if fmt in (Format.TORCHSCRIPT, Format.TORCH_EXPORT, Format.TORCH_MODULE):
         from optkit.runtimes.torch import TorchSession
 
-        return TorchSession(artifact, threads=threads)
+        return TorchSession
     if fmt in (Format.KERAS, Format.TF_SAVEDMODEL):
         from optkit.runtimes.tf import TFSession
 
-        return TFSession(artifact, threads=threads)
+        return TFSession
     if fmt == Format.TRT_ENGINE:
         from optkit.runtimes.tensorrt import TensorRTSession
 
-        return TensorRTSession(artifact)
+        return TensorRTSession
     raise UsageError(f"no runtime for format {fmt.value}")

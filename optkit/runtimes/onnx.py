@@ -7,7 +7,14 @@ from optkit.core.artifact import Artifact
 from optkit.core.cachedir import cache_dir
 from optkit.core.errors import DependencyError, UsageError
 from optkit.core.text import first_line
-from optkit.onnx.session import OrtSettings, check_feedable, session_options, spec_of, with_hints
+from optkit.onnx.session import (
+    OrtSettings,
+    check_feedable,
+    session_options,
+    spec_of,
+    warm_onnxruntime,
+    with_hints,
+)
 from optkit.runtimes.base import Session
 
 PROVIDERS = {
@@ -32,6 +39,10 @@ def provider_list(provider: str) -> list:
 
 class OnnxSession(Session):
     runtime = "onnxruntime"
+
+    @classmethod
+    def warm(cls) -> None:
+        warm_onnxruntime()
 
     def __init__(self, artifact: Artifact, provider: str = "cpu", threads: int | None = None,
                  ort_settings: OrtSettings | None = None):

@@ -385,6 +385,10 @@ class TensorRTSession(Session):
     runtime = "tensorrt"
     provider = "tensorrt"
 
+    @classmethod
+    def warm(cls) -> None:
+        import_tensorrt()
+
     def __init__(self, artifact: Artifact, cuda_graphs: bool | None = None):
         trt = import_tensorrt()
         self.trt = trt

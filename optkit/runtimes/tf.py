@@ -148,6 +148,10 @@ def _spec_shape(shape) -> list:
 class TFSession(Session):
     runtime = "tensorflow"
 
+    @classmethod
+    def warm(cls) -> None:
+        import_tf().zeros([1])  # the import and the eager runtime's first op
+
     def __init__(self, artifact: Artifact, threads: int | None = None):
         tf = import_tf()
         if threads:

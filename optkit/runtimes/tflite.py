@@ -30,6 +30,10 @@ def interpreter_class():
 class TFLiteSession(Session):
     runtime = "tflite"
 
+    @classmethod
+    def warm(cls) -> None:
+        interpreter_class()
+
     def __init__(self, artifact: Artifact, threads: int | None = None):
         Interpreter = interpreter_class()
 

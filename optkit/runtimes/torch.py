@@ -192,6 +192,12 @@ def _torch_dtype_name(dt) -> str:
 class TorchSession(Session):
     runtime = "torch"
 
+    @classmethod
+    def warm(cls) -> None:
+        import torch
+
+        torch.zeros(1) + 1  # the import and the first kernel
+
     def __init__(self, artifact: Artifact, threads: int | None = None, shapes: dict | None = None):
         import torch
 
