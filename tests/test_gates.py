@@ -7,7 +7,7 @@ import math
 import pytest
 
 from optkit.core.errors import UsageError
-from optkit.pipeline.gates import check_gates_plan, evaluate, parse_gate, parse_gates
+from optkit.pipeline.gates import check_gates_plan, evaluate, parse_gate, parse_gates, verdict
 from optkit.report.schema import ArtifactRef, Report, Stage
 
 from conftest import one_error_line
@@ -86,11 +86,12 @@ def test_baseline_gates_use_normalised_latency_and_noise():
     assert res[0].value == pytest.approx(20.0)
 
 
-def test_regression_within_noise_is_not_a_failure():
+def test_regression_within_noise_cannot_be_judged():
     base = report(stage("m", p50=1.0, ci=10, norm=1.0, norm_ci=10))
     cur = report(stage("m", p50=1.12, ci=10, norm=1.12, norm_ci=10))   # +12% but noise is ±~16%
     (r,) = evaluate(cur, parse_gates(["latency_regression_pct <= 10"]), base)
-    assert r.passed and r.value == pytest.approx(12.0) and "noise" in r.detail
+    assert not r.passed and verdict(r) == "cannot judge" and r.value == pytest.approx(12.0)
+    assert r.detail.startswith("cannot judge: the noise (±15.8%) is wider than the margin (2%)")
     quiet = report(stage("m", p50=1.12, ci=0.5, norm=1.12, norm_ci=0.5))
     quiet_base = report(stage("m", p50=1.0, ci=0.5, norm=1.0, norm_ci=0.5))
     (r,) = evaluate(quiet, parse_gates(["latency_regression_pct <= 10"]), quiet_base)
@@ -184,10 +185,15 @@ def test_regression_gate_uses_both_sides_trials():
     (slow,) = evaluate(report(trial_stage("m", [t * 1.2 for t in BASE_TRIALS])), gate, base)
     assert not slow.passed and slow.value == pytest.approx(20.0, abs=0.5) and slow.margin < 0
     assert "normalised (mlp16x256+mlp32x256)" in slow.detail and "8+8 trials" in slow.detail
-    # +15% over the threshold but the trials overlap so much that the slowdown is not above the noise: pass
+    # +15% over the threshold but the trials overlap so much that the slowdown is not above the noise: that is
+    # not a pass (there is no benefit of the doubt), it cannot be judged
     noisy = [0.7, 1.5, 0.9, 1.4, 1.0, 1.6, 0.8, 1.3]
     (r,) = evaluate(report(trial_stage("m", [t * 1.15 for t in noisy])), gate, report(trial_stage("m", noisy)))
-    assert r.passed and r.value > 10 and r.margin > 0
+    assert not r.passed and verdict(r) == "cannot judge" and r.value > 10 and r.margin < 0
+    assert "95% CI" in r.detail and "measure longer or on a quieter runner" in r.detail
+    # the same noise around an unchanged model: the interval holds 10% too, so it cannot be judged either
+    (r,) = evaluate(report(trial_stage("m", list(reversed(noisy)))), gate, report(trial_stage("m", noisy)))
+    assert verdict(r) == "cannot judge" and r.value == pytest.approx(0.0) and r.margin == pytest.approx(10.0)
 
 
 def test_regression_gate_compares_only_a_shared_reference_rung():
