@@ -43,7 +43,11 @@ with one trial), for speedup the two stages' half-widths combined. Figures witho
 accuracy, fidelity, memory, throughput under load) have a band of zero width: plain pass or fail. A
 regression gate on an unchanged model stays a pass as long as the upper end of the interval is under the
 threshold: the interval is that of a shift estimate over all trial pairs, a few % wide on a shared machine
-(benchmarks/gate_stability.py measures both sides of this).
+(benchmarks/gate_stability.py measures both sides of this). On a heavily overloaded machine (a load average
+several times its cores) machine normalisation does not cancel all of the contention: an unchanged model can
+measure up to ~+10% against a baseline taken in a quiet moment, and its gate then says "cannot judge", which
+is what the measurement supports (it used to pass on the point estimate, and missed real regressions the same
+way).
 """
 from __future__ import annotations
 
