@@ -1,4 +1,11 @@
-"""Run a measurement in a child process, so a runtime that aborts cannot take optkit down."""
+"""Run a measurement in a child process, so a runtime that aborts cannot take optkit down.
+
+The child's temporary files: the parent makes a folder for it (its $TMPDIR, tempfile's folder and the caches
+of core.tmp.CACHES) and removes it once the child is gone, on every exit path, even when the child had to be
+killed. A child asked to stop (SIGTERM: the parent was interrupted) unwinds, so its own `finally` blocks and
+temporary folders run their cleanup, and exits by SIGTERM without reporting; the parent waits up to
+STOP_GRACE_S for it, then kills it.
+"""
 from __future__ import annotations
 
 import logging
@@ -10,41 +17,36 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from optkit.core import logs
-from optkit.core.errors import OptkitError, PassError
+from optkit.core import interrupts, logs, tmp
+from optkit.core.errors import OptkitError, PassError, Terminated
 from optkit.core.text import first_line
 
 log = logging.getLogger(__name__)
 
 _HEAVY = ("torch", "tensorflow")
+STOP_GRACE_S = 5.0  # how long a child asked to stop (SIGTERM) may take to clean up before it is killed
 
 
-def run_isolated(fn: Callable[..., Any], *args: Any, what: str, **kwargs: Any) -> Any:
+class TimedOut(PassError):
+    """The child did not answer within run_isolated's `timeout` and was stopped."""
+
+
+def run_isolated(fn: Callable[..., Any], *args: Any, what: str, timeout: float | None = None, **kwargs: Any) -> Any:
     """Call fn(*args, **kwargs) in a child process and return its result.
 
-    A child that dies (segfault, abort, out of memory) becomes a PassError (exit 3) naming `what`.
-    Set OPTKIT_ISOLATE=0 to run in-process (debugging).
+    A child that dies (segfault, abort, out of memory) becomes a PassError (exit 3) naming `what`; one that has
+    not answered after `timeout` seconds is stopped (TimedOut, a PassError). Set OPTKIT_ISOLATE=0 to run
+    in-process (debugging; no timeout).
     """
     if os.environ.get("OPTKIT_ISOLATE", "1") == "0":
         return fn(*args, **kwargs)
     # fork is fast and safe while no framework with its own threads is loaded; else spawn
     method = "spawn" if any(m in sys.modules for m in _HEAVY) else "fork"
-    ctx = mp.get_context(method)
-    recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(send, fn, args, kwargs), daemon=True)
-    proc.start()
-    log.debug("%s: child %s (%s)", what, proc.pid, method)
-    send.close()
+    folder = tmp.make("optkit-child-")
     try:
-        status, payload = recv.recv()
-    except EOFError:
-        proc.join()
-        raise PassError(f"the runtime crashed while {what} ({_describe(proc.exitcode)}); "
-                        "the model is probably malformed or unsupported") from None
-    except BaseException:  # Ctrl-C or SIGTERM in the parent: stop the child too, then go on unwinding
-        _stop(proc)
-        raise
-    proc.join()
+        status, payload = _call(mp.get_context(method), fn, args, kwargs, folder, what, timeout)
+    finally:
+        tmp.remove(folder)  # the child is gone: what it left in its temporary folder goes too
     if status == "ok":
         return payload
     if isinstance(payload, OptkitError):
@@ -55,32 +57,83 @@ def run_isolated(fn: Callable[..., Any], *args: Any, what: str, **kwargs: Any) -
     raise err
 
 
+def _call(ctx, fn, args, kwargs, folder, what: str, timeout: float | None):
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(send, fn, args, kwargs, str(folder)), daemon=True)
+    proc.start()
+    log.debug("%s: child %s (%s)", what, proc.pid, ctx.get_start_method())
+    send.close()
+    try:
+        if timeout is not None and not recv.poll(max(0.0, timeout)):
+            _stop(proc)
+            raise TimedOut(f"{what} did not finish within {timeout:.1f} s")
+        status, payload = recv.recv()
+    except EOFError:
+        proc.join()
+        interrupts.check()  # the child died of the same Ctrl-C or SIGTERM as the parent: that is the story
+        raise PassError(f"the runtime crashed while {what} ({_describe(proc.exitcode)}); "
+                        "the model is probably malformed or unsupported") from None
+    except TimedOut:
+        raise
+    except BaseException:  # Ctrl-C or SIGTERM in the parent: stop the child too, then go on unwinding
+        _stop(proc)
+        raise
+    proc.join()
+    return status, payload
+
+
 def _stop(proc) -> None:
     proc.terminate()
-    proc.join(5)
+    proc.join(STOP_GRACE_S)
     if proc.is_alive():
         proc.kill()
         proc.join()
 
 
-def _child(send, fn, args, kwargs) -> None:
-    # the parent decides about interrupts: a terminal's Ctrl-C reaches the whole process group, and the
-    # parent's SIGTERM handler (inherited through fork) must not make the child report an error
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    logs.configure_from_env()
+class _Stopped(Terminated):
+    """SIGTERM in the child: unwind (cleanup runs), then exit by the signal without reporting."""
+
+
+_stopping = False  # the child got SIGTERM
+
+
+def _on_sigterm(signum, frame):
+    global _stopping
+    _stopping = True
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: a second one must not interrupt the cleanup
+    raise _Stopped()
+
+
+def _child(send, fn, args, kwargs, folder: str) -> None:
+    # the parent decides about interrupts: a terminal's Ctrl-C reaches the whole process group; SIGTERM (the
+    # parent stopping it, or a kill of the group) unwinds the call, so its `finally` blocks and temporary
+    # folders clean up, and the child then ends by SIGTERM without a word
+    global _stopping
     try:
-        result = ("ok", fn(*args, **kwargs))
-    except OptkitError as e:
-        result = ("err", e)
-    except BaseException as e:  # anything else crosses as text: it may not pickle
-        result = ("exc", (f"{type(e).__name__}: {first_line(e)}" if str(e).strip() else type(e).__name__,
-                          traceback.format_exc()))
-    try:
-        send.send(result)
-        send.close()
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        tmp.point_to(folder)
+        logs.configure_from_env()
+        try:
+            result = ("ok", fn(*args, **kwargs))
+        except OptkitError as e:
+            result = ("err", e)
+        except BaseException as e:  # anything else crosses as text: it may not pickle
+            result = ("exc", (f"{type(e).__name__}: {first_line(e)}" if str(e).strip() else type(e).__name__,
+                              traceback.format_exc()))
+        if not _stopping:
+            send.send(result)
+    except KeyboardInterrupt:  # _Stopped outside fn (or SIGTERM before our handler was set)
+        _stopping = True
     except (BrokenPipeError, OSError):
         pass  # the parent is gone (interrupted): nobody to tell
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # nothing of ours left to clean: the parent removes `folder`
+    try:
+        send.close()
+    except OSError:
+        pass
+    if _stopping:
+        os.kill(os.getpid(), signal.SIGTERM)  # as SIGTERM would have ended it: the parent sees EOF, code -15
 
 
 def _describe(code: int | None) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from optkit.core import trust
+from optkit.core import tmp, trust
 from optkit.core.artifact import Artifact
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format, split_factory
@@ -51,6 +51,7 @@ def load_factory(spec: str):
 def load_torch_model(artifact: Artifact):
     """The torch.nn.Module (eval mode) behind a torch artifact, and its example inputs if it declares any."""
     require_extra("torch", "loading a PyTorch model")
+    tmp.own_tempdir()  # torch's compilers cache in $TMPDIR (torchinductor_<user>): keep that in optkit's folder
     import torch
 
     examples = None
@@ -85,6 +86,7 @@ def load_program(path: str):
     """torch.export.load without pickle: unless the user trusts the file, torch.load is forced to weights_only."""
     import pickle
 
+    tmp.own_tempdir()
     import torch
 
     try:
@@ -194,6 +196,7 @@ class TorchSession(Session):
 
     @classmethod
     def warm(cls) -> None:
+        tmp.own_tempdir()
         import torch
 
         torch.zeros(1) + 1  # the import and the first kernel
