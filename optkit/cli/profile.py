@@ -22,11 +22,13 @@ def register(app: typer.Typer) -> None:
         data: Optional[str] = typer.Option(None, "--data", help="Feed the first sample of this data instead of random."),
         compare: Optional[str] = typer.Option(None, "--compare",
                                               help="A second ONNX model (e.g. its INT8 copy), side by side."),
-        trace: Optional[str] = typer.Option(None, "--trace", help="Write the Chrome trace (Perfetto, chrome://tracing)."),
+        trace: Optional[str] = typer.Option(None, "--trace", help="Write the Chrome trace (Perfetto, chrome://tracing): "
+                                            "at most 100 MB, whole profiled calls, the first that fit."),
         logdir: Optional[str] = typer.Option(None, "--logdir",
                                              help="Keras / SavedModel: write a TensorBoard profile log (tf.profiler)."),
         top: int = typer.Option(10, "--top", min=1, help="Op types and nodes shown."),
-        runs: int = typer.Option(50, "--runs", min=1, help="Profiled calls (after 10 warm-up calls)."),
+        runs: int = typer.Option(50, "--runs", min=1, help="Profiled calls (after 10 warm-up calls); fewer on a large "
+                                 "graph: nodes x calls stays under 200,000 (the output says so)."),
         threads: Optional[int] = options.THREADS,
         shape: Optional[list[str]] = options.SHAPE,
         value: Optional[list[str]] = options.VALUE,
@@ -140,6 +142,9 @@ def _print_onnx(r: dict, top: int) -> None:
             con.print("float compute in a quantized model: none (or neither model runs quantized kernels)")
         con.print(_summary_line(r, "a: "))
         con.print(_summary_line(c["profile"], "b: "))
+    for label, p in (("", r),) if c is None else (("a: ", r), ("b: ", c["profile"])):
+        for note in p.get("notes", []):
+            con.print(f"note: {label}{note}")
     if r.get("trace"):
         con.print(f"Chrome trace: {r['trace']} (open in https://ui.perfetto.dev or chrome://tracing)")
 

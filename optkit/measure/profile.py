@@ -13,15 +13,22 @@ thread pool), which on a model of microsecond kernels is most of the figure. It 
 hand, in the same process with the same session options (calibrate_overhead: a chain of cheap Relus timed
 plain and profiled), and taken off each kernel event (floored at 0); the raw figures are kept beside the
 corrected ones (`raw_ms`, `total_raw_ms`, `profiler_overhead_us_per_kernel`).
+
+Bounds: onnxruntime keeps every event in memory until the profile ends and writes about 600 bytes of JSON per
+kernel run, so a profiled session records at most EVENT_BUDGET kernel runs (the graph's nodes x its calls,
+warm-up included): a large graph gets fewer calls (plan_calls; the result's `notes` say so), and one too large
+for even two calls is refused. The profile file is read one event at a time (iter_events) and summarized call
+by call, never loaded whole; the Chrome trace (`--trace`) holds whole profiled calls, as many as fit in
+TRACE_CAP_BYTES.
 """
 from __future__ import annotations
 
-import bisect
 import json
 import shutil
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +50,10 @@ CAL_NODES = 64      # the calibration chain: this many Relus on a [1, 16] tensor
 CAL_REPEATS = 5     # calibrations, of which the median is taken
 CAL_CALLS = 200     # timed plain calls per calibration (and profiled calls: half of it)
 _OVERHEAD: dict[Any, dict[str, float]] = {}   # per process: calibrate_overhead's figures by session options
+EVENT_BUDGET = 200_000     # kernel runs (nodes x calls, warm-up included) one profiled session may record
+ORT_EVENT_LIMIT = 1_000_000  # onnxruntime's profiler drops every event past this many
+TRACE_CAP_BYTES = 100 * 2**20  # the Chrome trace holds whole profiled calls up to this size
+CHUNK = 1 << 20            # bytes read at a time from a profile file
 
 # op types whose presence in a quantized model means part of it still runs in float
 FLOAT_COMPUTE = ("Conv", "MatMul", "Gemm", "ConvTranspose", "FusedConv", "FusedMatMul", "FusedGemm", "Attention",
@@ -63,16 +74,18 @@ def feeds_for(session, shapes: dict | None, values: dict | None, data=None, seed
 def profile_onnx(artifact: Artifact, *, runs: int = 50, warmup: int = 10, threads: int | None = None,
                  shapes: dict | None = None, values: dict | None = None, data=None,
                  trace: str | Path | None = None, seed: int = 0) -> dict[str, Any]:
-    """Profile `runs` calls of an ONNX model on onnxruntime's CPU provider; returns the per-node and per-op
-    figures (summarize) with the p50 of a plain session. With `trace`, the Chrome trace is written there."""
+    """Profile `runs` calls of an ONNX model on onnxruntime's CPU provider (fewer on a large graph: plan_calls);
+    returns the per-node and per-op figures (summarize) with the p50 of a plain session. With `trace`, the
+    Chrome trace is written there (at most TRACE_CAP_BYTES: whole calls, the first that fit)."""
     import onnxruntime as ort
 
     if not 1 <= runs <= MAX_RUNS:
         raise UsageError(f"--runs {runs} is out of range: give 1 to {MAX_RUNS:,}")
+    warm, calls, notes = plan_calls(node_count(artifact.path), warmup, runs, artifact.path)  # before any session
     plain = open_session(artifact, provider="cpu", threads=threads)
     feeds = feeds_for(plain, shapes, values, data, seed)
     plain.check_feeds(feeds)
-    latency = measure_latency(plain, feeds, warmup=warmup, runs=max(runs, 20))
+    latency = measure_latency(plain, feeds, warmup=warmup, runs=max(calls, 20))
     plain.close()
     calibration = calibrate_overhead(threads)
     work = Path(tempfile.mkdtemp(prefix="optkit-profile-"))
@@ -81,20 +94,177 @@ def profile_onnx(artifact: Artifact, *, runs: int = 50, warmup: int = 10, thread
         so.enable_profiling = True
         so.profile_file_prefix = str(work / "profile")
         sess = ort.InferenceSession(str(artifact.path), sess_options=so, providers=["CPUExecutionProvider"])
-        for _ in range(warmup + runs):
+        for _ in range(warm + calls):
             sess.run(None, feeds)
-        events = json.loads(Path(sess.end_profiling()).read_text())
+        path = Path(sess.end_profiling())
+        del sess
+        if trace is None:
+            result = summarize_stream(((e, None) for e, _ in iter_events(path)), skip=warm,
+                                      overhead_us=calibration["overhead_us"])
+        else:
+            with atomic_path(trace) as tmp, open(tmp, "w", encoding="utf-8") as out:
+                writer = TraceWriter(out, skip=warm)
+                result = summarize_stream(iter_events(path), skip=warm, overhead_us=calibration["overhead_us"],
+                                          on_call=writer.add)
+                writer.close()
+            notes += writer.notes(result["runs"])
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    result = summarize(events, skip=warmup, overhead_us=calibration["overhead_us"])
     result.update(close_to_p50(result["total_ms"], latency["p50_ms"]), threads=threads, trace=None,
                   raw_vs_p50=result["total_raw_ms"] / latency["p50_ms"] if latency["p50_ms"] > 0 else float("nan"),
-                  call_overhead_us=calibration["call_us"])
+                  call_overhead_us=calibration["call_us"], runs_asked=runs, warmup=warm, notes=notes)
     if trace is not None:
-        with atomic_path(trace) as tmp:
-            tmp.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
         result["trace"] = str(trace)
+        result["trace_calls"] = writer.calls
     return result
+
+
+def node_count(path: str | Path) -> int:
+    """The nodes of an ONNX model, those of its subgraphs (If, Loop, Scan bodies) counted once; 0 for a file
+    that does not load (the session that follows says what is wrong with it)."""
+    from optkit.onnx.graph import all_nodes
+    from optkit.onnx.io import load
+
+    try:
+        model = load(path, external_data=False)
+    except UsageError:
+        return 0
+    return sum(1 for _ in all_nodes(model.graph))
+
+
+def plan_calls(nodes: int, warmup: int, runs: int, name: str | Path = "the model") -> tuple[int, int, list[str]]:
+    """(warm-up calls, profiled calls, notes): `warmup` and `runs` when nodes x calls fits EVENT_BUDGET, else
+    as many calls as fit (at least one warm-up and one profiled call, a fifth of them warm-up); a graph too large
+    for two calls within onnxruntime's own event limit is a UsageError."""
+    nodes = max(nodes, 1)
+    if nodes * (warmup + runs) <= EVENT_BUDGET:
+        return warmup, runs, []
+    if nodes * 2 > ORT_EVENT_LIMIT:
+        raise UsageError(f"{name} has {nodes:,} nodes: onnxruntime's profiler records at most "
+                         f"{ORT_EVENT_LIMIT:,} events, too few for a warm-up and a profiled call; profile a part "
+                         "of it (onnx.utils.extract_model) or time it whole with optkit bench")
+    total = max(EVENT_BUDGET // nodes, 2)
+    warm = max(1, min(warmup, total // 5))
+    calls = max(1, min(runs, total - warm))
+    return warm, calls, [f"{nodes:,} nodes: {calls} calls profiled (of --runs {runs}) after {warm} warm-up, so the "
+                         f"profile stays under {EVENT_BUDGET:,} kernel runs (nodes x calls)"]
+
+
+def iter_events(path: str | Path) -> Iterator[tuple[dict, str]]:
+    """The events of a profile file (a JSON array, as onnxruntime writes it) one at a time, each with its JSON
+    text; the file is read CHUNK bytes at a time, never whole."""
+    decoder = json.JSONDecoder()
+    with open(path, encoding="utf-8") as f:
+        buf, pos, eof = "", 0, False
+        while True:
+            while pos < len(buf) and buf[pos] in " \t\r\n,[":
+                pos += 1
+            if pos >= len(buf):
+                if eof:
+                    return
+                buf, pos = f.read(CHUNK), 0
+                eof = not buf
+                continue
+            if buf[pos] == "]":
+                return
+            try:
+                event, end = decoder.raw_decode(buf, pos)
+            except json.JSONDecodeError:
+                if eof:
+                    raise
+                more = f.read(CHUNK)
+                eof = not more
+                buf, pos = buf[pos:] + more, 0
+                continue
+            if isinstance(event, dict):
+                yield event, buf[pos:end]
+            pos = end
+
+
+def _is_kernel(e: dict) -> bool:
+    return e.get("cat") == "Node" and str(e.get("name", "")).endswith(KERNEL)
+
+
+def _is_call(e: dict) -> bool:
+    return e.get("cat") == "Session" and e.get("name") == "model_run"
+
+
+def _slim(e: dict) -> dict:
+    """A kernel event with only what summarize uses (onnxruntime's args hold a dozen memory figures)."""
+    args = e.get("args") or {}
+    return {"name": e.get("name", ""), "ts": e["ts"], "dur": e.get("dur", 0), "pid": e.get("pid"),
+            "tid": e.get("tid"), "args": {k: args[k] for k in ("op_name", "provider", "node_index") if k in args}}
+
+
+def iter_calls(events: Iterable[tuple[dict, str | None]]) -> Iterator[tuple[dict | None, list[dict], list]]:
+    """(the call's model_run event, its kernel events, (setup, text) of every event since the previous call), call
+    by call in the order onnxruntime wrote them: a call's kernels come before its model_run event, which carries
+    its start and duration; `setup` is true for a session-level event outside any call (loading, initialization).
+    A kernel outside every call (before its start, or after its end) is dropped; events after the last call
+    come last with no call."""
+    pending: list[dict] = []
+    texts: list[tuple[bool, str]] = []
+    for e, text in events:
+        if text is not None:
+            name = str(e.get("name", ""))
+            texts.append((e.get("cat") == "Session" and name != "model_run" and "Executor" not in name, text))
+        if _is_kernel(e):
+            pending.append(_slim(e))
+        elif _is_call(e):
+            start, end = e["ts"], e["ts"] + e.get("dur", 0)
+            mine = [k for k in pending if start <= k["ts"] <= end + 1]  # 1 us: rounding
+            pending = [k for k in pending if k["ts"] > end + 1]
+            yield e, mine, texts
+            texts = []
+    if texts:
+        yield None, [], texts
+
+
+class TraceWriter:
+    """Writes a Chrome trace ({"traceEvents": [...]}) call by call: the events outside calls, and the calls
+    after the first `skip` (the warm-up) as long as the file stays within `cap` bytes."""
+
+    def __init__(self, out, skip: int = 0, cap: int = TRACE_CAP_BYTES):
+        self.out, self.skip, self.cap = out, skip, cap
+        self.seen = self.calls = 0
+        self.full = False
+        self.first = True
+        self.size = self._write('{"traceEvents": [\n')
+        self.tail = len('\n], "displayTimeUnit": "ms"}\n') + 200  # the closing text, with room for otherData
+
+    def _write(self, text: str) -> int:
+        self.out.write(text)
+        return len(text.encode("utf-8"))
+
+    def _events(self, texts: list[tuple[bool, str]]) -> None:
+        for _, text in texts:
+            self.size += self._write(("" if self.first else ",\n") + text)
+            self.first = False
+
+    def add(self, call: dict | None, kernels: list[dict], texts: list[tuple[bool, str]]) -> None:
+        if call is None:  # events after the last call (none, as onnxruntime writes them): kept if they fit
+            self._events([t for t in texts if t[0] and self.size + len(t[1]) + 2 + self.tail <= self.cap])
+            return
+        index, self.seen = self.seen, self.seen + 1
+        if index < self.skip:  # a warm-up call: only the session-level events (loading, initialization)
+            self._events([t for t in texts if t[0]])
+            return
+        need = sum(len(t.encode("utf-8")) + 2 for _, t in texts)
+        if self.full or self.size + need + self.tail > self.cap:
+            self.full = True
+            return
+        self._events(texts)
+        self.calls += 1
+
+    def close(self) -> None:
+        other = json.dumps({"optkit": f"{self.calls} profiled calls of {self.seen - self.skip}"})
+        self._write(f'\n], "displayTimeUnit": "ms", "otherData": {other}}}\n')
+
+    def notes(self, profiled: int) -> list[str]:
+        if self.calls >= profiled:
+            return []
+        return [f"the Chrome trace holds the first {self.calls} of the {profiled} profiled calls: it is capped at "
+                f"{self.cap / 2**20:.0f} MB"]
 
 
 def close_to_p50(total_ms: float, p50_ms: float) -> dict[str, Any]:
@@ -156,13 +326,12 @@ def calibrate_overhead(threads: int | None = None) -> dict[str, float]:
             warm = 5
             for _ in range(warm + CAL_CALLS // 2):
                 sess.run(None, feeds)
-            events = json.loads(Path(sess.end_profiling()).read_text())
-            starts = sorted(e["ts"] for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
-            per_call: dict[int, list] = defaultdict(list)  # the kernels' durations, by call
-            for e in events:
-                if e.get("cat") == "Node" and str(e.get("name", "")).endswith(KERNEL):
-                    per_call[bisect.bisect_right(starts, e["ts"]) - 1].append(float(e.get("dur", 0)))
-            durs = [d for c, d in per_call.items() if c >= warm]
+            path = Path(sess.end_profiling())
+            del sess
+            # the kernels' durations, by call
+            per_call = [[float(k.get("dur", 0)) for k in kernels]
+                        for call, kernels, _ in iter_calls((e, None) for e, _ in iter_events(path)) if call]
+            durs = [d for d in per_call[warm:] if d]
             nodes = float(np.median([len(d) for d in durs])) if durs else 0  # CAL_NODES unless a pass fused some
             if nodes < 2:
                 continue
@@ -184,38 +353,63 @@ def calibrate_overhead(threads: int | None = None) -> dict[str, float]:
 
 
 def summarize(events: list[dict], skip: int = 0, overhead_us: float = 0.0) -> dict[str, Any]:
-    """Per-node and per-op-type times (ms per call, share of the total) from onnxruntime's profile events,
-    the first `skip` calls left out, `overhead_us` (the profiler's own cost per kernel, calibrate_overhead)
-    taken off each kernel event and floored at 0; `raw_ms` and `total_raw_ms` are the figures as recorded."""
-    calls = sorted((e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
-                   key=lambda e: e["ts"])
-    calls = calls[skip:] if len(calls) > skip else calls
-    starts = [c["ts"] for c in calls]
-    kernels = [e for e in events if e.get("cat") == "Node" and str(e.get("name", "")).endswith(KERNEL)]
-    per_call: dict[str, np.ndarray] = {}
-    raw_call: dict[str, np.ndarray] = {}
-    info: dict[str, dict] = {}
-    for e, own in self_times(kernels):
-        i = bisect.bisect_right(starts, e["ts"]) - 1
-        if i < 0 or e["ts"] > calls[i]["ts"] + calls[i]["dur"] + 1:  # warm-up or outside any call
+    """summarize_stream of events in memory (in the order onnxruntime writes them)."""
+    return summarize_stream(((e, None) for e in events), skip=skip, overhead_us=overhead_us)
+
+
+def summarize_stream(events: Iterable[tuple[dict, str | None]], skip: int = 0, overhead_us: float = 0.0,
+                     on_call=None) -> dict[str, Any]:
+    """Per-node and per-op-type times (ms per call, share of the total) from onnxruntime's profile events
+    ((event, text) pairs, iter_events), the first `skip` calls left out (unless there are no more), `overhead_us`
+    (the profiler's own cost per kernel, calibrate_overhead) taken off each kernel event and floored at 0;
+    `raw_ms` and `total_raw_ms` are the figures as recorded. Read call by call: what is held is one call's
+    events and a figure per node and call. `on_call(call, kernels, texts)` sees every call (iter_calls)."""
+    starts: list[float] = []
+    durs: list[float] = []
+    rows: dict[str, int] = {}
+    info: list[dict] = []
+    cols: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # per call: node rows, corrected, raw (us)
+    for call, kernels, texts in iter_calls(events):
+        if on_call is not None:
+            on_call(call, kernels, texts)
+        if call is None:
             continue
-        args = e.get("args") or {}
-        op = args.get("op_name", "?")
-        name = e["name"][: -len(KERNEL)] or f"{op}#{args.get('node_index', '?')}"
-        if name not in info:
-            info[name] = {"node": name, "op": op, "provider": args.get("provider", "").replace("ExecutionProvider", "")}
-            per_call[name] = np.zeros(len(calls))
-            raw_call[name] = np.zeros(len(calls))
-        per_call[name][i] += max(own - overhead_us, 0.0)
-        raw_call[name][i] += own
-    if not per_call:
-        return {"runs": len(calls), "total_ms": 0.0, "total_raw_ms": 0.0, "profiler_overhead_us_per_kernel":
+        corrected: dict[int, float] = defaultdict(float)
+        raw: dict[int, float] = defaultdict(float)
+        for e, own in self_times(kernels):
+            args = e.get("args") or {}
+            op = args.get("op_name", "?")
+            name = e["name"][: -len(KERNEL)] or f"{op}#{args.get('node_index', '?')}"
+            row = rows.get(name)
+            if row is None:
+                row = rows[name] = len(info)
+                info.append({"node": name, "op": op,
+                             "provider": args.get("provider", "").replace("ExecutionProvider", "")})
+            corrected[row] += max(own - overhead_us, 0.0)
+            raw[row] += own
+        starts.append(call["ts"])
+        durs.append(float(call.get("dur", 0)))
+        keys = np.fromiter(raw.keys(), dtype=np.int64, count=len(raw))
+        cols.append((keys, np.fromiter((corrected[k] for k in raw), dtype=np.float64, count=len(raw)),
+                     np.fromiter(raw.values(), dtype=np.float64, count=len(raw))))
+    order = np.argsort(starts, kind="stable")  # by start, as onnxruntime ran them
+    keep = order[skip:] if len(order) > skip else order
+    if not info or not len(keep):
+        return {"runs": len(keep), "total_ms": 0.0, "total_raw_ms": 0.0, "profiler_overhead_us_per_kernel":
                 overhead_us, "run_ms": 0.0, "node_count": 0, "nodes": [], "ops": []}
-    totals = sum(raw_call.values())
+    per_call = np.zeros((len(info), len(keep)))
+    raw_call = np.zeros((len(info), len(keep)))
+    seen = np.zeros(len(info), dtype=bool)  # a node that ran only in the warm-up is left out
+    for j, c in enumerate(keep):
+        keys, corrected_us, raw_us = cols[c]
+        per_call[keys, j] = corrected_us
+        raw_call[keys, j] = raw_us
+        seen[keys] = True
+    totals = raw_call.sum(axis=0)
     lo, hi = np.percentile(totals, [25, 75])
     typical = (totals >= lo) & (totals <= hi)
-    nodes = [{**info[n], "ms": float(t[typical].mean()) / 1e3, "raw_ms": float(raw_call[n][typical].mean()) / 1e3}
-             for n, t in per_call.items()]
+    nodes = [{**info[r], "ms": float(per_call[r, typical].mean()) / 1e3, "raw_ms": float(raw_call[r, typical].mean()) / 1e3}
+             for r in range(len(info)) if seen[r]]
     total = sum(n["ms"] for n in nodes)
     for n in nodes:
         n["share"] = n["ms"] / total if total else 0.0
@@ -227,8 +421,8 @@ def summarize(events: list[dict], skip: int = 0, overhead_us: float = 0.0) -> di
         per_op[n["op"]][2] += n["raw_ms"]
     ops = [{"op": op, "ms": ms, "share": ms / total if total else 0.0, "nodes": count, "raw_ms": raw}
            for op, (ms, count, raw) in sorted(per_op.items(), key=lambda x: (-x[1][0], -x[1][2]))]
-    run_ms = float(np.median([c["dur"] for c in calls])) / 1e3
-    return {"runs": len(calls), "total_ms": total, "total_raw_ms": sum(n["raw_ms"] for n in nodes),
+    run_ms = float(np.median([durs[c] for c in keep])) / 1e3
+    return {"runs": len(keep), "total_ms": total, "total_raw_ms": sum(n["raw_ms"] for n in nodes),
             "profiler_overhead_us_per_kernel": overhead_us, "run_ms": run_ms, "node_count": len(nodes),
             "nodes": nodes, "ops": ops}
 

@@ -3,7 +3,9 @@
 The model passes through unchanged (written with onnx.io.copy_model); the figures go in the stage's
 measurements under "profile": the per-call kernel total, the top op types and nodes, the p50 latency measured in
 the same process, and the Chrome trace's file name (written beside the output, for Perfetto or
-chrome://tracing).
+chrome://tracing; at most 100 MB: whole profiled calls, the first that fit). A large graph gets fewer calls than
+`runs` (nodes x calls stays under measure.profile.EVENT_BUDGET): `runs` in the figures is the number profiled, and
+the stage's notes say why.
 """
 from __future__ import annotations
 
@@ -52,8 +54,11 @@ class ProfileOnnx(Pass):
             "total_vs_p50": prof["total_vs_p50"], "within_10pct": prof["within_10pct"], "threads": config.threads,
             "total_raw_ms": prof["total_raw_ms"],
             "profiler_overhead_us_per_kernel": prof["profiler_overhead_us_per_kernel"],
-            "call_overhead_us": prof.get("call_overhead_us"),
+            "call_overhead_us": prof.get("call_overhead_us"), "runs_asked": config.runs,
+            "trace_calls": prof.get("trace_calls"), "notes": prof.get("notes", []),
         }
+        for text in prof.get("notes", []):
+            ctx.note(f"profile: {text}")
         ctx.note(f"profile: kernels {prof['total_ms']:.3g} ms per call, p50 {prof['p50_ms']:.3g} ms "
                  f"({prof['total_vs_p50']:.2f}x)" + (f"; Chrome trace {trace.name} beside the model" if trace else ""))
         return artifact.derive(output, Format.ONNX, self.name, config.model_dump(mode="json"))
