@@ -67,8 +67,8 @@ def test_an_interrupted_tune_resumes_its_study(cli, samples, tmp_path):
     out = tmp_path / "best.json"
     args = ["tune", samples / "torch_cnn.onnx", *FAST, *SMALL, "-o", out]
     assert cli(*args, "--trials", "3").rc == 0
-    db = tmp_path / "best.db"
-    assert db.exists()  # the default storage: an SQLite file beside -o
+    db = tmp_path / "best.optkit-study.db"
+    assert db.exists()  # the default storage: an SQLite file of optkit's own beside -o
     out.unlink()
     r = cli(*args, "--trials", "5", "--json")
     assert r.rc == 0, r.err

@@ -44,18 +44,17 @@ def parse_space(items: list[str]) -> dict[str, list[str]]:
 
 
 def _check_storage(storage: Optional[str], output: Path, others: list) -> None:
-    """The study's file (the default beside -o, an sqlite:/// or journal: path) is none of the other files."""
-    if storage is None:
-        path = output.with_suffix(".db")
-    elif storage.startswith("sqlite:///"):
-        path = Path(storage[len("sqlite:///"):])
-    elif storage.startswith("journal:"):
-        path = Path(storage[len("journal:"):])
-    else:
+    """The study's file (the default beside -o, an sqlite:/// or journal: path) is none of the other files,
+    and an existing SQLite file is an Optuna study (never a user's own database)."""
+    from optkit.passes.tune import check_storage_file, default_study_path, storage_file
+
+    path = default_study_path(output) if storage is None else storage_file(storage)
+    if path is None:
         return
     for other in others:
         if other and Path(other).resolve() == path.resolve():
             raise UsageError(f"the tune study file {path} is also {other}: give another -o or --storage")
+    check_storage_file(storage or f"sqlite:///{path}")
 
 
 def register(app: typer.Typer) -> None:
@@ -83,11 +82,14 @@ def register(app: typer.Typer) -> None:
         storage: Optional[str] = typer.Option(None, "--storage",
                                               help="Optuna storage shared by workers: sqlite:///f.db, "
                                                    "postgresql://..., mysql://... or journal:FILE (default: "
-                                                   "an SQLite file beside -o, so a stopped tune resumes)."),
+                                                   "OUT.optkit-study.db beside -o, so a stopped tune "
+                                                   "resumes)."),
         study: Optional[str] = typer.Option(None, "--study", help="Study name (with --storage: the same name on "
                                                                   "every worker)."),
-        confirm: Optional[int] = typer.Option(None, "--confirm", help="Best settings measured again to tell a "
-                                                                      "win from noise (default 3; 0: none)."),
+        confirm: Optional[int] = typer.Option(None, "--confirm", help="Best settings measured again in 3 "
+                                                                      "interleaved rounds to tell a win from "
+                                                                      "noise (default 3; 1: the best only, for "
+                                                                      "its 95% interval; 0: none)."),
         seed: int = typer.Option(0, "--seed", min=0, help="Sampler seed."),
         output: Optional[str] = typer.Option(None, "-o", "--output",
                                              help="Best settings JSON (default: MODEL_NAME.tune.json here)."),
@@ -102,8 +104,11 @@ def register(app: typer.Typer) -> None:
         from optkit.core.registry import get_pass, require_extra
         from optkit.core.stage import build_config
         from optkit.measure.model import MeasureSettings
+        from optkit.passes.tune import Slo
 
         require_extra("tune", "optkit tune")
+        for text in slo or []:
+            Slo(text)  # its own line ("SLO 'p99<=x': ..."), before the config's
         output = output or f"{Path(model).stem}.tune.json"
         common.guard_outputs({"-o": output, "--report": report}, [model, data])
         _check_storage(storage, Path(output), [output, report, model, data])
@@ -125,15 +130,20 @@ def run_tune(model: str, cfg, settings, *, data: Optional[str], output: Path, re
     from optkit.core.atomic import write_text
     from optkit.measure.datasets import load_dataset
     from optkit.measure.size import measure_size
-    from optkit.passes.tune import Tuner
+    from optkit.passes.tune import Tuner, default_study_path
     from optkit.report.build import tune_stage
     from optkit.report.schema import Report
 
     artifact = common.load_artifact(model)
     notes: list[str] = []
     tuner = Tuner(artifact, cfg, settings=settings, data=load_dataset(data) if data else None,
-                  default_storage=output.with_suffix(".db"), notes=notes)
-    result = tuner.run()
+                  default_storage=default_study_path(output), notes=notes)
+    try:
+        result = tuner.run()
+    except KeyboardInterrupt:
+        if tuner.kept:
+            common.STATE.after_interrupt = f"nothing was written; {tuner.kept}"
+        raise
     best = {"model": artifact.path, **{k: v for k, v in result.items() if k != "trials"}}
     write_text(output, json.dumps(best, indent=2) + "\n")
     notes.append(f"best settings written to {output}")
@@ -155,8 +165,10 @@ def _print(result: dict, notes: list[str]) -> None:
 
     con = common.console()
     figure, maximize = result["objective_figure"], result["direction"] == "maximize"
-    table = Table(title=f"tune: {', '.join(result['objective'])}, {result['study']['trials']} trials "
-                        f"({result['study']['pruned']} pruned)", title_justify="left", box=box.SIMPLE_HEAD,
+    study = result["study"]
+    failed = f", {study['failed']} failed" if study.get("failed") else ""
+    table = Table(title=f"tune: {', '.join(result['objective'])}, {study['trials']} trials measured "
+                        f"({study['pruned']} pruned{failed})", title_justify="left", box=box.SIMPLE_HEAD,
                   pad_edge=False, collapse_padding=True)
     for col in ("#", "setting", "samples/s", "p50 ms", "p99 ms", "MiB"):
         table.add_column(col, justify="left" if col == "setting" else "right", no_wrap=col != "setting")
@@ -175,6 +187,8 @@ def _print(result: dict, notes: list[str]) -> None:
     con.print(f"best: {best['label']}{how}")
     for t in result["ties"]:
         con.print(f"tie (within the noise): {t['label']}")
+    for t in result.get("failed_trials", [])[-5:]:
+        con.print(f"trial {t['number']} failed: {t['reason']}", style="dim")
     for note in notes:
         con.print(note, style="dim")
     con.print("onnxruntime SessionOptions:\n" + result["session_options"], markup=False, highlight=False)

@@ -53,7 +53,7 @@ def config_message(err: dict, unknown: str = "unknown option") -> str:
     if err["type"] == "missing":
         return "missing (required)"
     msg = err["msg"].removeprefix("Value error, ")
-    return msg[0].lower() + msg[1:] if msg else msg
+    return msg[0].lower() + msg[1:] if msg and not msg[1:2].isupper() else msg  # an acronym (SLO) stays
 
 
 def check_pass(cls: type[Pass], fmt, where: str = "") -> None:

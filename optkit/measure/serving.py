@@ -77,12 +77,14 @@ def batch_feeds(feeds: dict[str, np.ndarray], batch: int) -> dict[str, np.ndarra
 
 
 def measure_setting(artifact: Artifact, setting: Setting, feeds: dict[str, np.ndarray], *, seconds: float,
-                    hopeless: Callable[[dict], str | None] | None = None) -> dict[str, Any]:
+                    hopeless: Callable[[dict], str | None] | None = None,
+                    timeout: float | None = None) -> dict[str, Any]:
     """Figures of `setting` in a child process: throughput_per_s, p50/p90/p99_ms, memory_mb (peak RSS above
     the child's baseline), load_mb, cpu_s_per_1k (CPU seconds per 1,000 samples). With `hopeless` (figures of a
     short probe -> why it cannot meet the objective, or None), a hopeless setting stops after the probe and its
-    figures carry "pruned": the reason."""
-    return run_isolated(_measure, artifact, setting, feeds, seconds, hopeless,
+    figures carry "pruned": the reason. A child still busy after `timeout` seconds (its sessions' set-up
+    included) is stopped: core.isolate.TimedOut."""
+    return run_isolated(_measure, artifact, setting, feeds, seconds, hopeless, timeout=timeout,
                         what=f"measuring {artifact.path} at {setting.label()}")
 
 

@@ -6,10 +6,17 @@ one is present. Each trial measures one setting under load in a child process (m
 first stops a setting that clearly misses the service-level objective (a pruned trial). Settings that miss an
 SLO or the memory limit are infeasible: TPE learns from them through its constraints.
 
-The study lives in Optuna storage: by default an SQLite file beside the output, so an interrupted tune resumes;
-`--storage URL --study NAME` shares one study between machines (each runs the same command; together they run
-`trials` trials, and a setting already measured is not measured again). After the search, the best few
-settings are measured again in interleaved rounds: those whose interval overlaps the winner's are ties.
+The study lives in Optuna storage: by default an SQLite file of optkit's own beside the output
+(`best.optkit-study.db`), so an interrupted tune resumes; `--storage URL --study NAME` shares one study between
+machines (each runs the same command; together they run `trials` trials, and a setting already measured is not
+measured again). After the search, the best few settings are measured again in interleaved rounds: those whose
+interval overlaps the winner's are ties.
+
+The search is optkit's own ask-and-tell loop, so an interrupt lands where optkit can handle it: Optuna's and the
+storage's calls run with Ctrl-C and SIGTERM deferred (core.interrupts.deferred), and a trial cut short is told
+FAIL. A trial whose worker is gone (killed) is found on the next run: on this machine by its process, elsewhere by
+its heartbeat, and marked failed. `time_budget` bounds everything after the model is loaded: each trial's child
+is stopped when the budget runs out (a failed trial, with the reason), and the confirmation gets what is left.
 """
 from __future__ import annotations
 
@@ -20,6 +27,9 @@ import logging
 import math
 import os
 import re
+import socket
+import sqlite3
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -28,16 +38,17 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, field_validator
 
+from optkit.core import interrupts
 from optkit.core.artifact import Artifact
 from optkit.core.batching import first_call
 from optkit.core.cachedir import cache_dir
 from optkit.core.errors import DependencyError, UsageError, ValidationError
 from optkit.core.formats import Format
-from optkit.core.isolate import run_isolated
+from optkit.core.isolate import TimedOut, run_isolated
 from optkit.core.registry import Pass, PassConfig, PassContext, register
 from optkit.core.text import first_line
 from optkit.measure.model import MeasureSettings, synthesized
-from optkit.measure.serving import Setting, batch_feeds, measure_setting
+from optkit.measure.serving import PROBE_S, Setting, batch_feeds, measure_setting
 from optkit.measure.trials import t95
 from optkit.onnx.io import copy_model
 from optkit.onnx.session import OrtSettings
@@ -52,6 +63,9 @@ DIMENSIONS = ("provider", "threads", "execution_mode", "inter_op_threads", "grap
               "concurrency", "sessions", "cpu_mem_arena", "mem_pattern")
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 ROUNDS = 3  # confirmation rounds of the best settings
+STUDY_SUFFIX = ".optkit-study.db"  # the default study file beside -o: a name no user file has
+HEARTBEAT_S, GRACE_S = 5, 30  # a running trial's heartbeat; a trial silent for longer has lost its worker
+SETUP_S = 1.0  # a trial's child start, sessions and warm-up, before any trial has shown what it takes here
 
 
 class Slo:
@@ -73,7 +87,7 @@ class Slo:
             raise UsageError(f"SLO {text!r} asks for {'less throughput' if what == 'throughput' else 'more latency'}"
                              "; write p99<=X ms or throughput>=Y")
         if not math.isfinite(value) or value <= 0:
-            raise UsageError(f"SLO {text!r}: the limit must be a positive number")
+            raise UsageError(f"SLO {text!r}: the limit must be a finite positive number")
         self.text, self.figure = text.strip(), SLO_FIGURES[what]
         self.limit = value * {"s": 1e3, "us": 1e-3}.get(unit, 1.0)
         self.upper = what != "throughput"
@@ -104,7 +118,9 @@ class TuneConfig(PassConfig):
     storage: str | None = None                                 # an Optuna storage URL, or journal:PATH
     study: str | None = None
     seed: int = Field(default=0, ge=0, strict=True)
-    confirm: int = Field(default=3, ge=0, le=20, strict=True)  # best settings measured again for ties (0: none)
+    # best settings measured again in ROUNDS interleaved rounds: ties, and the best's interval (1: the best
+    # only, for its interval; 0: none)
+    confirm: int = Field(default=3, ge=0, le=20, strict=True)
 
     @field_validator("objective")
     @classmethod
@@ -251,9 +267,11 @@ def _setting(pick) -> Setting:
 
 
 # ------------------------------------------------------------------------------------------------ inputs
-def model_inputs(artifact: Artifact, settings: MeasureSettings, data) -> tuple[dict, str | None]:
+def model_inputs(artifact: Artifact, settings: MeasureSettings, data,
+                 timeout: float | None = None) -> tuple[dict, str | None]:
     """One call's feeds at batch 1, and why the model cannot batch (None when it can), found in a child."""
-    return run_isolated(_inputs, artifact, settings, data, what=f"preparing inputs for {artifact.path}")
+    return run_isolated(_inputs, artifact, settings, data, timeout=timeout,
+                        what=f"preparing inputs for {artifact.path}")
 
 
 def _inputs(artifact: Artifact, settings: MeasureSettings, data) -> tuple[dict, str | None]:
@@ -289,9 +307,77 @@ def providers_here() -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------ storage
-def open_storage(url: str):
+DRIVERS = {"MySQLdb": "mysqlclient", "psycopg2": "psycopg2-binary", "pymysql": "PyMySQL", "psycopg": "psycopg",
+           "cx_Oracle": "oracledb", "pyodbc": "pyodbc"}  # module a database URL needs -> the pip package
+
+
+def default_study_path(output: Path) -> Path:
+    """The default study file beside `-o`: best.json -> best.optkit-study.db (a name of optkit's own)."""
+    return output.with_name(output.stem + STUDY_SUFFIX)
+
+
+def storage_file(url: str) -> Path | None:
+    """The file an sqlite:/// or journal: storage keeps its study in (None for a database server)."""
+    if url.startswith("journal:"):
+        return Path(url[len("journal:"):]) if url[len("journal:"):] else None
+    if url.startswith("sqlite:///"):
+        path = url[len("sqlite:///"):].split("?", 1)[0]
+        return Path(path) if path and path != ":memory:" else None
+    return None
+
+
+def _optuna_tables() -> set[str]:
+    try:
+        from optuna.storages._rdb.models import BaseModel
+
+        tables = set(BaseModel.metadata.tables)
+    except Exception:  # noqa: BLE001 - a moved private module: Optuna 5's schema
+        tables = {"studies", "study_directions", "study_system_attributes", "study_user_attributes",
+                  "trial_heartbeats", "trial_intermediate_values", "trial_params", "trial_system_attributes",
+                  "trial_user_attributes", "trial_values", "trials", "version_info"}
+    return tables | {"alembic_version"}
+
+
+def check_storage_file(url: str) -> None:
+    """Before any work: an existing sqlite:/// file is used only when it is an Optuna study's database (or
+    empty). optkit never adds its tables to someone's own database."""
+    if not url.startswith("sqlite:///"):
+        return
+    path = storage_file(url)
+    if path is None or not os.path.lexists(path):
+        return
+    hint = "give another -o or --storage" if path.name.endswith(STUDY_SUFFIX) else "give another --storage"
+    if not path.is_file():
+        raise UsageError(f"the tune study file {path} exists and is not a regular file; {hint}")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except OSError as e:
+        raise UsageError(f"cannot read the tune study file {path}: {e.strerror or e}") from None
+    if not head:
+        return  # an empty file is an empty SQLite database
+    if head != b"SQLite format 3\x00":
+        raise UsageError(f"the tune study file {path} exists and is not an SQLite database; {hint}")
+    try:
+        con = sqlite3.connect(f"file:{path.resolve()}?mode=ro", uri=True)
+        try:
+            names = {n for (n,) in con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view') "
+                                               "AND name NOT LIKE 'sqlite_%'")}
+        finally:
+            con.close()
+    except sqlite3.Error as e:
+        raise UsageError(f"cannot read the tune study file {path}: {first_line(e)}") from None
+    foreign = sorted(names - _optuna_tables())
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise UsageError(f"{path} is a database with tables of its own ({shown}), not an Optuna study; optkit "
+                         f"does not write into it: {hint}")
+
+
+def open_storage(url: str, stale_callback=None):
     """An Optuna storage: a database URL (sqlite:///file.db, postgresql://..., mysql://...) or journal:PATH (a
-    journal file several processes can share)."""
+    journal file several processes can share). A database gets Optuna's heartbeat (HEARTBEAT_S, GRACE_S):
+    `stale_callback(study, trial)` hears of each trial failed because its worker went silent."""
     import optuna
 
     try:
@@ -308,34 +394,102 @@ def open_storage(url: str):
         if "://" not in url:
             raise UsageError(f"cannot read storage {url!r}: give a database URL (sqlite:///tune.db, "
                              "postgresql://user@host/db) or journal:PATH")
-        return _rdb(url)
+        return _rdb(url, stale_callback)
     except (UsageError, DependencyError):
         raise
     except ImportError as e:  # a missing database driver (optuna wraps sqlalchemy's ModuleNotFoundError)
         missing = getattr(e.__cause__, "name", None) or getattr(e, "name", None)
+        package = DRIVERS.get(missing or "", missing)
         raise DependencyError(f"storage {url.split(':')[0]} needs its database driver"
-                              + (f": pip install {missing}" if missing else f" ({first_line(e)[:120]})")) from None
+                              + (f": pip install {package}" if package else f" ({first_line(e)[:120]})")) from None
     except Exception as e:  # noqa: BLE001 - sqlalchemy and drivers raise many kinds: the user's URL is wrong
         raise UsageError(f"cannot open tune storage {_redact(url)}: {first_line(e)[:200]}") from None
 
 
-def _rdb(url: str, attempts: int = 5):
+def _rdb(url: str, stale_callback=None, attempts: int = 5):
     """An RDB storage; workers starting together race to create its tables, so a clash is retried."""
     import optuna
     import sqlalchemy.exc
 
+    def make():
+        with warnings.catch_warnings():  # the heartbeat is "experimental" (there since Optuna 2.5)
+            warnings.simplefilter("ignore")
+            return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True},
+                                              heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
+                                              heartbeat_stale_trial_callback=stale_callback)
+
     for i in range(attempts - 1):
         try:
-            return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
+            return make()
         except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError) as e:
             if not any(w in str(e) for w in ("locked", "UNIQUE", "already exists")):
                 raise
             time.sleep(0.2 * (i + 1))
-    return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
+    return make()
 
 
 def _redact(url: str) -> str:
     return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", url)
+
+
+# ------------------------------------------------------------------------------------------------ workers
+def _host() -> str:
+    """This machine: its name and boot (a pid means nothing on another machine or after a reboot)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def _this_worker() -> dict[str, Any]:
+    import psutil
+
+    return {"host": _host(), "pid": os.getpid(), "started": psutil.Process().create_time()}
+
+
+def _worker_alive(worker: Any) -> bool | None:
+    """Whether the process that runs a trial is still there: True or False on this machine, None elsewhere."""
+    import psutil
+
+    if not isinstance(worker, dict) or worker.get("host") != _host():
+        return None
+    try:
+        p = psutil.Process(int(worker["pid"]))
+        return abs(p.create_time() - float(worker["started"])) < 1.0 and p.status() != psutil.STATUS_ZOMBIE
+    except (psutil.Error, KeyError, TypeError, ValueError):
+        return False
+
+
+class _Heartbeat:
+    """While a trial runs, tell the storage every HEARTBEAT_S seconds that its worker lives: Optuna's heartbeat
+    on a database, a `heartbeat` user attribute in a journal (which has none)."""
+
+    def __init__(self, storage, trial_id: int):
+        self.storage, self.trial_id, self.stop = storage, trial_id, threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True, name="optkit-tune-heartbeat")
+
+    def beat(self) -> None:
+        try:
+            if hasattr(self.storage, "record_heartbeat") and self.storage.get_heartbeat_interval():
+                self.storage.record_heartbeat(self.trial_id)
+            else:
+                self.storage.set_trial_user_attr(self.trial_id, "heartbeat", time.time())
+        except Exception as e:  # noqa: BLE001 - a missed beat is not worth stopping a tune for
+            log.debug("tune heartbeat: %s", first_line(e))
+
+    def _loop(self) -> None:
+        while not self.stop.wait(HEARTBEAT_S):
+            self.beat()
+
+    def __enter__(self):
+        self.beat()
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
 
 
 # ------------------------------------------------------------------------------------------------ the search
@@ -353,11 +507,23 @@ class Tuner:
         self.figures = [OBJECTIVES[o][0] for o in cfg.objective]
         self.directions = [OBJECTIVES[o][1] for o in cfg.objective]
         self.storage_url = cfg.storage or f"sqlite:///{default_storage}"
+        # the file this tune may remove again: its default study file, when this run creates it
+        self.own_file = Path(default_storage) if cfg.storage is None else None
+        check_storage_file(self.storage_url)
         self.deadline = time.monotonic() + cfg.time_budget if cfg.time_budget else math.inf
+        self.storage = None
+        self.stale: list[int] = []        # trials of stopped workers this run marked failed
+        self.overheads: list[float] = []  # seconds a measurement took beyond its timed part
+        self.kept: str | None = None      # after a failure: what the study file still holds, to resume from
 
     # -------------------------------------------------------------- setup
+    def _left(self, deadline: float | None = None) -> float:
+        return (self.deadline if deadline is None else deadline) - time.monotonic()
+
     def _prepare(self) -> None:
-        self.feeds, no_batch = model_inputs(self.artifact, self.settings, self.data)
+        left = self._left()
+        self.feeds, no_batch = model_inputs(self.artifact, self.settings, self.data,
+                                            timeout=left if math.isfinite(left) else None)
         if no_batch:
             self.notes.append(f"batch size left out of the search: the model cannot batch ({no_batch})")
         self.space = default_space(self.cfg, batchable=no_batch is None, providers=providers_here(),
@@ -376,7 +542,7 @@ class Tuner:
                                                           for k in sorted(self.feeds))).hexdigest()}
         digest = hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()[:10]
         name = self.cfg.study or f"optkit-tune-{Path(self.artifact.path).stem}-{digest}"
-        storage = open_storage(self.storage_url)
+        self.storage = storage = open_storage(self.storage_url, lambda study, t: self.stale.append(t.number))
         # several workers of one study: each its own seed, so their first random settings differ
         seed = self.cfg.seed if self.cfg.storage is None else self.cfg.seed + os.getpid()
         with warnings.catch_warnings():  # multivariate and group are "experimental" (stable since Optuna 2.x)
@@ -386,8 +552,9 @@ class Tuner:
             sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=min(10, max(3, self.cfg.trials // 4)),
                                                  multivariate=True, group=True)
         try:
-            study = optuna.create_study(storage=storage, study_name=name, sampler=sampler, load_if_exists=True,
-                                        directions=self.directions)
+            with interrupts.deferred():  # never half a study (an interrupt is raised once it is whole)
+                study = optuna.create_study(storage=storage, study_name=name, sampler=sampler,
+                                            load_if_exists=True, directions=self.directions)
         except json.JSONDecodeError:
             raise UsageError(f"{_redact(self.storage_url)} is not an Optuna journal file") from None
         except ValueError as e:  # the stored study has other directions
@@ -398,7 +565,8 @@ class Tuner:
         asked = json.loads(json.dumps(asked))  # as storage gives it back (lists, string keys)
         stored = study.user_attrs.get("optkit")
         if stored is None:
-            study.set_user_attr("optkit", asked)
+            with interrupts.deferred():
+                study.set_user_attr("optkit", asked)
         elif stored != asked:
             differs = [k for k in asked if json.dumps(stored.get(k), sort_keys=True) !=
                        json.dumps(asked[k], sort_keys=True)]
@@ -408,31 +576,130 @@ class Tuner:
         self.study_name = name
         return study
 
-    # -------------------------------------------------------------- one trial
-    def _objective(self, trial):
+    # -------------------------------------------------------------- workers that are gone
+    def _fail_stale(self, study) -> None:
+        """Trials left RUNNING by a worker that is gone are marked failed: on this machine when its process is
+        gone, elsewhere when its heartbeat is older than GRACE_S (Optuna's, on a database)."""
         import optuna
 
-        study = trial.study
-        counted = [t for t in study.get_trials(deepcopy=False)
-                   if t.number < trial.number and not t.user_attrs.get("skipped")
-                   and t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED,
-                                   optuna.trial.TrialState.RUNNING)]
-        if len(counted) >= self.cfg.trials or time.monotonic() > self.deadline:
-            trial.set_user_attr("skipped", True)  # the study has its trials (other workers ran them too)
-            study.stop()
-            raise optuna.TrialPruned("the study has all its trials")
-        setting = suggest(trial, self.space)
-        trial.set_user_attr("setting", setting.model_dump(mode="json"))
-        for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,
-                                                          optuna.trial.TrialState.PRUNED)):
-            if t.user_attrs.get("setting") == trial.user_attrs["setting"] and "figures" in t.user_attrs:
-                return self._record(trial, t.user_attrs["figures"], duplicate_of=t.number)
+        RUNNING, FAIL = optuna.trial.TrialState.RUNNING, optuna.trial.TrialState.FAIL
+        optuna.storages.fail_stale_trials(study)  # a database's heartbeat; calls back into self.stale
+        now = time.time()
+        for t in study.get_trials(deepcopy=False, states=(RUNNING,)):
+            worker = t.user_attrs.get("worker")
+            alive = _worker_alive(worker)
+            if alive is None and not getattr(study._storage, "get_heartbeat_interval", lambda: None)():
+                beat = t.user_attrs.get("heartbeat")  # a journal: the trial's own heartbeat attribute
+                if not isinstance(beat, (int, float)) and t.datetime_start is not None:
+                    beat = t.datetime_start.timestamp()
+                alive = not isinstance(beat, (int, float)) or now - beat <= GRACE_S
+            if alive is not False:
+                continue
+            try:
+                pid = worker.get("pid") if isinstance(worker, dict) else None
+                study._storage.set_trial_user_attr(t._trial_id, "failed", "left running by a worker that stopped"
+                                                   + (f" (pid {pid})" if pid else ""))
+                if study._storage.set_trial_state_values(t._trial_id, state=FAIL):
+                    self.stale.append(t.number)
+            except (optuna.exceptions.UpdateFinishedTrialError, RuntimeError):
+                pass  # another worker finished or failed it meanwhile
+
+    def _counted(self, study, before: int | None = None) -> int:
+        """Trials toward `trials`: finished ones and those live workers are running (numbers below `before`)."""
+        import optuna
+
+        S = optuna.trial.TrialState
+        return sum(1 for t in study.get_trials(deepcopy=False, states=(S.COMPLETE, S.PRUNED, S.RUNNING))
+                   if (before is None or t.number < before) and not t.user_attrs.get("skipped"))
+
+    # -------------------------------------------------------------- one trial
+    def _trial_seconds_needed(self) -> float:
+        """What a trial takes: its probe and timed run, and the set-up trials here have shown (the slowest of
+        the last few; SETUP_S before any)."""
+        setup = max(self.overheads[-5:]) if self.overheads else SETUP_S
+        return PROBE_S + self.cfg.trial_seconds + setup
+
+    def _limit(self, deadline: float) -> float:
+        """Seconds a measurement may take: what is left of the budget, or (no budget) a bound for a setting
+        that does not come back."""
+        left = self._left(deadline)
+        return left if math.isfinite(left) else 120.0 + 10 * self.cfg.trial_seconds
+
+    def _measure(self, setting: Setting, deadline: float, hopeless=None) -> dict:
+        """A setting's figures, its child stopped at `deadline` (TimedOut); the overhead is remembered."""
+        t0 = time.monotonic()
         figures = measure_setting(self.artifact, setting, self.feeds, seconds=self.cfg.trial_seconds,
-                                  hopeless=self._hopeless)
-        log.info("trial %d: %s -> %s", trial.number, setting.label(), _short(figures))
-        return self._record(trial, figures)
+                                  hopeless=hopeless, timeout=self._limit(deadline))
+        timed = PROBE_S + (0.0 if figures.get("pruned") else self.cfg.trial_seconds)
+        self.overheads.append(max(0.0, time.monotonic() - t0 - timed))
+        return figures
+
+    def _run_trial(self, study, deadline: float) -> str:
+        """Ask for a trial, measure it and tell the study. Optuna's and the storage's calls run with interrupts
+        deferred; one that comes while the setting is measured fails the trial (told FAIL), then goes on up.
+        Returns "done", "full" (the study has its trials) or "timeout" (the budget ran out inside it)."""
+        import optuna
+
+        S = optuna.trial.TrialState
+        trial, told = None, False
+        try:
+            with interrupts.deferred():
+                trial = study.ask()
+                trial.set_user_attr("worker", self.worker)
+            with _Heartbeat(study._storage, trial._trial_id):
+                with interrupts.deferred():
+                    if self._counted(study, before=trial.number) >= self.cfg.trials:
+                        trial.set_user_attr("skipped", True)  # the study has its trials (other workers ran them)
+                        study.tell(trial, state=S.PRUNED)
+                        told = True
+                        return "full"
+                    setting = suggest(trial, self.space)
+                    trial.set_user_attr("setting", setting.model_dump(mode="json"))
+                    duplicate = next((t for t in study.get_trials(deepcopy=False, states=(S.COMPLETE, S.PRUNED))
+                                      if t.user_attrs.get("setting") == trial.user_attrs["setting"]
+                                      and "figures" in t.user_attrs), None)
+                if duplicate is not None:
+                    figures = duplicate.user_attrs["figures"]
+                else:
+                    budget, limit = math.isfinite(deadline), self._limit(deadline)
+                    try:
+                        figures = self._measure(setting, deadline, hopeless=self._hopeless)
+                    except TimedOut:
+                        reason = (f"stopped at the time budget: {setting.label()} was still setting up or being "
+                                  f"measured when its {limit:.1f} s ran out" if budget else
+                                  f"stopped: {setting.label()} was not measured within {limit:.0f} s")
+                        with interrupts.deferred():
+                            trial.set_user_attr("failed", reason)
+                            study.tell(trial, state=S.FAIL)
+                            told = True
+                        log.info("trial %d: %s", trial.number, reason)
+                        return "timeout" if budget else "done"
+                    log.info("trial %d: %s -> %s", trial.number, setting.label(), _short(figures))
+                with interrupts.deferred():
+                    state, values = self._record(trial, figures,
+                                                 duplicate_of=duplicate.number if duplicate is not None else None)
+                    study.tell(trial, values, state=state)
+                    told = True
+            return "done"
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # another worker took the same trial (SQLite lets two workers pop one waiting trial) and told it
+            # first: its figures stand, this worker goes on with the next
+            log.info("trial %s was finished by another worker", trial.number if trial is not None else "?")
+            return "done"
+        except BaseException as e:
+            if trial is not None and not told:
+                with interrupts.deferred():
+                    try:
+                        why = ("interrupted (SIGTERM)" if interrupts.received == "SIGTERM" else "interrupted (Ctrl-C)") \
+                            if isinstance(e, KeyboardInterrupt) else f"failed: {first_line(e)[:200]}"
+                        trial.set_user_attr("failed", why)
+                        study.tell(trial, state=S.FAIL)
+                    except Exception as cleanup:  # noqa: BLE001 - the storage itself failed: report the first error
+                        log.debug("could not mark trial %d failed: %s", trial.number, first_line(cleanup))
+            raise
 
     def _record(self, trial, figures: dict, duplicate_of: int | None = None):
+        """Keep a trial's figures and constraints; the state and values to tell the study."""
         import optuna
 
         trial.set_user_attr("figures", figures)
@@ -441,12 +708,12 @@ class Tuner:
             trial.set_constraint(f"c{i}", v)
         if duplicate_of is not None:
             trial.set_user_attr("duplicate_of", duplicate_of)
-        if figures.get("pruned"):
-            raise optuna.TrialPruned(figures["pruned"])
         values = [figures.get(f) for f in self.figures]
-        if any(v is None or not math.isfinite(v) for v in values):
-            raise optuna.TrialPruned("no figure")
-        return values if len(values) > 1 else values[0]
+        if figures.get("pruned") or any(v is None or not math.isfinite(v) for v in values):
+            if not figures.get("pruned"):
+                trial.set_user_attr("pruned_reason", "no figure")
+            return optuna.trial.TrialState.PRUNED, None
+        return optuna.trial.TrialState.COMPLETE, values if len(values) > 1 else values[0]
 
     def _violations(self, figures: dict) -> list[float]:
         out = [s.violation(figures) for s in self.slos]
@@ -463,29 +730,120 @@ class Tuner:
 
     # -------------------------------------------------------------- the whole tune
     def run(self) -> dict[str, Any]:
+        """The tune. A failed or interrupted one removes the default study file when this run created it and
+        no trial finished in it; else `kept` says what is there to resume from."""
+        created = self.own_file is not None and not os.path.lexists(self.own_file)
+        try:
+            return self._run()
+        except BaseException:
+            self._after_failure(created)
+            raise
+
+    def _finished(self, study) -> list:
+        import optuna
+
+        states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+        return [t for t in study.get_trials(deepcopy=False, states=states)
+                if not t.user_attrs.get("skipped") and "figures" in t.user_attrs]
+
+    def _run(self) -> dict[str, Any]:
         import optuna
 
         self._prepare()
+        self.worker = _this_worker()
         study = self._study()
-        states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
-        done = sum(1 for t in study.get_trials(deepcopy=False, states=states) if not t.user_attrs.get("skipped"))
-        if done:
-            self.notes.append(f"study {self.study_name}: {done} trials already done (resumed)")
-        elif not study.trials:
-            for params in starting_points(self.space):
-                study.enqueue_trial(params, skip_if_exists=True)
-        if done < self.cfg.trials and time.monotonic() < self.deadline:
-            timeout = None if self.deadline == math.inf else max(1.0, self.deadline - time.monotonic())
-            study.optimize(self._objective, n_trials=self.cfg.trials - done, timeout=timeout,
-                           callbacks=[optuna.study.MaxTrialsCallback(self.cfg.trials, states=states)],
-                           catch=())
-        trials = [t for t in study.get_trials(deepcopy=False, states=states)
-                  if not t.user_attrs.get("skipped") and "figures" in t.user_attrs]
+        with interrupts.deferred():
+            self._fail_stale(study)
+            done = len(self._finished(study))
+            if done:
+                self.notes.append(f"study {self.study_name}: {done} trials already done (resumed)")
+            elif not study.trials:
+                for params in starting_points(self.space):
+                    study.enqueue_trial(params, skip_if_exists=True)
+        self._search(study)
+        trials = self._finished(study)
+        if self.stale:
+            n = len(self.stale)
+            self.notes.append(f"{n} stale trial{'s' if n > 1 else ''} left running by a stopped worker marked "
+                              "failed (not counted)")
+        failed = [{"number": t.number, "label": Setting(**t.user_attrs["setting"]).label()
+                   if "setting" in t.user_attrs else "", "reason": t.user_attrs.get("failed", "failed")}
+                  for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))]
         if not trials:
-            raise ValidationError("no tune trial finished (time budget too short?); nothing was written")
-        return self._result(trials)
+            why = f"; the last: trial {failed[-1]['number']} {failed[-1]['reason']}" if failed else \
+                " (time budget too short?)"
+            raise ValidationError(f"no tune trial finished{why}; nothing was written")
+        return self._result(trials, failed)
 
-    def _result(self, trials: list) -> dict[str, Any]:
+    def _search(self, study) -> None:
+        """Trials until the study has `trials` of them, the budget's search part is spent, or trials keep
+        failing. With a budget, a share of it (up to a third) is kept for the confirmation."""
+        per = self._trial_seconds_needed()
+        reserve = min(self.cfg.confirm * ROUNDS * per, self.cfg.time_budget / 3) \
+            if self.cfg.time_budget and self.cfg.confirm else 0.0
+        deadline = self.deadline - reserve
+        timeouts = 0
+        while True:
+            with interrupts.deferred():
+                self._fail_stale(study)
+                if self._counted(study) >= self.cfg.trials:
+                    return
+            if math.isfinite(deadline):
+                first = not self._finished(study)
+                left, need = self._left(deadline), self._trial_seconds_needed()
+                if left < need and not (first and self._left() > PROBE_S + self.cfg.trial_seconds):
+                    self.notes.append(f"time budget: the search stopped with {max(0.0, left):.1f} s of its "
+                                      f"share left (a trial takes about {need:.1f} s here)")
+                    return
+                if first and left < need:
+                    deadline = self.deadline  # no trial yet: the first may use the whole budget
+            outcome = self._run_trial(study, deadline)
+            if outcome == "full":
+                return
+            if outcome == "timeout":
+                timeouts += 1
+                if self._left(deadline) < PROBE_S + self.cfg.trial_seconds or timeouts >= 3:
+                    self.notes.append("time budget: the search stopped (a trial was stopped at the budget, "
+                                      "marked failed)")
+                    return
+
+    def _after_failure(self, created: bool) -> None:
+        """After an error or an interrupt: drop the default study file this run created when no trial finished
+        in it (nothing to resume from); else say what it keeps."""
+        import optuna
+
+        path = self.own_file
+        if path is None or not os.path.lexists(path):
+            return
+        finished, storage = None, self.storage
+        with interrupts.deferred():
+            try:
+                if storage is not None:
+                    S = optuna.trial.TrialState
+                    finished = sum(1 for s in storage.get_all_studies()
+                                   for t in storage.get_all_trials(s._study_id, deepcopy=False,
+                                                                   states=(S.COMPLETE, S.PRUNED, S.RUNNING))
+                                   if not t.user_attrs.get("skipped"))
+            except Exception as e:  # noqa: BLE001 - cannot read it: leave it
+                log.debug("tune study after a failure: %s", first_line(e))
+                return
+            if finished:
+                self.kept = (f"the study in {path} keeps {finished} measured trial{'s' if finished != 1 else ''}: "
+                             "run the same command to resume")
+                return
+            if not created:
+                return
+            if storage is not None and hasattr(storage, "engine"):
+                storage.engine.dispose()
+            for p in (path, *(path.with_name(path.name + s) for s in ("-journal", "-wal", "-shm"))):
+                try:
+                    p.unlink()
+                except FileNotFoundError:
+                    pass
+                except OSError as e:
+                    log.debug("cannot remove %s: %s", p, e)
+
+    def _result(self, trials: list, failed: list[dict] | None = None) -> dict[str, Any]:
         rows = [{"number": t.number, "state": t.state.name.lower(), "setting": t.user_attrs["setting"],
                  "label": Setting(**t.user_attrs["setting"]).label(), "figures": t.user_attrs["figures"],
                  "feasible": all(v <= 0 for v in t.user_attrs.get("constraints", [])),
@@ -496,12 +854,13 @@ class Tuner:
         if not feasible:
             raise self._missed(rows)
         ranked = sorted(feasible, key=self._key)
-        confirmed = self._confirm(ranked[:self.cfg.confirm]) if self.cfg.confirm > 1 else []
+        confirmed = self._confirm(ranked[:self.cfg.confirm]) if self.cfg.confirm >= 1 else []
         best = confirmed[0] if confirmed else {**ranked[0], "confirmed": None}
         ties = [c for c in confirmed[1:] if c["tie"]]
         _mark_pareto(rows)
         setting = Setting(**best["setting"])
         figure, direction = self.figures[0], self.directions[0]
+        failed = failed or []
         return {
             "objective": self.cfg.objective, "slo": self.cfg.slo, "max_memory_mb": self.cfg.max_memory_mb,
             "best": {"setting": best["setting"], "label": best["label"], "figures": best["figures"],
@@ -512,9 +871,11 @@ class Tuner:
             "space": self.space, "left_out": self.left_out,
             "study": {"storage": _redact(self.storage_url), "name": self.study_name, "trials": len(rows),
                       "pruned": sum(r["state"] == "pruned" for r in rows),
-                      "duplicates": sum("duplicate_of" in r for r in rows)},
+                      "duplicates": sum("duplicate_of" in r for r in rows),
+                      "failed": len(failed), "stale": len(self.stale)},
             "objective_figure": figure, "direction": direction,
             "trials": rows,
+            "failed_trials": failed,
         }
 
     def _key(self, row: dict) -> float:
@@ -523,13 +884,33 @@ class Tuner:
 
     def _confirm(self, top: list[dict]) -> list[dict]:
         """The best settings measured again, interleaved over ROUNDS rounds (each sees the machine the others
-        see); the winner has the best mean; a setting whose 95% interval overlaps the winner's is a tie."""
+        see); the winner has the best mean; a setting whose 95% interval overlaps the winner's is a tie. With a
+        time budget: as many settings as its rest fits, only whole rounds count, and at least two of them."""
         figure = self.figures[0]
+        if math.isfinite(self.deadline):
+            per = self._trial_seconds_needed()
+            fits = int(self._left() // (ROUNDS * per))
+            if fits < 1:
+                self.notes.append(f"the best setting was not measured again: {max(0.0, self._left()):.1f} s of the "
+                                  f"time budget left, {ROUNDS} rounds take about {ROUNDS * per:.0f} s")
+                return []
+            if fits < len(top):
+                self.notes.append(f"measured again: the best {fits} of {len(top)} settings (the time budget's "
+                                  "rest fits no more)")
+                top = top[:fits]
         runs: dict[int, list[dict]] = {r["number"]: [] for r in top}
-        for _ in range(ROUNDS):
-            for r in top:
-                runs[r["number"]].append(measure_setting(self.artifact, Setting(**r["setting"]), self.feeds,
-                                                         seconds=self.cfg.trial_seconds))
+        rounds = 0
+        try:
+            for _ in range(ROUNDS):
+                for r in top:
+                    runs[r["number"]].append(self._measure(Setting(**r["setting"]), self.deadline))
+                rounds += 1
+        except TimedOut:
+            if rounds < 2:
+                self.notes.append("the best setting was not measured again: the time budget ran out")
+                return []
+            self.notes.append(f"measured again over {rounds} rounds (the time budget ran out)")
+        runs = {k: v[:rounds] for k, v in runs.items()}
         out = []
         for r in top:
             values = [f[figure] for f in runs[r["number"]] if f.get(figure) is not None]
