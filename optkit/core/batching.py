@@ -13,7 +13,7 @@ from collections.abc import Callable
 import numpy as np
 
 from optkit.core.errors import UsageError
-from optkit.core.shapes import format_shape
+from optkit.core.shapes import dim_kind, format_shape
 
 
 def fixed_batch(specs: list) -> int | None:
@@ -73,13 +73,32 @@ def matches(have, want) -> bool:
     return len(have) == len(want) and all(not (isinstance(w, int) and w > 0) or w == h for w, h in zip(want, have))
 
 
+def batch_axis(spec) -> int:
+    """Where an input declares its batch: the first dynamic dim named or placed as one (core.shapes.dim_kind:
+    `[2,batch,128]` and `[2,?,128]` give 1), else the first axis."""
+    for i, d in enumerate(spec.shape or []):
+        if not (isinstance(d, int) and d > 0) and dim_kind(spec.shape, i) == "batch":
+            return i
+    return 0
+
+
+def without_batch(spec) -> list | None:
+    """The input's shape less its batch axis: what one sample of it is when the data leaves the batch out."""
+    if not spec.shape:
+        return None
+    k = batch_axis(spec)
+    return spec.shape[:k] + spec.shape[k + 1:]
+
+
 def layout(spec, sample_shape) -> str | None:
-    """"whole", "batched", or None when a sample of this shape fits the input neither way."""
+    """"whole", "batched", or None when a sample of this shape fits the input neither way. Samples are
+    "batched" (stacked several to a call) only on a batch axis that comes first; a sample without a batch
+    axis that sits elsewhere is made whole first (measure.datasets)."""
     if spec.shape is None:
         return "batched"
     if matches(sample_shape, spec.shape):
         return "whole"
-    if spec.shape and matches(sample_shape, spec.shape[1:]):
+    if spec.shape and batch_axis(spec) == 0 and matches(sample_shape, spec.shape[1:]):
         return "batched"
     return None
 
@@ -167,13 +186,18 @@ def run_batched(run: Callable[[dict], list], specs: list, feeds: dict[str, np.nd
 
 
 def mismatch(spec, sample_shape) -> str:
-    """The message for a sample that fits an input neither batched nor whole."""
+    """The message for a sample that fits an input in no layout: the shapes each layout would take."""
     whole = format_shape(spec.shape)
-    batched = format_shape(spec.shape[1:]) if spec.shape else None
-    ways = f"{batched} (samples stacked on its batch axis) or {whole} (one whole input per sample)" if batched \
-        else f"{whole}"
+    ways = []
+    if spec.shape:
+        k = batch_axis(spec)
+        where = "stacked on its batch axis" if k == 0 else f"given a batch of 1 at axis {k}, one per call"
+        ways.append(f"{format_shape(without_batch(spec))} (the input without its batch axis; samples {where})")
+        ways.append(f"{whole} (the input whole, batch 1, one per call)")
+    else:
+        ways.append(f"{whole} (a scalar: data [N], one value per call)")
     return (f"data for input {spec.name!r} has per-sample shape {format_shape(list(sample_shape))} but the model "
-            f"takes {ways}")
+            f"takes {' or '.join(ways)}")
 
 
 def _stack(parts: list) -> np.ndarray:

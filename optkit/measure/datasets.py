@@ -11,7 +11,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from optkit.core.batching import layout, mismatch
+from optkit.core.batching import batch_axis, layout, matches, mismatch, without_batch
 from optkit.core.errors import UsageError
 
 LABELS = "labels"
@@ -95,6 +95,10 @@ def _fit(arr: np.ndarray, spec, source: str) -> np.ndarray:
         return arr.astype(np.dtype(spec.dtype)) if arr.dtype != np.dtype(spec.dtype) else arr
     have = list(arr.shape[1:])
     first = spec.shape[0] if spec.shape else None
+    k = batch_axis(spec)
+    if k and layout(spec, have) is None and matches(have, without_batch(spec)):
+        arr = np.expand_dims(arr, k + 1)  # a sample of [2,batch,8] given as [2,8]: its batch of 1 at axis k
+        have = list(arr.shape[1:])
     if layout(spec, have) == "whole" and have and have[0] == 1 and not (isinstance(first, int) and first > 1):
         arr = arr.reshape((arr.shape[0], *have[1:]))  # a whole input whose batch is the first axis: batched
     elif layout(spec, have) is None:
