@@ -48,6 +48,8 @@ def parse_shapes(values: list[str] | None) -> dict[str, list[int]]:
         if len(shape) > 16 or max(shape) > MAX_DIM or math.prod(shape) > MAX_ELEMENTS:
             raise UsageError(f"bad --shape {item!r}: at most 16 dims of at most {MAX_DIM:,} each and "
                              f"{MAX_ELEMENTS:,} elements")
+        if name.strip() in shapes:
+            raise UsageError(f"--shape {item!r} sets {name.strip() or 'the input'} a second time; give each input once")
         shapes[name.strip()] = shape
     return shapes
 
@@ -150,6 +152,8 @@ def parse_values(values: list[str] | None) -> dict[str, float]:
             raise UsageError(f"bad --value {item!r}: expected NAME=NUMBER, e.g. --value sr=16000")
         if not math.isfinite(value):
             raise UsageError(f"bad --value {item!r}: the value must be a finite number")
+        if name.strip() in parsed:
+            raise UsageError(f"--value {item!r} sets {name.strip()} a second time; give each input once")
         parsed[name.strip()] = int(value) if value.is_integer() else value
     return parsed
 

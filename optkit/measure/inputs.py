@@ -17,14 +17,21 @@ def synthesize(specs: list, shapes: dict[str, list[int]] | None = None, batch: i
     """Random inputs for one call that honour each input's dtype and what the model says about its values.
 
     Dynamic dims come from `shapes`, else `batch` for batch dims and the ladder's `rung` for the others
-    (core.shapes). `values` sets inputs outright (`--value sr=16000`; scalars are filled with it). Integer inputs
-    stay inside their `value_range` (token ids inside the embedding table), masks are all ones, other
-    integers are 0 or 1 (safe as ids, masks and indices) and a scalar integer is 1 (a size, step or count; 0 divides) or 16000 when named as a sample rate.
+    (core.shapes). `values` sets scalar inputs (`--value sr=16000`). Integer inputs stay inside their
+    `value_range` (token ids inside the embedding table), masks are all ones, other integers are 0 or 1 (safe
+    as ids, masks and indices), and a scalar named as a sample rate is 16000. Any other scalar (a threshold, a
+    trip count, a flag) has no value optkit could guess: it is named in a UsageError.
     """
     shapes, values = shapes or {}, values or {}
     names = [s.name for s in specs]
     check_unused(shapes, names)
-    check_unused(values, names, flag="--value")
+    check_values(specs, values)
+    unknown = [s for s in specs if not guessable(s, values)]
+    if unknown:
+        s = unknown[0]
+        raise UsageError(f"input {s.name!r} is a {s.dtype} scalar whose value optkit cannot guess (a threshold, a "
+                         f"count or a flag changes what the model computes); give it in the data or with "
+                         f"--value {s.name}=V")
     rng = np.random.default_rng(seed)
     feeds = {}
     for spec in specs:
@@ -42,13 +49,39 @@ def synthesize(specs: list, shapes: dict[str, list[int]] | None = None, batch: i
         elif np.issubdtype(dtype, np.integer) and getattr(spec, "value_range", None):
             low, high = spec.value_range
             feeds[spec.name] = rng.integers(low, max(high, low + 1), size=shape).astype(dtype)
-        elif np.issubdtype(dtype, np.integer) and not shape:
-            feeds[spec.name] = np.array(16000 if SAMPLE_RATE.search(spec.name) else 1, dtype=dtype)
+        elif not shape:
+            feeds[spec.name] = np.array(16000, dtype=dtype)  # a sample rate: the only scalar guessed (guessable)
         elif np.issubdtype(dtype, np.integer):
             feeds[spec.name] = rng.integers(0, 2, size=shape).astype(dtype)
         else:
             feeds[spec.name] = rng.random(shape, dtype=np.float32).astype(dtype)
     return feeds
+
+
+def is_scalar(spec) -> bool:
+    """A rank-0 input, or one of fixed size 1 ([1], [1,1]): a setting, not data."""
+    return spec.shape is not None and all(isinstance(d, int) and d == 1 for d in spec.shape)
+
+
+def guessable(spec, values: dict) -> bool:
+    """Whether a synthesized value of `spec` is meaningful: every non-scalar is (random data of its dtype);
+    a scalar only when given, when the model bounds it (an index) or marks it a mask, or when it is named as
+    a sample rate."""
+    dtype = input_dtype(spec)  # a type optkit cannot feed is named as such first
+    if spec.shape != [] or spec.name in values or ("" in values and len(values) == 1):
+        return True
+    if spec_mask(spec) or getattr(spec, "value_range", None) or str(spec.dtype) in ("string", "tensor(string)"):
+        return True
+    return bool(SAMPLE_RATE.search(spec.name)) and np.issubdtype(dtype, np.number)
+
+
+def check_values(specs: list, values: dict) -> None:
+    """`--value` names inputs of the model, and only scalar ones (data goes in --data)."""
+    check_unused(values, [s.name for s in specs], flag="--value")
+    for spec in specs:
+        if (spec.name in values or ("" in values and len(specs) == 1)) and not is_scalar(spec):
+            raise UsageError(f"--value {spec.name}: input {spec.name!r} is not a scalar (it takes "
+                             f"{format_shape(spec.shape)}); --value sets scalar inputs, give tensors with --data")
 
 
 def spec_mask(spec) -> bool:
@@ -63,8 +96,7 @@ def probe(specs: list, run, shapes: dict[str, list[int]] | None = None, values: 
     shapes, values = dict(shapes or {}), values or {}
     open_dims = [s for s in specs if s.shape is not None and s.name not in shapes and "" not in shapes
                  and any(not (isinstance(d, int) and d > 0) for d in s.shape)]
-    unset_scalars = [s.name for s in specs if s.shape == [] and s.name not in values]
-    if not open_dims and not unset_scalars:
+    if not open_dims:
         return shapes, "fixed by the model" if not shapes else "given"
     first_error = None
     for rung in range(rungs(open_dims)):
@@ -78,10 +110,6 @@ def probe(specs: list, run, shapes: dict[str, list[int]] | None = None, values: 
         return shapes | found, ("probed" if rung else "from the dim names") if open_dims else "fixed by the model"
     dims = ", ".join(f"{s.name} {format_shape(s.shape)}" for s in open_dims)
     reason = first_line(first_error)[:160] if first_error else "no shape ran"
-    if unset_scalars:
-        raise UsageError(f"the model does not run on synthesized inputs ({reason}); it has scalar input(s) "
-                         f"{', '.join(unset_scalars)} whose value cannot be guessed: give them in the data or with "
-                         f"--value {unset_scalars[0]}=V")
     raise UsageError(f"no shape tried for the dynamic dims of {dims} runs ({reason}); give data or set them with "
                      f"--shape NAME=DIMS")
 
