@@ -46,6 +46,38 @@ def attention_mask(specs: list, feeds: dict[str, np.ndarray], outputs: list | No
     return None
 
 
+def refuse_nonfinite_reference(path, outputs: list, names: list[str], specs: list, feeds: dict[str, np.ndarray],
+                               given: str, only: list[str] | None = None) -> None:
+    """A reference model whose own outputs hold NaN/Inf on the inputs given leaves nothing to check a result
+    against. The inputs are the problem (an all-padding attention mask, say), so it is a UsageError (exit 2)
+    naming the output and, where one explains it, the input."""
+    for name, out in zip(names, outputs):
+        out = np.asarray(out)
+        if (only and name not in only) or out.dtype.kind not in "fc" or not out.size:
+            continue
+        bad = _nonfinite(out)
+        if bad:
+            raise UsageError(f"{path} itself gives {bad} NaN/Inf values out of {out.size} in output {name!r} on "
+                             f"{given} ({_culprit(specs, feeds, out)}), so there is nothing to check against; "
+                             "nothing was written. Give data on which its outputs are finite")
+
+
+def _culprit(specs: list, feeds: dict[str, np.ndarray], out: np.ndarray) -> str:
+    """Which input explains non-finite outputs: a mask that hides every position of the samples that gave them."""
+    n = len(next(iter(feeds.values()))) if feeds else 0
+    rows = ~np.isfinite(out.reshape(n, -1)).all(axis=1) if n and out.ndim and out.shape[0] == n else None
+    for spec in specs:
+        arr = feeds.get(spec.name)
+        is_mask = getattr(spec, "mask", False) or "mask" in spec.name.lower()
+        if not is_mask or arr is None or arr.ndim < 2 or len(arr) != n:
+            continue
+        empty = ~np.asarray(arr).reshape(n, -1).any(axis=1)
+        hit = int(empty[rows].sum()) if rows is not None else int(empty.sum())
+        if hit:
+            return f"input {spec.name!r} masks every position in {hit} of {n} samples"
+    return "inputs " + ", ".join(repr(s.name) for s in specs) if specs else "no inputs"
+
+
 def _sequence_outputs(mask_spec, outputs: list) -> frozenset[str]:
     seq = mask_spec.shape[1] if len(mask_spec.shape) > 1 else None
     names = set()

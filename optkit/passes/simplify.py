@@ -11,7 +11,6 @@ import tempfile
 from pathlib import Path
 from typing import Literal, Optional
 
-import numpy as np
 from pydantic import Field
 
 from optkit.core.artifact import Artifact
@@ -22,6 +21,7 @@ from optkit.core.formats import Format
 from optkit.core.registry import Pass, PassConfig, PassContext, register
 from optkit.core.shapes import format_shape
 from optkit.core.text import first_line
+from optkit.measure.fidelity import refuse_nonfinite_reference
 from optkit.measure.inputs import probe, synthesize
 from optkit.onnx import graph
 from optkit.onnx import io as onnx_io
@@ -138,12 +138,8 @@ def _reference(artifact, ctx, config):
         given = "the given data" if data is not None else "synthesized inputs"
         raise UsageError(f"{artifact.path} does not run on {given}: {first_line(e)[:200]}; "
                          "give inputs it accepts with --data (and --shape for dynamic dims)") from None
-    bad = sum(int(np.size(a) - np.isfinite(a).sum()) for a in map(np.asarray, ref) if a.dtype.kind in "fc")
-    if bad:  # nothing to check a simplified model against
-        given = "the given data" if data is not None else "synthesized inputs"
-        raise ValidationError(f"{artifact.path} itself outputs {bad} NaN or Inf values on {given}, so a simplified "
-                              "model cannot be checked against it; nothing was written. Give inputs on which it "
-                              "computes finite outputs (--data)")
+    refuse_nonfinite_reference(artifact.path, ref, names, specs, feeds,
+                               data.source if data is not None else "synthesized inputs")
     return run, ref, n
 
 

@@ -26,7 +26,7 @@ from optkit.core.isolate import run_isolated
 from optkit.core.registry import PassContext, require_extra
 from optkit.core.text import first_line
 from optkit.measure.accuracy import compute, resolve_metric
-from optkit.measure.fidelity import attention_mask, check_names
+from optkit.measure.fidelity import attention_mask, check_names, refuse_nonfinite_reference
 from optkit.measure.inputs import probe, synthesize
 from optkit.measure.latency import measure_latency
 from optkit.measure.trials import ratio_ci95
@@ -298,7 +298,9 @@ class Quantizer:
             given = "synthesized inputs" if source is None else source.source
             raise UsageError(f"{self.artifact.path} does not run on {given}: {first_line(e)[:200]}; give inputs "
                              "it accepts with --eval-data (and --shape for dynamic dims)") from None
-        self._refuse_nonfinite_parent("synthesized inputs" if source is None else source.source)
+        refuse_nonfinite_reference(self.artifact.path, self.parent_outputs, self.out_names, self.specs,
+                                   self.check_feeds, "synthesized inputs" if source is None else source.source,
+                                   only=None if cfg.metric else self.checked)
         self.parent_accuracy = self._accuracy(self.parent_outputs, self.labels) if cfg.metric else None
 
     def _synthesized(self, n: int, seed: int) -> dict:
@@ -310,20 +312,6 @@ class Quantizer:
 
     def _run(self, session, feeds: dict) -> list:
         return onnx_session.run_all(session, feeds, self.out_names)
-
-    def _refuse_nonfinite_parent(self, given: str) -> None:
-        """The float model's own NaN / Inf outputs leave nothing to check a quantized model against (every
-        cosine would be -1): say so, rather than blame quantization and suggest --fallback."""
-        if self.cfg.max_accuracy_drop is not None:  # judged on the metric, which refuses NaN outputs itself
-            return
-        for name, out in zip(self.out_names, self.parent_outputs):
-            out = np.asarray(out)
-            if name in self.checked and out.dtype.kind in "fc" and out.size and not np.isfinite(out).all():
-                bad = int(out.size - np.count_nonzero(np.isfinite(out)))
-                raise ValidationError(
-                    f"{self.artifact.path} itself gives {bad} NaN/Inf values out of {out.size} in output {name!r} "
-                    f"on {given}, so a quantized model cannot be checked against it; nothing was written. Give "
-                    "inputs on which its outputs are finite with --eval-data")
 
     # ------------------------------------------------------------ budgets
     def _budget(self) -> tuple[str, float]:
