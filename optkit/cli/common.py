@@ -22,7 +22,7 @@ from optkit.core.errors import (
     EXIT_USAGE,
     OptkitError,
 )
-from optkit.core.text import first_line
+from optkit.core.text import first_line, printable
 
 
 @dataclass
@@ -92,7 +92,7 @@ def run_app(app, argv: Optional[list[str]] = None) -> int:
 
 
 def _fail(message: str, code: int) -> int:
-    text = " ".join(str(message).split()) or "failed"
+    text = printable(" ".join(str(message).split())) or "failed"
     try:
         print(f"error: {text}", file=sys.stderr)
     except (BrokenPipeError, OSError):
@@ -144,6 +144,9 @@ def console():
     class _Console(Console):
         def on_broken_pipe(self) -> None:  # rich exits 1 here, which reads as "gate failed"
             raise BrokenPipeError()
+
+        def render_str(self, text: str, **kwargs):  # every str printed or put in a table: names are untrusted
+            return super().render_str(printable(text), **kwargs)
 
     return _Console(stderr=False, highlight=False, markup=False)
 

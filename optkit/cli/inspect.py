@@ -8,6 +8,7 @@ import typer
 
 from optkit.cli import common, options
 from optkit.core.shapes import format_shape
+from optkit.core.text import printable
 
 
 def register(app: typer.Typer) -> None:
@@ -36,7 +37,7 @@ def _render(info: dict) -> None:
     size = info.get("size", {})
     from rich.text import Text
 
-    con.print(Text(str(info["path"]), "bold"), f" format {info['format']}"
+    con.print(Text(printable(info["path"]), "bold"), f" format {info['format']}"
               + (f", opset {info['opset']}" if "opset" in info else "")
               + (f", producer {info['producer']}" if info.get("producer") else ""))
     params = size.get("parameters")

@@ -10,6 +10,7 @@ import typer
 from optkit.cli import common, options
 from optkit.core.errors import PassError, UsageError
 from optkit.core.formats import Format
+from optkit.core.text import printable
 
 trt_app = typer.Typer(
     name="trt", no_args_is_help=True, add_completion=False, rich_markup_mode=None,
@@ -122,7 +123,7 @@ def _render(result, strict: bool) -> None:
     from rich.text import Text
 
     con = common.console()
-    con.print(Text(str(result.model), "bold"), f" opset {result.opset}, {result.nodes} nodes"
+    con.print(Text(printable(result.model), "bold"), f" opset {result.opset}, {result.nodes} nodes"
               + (", explicitly quantized (Q/DQ)" if result.quantized else ""))
     con.print(f"checked against {result.table}")
     if not result.findings:

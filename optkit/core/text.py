@@ -1,5 +1,25 @@
-"""Turning exceptions into the one line a user reads."""
+"""Turning exceptions into the one line a user reads, and untrusted names into text that is safe to show."""
 from __future__ import annotations
+
+import re
+
+# C0 and C1 control characters (ESC starts terminal escape sequences) and the bidirectional overrides that
+# make text display in another order than it reads; newlines and tabs stay
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_MARKDOWN = re.compile(r"([\\`*_\[\]<>|!~])")
+
+
+def printable(text: str) -> str:
+    """`text` with control characters shown as escapes (`\x1b`), so a model, node or input name cannot move the
+    cursor, recolour or retitle a terminal, or hide what a line says."""
+    return _UNSAFE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), str(text))
+
+
+def markdown(text: str) -> str:
+    """`text` for a Markdown report (a pull-request comment): printable, `&` `<` `>` as entities and Markdown's
+    own characters escaped, so a name is shown as written and never becomes HTML, a link or an image."""
+    text = printable(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _MARKDOWN.sub(r"\\\1", text)
 
 
 def first_line(e: BaseException) -> str:

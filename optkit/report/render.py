@@ -1,6 +1,8 @@
 """Renderers: the console (rich), Markdown (pull-request comments, $GITHUB_STEP_SUMMARY) and JSON."""
 from __future__ import annotations
 
+from optkit.core.text import markdown as md
+from optkit.core.text import printable
 from optkit.report.figures import StageFigures, finite
 from optkit.report.schema import Report
 from optkit.report.table import columns, gate_rows, stage_rows
@@ -13,7 +15,7 @@ def to_console(report: Report, console=None) -> None:
     from rich.text import Text
 
     console = console or Console(markup=False, highlight=False)
-    table = Table(title=report.command or "optkit report", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    table = Table(title=printable(report.command or "optkit report"), title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     rows = stage_rows(report)
     # a column with no figure in any row only takes width from the ones that matter
     shown = columns(report, console=True)
@@ -24,7 +26,7 @@ def to_console(report: Report, console=None) -> None:
         table.add_column(col, justify="left" if col in ("stage", "format") else "right", no_wrap=col != "stage",
                          min_width=min(widest_stage, 12) if col == "stage" else None)
     for row in rows:
-        table.add_row(*(row[c] for c in shown))
+        table.add_row(*(printable(row[c]) for c in shown))
     console.print(table)
     only = StageFigures.of(report.stages[0]) if len(report.stages) == 1 else None
     if only is not None and "latency" in only.measured:
@@ -36,16 +38,16 @@ def to_console(report: Report, console=None) -> None:
                       "above the process's baseline (RSS)")
     for stage in report.stages:
         for note in stage.notes:
-            console.print(Text(f"{stage.name}: {note}", "dim"))
+            console.print(Text(printable(f"{stage.name}: {note}"), "dim"))
         for warning in stage.warnings:
-            console.print(Text("warning", "bold yellow"), f"{stage.name}: {warning}")
+            console.print(Text("warning", "bold yellow"), printable(f"{stage.name}: {warning}"))
     if report.gates:
         gates = Table(title="gates", title_justify="left")
         for col in ("gate", "value", "threshold", "margin", "verdict"):
             gates.add_column(col)
         for row in gate_rows(report):
             style = "green" if row["verdict"] == "pass" else "bold red"
-            gates.add_row(row["gate"], row["value"], row["threshold"], row["margin"],
+            gates.add_row(printable(row["gate"]), row["value"], row["threshold"], row["margin"],
                           Text(row["verdict"], style))
         console.print(gates)
 
@@ -71,14 +73,16 @@ def _latency_line(f: StageFigures) -> str:
 
 
 def to_markdown(report: Report) -> str:
-    lines = [f"### optkit: {report.command or 'report'}", ""]
+    # every text from a model, a file name or a report is escaped (md): a PR comment renders no HTML, link or
+    # image from it
+    lines = [f"### optkit: {md(report.command or 'report')}", ""]
     cols = columns(report)
-    lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cols) + " |")
+    lines.append("| " + " | ".join(md(c) for c in cols) + " |")
     lines.append("|" + "|".join("---" if c in ("stage", "format") else "---:" for c in cols) + "|")
     for row in stage_rows(report):
-        lines.append("| " + " | ".join(row[c].replace("|", "\\|") for c in cols) + " |")
-    notes = [f"- **{s.name}**: {n}" for s in report.stages for n in s.notes]
-    warnings = [f"- :warning: **{s.name}**: {w}" for s in report.stages for w in s.warnings]
+        lines.append("| " + " | ".join(md(row[c]) for c in cols) + " |")
+    notes = [f"- **{md(s.name)}**: {md(n)}" for s in report.stages for n in s.notes]
+    warnings = [f"- :warning: **{md(s.name)}**: {md(w)}" for s in report.stages for w in s.warnings]
     if notes or warnings:
         lines += ["", *warnings, *notes]
     if report.gates:
@@ -89,10 +93,11 @@ def to_markdown(report: Report) -> str:
                   "|---|---:|---:|---:|---|"]
         for row in gate_rows(report):
             mark = ":white_check_mark: pass" if row["verdict"] == "pass" else ":x: FAIL"
-            lines.append(f"| {row['gate']} | {row['value']} | {row['threshold']} | {row['margin']} | {mark} |")
+            lines.append(f"| {md(row['gate'])} | {md(row['value'])} | {md(row['threshold'])} | {md(row['margin'])} "
+                         f"| {mark} |")
     versions = ", ".join(f"{k} {v}" for k, v in report.versions.items())
-    lines += ["", f"<sub>{report.machine.get('processor', '')}, {report.machine.get('cpu_count')} cores; "
-              f"{versions}</sub>", ""]
+    lines += ["", f"<sub>{md(report.machine.get('processor', ''))}, {md(report.machine.get('cpu_count'))} cores; "
+              f"{md(versions)}</sub>", ""]
     return "\n".join(lines)
 
 
