@@ -11,10 +11,24 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+from test_hostile import CALIB, CNN, refused
 
 from conftest import ROOT, one_error_line
-from test_hostile import CALIB, CNN, refused, snapshot, work  # noqa: F401 - `work` is a fixture
+
+
+@pytest.fixture
+def work(tmp_path, samples):
+    """Copies of the sample CNN and its calibration data, so nothing under test can touch the samples."""
+    for name in (CNN, CALIB):
+        (tmp_path / name).write_bytes((samples / name).read_bytes())
+    return tmp_path
+
 
 # a latency limit no int8 model can meet: the result is refused and kept aside as OUT.REJECTED.onnx
 REFUSED = ["--mode", "static", "--calibration-data", CALIB, "--no-latency-search", "--max-latency-ratio", "0.01"]
@@ -35,8 +49,6 @@ def test_refused_quantize_never_replaces_a_file_optkit_did_not_write(cli, work):
 
 
 def test_refused_quantize_replaces_only_its_own_kept_aside_model(cli, work):
-    import onnx
-
     for _ in range(2):  # the second run may replace what the first kept aside: optkit marked it as its own
         r = cli("quantize", CNN, "-o", "q.onnx", *REFUSED, cwd=work)
         assert r.rc == 3, r.err
@@ -97,3 +109,152 @@ def test_tflite_memory_is_the_model_not_tensorflow(cli, samples):
     # a 93 KB model: TensorFlow's import (hundreds of MiB) is taken before the baseline
     assert memory["load_mb"] < 50, memory
     assert memory["peak_mb"] < 100, memory
+
+
+# ------------------------------------------------------------------ 12. NaN from the data is a data problem
+
+@pytest.mark.parametrize("command", [["simplify"], ["quantize", "--mode", "dynamic", "--no-latency-search"]])
+def test_data_on_which_the_model_gives_nan_is_exit_2_naming_the_input(cli, tmp_path, command):
+    from test_fidelity_padding import _pooling_encoder
+
+    model = _pooling_encoder(tmp_path / "enc.onnx")
+    mask = np.ones((8, 8), np.int64)
+    mask[3] = 0  # one sample all padding: its pooled row is 0/0
+    np.savez(tmp_path / "d.npz", input_ids=np.ones((8, 8), np.int64), attention_mask=mask)
+    out = tmp_path / "out"
+    out.mkdir()
+    flag = "--data" if command[0] == "simplify" else "--eval-data"
+    r = cli(*command, model, "-o", out / "m.onnx", flag, tmp_path / "d.npz")
+    line = one_error_line(r)
+    assert r.rc == 2, r.err
+    assert "input 'attention_mask' masks every position in 1 of 8 samples" in line, line
+    assert list(out.iterdir()) == []
+
+
+# ------------------------------------------------------------------ 11. a state whose batch axis is not the first
+
+def _state_model(path: Path) -> Path:
+    """x [batch,4] -> x+1, and a state [2,batch,8] -> state*2 (a voice model's layout)."""
+    g = h.make_graph([h.make_node("Mul", ["state", "two"], ["s2"]), h.make_node("Add", ["x", "one"], ["y"])], "g",
+                     [h.make_tensor_value_info("x", T.FLOAT, ["batch", 4]),
+                      h.make_tensor_value_info("state", T.FLOAT, [2, "batch", 8])],
+                     [h.make_tensor_value_info("y", T.FLOAT, ["batch", 4]),
+                      h.make_tensor_value_info("s2", T.FLOAT, [2, "batch", 8])],
+                     [nh.from_array(np.array(2, np.float32), "two"), nh.from_array(np.array(1, np.float32), "one")])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+@pytest.mark.parametrize("state_shape", [(6, 2, 8), (6, 2, 1, 8)])
+def test_a_state_sample_takes_its_batch_axis_where_the_model_declares_it(cli, tmp_path, state_shape):
+    model = _state_model(tmp_path / "state.onnx")
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", x=rng.random((6, 4), np.float32), state=rng.random(state_shape, np.float32))
+    r = cli("eval", model, "--data", tmp_path / "d.npz", "--reference", model, "--no-metric", "--json")
+    assert r.rc == 0, r.err
+    fidelity = json.loads(r.out)["stages"][0]["measurements"]["fidelity"]
+    assert fidelity["outputs"]["s2"]["cosine"] == pytest.approx(1.0)
+
+
+def test_a_state_that_fits_no_layout_lists_what_each_would_take(cli, tmp_path):
+    model = _state_model(tmp_path / "state.onnx")
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", x=rng.random((6, 4), np.float32), state=rng.random((6, 3, 8), np.float32))
+    r = cli("bench", model, "--data", tmp_path / "d.npz", "--runs", "2")
+    line = one_error_line(r)
+    assert r.rc == 2
+    assert "per-sample shape [3,8]" in line and "[2,8] (the input without its batch axis" in line
+    assert "[2,?,8] (the input whole" in line or "[2,batch,8] (the input whole" in line, line
+
+
+# ------------------------------------------------------------------ 12. scalars optkit cannot guess
+
+def _threshold_model(path: Path, dtype=T.FLOAT) -> Path:
+    """y = x > thr: a scalar threshold, which changes what the model computes."""
+    g = h.make_graph([h.make_node("Cast", ["thr"], ["t"], to=T.FLOAT), h.make_node("Greater", ["x", "t"], ["y"])],
+                     "g", [h.make_tensor_value_info("x", T.FLOAT, ["batch", 4]),
+                           h.make_tensor_value_info("thr", dtype, [])],
+                     [h.make_tensor_value_info("y", T.BOOL, ["batch", 4])])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+@pytest.mark.parametrize("dtype", [T.FLOAT, T.INT64])
+def test_a_scalar_that_cannot_be_guessed_is_named(cli, tmp_path, dtype):
+    model = _threshold_model(tmp_path / "thr.onnx", dtype)
+    r = cli("bench", model, "--runs", "2")
+    assert r.rc == 2
+    assert "input 'thr' is a" in one_error_line(r) and "--value thr=V" in one_error_line(r)
+    assert cli("bench", model, "--runs", "2", "--value", "thr=0.5").rc == 0
+
+
+def test_value_for_a_tensor_input_is_refused(cli, tmp_path):
+    model = _threshold_model(tmp_path / "thr.onnx")
+    r = cli("bench", model, "--runs", "2", "--value", "thr=0.5", "--value", "x=1")
+    assert r.rc == 2
+    assert "input 'x' is not a scalar" in one_error_line(r)
+
+
+# ------------------------------------------------------------------ 12. names that reach a terminal or a PR comment
+
+EVIL = "x\x1b]0;pwned\x07\x1b[31m<img src=http://evil.example/p.png>\u202e"
+
+
+def _evil_model(folder: Path) -> Path:
+    g = h.make_graph([h.make_node("Relu", [EVIL], ["y"], name="n\x1b[2J")], "g",
+                     [h.make_tensor_value_info(EVIL, T.FLOAT, ["batch", 4])],
+                     [h.make_tensor_value_info("y", T.FLOAT, ["batch", 4])])
+    path = folder / "evil\x1b[5m.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8), path)
+    return path
+
+
+def test_control_characters_and_html_in_names_are_escaped(cli, tmp_path):
+    model = _evil_model(tmp_path)
+    r = cli("inspect", model)
+    assert r.rc == 0, r.err
+    assert "\x1b" not in r.out + r.err and "\u202e" not in r.out
+    assert "\\x1b]0;pwned\\x07" in r.out  # shown, escaped
+    r = cli("bench", model, "--shape", "x=1x2", "--runs", "2")  # an error naming the inputs
+    assert r.rc == 2 and "\x1b" not in r.err and "\\x1b" in one_error_line(r)
+    r = cli("simplify", model, "-o", tmp_path / "s.onnx", "--report", tmp_path / "r.json")  # notes name the input
+    assert r.rc == 0, r.err
+    assert "\x1b" not in r.out + r.err and "pwned" in r.out
+    md = cli("report", "render", tmp_path / "r.json", "--format", "md")
+    assert md.rc == 0, md.err
+    assert "\x1b" not in md.out and "<img" not in md.out and "&lt;img" in md.out
+    assert "![" not in md.out
+
+
+# ------------------------------------------------------------------ 12. refused before any work
+
+def test_repeated_shape_or_value_is_refused(cli, samples):
+    r = cli("bench", samples / CNN, "--shape", "input=1x1x8x8", "--shape", "input=2x1x8x8")
+    assert r.rc == 2 and "a second time" in one_error_line(r)
+    r = cli("bench", samples / CNN, "--value", "sr=1", "--value", "sr=2")
+    assert r.rc == 2 and "a second time" in one_error_line(r)
+
+
+def test_tflite_shared_under_load_is_refused_before_measuring(cli, samples):
+    import time
+
+    start = time.perf_counter()
+    r = cli("bench", samples / "keras_cnn.tflite", "--concurrency", "4")
+    assert r.rc == 2 and "--sessions per-thread" in one_error_line(r)
+    assert time.perf_counter() - start < 5  # no benchmark ran first (it took 7 s)
+
+
+def test_a_recipe_stage_named_input_is_refused(cli, tmp_path, samples):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"model: {{path: {samples / CNN}}}\nstages:\n  - pass: simplify.onnx\n    name: input\n")
+    r = cli("run", recipe, "--dry-run")
+    assert r.rc == 2 and "'input' names the recipe's model" in one_error_line(r)
+
+
+def test_a_recipe_sharing_a_tflite_session_is_refused_before_any_stage(cli, tmp_path, samples):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"model: {{path: {samples / 'keras_cnn.keras'}}}\nmeasure: {{concurrency: 2}}\n"
+                      "stages:\n  - pass: tflite.export\n")
+    r = cli("run", recipe, "--dry-run")
+    assert r.rc == 2, r.err
+    assert "measure" in one_error_line(r) and "--sessions per-thread" in one_error_line(r)

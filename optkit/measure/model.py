@@ -23,7 +23,7 @@ from optkit.measure.inputs import probe, synthesize
 from optkit.measure.latency import measure_latency
 from optkit.measure.size import measure_size
 from optkit.onnx.session import OrtSettings
-from optkit.runtimes.base import open_session, warm_runtime
+from optkit.runtimes.base import open_session, session_class, warm_runtime
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +115,7 @@ def measure(artifact: Artifact, settings: MeasureSettings | None = None, *, late
             data: DataSpec | None = None, metric: str | None = None, reference: Artifact | None = None) -> dict:
     """Measure `artifact` in a child process (a crashing runtime becomes an exit-3 error)."""
     settings = settings or MeasureSettings()
+    check_sharing(artifact.format, settings)
     log.info("measuring %s (latency %s, data %s, reference %s)", artifact.path, latency,
              data.path if data else None, reference.path if reference else None)
     return run_isolated(_measure, artifact, settings, latency, data, metric, reference,
@@ -191,12 +192,18 @@ def _run_measurements(result: dict, artifact: Artifact, session, settings: Measu
                               "samples": len(outputs[0]) if getattr(outputs[0], "ndim", 1) else 1}
 
 
+def check_sharing(fmt, settings: MeasureSettings) -> None:
+    """Before any work: a runtime whose sessions are not thread-safe is never shared by concurrent requests."""
+    runtime = session_class(fmt).runtime
+    if (settings.concurrency or 1) > 1 and settings.sessions == "shared" and runtime in NOT_THREAD_SAFE:
+        raise UsageError(f"a {runtime} session cannot serve several requests at once (it is not "
+                         "thread-safe): use --sessions per-thread (recipe: measure.sessions: per-thread)")
+
+
 def _under_load(artifact: Artifact, session, feeds: dict, settings: MeasureSettings) -> dict:
     """Throughput and latency with settings.concurrency requests in flight (measure.concurrency)."""
     n = settings.concurrency
-    if n > 1 and settings.sessions == "shared" and session.runtime in NOT_THREAD_SAFE:
-        raise UsageError(f"a {session.runtime} session cannot serve several requests at once (it is not "
-                         "thread-safe): use --sessions per-thread (recipe: measure.sessions: per-thread)")
+    check_sharing(artifact.format, settings)
     extra = [settings.open(artifact) for _ in range(n - 1)] if settings.sessions == "per-thread" else []
     try:
         return measure_concurrency([session, *extra], feeds, concurrency=n, warmup=settings.warmup,

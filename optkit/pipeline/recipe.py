@@ -27,6 +27,7 @@ from optkit.core.shapes import MAX_DIM, MAX_ELEMENTS
 from optkit.core.stage import ConfigError, build_config, check_accepts, config_message
 from optkit.core.text import first_line
 from optkit.measure.datasets import Preprocess
+from optkit.measure.model import check_sharing
 from optkit.onnx.session import OrtSettings
 from optkit.pipeline.gates import check_gates_plan, parse_gates
 
@@ -87,6 +88,8 @@ class StageSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str | None) -> str | None:
+        if v == "input":
+            raise ValueError("'input' names the recipe's model (`from: input`); give the stage another name")
         return _folder_name(v, "stage name")
 
 
@@ -441,6 +444,13 @@ def check_passes(loaded: LoadedRecipe, allow_missing: bool = False) -> list:
         out.append((cls, cfg))
         fmt = cls.produces
         formats[names[i]] = fmt
+    for i, fmt in enumerate(formats.values()):  # measured under load: refused now, not after the stages before
+        try:
+            check_sharing(fmt, r.measure)
+        except UsageError as e:
+            where = "the model" if i == 0 else f"stage {names[i - 1]!r}"
+            raise UsageError(f"{loaded.where(('measure', 'sessions'))}: {where} gives {fmt.value}: {e.message}") \
+                from None
     return out
 
 
