@@ -58,7 +58,7 @@ def main() -> None:
     from optkit.core.artifact import Artifact
     from optkit.measure.model import MeasureSettings
     from optkit.measure.trials import latency_trials
-    from optkit.pipeline.gates import evaluate, parse_gates, verdict
+    from optkit.pipeline.gates import evaluate, parse_gates
     from optkit.report.schema import ArtifactRef, Report, Stage
 
     tmp = Path(tempfile.mkdtemp(prefix="optkit-gate-bench-"))
@@ -105,7 +105,7 @@ def main() -> None:
         p50 = rep.stages[0].measurements["latency"]["p50_ms"]
         ci = re.search(r"95% CI ([-+][\d.]+)% \.\. ([-+][\d.]+)%", res.detail)
         noise = (float(ci[2]) - float(ci[1])) / 2 if ci else 0.0
-        word = verdict(res)
+        word = res.verdict
         counts[label] += word != "pass"
         judged[label][word] = judged[label].get(word, 0) + 1
         gated[label].append(res.value)

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from optkit.core.errors import UsageError
-from optkit.pipeline.gates import check_gates_plan, evaluate, parse_gate, parse_gates, verdict
+from optkit.pipeline.gates import check_gates_plan, evaluate, parse_gate, parse_gates
 from optkit.report.schema import ArtifactRef, Report, Stage
 
 from conftest import one_error_line
@@ -90,7 +90,7 @@ def test_regression_within_noise_cannot_be_judged():
     base = report(stage("m", p50=1.0, ci=10, norm=1.0, norm_ci=10))
     cur = report(stage("m", p50=1.12, ci=10, norm=1.12, norm_ci=10))   # +12% but noise is ±~16%
     (r,) = evaluate(cur, parse_gates(["latency_regression_pct <= 10"]), base)
-    assert not r.passed and verdict(r) == "cannot judge" and r.value == pytest.approx(12.0)
+    assert not r.passed and r.verdict == "cannot judge" and r.value == pytest.approx(12.0)
     assert r.detail.startswith("cannot judge: the noise (±15.8%) is wider than the margin (2%)")
     quiet = report(stage("m", p50=1.12, ci=0.5, norm=1.12, norm_ci=0.5))
     quiet_base = report(stage("m", p50=1.0, ci=0.5, norm=1.0, norm_ci=0.5))
@@ -189,11 +189,11 @@ def test_regression_gate_uses_both_sides_trials():
     # not a pass (there is no benefit of the doubt), it cannot be judged
     noisy = [0.7, 1.5, 0.9, 1.4, 1.0, 1.6, 0.8, 1.3]
     (r,) = evaluate(report(trial_stage("m", [t * 1.15 for t in noisy])), gate, report(trial_stage("m", noisy)))
-    assert not r.passed and verdict(r) == "cannot judge" and r.value > 10 and r.margin < 0
+    assert not r.passed and r.verdict == "cannot judge" and r.value > 10 and r.margin < 0
     assert "95% CI" in r.detail and "measure longer or on a quieter runner" in r.detail
     # the same noise around an unchanged model: the interval holds 10% too, so it cannot be judged either
     (r,) = evaluate(report(trial_stage("m", list(reversed(noisy)))), gate, report(trial_stage("m", noisy)))
-    assert verdict(r) == "cannot judge" and r.value == pytest.approx(0.0) and r.margin == pytest.approx(10.0)
+    assert r.verdict == "cannot judge" and r.value == pytest.approx(0.0) and r.margin == pytest.approx(10.0)
 
 
 def test_regression_gate_compares_only_a_shared_reference_rung():

@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from optkit.pipeline.gates import evaluate, parse_gates, verdict
+from optkit.pipeline.gates import evaluate, parse_gates
 from optkit.report.schema import ArtifactRef, Report, Stage
 
 from conftest import one_error_line
@@ -42,8 +42,10 @@ def noisy(bench: dict, tmp_path, *, p99: float, noise: float, name: str = "repor
 
 def test_the_reproducer_cannot_be_judged(cli, tmp_path, bench_report):
     path = noisy(bench_report, tmp_path, p99=22.56, noise=62)
-    r = cli("gate", path, "latency_p99_ms <= 0.05", "--junit", tmp_path / "j.xml", "--output", tmp_path / "out.json")
+    r = cli("gate", path, "latency_p99_ms <= 0.05", "--junit", tmp_path / "j.xml", "--output", tmp_path / "out.json",
+            "--markdown", tmp_path / "g.md")
     assert r.rc == 1, (r.out, r.err)
+    assert ":x: cannot judge" in (tmp_path / "g.md").read_text()            # the PR comment says the same
     line = one_error_line(r)
     assert "latency_p99_ms <= 0.05" in line and "cannot judge" in line and "±62 ms" in line, line
     assert "measure longer or on a quieter runner" in line and "pass" not in line
@@ -51,6 +53,7 @@ def test_the_reproducer_cannot_be_judged(cli, tmp_path, bench_report):
     assert "cannot judge: the noise (±62 ms)" in (tmp_path / "j.xml").read_text()
     (g,) = json.loads((tmp_path / "out.json").read_text())["gates"]
     assert g["passed"] is False and g["detail"].startswith("cannot judge: the noise (±62 ms) is wider than the margin")
+    assert g["verdict"] == "cannot judge"
 
 
 def test_a_band_wholly_under_the_threshold_passes(cli, tmp_path, bench_report):
@@ -91,11 +94,11 @@ def stage(name, *, p50=10.0, ci=None, norm=None, trials=None, throughput=None):
 
 def judge(rep: Report, gate: str, baseline: Report | None = None) -> str:
     (r,) = evaluate(rep, parse_gates([gate]), baseline)
-    if verdict(r) == "cannot judge":   # the line says so, and what it says is true: the noise is wider
+    if r.verdict == "cannot judge":   # the line says so, and what it says is true: the noise is wider
         m = re.match(r"cannot judge: the noise \(±([\d.e+-]+)[^)]*\) is wider than the margin \(([\d.e+-]+)", r.detail)
         assert m and float(m[1]) >= float(m[2]) and abs(r.margin) == pytest.approx(float(m[2]), rel=0.01), r.detail
         assert "measure longer or on a quieter runner" in r.detail
-    return verdict(r)
+    return r.verdict
 
 
 # p50 10 ms ±20% (±2 ms): the band is 8 .. 12 ms; p99 15 ±3 ms; throughput 100/s ±20/s; normalised 0.5 ±0.1
@@ -167,4 +170,4 @@ def test_a_non_finite_noise_still_fails_not_cannot_judge():
     rep = Report(command="t", stages=[stage("m", p50=10.0, ci=20.0)])
     rep.stages[0].measurements["latency"]["ci95_pct"] = math.inf
     (r,) = evaluate(rep, parse_gates(["latency_p50_ms <= 100"]))
-    assert not r.passed and verdict(r) == "fail" and "noise is not a finite figure" in r.detail
+    assert not r.passed and r.verdict == "fail" and "noise is not a finite figure" in r.detail

@@ -54,30 +54,22 @@ def register(app: typer.Typer) -> None:
             _print_gates(rep)
         bad = [g for g in rep.gates if not g.passed]
         if bad:
-            raise GateFailed(f"{len(bad)} of {len(rep.gates)} gates failed: " + ", ".join(_why(g) for g in bad))
+            from optkit.report.table import failed_gate
 
-
-def _why(g) -> str:
-    """A failed gate in the error line: the gate and its verdict; a gate that cannot be judged says why."""
-    from optkit.pipeline.gates import CANNOT_JUDGE, verdict
-
-    if verdict(g) == CANNOT_JUDGE:
-        return f"{g.gate} ({'; '.join(g.detail.split('; ')[:2])})"   # the verdict, its noise and margin, advice
-    return f"{g.gate} (fail)"
+            raise GateFailed(f"{len(bad)} of {len(rep.gates)} gates failed: " + ", ".join(failed_gate(g) for g in bad))
 
 
 def _print_gates(rep) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from optkit.pipeline.gates import verdict
     from optkit.report.table import gate_rows
 
     t = Table(title="gates", title_justify="left")
     for c in ("gate", "stage", "value", "threshold", "margin", "verdict", "detail"):
         t.add_column(c)
     for g, row in zip(rep.gates, gate_rows(rep)):
-        word = verdict(g)
+        word = g.verdict
         style = "green" if g.passed else "bold red" if word == "fail" else "bold yellow"
         t.add_row(row["gate"], g.stage, row["value"], row["threshold"], row["margin"],
                   Text("FAIL" if word == "fail" else word, style), g.detail)

@@ -44,8 +44,10 @@ def register(app: typer.Typer) -> None:
         common.emit(outcome.report, None, as_json)
         bad = outcome.failed_gates
         if bad:
+            from optkit.report.table import failed_gate
+
             raise GateFailed(f"{len(bad)} of {len(outcome.gate_results)} gates failed: "
-                             + ", ".join(g.gate for g in bad) + f" (see {outcome.run_dir}/report.md)")
+                             + ", ".join(failed_gate(g) for g in bad) + f" (see {outcome.run_dir}/report.md)")
 
 
 def _print_plan(loaded, rows, as_json: bool) -> None:

@@ -387,13 +387,6 @@ def _cannot_judge(g: Gate, value: float, lo: float, hi: float) -> str:
             f"({_q(abs(value - g.threshold), g.metric)}); measure longer or on a quieter runner")
 
 
-def verdict(result: GateResult) -> str:
-    """A gate result's verdict word: pass, fail, or cannot judge (its figure's noise straddles the threshold)."""
-    if result.passed:
-        return "pass"
-    return CANNOT_JUDGE if result.detail.startswith(CANNOT_JUDGE) else "fail"
-
-
 def _not_finite(value, noise, ci) -> str:
     """Why a gate's figure cannot be compared ('' when it can)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):

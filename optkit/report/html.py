@@ -233,7 +233,8 @@ def to_html(report: Report) -> str:
         h.append('<h2>Gates</h2><table><tr><th class="l">gate</th><th class="l">stage</th><th>value</th>'
                  '<th>threshold</th><th>margin</th><th class="l">verdict</th><th class="l">detail</th></tr>')
         for g, row in zip(report.gates, gate_rows(report)):
-            v = '<span class="pass">pass</span>' if g.passed else '<span class="fail">FAIL</span>'
+            word = "FAIL" if g.verdict == "fail" else escape(g.verdict)
+            v = '<span class="pass">pass</span>' if g.passed else f'<span class="fail">{word}</span>'
             h.append(f'<tr><td class="l">{escape(row["gate"])}</td><td class="l">{escape(g.stage)}</td>'
                      f'<td>{escape(row["value"])}</td><td>{escape(row["threshold"])}</td>'
                      f'<td>{escape(row["margin"])}</td><td class="l">{v}</td>'

@@ -92,7 +92,7 @@ def to_markdown(report: Report) -> str:
         lines += ["", f"#### Gates: {verdict}", "", "| gate | value | threshold | margin | verdict |",
                   "|---|---:|---:|---:|---|"]
         for row in gate_rows(report):
-            mark = ":white_check_mark: pass" if row["verdict"] == "pass" else ":x: FAIL"
+            mark = ":white_check_mark: pass" if row["verdict"] == "pass" else f":x: {row['verdict']}"
             lines.append(f"| {md(row['gate'])} | {md(row['value'])} | {md(row['threshold'])} | {md(row['margin'])} "
                          f"| {mark} |")
     versions = ", ".join(f"{k} {v}" for k, v in report.versions.items())

@@ -10,7 +10,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 
 from optkit.core.atomic import write_text
 from optkit.core.errors import UsageError
@@ -56,6 +56,14 @@ class GateResult(BaseModel):
     passed: bool
     margin: float | None = None
     detail: str = ""
+
+    @computed_field
+    @property
+    def verdict(self) -> str:
+        """pass, fail, or cannot judge (the figure's noise band straddles the threshold: not a pass either)."""
+        if self.passed:
+            return "pass"
+        return "cannot judge" if self.detail.startswith("cannot judge") else "fail"
 
 
 class Report(BaseModel):

@@ -82,12 +82,19 @@ def _speedup(f: StageFigures, p50: float | None, base_p50: float | None) -> str:
     return f"{base_p50 / p50:.2f}x" if p50 and base_p50 else "-"
 
 
+def failed_gate(g) -> str:
+    """A failed gate in an error line: the gate and its verdict; one that cannot be judged says why."""
+    if g.verdict == "cannot judge":
+        return f"{g.gate} ({'; '.join(g.detail.split('; ')[:2])})"   # the verdict, its noise and margin, advice
+    return f"{g.gate} ({g.verdict})"
+
+
 def gate_rows(report: Report) -> list[dict[str, str]]:
     return [{
         "gate": g.gate,
         "value": "-" if g.value is None else f"{g.value:.4g}",
         "threshold": f"{g.op} {g.threshold:.4g}",
         "margin": "-" if g.margin is None else f"{g.margin:+.4g}",
-        "verdict": "pass" if g.passed else "FAIL",
+        "verdict": "FAIL" if g.verdict == "fail" else g.verdict,
         "detail": g.detail,
     } for g in report.gates]
