@@ -483,7 +483,8 @@ class _Heartbeat:
             self.beat()
 
     def __enter__(self):
-        self.beat()
+        with interrupts.deferred():  # never half a write
+            self.beat()
         self.thread.start()
         return self
 
@@ -637,7 +638,8 @@ class Tuner:
     def _run_trial(self, study, deadline: float) -> str:
         """Ask for a trial, measure it and tell the study. Optuna's and the storage's calls run with interrupts
         deferred; one that comes while the setting is measured fails the trial (told FAIL), then goes on up.
-        Returns "done", "full" (the study has its trials) or "timeout" (the budget ran out inside it)."""
+        Returns "done", "full" (the study has its trials), "timeout" (the budget ran out inside it) or "failed"
+        (no budget: the setting did not come back in time)."""
         import optuna
 
         S = optuna.trial.TrialState
@@ -673,7 +675,7 @@ class Tuner:
                             study.tell(trial, state=S.FAIL)
                             told = True
                         log.info("trial %d: %s", trial.number, reason)
-                        return "timeout" if budget else "done"
+                        return "timeout" if budget else "failed"
                     log.info("trial %d: %s -> %s", trial.number, setting.label(), _short(figures))
                 with interrupts.deferred():
                     state, values = self._record(trial, figures,
@@ -782,12 +784,13 @@ class Tuner:
         reserve = min(self.cfg.confirm * ROUNDS * per, self.cfg.time_budget / 3) \
             if self.cfg.time_budget and self.cfg.confirm else 0.0
         deadline = self.deadline - reserve
-        timeouts = 0
+        timeouts = failures = 0
         while True:
             with interrupts.deferred():
                 self._fail_stale(study)
                 if self._counted(study) >= self.cfg.trials:
                     return
+            until = deadline
             if math.isfinite(deadline):
                 first = not self._finished(study)
                 left, need = self._left(deadline), self._trial_seconds_needed()
@@ -796,13 +799,18 @@ class Tuner:
                                       f"share left (a trial takes about {need:.1f} s here)")
                     return
                 if first and left < need:
-                    deadline = self.deadline  # no trial yet: the first may use the whole budget
-            outcome = self._run_trial(study, deadline)
+                    until = self.deadline  # no trial yet: the first may use the whole budget
+            outcome = self._run_trial(study, until)
             if outcome == "full":
                 return
+            if outcome == "failed":
+                failures += 1
+                if failures >= max(3, self.cfg.trials):
+                    self.notes.append(f"the search stopped: {failures} settings did not come back in time")
+                    return
             if outcome == "timeout":
                 timeouts += 1
-                if self._left(deadline) < PROBE_S + self.cfg.trial_seconds or timeouts >= 3:
+                if self._left(until) < PROBE_S + self.cfg.trial_seconds or timeouts >= 3:
                     self.notes.append("time budget: the search stopped (a trial was stopped at the budget, "
                                       "marked failed)")
                     return
@@ -892,7 +900,7 @@ class Tuner:
             fits = int(self._left() // (ROUNDS * per))
             if fits < 1:
                 self.notes.append(f"the best setting was not measured again: {max(0.0, self._left()):.1f} s of the "
-                                  f"time budget left, {ROUNDS} rounds take about {ROUNDS * per:.0f} s")
+                                  f"time budget left, {ROUNDS} rounds take about {ROUNDS * per:.1f} s")
                 return []
             if fits < len(top):
                 self.notes.append(f"measured again: the best {fits} of {len(top)} settings (the time budget's "
@@ -905,11 +913,12 @@ class Tuner:
                 for r in top:
                     runs[r["number"]].append(self._measure(Setting(**r["setting"]), self.deadline))
                 rounds += 1
-        except TimedOut:
+        except TimedOut as e:
+            why = "the time budget ran out" if math.isfinite(self.deadline) else first_line(e)
             if rounds < 2:
-                self.notes.append("the best setting was not measured again: the time budget ran out")
+                self.notes.append(f"the best setting was not measured again: {why}")
                 return []
-            self.notes.append(f"measured again over {rounds} rounds (the time budget ran out)")
+            self.notes.append(f"measured again over {rounds} rounds ({why})")
         runs = {k: v[:rounds] for k, v in runs.items()}
         out = []
         for r in top:
