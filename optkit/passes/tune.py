@@ -31,6 +31,7 @@ import socket
 import sqlite3
 import threading
 import time
+import urllib.parse
 import warnings
 from pathlib import Path
 from typing import Any, Literal
@@ -359,7 +360,7 @@ def check_storage_file(url: str) -> None:
     if head != b"SQLite format 3\x00":
         raise UsageError(f"the tune study file {path} exists and is not an SQLite database; {hint}")
     try:
-        con = sqlite3.connect(f"file:{path.resolve()}?mode=ro", uri=True)
+        con = sqlite3.connect(f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro", uri=True)
         try:
             names = {n for (n,) in con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view') "
                                                "AND name NOT LIKE 'sqlite_%'")}
