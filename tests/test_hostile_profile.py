@@ -277,13 +277,15 @@ def test_help_states_the_bounds(tmpdir_env, work):
 
 # ------------------------------------------------------------------ item 12: libraries' files in $TMPDIR
 
-@pytest.mark.parametrize("case", ["inspect-pt2", "convert-keras", "profile-onnx"])
+@pytest.mark.parametrize("case", ["inspect-pt2", "convert-keras", "tflite-keras", "profile-onnx"])
 def test_commands_leave_tmpdir_as_they_found_it(work, tmpdir_env, case):
-    need = {"inspect-pt2": "torch", "convert-keras": "tf2onnx", "profile-onnx": "onnxruntime"}[case]
+    need = {"inspect-pt2": "torch", "convert-keras": "tf2onnx", "tflite-keras": "tensorflow",
+            "profile-onnx": "onnxruntime"}[case]
     if importlib.util.find_spec(need) is None:
         pytest.skip(f"{need} is not installed")
     args = {"inspect-pt2": ["inspect", "torch_cnn.pt2"],  # torch: torchinductor_<user>/
             "convert-keras": ["convert", "keras_cnn.keras", "-o", "x.onnx"],  # autograph: __autograph_generated_*
+            "tflite-keras": ["tflite", "keras_cnn.keras", "-o", "x.tflite"],  # TensorFlow outside convert too
             "profile-onnx": ["profile", "torch_cnn.onnx", "--runs", "5", "--trace", "t.json"]}[case]
     shutil.copy(SAMPLES / args[1], work / args[1])
     r = _run(args, work, tmpdir_env)

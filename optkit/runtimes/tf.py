@@ -10,7 +10,7 @@ import zipfile
 
 import numpy as np
 
-from optkit.core import trust
+from optkit.core import tmp, trust
 from optkit.core.artifact import Artifact
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format
@@ -27,6 +27,7 @@ def import_tf():
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     if "tensorflow" in sys.modules:
         return sys.modules["tensorflow"]
+    tmp.own_tempdir()  # autograph writes __autograph_generated_file*.py to $TMPDIR: keep them in optkit's folder
     with native_stderr_silenced():
         import tensorflow as tf
     tf.get_logger().setLevel("ERROR")

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 
-from optkit.core import tmp
 from optkit.core.artifact import Artifact
 from optkit.core.batching import run_batched
 from optkit.core.errors import OptkitError, PassError, UsageError
@@ -30,7 +29,6 @@ PASS = "convert.tf"
 
 
 def convert_tf(artifact: Artifact, config, ctx: PassContext) -> Artifact:
-    tmp.own_tempdir()  # autograph writes __autograph_generated_file*.py to $TMPDIR: keep them in optkit's folder
     tf = import_tf()
     from tf2onnx import constants
 
