@@ -82,8 +82,8 @@ def keras_section(tmp: Path, runs: int) -> dict:
     from _digits import digits_train
 
     from optkit.core.artifact import Artifact
-    from optkit.core.stage import run_pass
     from optkit.measure.datasets import load_dataset
+    from optkit.pipeline.stage import run_pass
 
     ev = str(SAMPLES / "digits_eval_nhwc.npz")
     data = {"train": load_dataset(digits_train(tmp, "nhwc")), "eval": load_dataset(ev),
@@ -137,9 +137,9 @@ def torch_one(tmp: Path, spec: str, runs: int, data: dict, epochs: int, lr: floa
     import numpy as np
 
     from optkit.core.artifact import Artifact
-    from optkit.core.stage import run_pass
     from optkit.measure.model import MeasureSettings
     from optkit.measure.trials import latency_trials
+    from optkit.pipeline.stage import run_pass
 
     ev = str(SAMPLES / "digits_eval_nchw.npz")
     src = Artifact.load(spec)
@@ -202,8 +202,8 @@ def qat_section(tmp: Path, runs: int) -> dict:
     from _digits import digits_train
 
     from optkit.core.artifact import Artifact
-    from optkit.core.stage import run_pass
     from optkit.measure.datasets import load_dataset
+    from optkit.pipeline.stage import run_pass
 
     ev = str(SAMPLES / "digits_eval_nhwc.npz")
     data = {"train": load_dataset(digits_train(tmp, "nhwc")), "eval": load_dataset(ev),

@@ -10,8 +10,8 @@ import pytest
 from optkit.core import trust
 from optkit.core.artifact import Artifact
 from optkit.core.errors import PassError, UsageError, ValidationError
-from optkit.core.stage import run_pass
 from optkit.measure.datasets import Dataset, load_dataset
+from optkit.pipeline.stage import run_pass
 
 from conftest import SAMPLES, no_result_files, one_error_line
 

@@ -42,8 +42,8 @@ def _report(text: str) -> dict:
 def test_tf_multi_worker_matches_single_process(samples, tmp_path):
     pytest.importorskip("tensorflow_model_optimization")
     from optkit.core.artifact import Artifact
-    from optkit.core.stage import run_pass
     from optkit.measure.datasets import load_dataset
+    from optkit.pipeline.stage import run_pass
 
     train = digits_train(tmp_path, "nhwc", n=600)
     out_dir = tmp_path / "out"
@@ -80,7 +80,7 @@ def test_tf_mirrored_over_two_cpu_replicas(samples, tmp_path):
     code = f"""
 import json
 from optkit.core.artifact import Artifact
-from optkit.core.stage import run_pass
+from optkit.pipeline.stage import run_pass
 from optkit.measure.datasets import load_dataset
 r = run_pass(Artifact.load({str(samples / 'keras_cnn.keras')!r}), "qat.keras",
              {{"epochs": 1, "strategy": "mirrored", "max_accuracy_drop": None}}, {str(tmp_path / 'q.h5')!r},
@@ -98,8 +98,8 @@ print(json.dumps(r.ctx.measurements["qat"]))
 def test_torch_ddp_under_torchrun_matches_single_process(samples, tmp_path):
     pytest.importorskip("torch_pruning")
     from optkit.core.artifact import Artifact
-    from optkit.core.stage import run_pass
     from optkit.measure.datasets import load_dataset
+    from optkit.pipeline.stage import run_pass
 
     train = digits_train(tmp_path, "nchw")
     out_dir = tmp_path / "out"

@@ -288,8 +288,8 @@ def test_a_non_finite_slo_is_refused_saying_slo(work, slo):
 
 
 def test_a_recipes_slo_error_keeps_its_capitals():
-    from optkit.core.registry import get_pass
-    from optkit.core.stage import ConfigError, build_config
+    from optkit.core.registry import ConfigError, build_config
+    from optkit.passes import get_pass
 
     with pytest.raises(ConfigError) as e:
         build_config(get_pass("tune.onnx"), {"slo": ["p99<=1e400ms"]})

@@ -1,12 +1,15 @@
 """The package layers stay honest: cli -> pipeline -> {passes, report} -> measure -> runtimes -> onnx -> core.
 
-Every `import` of an optkit module (at the top of a file or inside a function) is parsed. A module may import
-its own package, and any package of a lower layer; never a higher one. Sub-packages of passes (convert,
+Every `import` of an optkit module (at the top of a file or inside a function) is parsed, and so are the
+strings that import one by name: arguments of `import_module` / `__import__` / `find_spec`, "module:Name"
+references (a registry's "optkit.runtimes.onnx:OnnxSession") and lists of module names (what a loader walks). A module imported by name is an import too. A module may import its own package, and any package of a lower
+layer; never a higher one. Sub-packages of passes (convert,
 quantize, ...) may import each other only without a cycle.
 """
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -33,12 +36,29 @@ def _modules():
         yield ".".join(p for p in parts if p != "__init__") if parts[-1] == "__init__" else ".".join(parts), path
 
 
+MODULE_STRING = re.compile(r"^optkit(\.\w+)+(:\w+)?$")
+IMPORTERS = {"import_module", "__import__", "find_spec"}
+
+
 def _imports(name: str, path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(), str(path))
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    return _imports_of(ast.parse(path.read_text(), str(path)), name, path.name == "__init__.py")
+
+
+def _imports_of(tree: ast.AST, name: str, is_package: bool) -> set[str]:
+    package = name if is_package else name.rpartition(".")[0]
     found = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) in IMPORTERS:
+            found.update(a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)
+                         and MODULE_STRING.match(a.value))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and ":" in node.value \
+                and MODULE_STRING.match(node.value):
+            found.add(node.value.partition(":")[0])
+        elif isinstance(node, (ast.Tuple, ast.List)) and node.elts and all(
+                isinstance(e, ast.Constant) and isinstance(e.value, str) and MODULE_STRING.match(e.value)
+                for e in node.elts):
+            found.update(e.value for e in node.elts)
+        elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name.startswith("optkit"))
         elif isinstance(node, ast.ImportFrom):
             if node.level:
@@ -109,3 +129,17 @@ def test_no_cycle_between_packages():
     for node in sorted(edges):
         visit(node)
     assert cycles == [], f"import cycles between packages: {cycles}"
+
+
+def test_a_module_imported_by_name_is_an_import():
+    """The check reads import_module strings: core naming a pass module by string is an upward import."""
+    tree = ast.parse('import importlib\n'
+                     'def load():\n    importlib.import_module("optkit.passes.quantize")\n'
+                     'RUNTIMES = {"onnx": "optkit.runtimes.onnx:OnnxSession"}\n'
+                     'BUILTIN = ("optkit.passes.simplify", "optkit.passes.tune")\n'
+                     'def load_all():\n    for m in BUILTIN:\n        importlib.import_module(m)\n'
+                     'SUITE = "optkit.pipeline.gates"  # a name, not an import\n')
+    found = _imports_of(tree, "optkit.core.example", False)
+    upward = sorted(i for i in found if i in GRAPH and LAYERS[_package(i)] > LAYERS["core"])
+    assert upward == ["optkit.passes.quantize", "optkit.passes.simplify", "optkit.passes.tune",
+                      "optkit.runtimes.onnx"]

@@ -11,7 +11,7 @@ def test_quiet_by_default(cli, samples, tmp_path):
 def test_verbose_logs_passes_and_measurements(cli, samples, tmp_path):
     r = cli("simplify", samples / "torch_cnn.onnx", "-o", tmp_path / "s.onnx", "-v")
     assert r.rc == 0, r.err
-    assert "INFO optkit.core.stage: pass simplify.onnx" in r.err
+    assert "INFO optkit.pipeline.stage: pass simplify.onnx" in r.err
     assert "INFO optkit.measure.model: measuring" in r.err
     assert "DEBUG" not in r.err
 

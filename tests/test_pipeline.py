@@ -10,9 +10,9 @@ import yaml
 
 from optkit.core.artifact import Artifact
 from optkit.core.errors import PassError
-from optkit.core.stage import run_pass
 from optkit.pipeline.recipe import load_recipe
 from optkit.pipeline.runner import RunOptions, execute
+from optkit.pipeline.stage import run_pass
 
 from conftest import SAMPLES, one_error_line
 

@@ -240,8 +240,8 @@ def _scalar_tags(folder) -> set[str]:
 def test_prune_torch_writes_tensorboard_curves(samples, tmp_path):
     pytest.importorskip("torch")
     from optkit.core.artifact import Artifact
-    from optkit.core.stage import run_pass
     from optkit.measure.datasets import load_dataset
+    from optkit.pipeline.stage import run_pass
 
     tb = tmp_path / "tb"
     data = {"train": load_dataset(digits_train(tmp_path, "nchw", 128))}
@@ -257,8 +257,8 @@ def test_prune_torch_writes_tensorboard_curves(samples, tmp_path):
 def test_qat_keras_writes_tensorboard_curves(samples, tmp_path):
     pytest.importorskip("tensorflow_model_optimization")
     from optkit.core.artifact import Artifact
-    from optkit.core.stage import run_pass
     from optkit.measure.datasets import load_dataset
+    from optkit.pipeline.stage import run_pass
 
     tb = tmp_path / "tb"
     data = {"train": load_dataset(digits_train(tmp_path, "nhwc", 128))}

@@ -25,7 +25,7 @@ def data(samples, tmp_path_factory):
 
 def _prune(samples, out, config, data):
     from optkit.core.artifact import Artifact
-    from optkit.core.stage import run_pass
+    from optkit.pipeline.stage import run_pass
 
     return run_pass(Artifact.load(samples / "keras_cnn.keras"), "prune.keras", config, out, data=data)
 
@@ -53,7 +53,7 @@ def test_polynomial_50_percent_sparsity_keeps_accuracy(samples, data, tmp_path):
     after = len(gzip.compress(out.read_bytes(), 9))
     assert after <= 0.62 * before, (after, before)  # ~0.60x: gzip on float32 at 50% random sparsity
     # TFLite's sparse encoding drops the zeros from the file itself; the model computes the same
-    from optkit.core.stage import run_pass
+    from optkit.pipeline.stage import run_pass
 
     sizes = {}
     for sparse in (False, True):
@@ -101,7 +101,7 @@ def test_unsupported_layer_is_named_and_can_be_skipped(data, tmp_path):
 
     from optkit.core.artifact import Artifact
     from optkit.core.errors import UsageError
-    from optkit.core.stage import run_pass
+    from optkit.pipeline.stage import run_pass
 
     inp = tf_keras.Input((8, 8, 1), name="input")
     h = tf_keras.layers.Conv2D(4, 3, padding="same")(inp)

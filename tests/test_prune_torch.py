@@ -34,8 +34,8 @@ def _source(samples):
 def test_channel_pruning_shrinks_model_and_converts_to_onnx(samples, data, tmp_path):
     from optkit.core.artifact import Artifact
     from optkit.core.formats import Format
-    from optkit.core.stage import run_pass
     from optkit.measure.size import onnx_parameters
+    from optkit.pipeline.stage import run_pass
     from optkit.runtimes.base import open_session
 
     state = (samples / "torch_cnn_state.pt").read_bytes()
@@ -60,7 +60,7 @@ def test_channel_pruning_shrinks_model_and_converts_to_onnx(samples, data, tmp_p
 
 
 def test_unstructured_global_l1_is_permanent(samples, data, tmp_path):
-    from optkit.core.stage import run_pass
+    from optkit.pipeline.stage import run_pass
 
     result = run_pass(_source(samples), "prune.torch",
                       {"method": "unstructured", "sparsity": 0.6, "epochs": 1, "exclude": ["features.0"]},
@@ -78,8 +78,8 @@ def test_unstructured_global_l1_is_permanent(samples, data, tmp_path):
 
 def test_bad_options_and_data(samples, data, tmp_path):
     from optkit.core.errors import UsageError
-    from optkit.core.stage import run_pass
     from optkit.measure.datasets import load_dataset
+    from optkit.pipeline.stage import run_pass
 
     with pytest.raises(UsageError, match=r"\.pt2.*\.pt"):
         run_pass(_source(samples), "prune.torch", {"epochs": 1}, tmp_path / "o.onnx", data=data)
@@ -139,8 +139,8 @@ def test_cli_inconsistent_channels_exit_3_nothing_written(cli, samples, train_np
 def test_finetunes_on_an_image_folder(samples, tmp_path):
     from PIL import Image
 
-    from optkit.core.stage import run_pass
     from optkit.measure.datasets import load_dataset
+    from optkit.pipeline.stage import run_pass
 
     z = np.load(samples / "digits_eval_nchw.npz")
     for i, (x, y) in enumerate(zip(z["input"][:120], z["labels"][:120])):

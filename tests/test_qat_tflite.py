@@ -36,7 +36,7 @@ def _top1(path, data) -> float:
 @pytest.fixture(scope="module")
 def qat_model(samples, data, tmp_path_factory):
     from optkit.core.artifact import Artifact
-    from optkit.core.stage import run_pass
+    from optkit.pipeline.stage import run_pass
 
     out = tmp_path_factory.mktemp("qat") / "qat.h5"
     result = run_pass(Artifact.load(samples / "keras_cnn.keras"), "qat.keras", {"epochs": 3}, out, data=data)
@@ -44,7 +44,7 @@ def qat_model(samples, data, tmp_path_factory):
 
 
 def test_qat_then_int8_tflite_stays_close_to_float(samples, data, qat_model, tmp_path):
-    from optkit.core.stage import run_pass
+    from optkit.pipeline.stage import run_pass
 
     q = qat_model.ctx.measurements
     assert q["qat"]["quantized_layers"] >= 6
@@ -67,7 +67,7 @@ def test_qat_then_int8_tflite_stays_close_to_float(samples, data, qat_model, tmp
 
 def test_tflite_modes_from_keras_and_savedmodel(samples, data, tmp_path):
     from optkit.core.artifact import Artifact
-    from optkit.core.stage import run_pass
+    from optkit.pipeline.stage import run_pass
 
     src = Artifact.load(samples / "keras_cnn.keras")
     sizes = {}
@@ -87,7 +87,7 @@ def test_tflite_modes_from_keras_and_savedmodel(samples, data, tmp_path):
 def test_bad_inputs(samples, data, tmp_path):
     from optkit.core.artifact import Artifact
     from optkit.core.errors import UsageError, ValidationError
-    from optkit.core.stage import run_pass
+    from optkit.pipeline.stage import run_pass
 
     src = Artifact.load(samples / "keras_cnn.keras")
     with pytest.raises(UsageError, match="representative dataset"):

@@ -422,7 +422,7 @@ def test_metric_without_labels(cli, samples, tmp_path):
 
 
 def test_pass_names_registered():
-    from optkit.core.registry import all_passes
+    from optkit.passes import all_passes
 
     names = all_passes()
     for n in ("quantize.onnx-dynamic", "quantize.onnx-static", "quantize.onnx-fp16", "quantize.onnx-int4",

@@ -10,7 +10,7 @@ import _testpasses
 import pytest
 
 from optkit.core.errors import UsageError
-from optkit.core.registry import all_passes
+from optkit.passes import all_passes
 from optkit.pipeline.recipe import from_dict, load_recipe, one_stage_recipe, validate
 
 from conftest import ROOT, SAMPLES, one_error_line

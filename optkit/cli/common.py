@@ -197,8 +197,8 @@ def run_single_stage(pass_name: str, model: str, output: str, config: dict, *, c
     if print_recipe:
         return print_stage_recipe(pass_name, model, config, settings=settings, weights=weights,
                                   eval_data=eval_data, metric=metric, data=ctx_fields.get("data"))
-    from optkit.core.stage import run_pass
     from optkit.measure.model import measure
+    from optkit.pipeline.stage import run_pass
     from optkit.report.build import input_stage, pass_stage
     from optkit.report.schema import Report
 
@@ -249,8 +249,8 @@ def _paired_latency(source, output, settings, eval_data, before: dict, stage) ->
 def print_stage_recipe(pass_name: str, model: str, config: dict, *, settings=None, weights: Optional[str] = None,
                        eval_data=None, metric: Optional[str] = None, data: Optional[dict] = None) -> None:
     """Print the one-stage recipe a single-stage command is equivalent to (validated first)."""
-    from optkit.core.registry import get_pass
-    from optkit.core.stage import build_config
+    from optkit.core.registry import build_config
+    from optkit.passes import get_pass
     from optkit.pipeline.recipe import from_dict, one_stage_recipe, to_yaml
 
     cfg = build_config(get_pass(pass_name), config)

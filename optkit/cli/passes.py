@@ -12,7 +12,7 @@ def register(app: typer.Typer) -> None:
     @app.command("passes")
     def passes_cmd(as_json: bool = options.JSON) -> None:
         """Every registered pass (built-in and plugins), what it accepts and produces, and whether it can run here."""
-        from optkit.core.registry import all_passes
+        from optkit.passes import all_passes
 
         rows = []
         for name, cls in all_passes().items():

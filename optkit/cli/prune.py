@@ -75,7 +75,7 @@ def run_stage(pass_name, model, output, config, *, data, eval_data, metric, sett
     import tempfile
     from pathlib import Path
 
-    from optkit.core.stage import run_pass
+    from optkit.pipeline.stage import run_pass
 
     scratch = Path(tempfile.mkdtemp(prefix="optkit-worker-"))
     try:  # a worker takes part in every collective (training, saving) but its copy is thrown away
@@ -170,8 +170,8 @@ def register(app: typer.Typer) -> None:
                              f"with --weights); {model} is {fmt.value}: prune the source model, then export it")
         config = {k: v for k, v in config.items() if v is not None or k in ("max_accuracy_drop",)}
         settings = MeasureSettings(threads=threads, shapes=parse_shapes(shape), values=parse_values(value))
-        from optkit.core.registry import get_pass
-        from optkit.core.stage import build_config
+        from optkit.core.registry import build_config
+        from optkit.passes import get_pass
 
         build_config(get_pass(pass_name), config)  # bad options fail before any data is read
         data = ({"train": train} if train else {}) if print_recipe else \

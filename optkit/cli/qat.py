@@ -37,9 +37,9 @@ def register(app: typer.Typer) -> None:
         print_recipe: bool = options.PRINT_RECIPE,
     ) -> None:
         """Quantization-aware training for a Keras model; export it with `optkit tflite --mode int8`."""
-        from optkit.core.registry import get_pass
-        from optkit.core.stage import build_config
+        from optkit.core.registry import build_config
         from optkit.measure.model import MeasureSettings
+        from optkit.passes import get_pass
 
         common.guard_outputs({"-o": output, "--report": report}, [model, train, eval_data])
         config = options.finetune_config(epochs, batch_size, learning_rate, optimizer, strategy, max_accuracy_drop)

@@ -33,10 +33,10 @@ def register(app: typer.Typer) -> None:
         print_recipe: bool = options.PRINT_RECIPE,
     ) -> None:
         """Export a Keras model or SavedModel to TFLite (float32, float16, dynamic range or int8)."""
-        from optkit.core.registry import get_pass
-        from optkit.core.stage import build_config
+        from optkit.core.registry import build_config
         from optkit.measure.datasets import load_dataset
         from optkit.measure.model import DataSpec, MeasureSettings
+        from optkit.passes import get_pass
 
         common.guard_outputs({"-o": output, "--report": report}, [model, calib, eval_data])
         config = {"mode": mode, "io": io, "calibration_samples": calibration_samples, "sparse": sparse}

@@ -101,9 +101,9 @@ def register(app: typer.Typer) -> None:
         """Find the serving settings (threads, batch, requests in flight, sessions, onnxruntime options) that
         best meet an objective, by Bayesian search (Optuna TPE); writes the best settings, an onnxruntime
         SessionOptions snippet and the recipe lines that serve and gate the model that way."""
-        from optkit.core.registry import get_pass, require_extra
-        from optkit.core.stage import build_config
+        from optkit.core.registry import build_config, require_extra
         from optkit.measure.model import MeasureSettings
+        from optkit.passes import get_pass
         from optkit.passes.tune import Slo
 
         require_extra("tune", "optkit tune")

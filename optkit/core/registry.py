@@ -1,31 +1,21 @@
-"""The pass contract and registry; third-party passes register through the `optkit.passes` entry points."""
+"""The pass contract (Pass, its Config and context), the registry passes add themselves to, and config checks.
+
+Which passes exist is not known here: optkit.passes lists the built-in ones and loads plugins.
+"""
 from __future__ import annotations
 
 import importlib
 import importlib.util
 from dataclasses import dataclass, field
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
+from pydantic import ValidationError as PydanticValidationError
 
 from optkit.core.artifact import Artifact
 from optkit.core.errors import DependencyError, UsageError
 from optkit.core.formats import Format
-
-# Built-in pass modules. They are cheap to import: frameworks are imported inside `run`.
-BUILTIN_MODULES = (
-    "optkit.passes.convert",
-    "optkit.passes.simplify",
-    "optkit.passes.quantize",
-    "optkit.passes.prune",
-    "optkit.passes.qat",
-    "optkit.passes.tflite",
-    "optkit.passes.tensorrt",
-    "optkit.passes.tune",
-    "optkit.passes.profile",
-)
 
 # What each extra needs importable, and how to install it.
 EXTRAS: dict[str, tuple[tuple[str, ...], str]] = {
@@ -111,31 +101,46 @@ def register(cls: type[Pass]) -> type[Pass]:
     return cls
 
 
-def _load() -> None:
-    global _LOADED
-    if _LOADED:
-        return
-    _LOADED = True
-    for mod in BUILTIN_MODULES:
-        if importlib.util.find_spec(mod) is not None:
-            importlib.import_module(mod)
-    for ep in entry_points(group="optkit.passes"):
-        obj = ep.load()
-        if isinstance(obj, type) and issubclass(obj, Pass):
-            register(obj)
-
-
-def all_passes() -> dict[str, type[Pass]]:
-    _load()
+def registered() -> dict[str, type[Pass]]:
+    """The passes registered so far (optkit.passes.all_passes loads the built-in ones and plugins first)."""
     return dict(sorted(_REGISTRY.items()))
 
 
-def get_pass(name: str) -> type[Pass]:
-    passes = all_passes()
-    if name not in passes:
-        import difflib
+def build_config(cls: type[Pass], config: dict[str, Any], unknown: str = "unknown option"):
+    """Validate a pass config; a typo or a wrong type is a usage error naming the key. ConfigError carries
+    the key's path, so a recipe can point at its line."""
+    try:
+        return cls.Config(**config)
+    except PydanticValidationError as e:
+        err = e.errors()[0]
+        raise ConfigError(cls.name, tuple(err["loc"]), config_message(err, unknown)) from None
 
-        close = difflib.get_close_matches(name, passes, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else "; run `optkit passes` for the list"
-        raise UsageError(f"unknown pass {name!r}{hint}")
-    return passes[name]
+
+class ConfigError(UsageError):
+    def __init__(self, pass_name: str, loc: tuple, message: str):
+        self.pass_name, self.loc, self.detail = pass_name, loc, message
+        super().__init__(f"{pass_name}: {'.'.join(str(p) for p in loc) or 'config'}: {message}")
+
+
+def config_message(err: dict, unknown: str = "unknown option") -> str:
+    """pydantic's error, as one plain phrase."""
+    if err["type"] == "extra_forbidden":
+        return unknown
+    if err["type"] == "missing":
+        return "missing (required)"
+    msg = err["msg"].removeprefix("Value error, ")
+    return msg[0].lower() + msg[1:] if msg and not msg[1:2].isupper() else msg  # an acronym (SLO) stays
+
+
+def check_pass(cls: type[Pass], fmt, where: str = "") -> None:
+    """The pass is installed here (exit 4) and accepts `fmt` (exit 2); `where` names what gives that format."""
+    missing = cls.missing()
+    if missing:
+        raise DependencyError(f"pass {cls.name} is unavailable here: {missing}")
+    check_accepts(cls, fmt, where)
+
+
+def check_accepts(cls: type[Pass], fmt, where: str = "") -> None:
+    if fmt not in cls.accepts:
+        raise UsageError(f"pass {cls.name} accepts {', '.join(f.value for f in cls.accepts)}, "
+                         f"not {fmt.value}" + (f" ({where})" if where else ""))

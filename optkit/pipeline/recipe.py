@@ -22,13 +22,13 @@ from pydantic import ValidationError as PydanticValidationError
 
 from optkit.core.errors import DependencyError, UsageError
 from optkit.core.formats import detect_format, split_factory
-from optkit.core.registry import get_pass
+from optkit.core.registry import ConfigError, build_config, check_accepts, config_message
 from optkit.core.shapes import MAX_DIM, MAX_ELEMENTS
-from optkit.core.stage import ConfigError, build_config, check_accepts, config_message
 from optkit.core.text import first_line
 from optkit.measure.datasets import Preprocess
 from optkit.measure.model import check_sharing
 from optkit.onnx.session import OrtSettings
+from optkit.passes import get_pass
 from optkit.pipeline.gates import check_gates_plan, parse_gates
 
 RECIPE_VERSION = 1

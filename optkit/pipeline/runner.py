@@ -11,7 +11,6 @@ from optkit.core.artifact import Artifact
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format, detect_format
 from optkit.core.registry import PassContext
-from optkit.core.stage import StageResult, run_pass
 from optkit.measure.datasets import load_dataset
 from optkit.measure.model import DataSpec, MeasureSettings, measure
 from optkit.measure.serving import Setting
@@ -19,6 +18,7 @@ from optkit.measure.trials import latency_trials
 from optkit.onnx.session import OrtSettings
 from optkit.pipeline.gates import evaluate, gates_of_recipe
 from optkit.pipeline.recipe import validate
+from optkit.pipeline.stage import StageResult, run_pass
 from optkit.pipeline.workspace import Progress, Workspace
 from optkit.report.build import input_stage, pass_stage
 from optkit.report.schema import Report

@@ -1,6 +1,7 @@
 """The runtime contract: load one format, describe its inputs and outputs, run it."""
 from __future__ import annotations
 
+import importlib
 import logging
 from collections.abc import Callable
 
@@ -19,6 +20,8 @@ class Session:
 
     runtime: str = ""
     provider: str = "cpu"
+    takes_provider = False       # runs on a provider the caller chooses (onnxruntime, TensorRT)
+    takes_ort_settings = False   # onnxruntime's session options apply
     threads: int | None = None
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
@@ -54,25 +57,28 @@ class Session:
         pass
 
     @classmethod
+    def open(cls, artifact: Artifact, *, provider: str = "cpu", threads: int | None = None,
+             ort_settings=None) -> Session:
+        """A session of `artifact` (open_session has checked the provider and options apply)."""
+        return cls(artifact, threads=threads)
+
+    @classmethod
     def warm(cls) -> None:
         """Load the runtime itself (libraries, allocators), so memory measured afterwards is the model's own."""
 
 
 def open_session(artifact: Artifact, provider: str = "cpu", threads: int | None = None,
                  ort_settings=None) -> Session:
-    """Load `artifact` on its own runtime; `ort_settings` (onnx.session.OrtSettings) apply to ONNX models."""
+    """Load `artifact` on the runtime registered for its format; `ort_settings` (onnx.session.OrtSettings)
+    apply to ONNX models, `provider` to runtimes that choose one."""
     fmt = artifact.format
     log.debug("opening %s (%s) on %s", artifact.path, fmt.value, provider)
     cls = session_class(fmt)
-    if fmt == Format.ONNX:
-        return cls(artifact, provider=provider, threads=threads, ort_settings=ort_settings)
-    if ort_settings is not None and ort_settings.model_dump(exclude_none=True):
+    if ort_settings is not None and ort_settings.model_dump(exclude_none=True) and not cls.takes_ort_settings:
         raise UsageError(f"onnxruntime session options apply to ONNX models; {artifact.path} is {fmt.value}")
-    if provider not in ("cpu", "auto") and fmt != Format.TRT_ENGINE:
+    if provider not in ("cpu", "auto") and not cls.takes_provider:
         raise UsageError(f"--provider {provider} applies to ONNX models; {artifact.path} is {fmt.value}")
-    if fmt == Format.TRT_ENGINE:
-        return cls(artifact)
-    return cls(artifact, threads=threads)
+    return cls.open(artifact, provider=provider, threads=threads, ort_settings=ort_settings)
 
 
 def warm_runtime(fmt: Format) -> None:
@@ -81,25 +87,18 @@ def warm_runtime(fmt: Format) -> None:
     session_class(fmt).warm()
 
 
+# format -> "module:Class" of its Session; runtimes/__init__.py registers the built-in ones
+_RUNTIMES: dict[Format, str] = {}
+
+
+def register_runtime(formats: tuple[Format, ...], session: str) -> None:
+    """Make `session` ("package.module:Class", imported when first used) the runtime of `formats`."""
+    for fmt in formats:
+        _RUNTIMES[fmt] = session
+
+
 def session_class(fmt: Format) -> type[Session]:
-    if fmt == Format.ONNX:
-        from optkit.runtimes.onnx import OnnxSession
-
-        return OnnxSession
-    if fmt == Format.TFLITE:
-        from optkit.runtimes.tflite import TFLiteSession
-
-        return TFLiteSession
-    if fmt in (Format.TORCHSCRIPT, Format.TORCH_EXPORT, Format.TORCH_MODULE):
-        from optkit.runtimes.torch import TorchSession
-
-        return TorchSession
-    if fmt in (Format.KERAS, Format.TF_SAVEDMODEL):
-        from optkit.runtimes.tf import TFSession
-
-        return TFSession
-    if fmt == Format.TRT_ENGINE:
-        from optkit.runtimes.tensorrt import TensorRTSession
-
-        return TensorRTSession
-    raise UsageError(f"no runtime for format {fmt.value}")
+    if fmt not in _RUNTIMES:
+        raise UsageError(f"no runtime for format {fmt.value}")
+    module, _, name = _RUNTIMES[fmt].partition(":")
+    return getattr(importlib.import_module(module), name)

@@ -39,6 +39,13 @@ def provider_list(provider: str) -> list:
 
 class OnnxSession(Session):
     runtime = "onnxruntime"
+    takes_provider = True
+    takes_ort_settings = True
+
+    @classmethod
+    def open(cls, artifact: Artifact, *, provider: str = "cpu", threads: int | None = None,
+             ort_settings: OrtSettings | None = None) -> OnnxSession:
+        return cls(artifact, provider=provider, threads=threads, ort_settings=ort_settings)
 
     @classmethod
     def warm(cls) -> None:

@@ -384,6 +384,11 @@ def graph_mismatch(plain: list[np.ndarray], replayed: list[np.ndarray], names: l
 class TensorRTSession(Session):
     runtime = "tensorrt"
     provider = "tensorrt"
+    takes_provider = True  # the engine runs where it was built, whatever provider a recipe names
+
+    @classmethod
+    def open(cls, artifact: Artifact, **_) -> TensorRTSession:
+        return cls(artifact)
 
     @classmethod
     def warm(cls) -> None:
