@@ -1,6 +1,7 @@
 """optkit: optimize trained models and prove what it did.
 
-The Python API mirrors the CLI. Names are imported lazily so `import optkit` stays light.
+The Python API does what the CLI does: `optkit.run(recipe)` and `optkit.run_pass(name, model, output, ...)` go
+through the recipe runner (optkit.pipeline.api). Names are imported lazily so `import optkit` stays light.
 """
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ _EXPORTS = {
     "load_dataset": "optkit.measure.datasets",
     "inspect_model": "optkit.measure.inspect",
     "Report": "optkit.report.schema",
+    "run": "optkit.pipeline.api",
+    "run_pass": "optkit.pipeline.api",
 }
 
 __all__ = ["__version__", *_EXPORTS]

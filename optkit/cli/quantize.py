@@ -86,6 +86,7 @@ def register(app: typer.Typer) -> None:
         value: Optional[list[str]] = options.VALUE,
         report: Optional[str] = options.OUTPUT_REPORT,
         as_json: bool = options.JSON,
+        print_recipe: bool = options.PRINT_RECIPE,
     ) -> None:
         """Quantize an ONNX model, checked against its parent; accuracy-aware with a budget."""
         from optkit.measure.model import DataSpec, MeasureSettings
@@ -119,7 +120,8 @@ def register(app: typer.Typer) -> None:
         config = {k: v for k, v in config.items() if v is not None}  # unset: the pass's own default
         run_and_explain(f"quantize.onnx-{mode}", model, output, config, settings=settings,
                         command=f"optkit quantize {model} --mode {mode}",
-                        eval_data=spec, metric=metric, report_path=report, as_json=as_json, data=data)
+                        eval_data=spec, metric=metric, report_path=report, as_json=as_json, data=data,
+                        print_recipe=print_recipe)
 
 
 def _load(path: str, labels: Optional[str]):
@@ -134,6 +136,8 @@ def run_and_explain(pass_name, model, output, config, *, as_json, **kwargs):
 
     try:
         report = common.run_single_stage(pass_name, model, output, config, as_json=as_json, **kwargs)
+        if report is None:  # --print-recipe: printed, nothing ran
+            return
     except ValidationError as e:
         cands = e.details.get("candidates")
         if cands:

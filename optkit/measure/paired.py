@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from optkit.core.artifact import Artifact
+from optkit.core.errors import OptkitError
 from optkit.core.isolate import run_isolated
 from optkit.measure.datasets import load_dataset
 from optkit.measure.latency import LIMIT_S, summarize
@@ -22,6 +23,7 @@ from optkit.measure.model import MeasureSettings, latency_feeds, synthesized
 from optkit.measure.trials import low, ratio_ci95
 
 MIN_CHANGE = 0.03
+LIMIT_PAIR_S = 30.0  # the timing of a stage against its parent, all trials: seconds on a large model, not minutes
 
 
 def paired_latency(before: Artifact, after: Artifact, settings: MeasureSettings, *, trials: int = 5,
@@ -88,6 +90,19 @@ def _paired(before: Artifact, after: Artifact, settings: MeasureSettings, trials
     return {"before": figures[0], "after": figures[1], "ratio": centre, "ratio_ci95": [lo, hi],
             "trial_ratios": ratios, "trials": trials,
             "significant": hi < 1 - MIN_CHANGE or lo > 1 + MIN_CHANGE}
+
+
+def change_against(parent: Artifact, child: Artifact, settings: MeasureSettings, data=None) -> dict[str, Any] | None:
+    """The one way optkit times a result against its parent, for commands and recipes alike: paired, bounded
+    (at least 5 pairs a trial), as {"before", "after": latency figures, "latency_change": ratio, interval,
+    significance, "note": one line}; None when the two cannot run in one process (they are then timed apart)."""
+    try:
+        paired = paired_latency(parent, child, settings, data=data, limit_s=LIMIT_PAIR_S)
+    except OptkitError:
+        return None
+    return {"before": paired["before"], "after": paired["after"],
+            "latency_change": {k: paired[k] for k in ("ratio", "ratio_ci95", "significant", "trials")},
+            "note": "latency: " + describe(paired)}
 
 
 def describe(paired: dict[str, Any]) -> str:

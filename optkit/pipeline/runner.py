@@ -13,6 +13,7 @@ from optkit.core.formats import Format, detect_format
 from optkit.core.registry import PassContext
 from optkit.measure.datasets import load_dataset
 from optkit.measure.model import DataSpec, MeasureSettings, measure
+from optkit.measure.paired import change_against
 from optkit.measure.serving import Setting
 from optkit.measure.trials import latency_trials
 from optkit.onnx.session import OrtSettings
@@ -257,16 +258,24 @@ def _measure_stage(loaded, art, result, data, progress, *, name: str, reference=
     ev = data["specs"].get("eval")
     metric = r.data.eval.metric if ev is not None else None
     progress.step("measuring size" + (f", {metric}" if metric else "") + (", fidelity" if reference else ""))
+    change = None
     figures = measure(art, settings, latency=False, data=ev, metric=metric, reference=reference)
     if r.measure.latency:
         progress.step(f"benchmarking latency: {r.measure.trials} trials x {r.measure.runs} runs"
                       + (" + reference workload" if r.measure.normalize else ""))
         figures["latency"] = latency_trials(art, settings, trials=r.measure.trials, normalize=r.measure.normalize,
                                             data=ev)
+        if result is not None:
+            progress.step("timing against the input, call by call")
+            change = change_against(reference, art, settings, data=ev)
+        if change is not None:  # the speedup against the input: timed call by call, as commands do
+            figures["latency_change"] = change["latency_change"]
     if result is None:
         stage = input_stage(art, figures, name=name)
     else:
         stage = pass_stage(result, figures)
+    if change is not None:
+        stage.notes.append(change["note"] + " (against the input, timed call by call)")
     if ignored:
         stage.notes.append(ignored)
     return stage

@@ -59,7 +59,7 @@ def stage_rows(report: Report) -> list[dict[str, str]]:
             "size": human_bytes(size),
             "size x": f"{size / base_size:.2f}" if size and base_size else "-",
             "params": f"{params:,.0f}" if params is not None else "-",
-            "p50 ms": f"{p50:.3f}" if p50 is not None else "-",
+            "p50 ms": "-" if p50 is None else f"{p50:.3f}" + _band(f.ci95_pct),
             "p90 ms": f"{p90:.3f}" if p90 is not None else "-",
             "speedup": _speedup(f, p50, base_p50) if f.batch == base.batch else "-",  # calls of other sizes
             "samples/s": "-" if throughput is None else f"{throughput:,.1f}" + (f" @{f.concurrency}" if
@@ -72,6 +72,12 @@ def stage_rows(report: Report) -> list[dict[str, str]]:
             "max |diff|": "-" if f.max_abs_error is None else f"{f.max_abs_error:.3g}",  # inf: outputs with NaN/Inf
         })
     return rows
+
+
+def _band(pct: float | None) -> str:
+    """An absolute figure's 95% noise band, beside it: measured apart, two stages' p50s differ by this much
+    and more (the speedup column compares them call by call)."""
+    return f" ±{pct:.0f}%" if pct is not None and pct == pct and pct > 0 else ""
 
 
 def _speedup(f: StageFigures, p50: float | None, base_p50: float | None) -> str:

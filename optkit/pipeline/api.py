@@ -1,0 +1,70 @@
+"""The Python API: what the command line does, through the same runner, with the same figures.
+
+    report = optkit.run("recipes/quickstart.yaml")            # or a dict; reports under runs/ as `optkit run`
+    report = optkit.run_pass("quantize.onnx-static", "model.onnx", "model.int8.onnx",
+                             calibration="calib.npz", eval="eval.npz", metric="top1")
+    report.stages[-1].measurements["latency_change"]          # the ratio against the input, with its interval
+
+Both return the run's Report (optkit.report.schema). A gate that fails is in `report.gates` (`g.verdict`); the
+API raises only for what the command line exits 2, 3 or 4 on (UsageError, PassError, DependencyError).
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from optkit.core.atomic import atomic_path, check_output_path
+from optkit.core.errors import UsageError
+from optkit.core.formats import Format
+from optkit.measure.model import DataSpec
+from optkit.onnx.io import copy_model
+from optkit.pipeline.recipe import from_dict, load_recipe, one_stage_recipe
+from optkit.pipeline.runner import RunOptions, execute
+from optkit.report.schema import Report
+
+
+def run(recipe: str | Path | dict, *, workspace: str | Path = "runs", cache: bool = True, resume: bool = True,
+        baseline: str | Path | None = None) -> Report:
+    """Run a recipe (a YAML file, or the same mapping as a dict) exactly as `optkit run` does."""
+    loaded = from_dict(recipe) if isinstance(recipe, dict) else load_recipe(recipe)
+    opts = RunOptions(workspace=Path(workspace), use_cache=cache, resume=resume,
+                      baseline=None if baseline is None else str(baseline),
+                      command=f"optkit.run({str(recipe)!r})" if not isinstance(recipe, dict) else "optkit.run(dict)")
+    return execute(loaded, opts).report
+
+
+def run_pass(pass_name: str, model: str | Path, output: str | Path, *, weights: str | Path | None = None,
+             calibration: str | Path | None = None, eval: str | Path | None = None, labels: str | Path | None = None,
+             metric: str | None = None, train: str | Path | None = None, measure: dict[str, Any] | None = None,
+             **config: Any) -> Report:
+    """One pass on `model`, written to `output`, measured against its input: the one-stage recipe a command's
+    `--print-recipe` prints, run by the recipe runner in a scratch workspace. `config` is the pass's Config
+    (the recipe's `config:`), `measure` the recipe's `measure:` section."""
+    check_output_path(output, inputs=[model, weights, calibration, eval, labels, train])
+    if metric is not None and eval is None:
+        raise UsageError("metric needs evaluation data: give eval=PATH")
+    rec = one_stage_recipe(pass_name, str(model), config, weights=weights, metric=metric,
+                           eval_data=None if eval is None else DataSpec(path=str(eval), labels=labels),
+                           data={k: str(v) for k, v in (("calibration", calibration), ("train", train)) if v})
+    rec["measure"] = {"trials": 1, "normalize": False, **(measure or {})}  # as a command's --print-recipe
+    with tempfile.TemporaryDirectory(prefix="optkit-run-pass-") as scratch:
+        report = execute(from_dict(rec), RunOptions(workspace=Path(scratch), use_cache=False, resume=False,
+                                                    command=f"optkit.run_pass({pass_name!r}, {str(model)!r})")).report
+        stage = report.stages[-1]
+        publish(Path(stage.output.path), Format(stage.output.format), Path(output))
+        stage.output.path = str(output)
+        report.run = None  # the scratch workspace is gone
+    return report
+
+
+def publish(src: Path, fmt: Format, dest: Path) -> None:
+    """Copy a result out of the workspace to where the caller asked for it, atomically."""
+    if fmt == Format.ONNX:
+        copy_model(src, dest)  # external data included
+    elif src.is_dir():
+        raise UsageError(f"the result is a folder ({fmt.value}); run a recipe to keep it in its workspace")
+    else:
+        with atomic_path(dest) as tmp:
+            shutil.copyfile(src, tmp)

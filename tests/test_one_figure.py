@@ -1,0 +1,129 @@
+"""One figure whichever door a user takes: a command, its --print-recipe through `optkit run`, and the Python
+API (`optkit.run`, `optkit.run_pass`) give the same verdicts and figures, and every speedup against the input
+comes from one paired, call-by-call timing with its 95% interval ("same" inside the noise)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT
+
+QUICKSTART = ROOT / "recipes" / "quickstart.yaml"
+
+
+def _change(stage: dict) -> dict:
+    return stage["measurements"]["latency_change"]
+
+
+def _overlap(a: dict, b: dict) -> bool:
+    """Two paired ratios agree: their 95% intervals overlap once each is widened by the ±3% that reads "same"
+    (measure.paired.MIN_CHANGE: two sessions of one file differ by that much for their whole life, which no
+    interval of one run sees)."""
+    from optkit.measure.paired import MIN_CHANGE
+
+    (lo1, hi1), (lo2, hi2) = a["ratio_ci95"], b["ratio_ci95"]
+    return lo1 * (1 - MIN_CHANGE) <= hi2 * (1 + MIN_CHANGE) and lo2 * (1 - MIN_CHANGE) <= hi1 * (1 + MIN_CHANGE)
+
+
+def _api(code: str, cwd: Path) -> dict:
+    """Run `code` (which sets `report`) in a fresh interpreter with the optkit under test; the report as JSON."""
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    r = subprocess.run([sys.executable, "-c", "import optkit\n" + code + "\nprint(report.to_json())"],
+                       capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_quickstart_speedups_are_paired_and_agree_with_the_command(cli, tmp_path, samples):
+    """Three runs of the main job: the simplify stage (the same 11 ops) reads "same" every time, and the int8
+    stage's interval overlaps `optkit quantize`'s on the same model and data."""
+    int8 = []
+    for i in range(3):
+        r = cli("run", QUICKSTART, "--no-cache", "--workspace", tmp_path / "runs", "--json")
+        assert r.rc == 0, r.err
+        stages = {s["name"]: s for s in json.loads(r.out)["stages"]}
+        simplify = _change(stages["simplify"])
+        assert not simplify["significant"], simplify
+        assert "| same |" in (tmp_path / "runs" / "quickstart" / "latest" / "report.md").read_text() or i
+        int8.append(_change(stages["int8"]))
+    q = cli("quantize", samples / "torch_cnn.onnx", "-o", tmp_path / "q.onnx", "--calibration-data",
+            samples / "digits_calib_nchw.npz", "--eval-data", samples / "digits_eval_nchw.npz", "--metric", "top1",
+            "--calibration-method", "minmax", "--allow-slower", "--json")
+    assert q.rc == 0, q.err
+    command = _change(json.loads(q.out)["stages"][-1])
+    assert any(_overlap(command, run) for run in int8), (command, int8)
+
+
+def test_command_recipe_and_python_api_give_the_same_figures(cli, tmp_path, samples):
+    model, evald = samples / "torch_cnn.onnx", samples / "digits_eval_nchw.npz"
+    # dynamic INT8 without the latency search: the same model whichever door (the search picks by timing)
+    args = ["quantize", model, "-o", tmp_path / "cmd.onnx", "--mode", "dynamic", "--no-latency-search",
+            "--eval-data", evald, "--metric", "top1"]
+    printed = cli(*args, "--print-recipe")
+    assert printed.rc == 0, printed.err
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(printed.out)
+    command = cli(*args, "--json")
+    assert command.rc == 0, command.err
+    via_recipe = cli("run", recipe, "--workspace", tmp_path / "runs", "--no-cache", "--json")
+    assert via_recipe.rc == 0, via_recipe.err
+    via_run = _api(f"report = optkit.run({str(recipe)!r}, workspace={str(tmp_path / 'api-runs')!r}, cache=False)",
+                   tmp_path)
+    via_pass = _api(f"report = optkit.run_pass('quantize.onnx-dynamic', {str(model)!r}, "
+                    f"{str(tmp_path / 'api.onnx')!r}, eval={str(evald)!r}, metric='top1', latency_search=False)",
+                    tmp_path)
+    reports = {"command": json.loads(command.out), "recipe": json.loads(via_recipe.out), "optkit.run": via_run,
+               "optkit.run_pass": via_pass}
+    first = reports["command"]["stages"][-1]
+    for door, rep in reports.items():
+        stage = rep["stages"][-1]
+        m, m0 = stage["measurements"], first["measurements"]
+        assert stage["output"]["sha256"] == first["output"]["sha256"], door
+        assert m["size"]["bytes"] == m0["size"]["bytes"], door
+        assert m["accuracy"]["top1"] == m0["accuracy"]["top1"], door
+        assert m["fidelity"]["cosine"] == pytest.approx(m0["fidelity"]["cosine"]), door
+        assert "latency_change" in m, door
+        assert _overlap(m["latency_change"], m0["latency_change"]), (door, m["latency_change"], m0["latency_change"])
+    assert (tmp_path / "api.onnx").read_bytes() == (tmp_path / "cmd.onnx").read_bytes()
+    assert not list(tmp_path.glob("optkit-run-pass-*"))
+
+
+def test_run_pass_refuses_what_the_command_refuses(tmp_path, samples):
+    shutil.copy(samples / "torch_cnn.onnx", tmp_path / "m.onnx")
+    code = ("from optkit.core.errors import UsageError\n"
+            "try:\n    optkit.run_pass('simplify.onnx', 'm.onnx', 'm.onnx')\n"
+            "except UsageError as e:\n    print('refused:', e.message)\n")
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    r = subprocess.run([sys.executable, "-c", "import optkit\n" + code], capture_output=True, text=True, cwd=tmp_path,
+                       env=env, timeout=300)
+    assert "refused:" in r.stdout and "also an input" in r.stdout, r.stdout + r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+def test_speedup_gate_reads_the_paired_interval(tmp_path):
+    from optkit.pipeline.gates import evaluate, parse_gates
+    from optkit.report.schema import ArtifactRef, Report, Stage
+
+    ref = ArtifactRef(path="m.onnx", format="onnx", sha256="0")
+    lat = {"p50_ms": 1.0, "trials": 1}
+    stages = [Stage(name="input", output=ref, measurements={"latency": lat}),
+              Stage(name="fast", output=ref, measurements={"latency": {"p50_ms": 2.0, "trials": 1},  # apart: slower
+                                                           "latency_change": {"ratio": 0.5, "ratio_ci95": [0.45, 0.55],
+                                                                              "significant": True, "trials": 5}})]
+    (g,) = evaluate(Report(stages=stages), parse_gates(["speedup@fast >= 1.5"]), None)
+    assert g.passed and g.value == pytest.approx(2.0) and "call by call" in g.detail
+    (g,) = evaluate(Report(stages=stages), parse_gates(["speedup@fast >= 2.0"]), None)
+    assert g.verdict == "cannot judge"  # 1.82-2.22x straddles 2.0
+
+
+def test_printed_recipe_measures_like_the_command(cli, samples, tmp_path):
+    r = cli("simplify", samples / "torch_cnn.onnx", "-o", tmp_path / "s.onnx", "--print-recipe")
+    measure = yaml.safe_load(r.out)["measure"]
+    assert measure["trials"] == 1 and measure["normalize"] is False
