@@ -117,7 +117,8 @@ def _print_onnx(r: dict, top: int) -> None:
         con.print(nodes)
         con.print(_summary_line(r))
     else:
-        con.print(f"a = {r['model']}\nb = {c['model']}")
+        con.print(f"a = {r['model']}")
+        con.print(f"b = {c['model']}")
         ops = _table(f"time per op type (top {top} by change)", ("op", "a ms", "b ms", "delta ms"))
         for o in c["ops"]:
             ops.add_row(_cut(o["op"], 24), f"{o['a_ms']:.4f}", f"{o['b_ms']:.4f}", f"{o['delta_ms']:+.4f}")

@@ -191,8 +191,11 @@ def _print(result: dict, notes: list[str]) -> None:
         con.print(f"trial {t['number']} failed: {t['reason']}", style="dim")
     for note in notes:
         con.print(note, style="dim")
-    con.print("onnxruntime SessionOptions:\n" + result["session_options"], markup=False, highlight=False)
     import yaml
 
-    con.print("recipe lines (measure and gate the model served this way):\n"
-              + yaml.safe_dump(result["recipe"], sort_keys=False), markup=False, highlight=False)
+    for title, text in (("onnxruntime SessionOptions:", result["session_options"]),
+                        ("recipe lines (measure and gate the model served this way):",
+                         yaml.safe_dump(result["recipe"], sort_keys=False))):
+        con.print(title)
+        for line in text.splitlines():  # one by one: the console shows a newline inside a string as \n
+            con.print(line, markup=False, highlight=False)

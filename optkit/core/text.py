@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import re
 
-# C0 and C1 control characters (ESC starts terminal escape sequences) and the bidirectional overrides that
-# make text display in another order than it reads; newlines and tabs stay
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# C0 and C1 control characters (ESC starts terminal escape sequences; a newline in a name forges a line of
+# its own) and the bidirectional overrides that make text display in another order than it reads; tabs stay
+_UNSAFE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 _MARKDOWN = re.compile(r"([\\`*_\[\]<>|!~])")
 
 
