@@ -258,3 +258,12 @@ def test_a_recipe_sharing_a_tflite_session_is_refused_before_any_stage(cli, tmp_
     r = cli("run", recipe, "--dry-run")
     assert r.rc == 2, r.err
     assert "measure" in one_error_line(r) and "--sessions per-thread" in one_error_line(r)
+
+
+@pytest.mark.parametrize("model, extra", [("torch_cnn.pt2", []), ("torch_cnn.ts.pt", ["--shape", "input=1x1x8x8"])])
+def test_torch_program_memory_is_the_model_not_torch(cli, samples, model, extra):
+    pytest.importorskip("torch")
+    r = cli("bench", str(samples / model), "--runs", "20", "--json", *extra)
+    assert r.rc == 0, r.err
+    memory = json.loads(r.out)["stages"][0]["measurements"]["memory"]
+    assert memory["load_mb"] < 40, memory  # torch.export.load's first imports (~100 MiB) come before the baseline

@@ -63,8 +63,9 @@ class Session:
         return cls(artifact, threads=threads)
 
     @classmethod
-    def warm(cls) -> None:
-        """Load the runtime itself (libraries, allocators), so memory measured afterwards is the model's own."""
+    def warm(cls, fmt: Format | None = None) -> None:
+        """Load the runtime itself (libraries, allocators, and what loading a file of `fmt` imports), so memory
+        measured afterwards is the model's own."""
 
 
 def open_session(artifact: Artifact, provider: str = "cpu", threads: int | None = None,
@@ -84,7 +85,7 @@ def open_session(artifact: Artifact, provider: str = "cpu", threads: int | None 
 def warm_runtime(fmt: Format) -> None:
     """Start the runtime that runs `fmt` before a memory baseline is taken (TensorFlow's import alone is
     hundreds of MiB, which is not a TFLite model's memory)."""
-    session_class(fmt).warm()
+    session_class(fmt).warm(fmt)
 
 
 # format -> "module:Class" of its Session; runtimes/__init__.py registers the built-in ones

@@ -48,7 +48,7 @@ class OnnxSession(Session):
         return cls(artifact, provider=provider, threads=threads, ort_settings=ort_settings)
 
     @classmethod
-    def warm(cls) -> None:
+    def warm(cls, fmt=None) -> None:
         warm_onnxruntime()
 
     def __init__(self, artifact: Artifact, provider: str = "cpu", threads: int | None = None,

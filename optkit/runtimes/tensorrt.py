@@ -391,7 +391,7 @@ class TensorRTSession(Session):
         return cls(artifact)
 
     @classmethod
-    def warm(cls) -> None:
+    def warm(cls, fmt=None) -> None:
         import_tensorrt()
 
     def __init__(self, artifact: Artifact, cuda_graphs: bool | None = None):

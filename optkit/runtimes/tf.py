@@ -150,7 +150,7 @@ class TFSession(Session):
     runtime = "tensorflow"
 
     @classmethod
-    def warm(cls) -> None:
+    def warm(cls, fmt=None) -> None:
         import_tf().zeros([1])  # the import and the eager runtime's first op
 
     def __init__(self, artifact: Artifact, threads: int | None = None):

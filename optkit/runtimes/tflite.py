@@ -31,7 +31,7 @@ class TFLiteSession(Session):
     runtime = "tflite"
 
     @classmethod
-    def warm(cls) -> None:
+    def warm(cls, fmt=None) -> None:
         interpreter_class()
 
     def __init__(self, artifact: Artifact, threads: int | None = None):

@@ -195,11 +195,26 @@ class TorchSession(Session):
     runtime = "torch"
 
     @classmethod
-    def warm(cls) -> None:
-        tmp.own_tempdir()
+    def warm(cls, fmt: Format | None = None) -> None:
+        """torch, its first kernel, and for a saved program what loading one imports (torch.export.load pulls in
+        dynamo and inductor, ~100 MiB, the first time): a tiny program of the same kind, saved and loaded."""
+        folder = tmp.own_tempdir()
         import torch
 
-        torch.zeros(1) + 1  # the import and the first kernel
+        torch.zeros(1) + 1
+        if fmt not in (Format.TORCH_EXPORT, Format.TORCHSCRIPT):
+            return
+        tiny, x, path = torch.nn.Linear(2, 2).eval(), torch.zeros(1, 2), folder / f"optkit-warm{os.getpid()}"
+        try:
+            with _quiet("torch._dynamo", "torch._export", "torch.export"):
+                if fmt == Format.TORCH_EXPORT:
+                    torch.export.save(torch.export.export(tiny, (x,)), str(path))
+                    torch.export.load(str(path)).module()(x)
+                else:
+                    torch.jit.save(torch.jit.script(tiny), str(path))
+                    torch.jit.load(str(path))(x)
+        finally:
+            path.unlink(missing_ok=True)
 
     def __init__(self, artifact: Artifact, threads: int | None = None, shapes: dict | None = None):
         import torch
