@@ -67,7 +67,7 @@ def test_keep_rejected_checks_at_write_time(tmp_path, samples):
     foreign.write_bytes(b"not ours")
     cand = Candidate(index=0, settings=Settings(), path=samples / CNN)
     with pytest.raises(UsageError, match="was not written by optkit"):
-        keep_rejected(cand, tmp_path / "q.onnx", "missed the budget")
+        keep_rejected(cand, tmp_path / "q.REJECTED.onnx", "missed the budget")
     assert foreign.read_bytes() == b"not ours"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["q.REJECTED.onnx"]
 
@@ -267,3 +267,21 @@ def test_torch_program_memory_is_the_model_not_torch(cli, samples, model, extra)
     assert r.rc == 0, r.err
     memory = json.loads(r.out)["stages"][0]["measurements"]["memory"]
     assert memory["load_mb"] < 40, memory  # torch.export.load's first imports (~100 MiB) come before the baseline
+
+
+def test_a_recipe_keeps_a_refused_result_where_it_says(cli, tmp_path, samples):
+    recipe = tmp_path / "rq.yaml"
+    recipe.write_text(f"model: {{path: {samples / CNN}}}\ndata: {{calibration: {{path: {samples / CALIB}}}}}\n"
+                      "stages:\n  - pass: quantize.onnx-static\n    name: int8\n"
+                      "    config: {max_latency_ratio: 0.01, latency_search: false}\n")
+    r = cli("run", recipe, "--workspace", tmp_path / "runs")
+    line = one_error_line(r)
+    assert r.rc == 3
+    kept = line.split("kept as ")[1].split(". Pass")[0].split("; ")[0]
+    assert Path(kept).is_file() and Path(kept).parent.parent.name == "rq", line  # in the run folder, which stays
+    assert "SLOWER" in line or "the same within the noise" in line or "as fast" in line
+
+
+def test_rejected_check_leaves_a_missing_input_to_its_own_error(cli, work):
+    r = cli("quantize", "zz.REJECTED.onnx", "-o", "zz.onnx", "--mode", "dynamic", cwd=work)
+    assert r.rc == 2 and "not found" in one_error_line(r) and "also an input" not in one_error_line(r)

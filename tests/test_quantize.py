@@ -157,7 +157,7 @@ def test_static_mnist_opset_upgrade_and_accuracy(cli, realcases, tmp_path):
     assert chosen["p50_ms"] <= 1.03 * min(c["p50_ms"] for c in timed)
     speed = res["quantize"]["settings"]["speed"]
     if speed["slower"]:  # allowed, but never silent
-        assert any("SLOWER than its FP32 parent" in w for w in rep["stages"][1]["warnings"])
+        assert any("than its FP32 parent" in w for w in rep["stages"][1]["warnings"])
 
 
 def test_static_qoperator_mnist_size_target(cli, realcases, tmp_path):
@@ -179,7 +179,7 @@ def test_slower_than_parent_is_exit_3(cli, samples, tmp_path):
             "--max-latency-ratio", "0.0001", "--no-latency-search")
     assert r.rc == 3, r.err
     line = one_error_line(r)
-    assert "SLOWER than its FP32 parent" in line and "--allow-slower" in line
+    assert "than its FP32 parent" in line and "--allow-slower" in line  # SLOWER, or the same within the noise
     assert not out.exists() and (tmp_path / "q.REJECTED.onnx").exists()
 
 

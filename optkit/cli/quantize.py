@@ -90,10 +90,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Quantize an ONNX model, checked against its parent; accuracy-aware with a budget."""
         from optkit.measure.model import DataSpec, MeasureSettings
-        from optkit.passes.quantize.candidates import check_rejected_path
+        from optkit.passes.quantize.candidates import check_rejected_path, rejected_path
 
         common.guard_outputs({"-o": output, "--report": report}, [model, calibration_data, eval_data, labels])
-        check_rejected_path(Path(output), inputs=[model, calibration_data, eval_data, labels])
+        check_rejected_path(rejected_path(Path(output)), inputs=[model, calibration_data, eval_data, labels])
         if mode not in ("dynamic", "static", "fp16", "int4"):
             raise UsageError(f"unknown --mode {mode!r}; choose dynamic, static, fp16 or int4")
         settings = MeasureSettings(threads=threads, shapes=parse_shapes(shape), values=parse_values(value),

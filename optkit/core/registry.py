@@ -40,6 +40,7 @@ class PassContext:
     """What a pass may use besides its input and config."""
 
     output: Path                       # where the result must end up (written atomically by the pass)
+    aside: Path | None = None          # where a result refused by a budget is kept (default: OUT.REJECTED.*)
     shapes: dict[str, list[int]] = field(default_factory=dict)  # --shape overrides for dynamic dims
     values: dict[str, float] = field(default_factory=dict)      # --value: what scalar inputs are fed
     data: dict[str, Any] = field(default_factory=dict)          # "calibration", "eval", "train" datasets

@@ -124,7 +124,10 @@ def execute(loaded, opts: RunOptions | None = None) -> RunOutcome:
             with run.building(i, name) as tmp:
                 final_dir = run.stage_dir(i, name)
                 with ws.cache_lock(key) if opts.use_cache else contextlib.nullcontext():
-                    result = _compute_stage(ws, key, tmp, opts, name, cls, current, config, spec, r, data, progress)
+                    # a result refused by a budget is kept in the run folder, which outlives the failed stage
+                    aside = run.path / f"{final_dir.name}.REJECTED.onnx"
+                    result = _compute_stage(ws, key, tmp, opts, name, cls, current, config, spec, r, data, progress,
+                                            aside)
                 out = _relocate(result.output, tmp, final_dir)
                 result.output = out
                 measured_art = _relocate(out, final_dir, tmp)  # measure where the files are now
@@ -151,7 +154,7 @@ def execute(loaded, opts: RunOptions | None = None) -> RunOutcome:
     return RunOutcome(report=report, run_dir=run.path, gate_results=list(report.gates))
 
 
-def _compute_stage(ws, key, tmp, opts, name, cls, current, config, spec, r, data, progress) -> StageResult:
+def _compute_stage(ws, key, tmp, opts, name, cls, current, config, spec, r, data, progress, aside) -> StageResult:
     """A stage's pass output in `tmp`: from the cache when a verified entry exists, else computed (and stored)."""
     cache_notes: list[str] = []
     hit = ws.cache_get(key, tmp, cache_notes) if opts.use_cache else None
@@ -168,7 +171,7 @@ def _compute_stage(ws, key, tmp, opts, name, cls, current, config, spec, r, data
     progress.step(f"running {cls.name}" + _long_hint(cls.name))
     result = run_pass(current, cls.name, spec.config, tmp / stage_output_name(cls.produces),
                       shapes=r.measure.shapes, values=r.measure.values, seed=r.measure.seed,
-                      data=data["datasets"])
+                      data=data["datasets"], aside=aside)
     result.name = name
     if opts.use_cache:
         ws.cache_put(key, tmp, result)

@@ -13,7 +13,7 @@ from optkit.core.artifact import Artifact
 from optkit.core.atomic import atomic_path
 from optkit.core.formats import Format
 from optkit.core.registry import Pass, PassContext, register
-from optkit.passes.quantize.candidates import check_rejected_path
+from optkit.passes.quantize.candidates import aside_path, check_rejected_path
 from optkit.passes.quantize.config import QuantizeConfig, single_mode
 from optkit.passes.quantize.search import Quantizer
 
@@ -28,7 +28,7 @@ class QuantizeOnnx(Pass):
     Config = QuantizeConfig
 
     def run(self, artifact: Artifact, config: QuantizeConfig, ctx: PassContext) -> Artifact:
-        check_rejected_path(ctx.output, inputs=(artifact.path, artifact.meta.get("weights")))
+        check_rejected_path(aside_path(ctx), inputs=(artifact.path, artifact.meta.get("weights")))
         with Quantizer(artifact, config, ctx) as q:
             chosen = q.execute()
             with atomic_path(ctx.output) as tmp:

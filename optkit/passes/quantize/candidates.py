@@ -97,18 +97,26 @@ def rejected_path(output: Path) -> Path:
     return output.with_name(f"{output.stem}.REJECTED{output.suffix or '.onnx'}")
 
 
-def check_rejected_path(output: Path, inputs=()) -> Path:
-    """Before any work: the kept-aside file may be written (not an input, not a file optkit did not write)."""
-    return check_side_output(rejected_path(output), ours=_kept_aside, inputs=inputs, what="the rejected model")
+def aside_path(ctx) -> Path:
+    """Where this run keeps a refused result: the context's `aside` (a recipe's run folder), else beside the
+    output."""
+    return Path(ctx.aside) if ctx.aside is not None else rejected_path(ctx.output)
 
 
-def keep_rejected(cand: Candidate, output: Path, reason: str) -> Path:
-    """Write the best candidate that missed a budget as `model.REJECTED.onnx`, marked in its metadata as
+def check_rejected_path(dest: Path, inputs=()) -> Path:
+    """Before any work: the kept-aside file may be written (not an input, not a file optkit did not write).
+    Inputs that do not exist are left to their own 'not found'."""
+    inputs = [p for p in inputs if p is not None and Path(str(p)).exists()]
+    return check_side_output(dest, ours=_kept_aside, inputs=inputs, what="the rejected model")
+
+
+def keep_rejected(cand: Candidate, dest: Path, reason: str) -> Path:
+    """Write the best candidate that missed a budget to `dest` (aside_path), marked in its metadata as
     optkit's (so a later run may replace it, and no one else's file ever is); the output itself is never
     written."""
     import onnx
 
-    dest = check_rejected_path(output)
+    dest = check_rejected_path(dest)
     model = onnx.load(str(cand.path), load_external_data=False)
     _set_prop(model, REJECTED_KEY, reason[:500])
     with atomic_path(dest) as tmp:

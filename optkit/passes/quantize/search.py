@@ -29,13 +29,14 @@ from optkit.measure.accuracy import compute, resolve_metric
 from optkit.measure.fidelity import attention_mask, check_names, refuse_nonfinite_reference
 from optkit.measure.inputs import probe, synthesize
 from optkit.measure.latency import measure_latency
+from optkit.measure.paired import MIN_CHANGE
 from optkit.measure.trials import ratio_ci95
 from optkit.onnx import graph
 from optkit.onnx import io as onnx_io
 from optkit.onnx import session as onnx_session
 from optkit.onnx.session import quiet_ort
 from optkit.passes.quantize import ops as qops
-from optkit.passes.quantize.candidates import Candidate, Settings, keep_rejected
+from optkit.passes.quantize.candidates import Candidate, Settings, aside_path, keep_rejected
 from optkit.passes.quantize.config import LOWER_IS_BETTER, MIN_OPSET, TOLERANCE, QuantizeConfig
 from optkit.passes.quantize.engine import Int4, contrib_excludes, strategy_for
 from optkit.runtimes.base import open_session
@@ -498,7 +499,7 @@ class Quantizer:
         fits = [c for c in pool if cfg.max_size_ratio is None or c.ratio <= cfg.max_size_ratio + 1e-12]
         if not fits:
             best = min(pool, key=lambda c: c.bytes)
-            dest = keep_rejected(best, self.ctx.output, "missed the size budget")
+            dest = keep_rejected(best, aside_path(self.ctx), "missed the size budget")
             raise ValidationError(
                 f"no {self.mode} candidate met the size budget ({best.ratio:.3f}x of the parent at best, budget "
                 f"{cfg.max_size_ratio:g}x); the smallest was kept as {dest}",
@@ -569,12 +570,19 @@ class Quantizer:
                           "budgets")
             return
         tried = "; ".join(f"{c.settings.label()}: {c.latency_ratio:.2f}x" for c in pool if c.latency_ratio)
-        msg = (f"static INT8 is SLOWER than its FP32 parent on this CPU: {figures} (limit "
-               f"{cfg.max_latency_ratio:g}x; candidates: {tried}); int8 kernels do not pay off here")
+        # how it compares with the parent, said as the tables say it: "same" when the interval holds 1.0 (±3%)
+        if lo > 1 + MIN_CHANGE:
+            verdict = "SLOWER than its FP32 parent"
+        elif hi < 1 - MIN_CHANGE:
+            verdict = f"faster than its FP32 parent, but not {cfg.max_latency_ratio:g}x as fast"
+        else:
+            verdict = "no faster than its FP32 parent (the same within the noise)"
+        msg = (f"static INT8 is {verdict} on this CPU: {figures} (limit {cfg.max_latency_ratio:g}x; candidates: "
+               f"{tried}); int8 kernels do not pay off here")
         if cfg.allow_slower:
             self.ctx.warn(msg + "; written anyway (--allow-slower)")
             return
-        dest = keep_rejected(chosen, self.ctx.output, "slower than its parent")
+        dest = keep_rejected(chosen, aside_path(self.ctx), "slower than its parent")
         raise ValidationError(msg + f"; kept as {dest}. Pass --allow-slower to accept it (e.g. for size), "
                               "or keep the model float", details={"candidates": [c.public() for c in self.candidates],
                                                                  "rejected": str(dest)})
@@ -647,7 +655,7 @@ class Quantizer:
                 f"{self.mode} quantization moved the outputs past the tolerance: {self._figures(best)}{of}; "
                 f"the model was not written. Rerun with --fallback to keep the most sensitive nodes in float, "
                 f"or loosen --tolerance", details={"candidates": [c.public() for c in self.candidates]})
-        dest = keep_rejected(best, self.ctx.output, f"missed the {self.budget_kind} budget")
+        dest = keep_rejected(best, aside_path(self.ctx), f"missed the {self.budget_kind} budget")
         return ValidationError(
             f"no {self.mode} candidate met the budget ({self.budget_kind} {self.budget:g}) after {len(tried)} tries; "
             f"the best ({best.settings.label()}, {len(best.float_nodes)} nodes in float: {self._figures(best)}) "
