@@ -285,3 +285,23 @@ def test_a_recipe_keeps_a_refused_result_where_it_says(cli, tmp_path, samples):
 def test_rejected_check_leaves_a_missing_input_to_its_own_error(cli, work):
     r = cli("quantize", "zz.REJECTED.onnx", "-o", "zz.onnx", "--mode", "dynamic", cwd=work)
     assert r.rc == 2 and "not found" in one_error_line(r) and "also an input" not in one_error_line(r)
+
+
+def test_eval_on_data_where_the_model_gives_nan_is_exit_2(cli, tmp_path):
+    """A masked mean: a sample whose mask hides every position divides 0 by 0."""
+    axis = nh.from_array(np.array([1], np.int64), "ax")
+    g = h.make_graph([h.make_node("Cast", ["attention_mask"], ["m"], to=T.FLOAT), h.make_node("Mul", ["x", "m"], ["xm"]),
+                      h.make_node("ReduceSum", ["xm", "ax"], ["s"], keepdims=1),
+                      h.make_node("ReduceSum", ["m", "ax"], ["c"], keepdims=1), h.make_node("Div", ["s", "c"], ["y"])],
+                     "g", [h.make_tensor_value_info("x", T.FLOAT, ["batch", 4]),
+                           h.make_tensor_value_info("attention_mask", T.INT64, ["batch", 4])],
+                     [h.make_tensor_value_info("y", T.FLOAT, ["batch", 1])], [axis])
+    model = tmp_path / "mean.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8), model)
+    mask = np.ones((8, 4), np.int64)
+    mask[5] = 0
+    np.savez(tmp_path / "d.npz", x=np.ones((8, 4), np.float32), attention_mask=mask,
+             labels=np.ones((8, 1), np.float32))
+    r = cli("eval", model, "--data", tmp_path / "d.npz", "--metric", "mse")
+    assert r.rc == 2, r.err
+    assert "input 'attention_mask' masks every position in 1 of 8 samples" in one_error_line(r)

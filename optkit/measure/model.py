@@ -18,7 +18,7 @@ from optkit.measure import memory
 from optkit.measure.accuracy import compute, run_over
 from optkit.measure.concurrency import measure_concurrency
 from optkit.measure.datasets import load_dataset
-from optkit.measure.fidelity import attention_mask, compare_outputs
+from optkit.measure.fidelity import attention_mask, compare_outputs, refuse_nonfinite_reference
 from optkit.measure.inputs import probe, synthesize
 from optkit.measure.latency import measure_latency
 from optkit.measure.size import measure_size
@@ -177,6 +177,9 @@ def _run_measurements(result: dict, artifact: Artifact, session, settings: Measu
                     "outputs": [s.to_dict() for s in session.outputs], "runtime": session.runtime}
     if metric:
         names = [s.name for s in session.outputs]
+        if reference is None:  # the model measured on its own: outputs that are NaN on this data are the data's
+            refuse_nonfinite_reference(artifact.path, outputs[:1], names[:1], session.inputs, eval_feeds,
+                                       ds.source if ds is not None else "synthesized inputs")
         result["accuracy"] = {**compute(metric, outputs, labels, names), "metric": metric, "samples": len(labels)}
     if reference is not None:
         peak.stop()
