@@ -102,11 +102,12 @@ def _fit(arr: np.ndarray, spec, source: str) -> np.ndarray:
     if layout(spec, have) == "whole" and have and have[0] == 1 and not (isinstance(first, int) and first > 1):
         arr = arr.reshape((arr.shape[0], *have[1:]))  # a whole input whose batch is the first axis: batched
     elif layout(spec, have) is None:
-        want = list(spec.shape[1:])
-        fixed = [d for d in want if isinstance(d, int) and d > 0]
+        # dims of size 1 left out or added: [28,28] for a sample [1,28,28]; [1,2,8] or [2,8,1] for [2,batch,8]
         squeezed = [d for d in have if d != 1]
-        if want and all(isinstance(d, int) and d > 0 for d in want) and squeezed == [d for d in fixed if d != 1]:
-            arr = arr.reshape((arr.shape[0], *want))  # dims of size 1 left out or added: [28,28] for [1,28,28]
+        for want in _size_one_targets(spec, k):
+            if squeezed == [d for d in want if d != 1]:
+                arr = arr.reshape((arr.shape[0], *want))
+                break
         else:
             raise UsageError(f"{mismatch(spec, have)} (from {source})")
     dtype = np.dtype(spec.dtype) if spec.dtype != "bfloat16" else np.float32
@@ -121,6 +122,15 @@ def _fit(arr: np.ndarray, spec, source: str) -> np.ndarray:
                              f"{int(cast.size - np.count_nonzero(np.isfinite(cast)))} values overflow to Inf")
         arr = cast
     return arr
+
+
+def _size_one_targets(spec, k: int) -> list[list[int]]:
+    """The fixed per-sample shapes a sample may reach by adding or dropping dims of size 1: the input without
+    its batch axis (when it comes first), and the input whole with a batch of 1."""
+    fixed = lambda shape: all(isinstance(d, int) and d > 0 for d in shape)  # noqa: E731
+    targets = [list(spec.shape[1:])] if k == 0 and len(spec.shape) > 1 else []
+    targets.append([1 if i == k else d for i, d in enumerate(spec.shape)])
+    return [t for t in targets if t and fixed(t)]
 
 
 def load_dataset(spec: str | Path, preprocess: Preprocess | dict[str, Any] | None = None,
