@@ -135,7 +135,7 @@ def _hostile_models(folder):
     (folder / "ext" / "ext.weights").unlink()
     out["ext"] = both(2, "external data file", "ext.weights is missing")
     _matmul(folder / "nan.onnx", tail="Sqrt-of-Neg")
-    out["nan"] = both(2, "itself gives", "NaN/Inf values", "Give data")
+    out["nan"] = both(3, "itself gives", "NaN/Inf values", "Give data")
     paths = {"bfloat16": "bf16.onnx", "float8": "f8.onnx", "int4": "int4.onnx", "seq": "seq.onnx",
              "optional": "optional.onnx", "map": "map.onnx", "ext": "ext/ext.onnx", "nan": "nan.onnx"}
     return {name: (folder / paths[name], expect) for name, expect in out.items()}

@@ -62,8 +62,8 @@ def test_a_mask_that_hides_everything_is_an_error(cli, tmp_path):
 
 
 def test_simplify_refuses_a_model_whose_own_outputs_are_nan(cli, tmp_path):
-    """Nothing can be checked against NaN: the inputs are the problem (exit 2), nothing written (it used to
-    pass 'equal within 0')."""
+    """Nothing can be checked against NaN: exit 3 when no input explains it (a mask that hides everything is
+    exit 2, test_hostile_round3), nothing written (it used to pass 'equal within 0')."""
     w = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32)
     graph = h.make_graph([h.make_node("MatMul", ["x", "W"], ["y"]), h.make_node("Log", ["y"], ["z"])], "g",
                          [h.make_tensor_value_info("x", T.FLOAT, ["batch", 4])],
@@ -73,7 +73,7 @@ def test_simplify_refuses_a_model_whose_own_outputs_are_nan(cli, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     r = cli("simplify", model, "-o", out / "s.onnx")
-    assert r.rc == 2, r.err
+    assert r.rc == 3, r.err
     assert "itself gives" in one_error_line(r) and "NaN/Inf values" in one_error_line(r)
     assert no_result_files(out) == []
     data = tmp_path / "c.npz"

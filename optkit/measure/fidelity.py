@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from optkit.core.errors import PassError, UsageError
+from optkit.core.errors import PassError, UsageError, ValidationError
 
 # The cosine reported when either side holds NaN or Inf: below every threshold, so no check passes on it.
 NONFINITE_COSINE = -1.0
@@ -47,22 +47,30 @@ def attention_mask(specs: list, feeds: dict[str, np.ndarray], outputs: list | No
 
 
 def refuse_nonfinite_reference(path, outputs: list, names: list[str], specs: list, feeds: dict[str, np.ndarray],
-                               given: str, only: list[str] | None = None) -> None:
-    """A reference model whose own outputs hold NaN/Inf on the inputs given leaves nothing to check a result
-    against. The inputs are the problem (an all-padding attention mask, say), so it is a UsageError (exit 2)
-    naming the output and, where one explains it, the input."""
+                               given: str, only: list[str] | None = None, data_only: bool = False) -> None:
+    """A model whose own outputs hold NaN/Inf on the inputs given leaves nothing to check a result against.
+    When an input explains it (a mask that hides every position of those samples) the data is the problem: a
+    UsageError (exit 2) naming the input. Otherwise the model computes NaN on ordinary inputs: ValidationError
+    (exit 3), unless `data_only` (the caller says it its own way)."""
     for name, out in zip(names, outputs):
         out = np.asarray(out)
         if (only and name not in only) or out.dtype.kind not in "fc" or not out.size:
             continue
         bad = _nonfinite(out)
-        if bad:
-            raise UsageError(f"{path} itself gives {bad} NaN/Inf values out of {out.size} in output {name!r} on "
-                             f"{given} ({_culprit(specs, feeds, out)}), so there is nothing to check against; "
-                             "nothing was written. Give data on which its outputs are finite")
+        if not bad:
+            continue
+        culprit = _culprit(specs, feeds, out)
+        if culprit is None and data_only:
+            return
+        what = f"{path} itself gives {bad} NaN/Inf values out of {out.size} in output {name!r} on {given}"
+        if culprit is not None:
+            raise UsageError(f"{what} ({culprit}), so there is nothing to check against; nothing was written. "
+                             "Give data on which its outputs are finite")
+        raise ValidationError(f"{what}, so there is nothing to check against; nothing was written. Give data on "
+                              "which its outputs are finite")
 
 
-def _culprit(specs: list, feeds: dict[str, np.ndarray], out: np.ndarray) -> str:
+def _culprit(specs: list, feeds: dict[str, np.ndarray], out: np.ndarray) -> str | None:
     """Which input explains non-finite outputs: a mask that hides every position of the samples that gave them."""
     n = len(next(iter(feeds.values()))) if feeds else 0
     rows = ~np.isfinite(out.reshape(n, -1)).all(axis=1) if n and out.ndim and out.shape[0] == n else None
@@ -75,7 +83,7 @@ def _culprit(specs: list, feeds: dict[str, np.ndarray], out: np.ndarray) -> str:
         hit = int(empty[rows].sum()) if rows is not None else int(empty.sum())
         if hit:
             return f"input {spec.name!r} masks every position in {hit} of {n} samples"
-    return "inputs " + ", ".join(repr(s.name) for s in specs) if specs else "no inputs"
+    return None
 
 
 def _sequence_outputs(mask_spec, outputs: list) -> frozenset[str]:

@@ -179,7 +179,7 @@ def _run_measurements(result: dict, artifact: Artifact, session, settings: Measu
         names = [s.name for s in session.outputs]
         if reference is None:  # the model measured on its own: outputs that are NaN on this data are the data's
             refuse_nonfinite_reference(artifact.path, outputs[:1], names[:1], session.inputs, eval_feeds,
-                                       ds.source if ds is not None else "synthesized inputs")
+                                       ds.source if ds is not None else "synthesized inputs", data_only=True)
         result["accuracy"] = {**compute(metric, outputs, labels, names), "metric": metric, "samples": len(labels)}
     if reference is not None:
         peak.stop()
