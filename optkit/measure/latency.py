@@ -1,6 +1,7 @@
-"""Latency: warm-up, then timed runs (a count or a duration), reported as percentiles."""
+"""Latency: warm-up, then timed runs (a count or a duration), reported as percentiles with their 95% bands."""
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -49,6 +50,46 @@ def measure_latency(session, feeds: dict[str, np.ndarray], *, warmup: int = 10, 
                      **extra)
 
 
+PERCENTILES = {"p50_ms": 0.50, "p90_ms": 0.90, "p99_ms": 0.99}
+
+
+def binomial_ranks(n: int, q: float) -> tuple[int, int]:
+    """The 1-based ranks (l, u) of the distribution-free 95% interval [x_(l), x_(u)] of the q-quantile of n
+    independent runs: with B ~ binomial(n, q) the number of runs under the true quantile, l is B's 2.5% quantile
+    and u its 97.5% quantile plus one, so P(x_(l) <= quantile) >= 97.5% and P(x_(u) >= quantile) >= 97.5%.
+    l == 0 or u == n + 1: too few runs to bound that side (the band has no lower / upper end)."""
+    k = np.arange(n + 1)
+    logpmf = np.concatenate([[n * math.log1p(-q)], n * math.log1p(-q) + np.cumsum(
+        np.log((n - k[:-1]) / (k[:-1] + 1)) + math.log(q / (1 - q)))])
+    cdf = np.cumsum(np.exp(logpmf))
+    lo = int(np.searchsorted(cdf, 0.025))                 # smallest k with P(B <= k) >= 2.5%
+    hi = int(np.searchsorted(cdf, 0.975 - 1e-12))         # smallest k with P(B <= k) >= 97.5%
+    return lo, min(hi + 1, n + 1)
+
+
+def runs_to_bound(q: float, side: str) -> int:
+    """The fewest runs whose q-quantile band has an upper (side "upper") or a lower end."""
+    p = q if side == "upper" else 1 - q
+    return math.floor(math.log(0.025) / math.log(p)) + 1
+
+
+def bands(ms: np.ndarray, batch: int = 1) -> dict[str, list[float | None]]:
+    """The 95% band [low, high] of each percentile (order statistics of the runs: `binomial_ranks`) and of the
+    throughput (batch / mean, from the normal interval of the mean run time); None: that end is unbounded."""
+    x, n = np.sort(ms), len(ms)
+    out: dict[str, list[float | None]] = {}
+    for key, q in PERCENTILES.items():
+        point = float(np.percentile(x, 100 * q))
+        lo, hi = binomial_ranks(n, q)
+        out[key] = [min(float(x[lo - 1]), point) if lo >= 1 else None,
+                    max(float(x[hi - 1]), point) if hi <= n else None]
+    mean = float(x.mean())
+    if n >= 2 and mean > 0:
+        half = 1.96 * float(x.std(ddof=1)) / math.sqrt(n)
+        out["throughput_per_s"] = [batch * 1e3 / (mean + half), batch * 1e3 / (mean - half) if mean > half else None]
+    return out
+
+
 def summarize(times_s: list[float], *, batch: int = 1, **extra) -> dict:
     ms = np.asarray(times_s) * 1e3
     mean = float(ms.mean())
@@ -63,5 +104,6 @@ def summarize(times_s: list[float], *, batch: int = 1, **extra) -> dict:
         "runs": len(ms),
         "batch": batch,
         "throughput_per_s": batch * 1e3 / mean if mean > 0 else None,
+        "ci95": bands(ms, batch),
         **extra,
     }
