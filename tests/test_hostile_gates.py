@@ -13,7 +13,7 @@ import re
 
 import pytest
 
-from optkit.pipeline.gates import evaluate, parse_gates
+from optkit.pipeline.gates import NO_BAND, evaluate, parse_gates
 from optkit.report.schema import ArtifactRef, Report, Stage
 
 from conftest import one_error_line
@@ -25,7 +25,7 @@ def bench_report(tmp_path_factory, samples):
     from conftest import run_cli
 
     path = tmp_path_factory.mktemp("bench") / "bench.json"
-    r = run_cli("bench", samples / "torch_cnn.onnx", "--runs", "5", "--report", path)
+    r = run_cli("bench", samples / "torch_cnn.onnx", "--runs", "20", "--report", path)
     assert r.rc == 0, r.err
     return json.loads(path.read_text())
 
@@ -94,7 +94,7 @@ def stage(name, *, p50=10.0, ci=None, norm=None, trials=None, throughput=None):
 
 def judge(rep: Report, gate: str, baseline: Report | None = None) -> str:
     (r,) = evaluate(rep, parse_gates([gate]), baseline)
-    if r.verdict == "cannot judge":   # the line says so, and what it says is true: the noise is wider
+    if r.detail.startswith("cannot judge: the noise"):   # the line says so, and it is true: the noise is wider
         m = re.match(r"cannot judge: the noise \(±([\d.e+-]+)[^)]*\) is wider than the margin \(([\d.e+-]+)", r.detail)
         assert m and float(m[1]) >= float(m[2]) and abs(r.margin) == pytest.approx(float(m[2]), rel=0.01), r.detail
         assert "measure longer or on a quieter runner" in r.detail
@@ -127,9 +127,11 @@ def test_the_same_gates_on_a_quiet_figure_are_plain_pass_or_fail():
     quiet = Report(command="t", stages=[stage("m", p50=10.0, ci=0.5, norm=0.5)])
     assert judge(quiet, "latency_p50_ms <= 11") == "pass" and judge(quiet, "latency_p50_ms <= 9") == "fail"
     assert judge(quiet, "throughput >= 90") == "pass" and judge(quiet, "throughput >= 110") == "fail"
-    # no measured noise (one trial: no interval): the point is judged, a figure at the threshold is not straddling
+    # no band at all (one trial of an older report, no runs' band): not judged as exact, whatever the margin
     one = Report(command="t", stages=[stage("m", p50=10.0, ci=None)])
-    assert judge(one, "latency_p50_ms <= 10") == "pass" and judge(one, "latency_p50_ms < 10") == "fail"
+    for gate in ("latency_p50_ms <= 10", "latency_p50_ms < 10", "latency_p99_ms <= 1000", "throughput >= 1"):
+        (r,) = evaluate(one, parse_gates([gate]))
+        assert r.verdict == "cannot judge" and r.detail.startswith(f"cannot judge: {NO_BAND}"), r.detail
     # figures without noise: memory and size are plain comparisons
     assert judge(NOISY, "memory_mb <= 50") == "pass" and judge(NOISY, "memory_mb < 50") == "fail"
     assert judge(NOISY, "size_mb <= 0.9") == "fail"
@@ -171,3 +173,143 @@ def test_a_non_finite_noise_still_fails_not_cannot_judge():
     rep.stages[0].measurements["latency"]["ci95_pct"] = math.inf
     (r,) = evaluate(rep, parse_gates(["latency_p50_ms <= 100"]))
     assert not r.passed and r.verdict == "fail" and "noise is not a finite figure" in r.detail
+
+
+# ---------------------------------------------------------------- red team: hand-edited bands, bands from bench
+
+def edited(bench: dict, tmp_path, edit, name: str = "edited.json"):
+    d = json.loads(json.dumps(bench))
+    edit(d["stages"][-1]["measurements"]["latency"])
+    path = tmp_path / name
+    path.write_text(json.dumps(d))   # json writes NaN as its JavaScript literal, as other tools do
+    return path
+
+
+def bad_input(r) -> str:
+    """Exit 2 with exactly one line on stderr (no table, no traceback)."""
+    assert r.rc == 2, (r.rc, r.out, r.err)
+    assert [line for line in r.err.splitlines() if line.strip()] == [one_error_line(r)], r.err
+    return one_error_line(r)
+
+
+def test_bench_gives_every_percentile_a_distribution_free_band(bench_report):
+    from optkit.measure.latency import binomial_ranks
+
+    lat = bench_report["stages"][-1]["measurements"]["latency"]
+    assert lat["runs"] == 20 and "ci95_pct" not in lat
+    for key in ("p50_ms", "p90_ms", "p99_ms", "throughput_per_s"):
+        lo, hi = lat["ci95"][key]
+        assert lo is not None and lo <= lat[key] and (hi is None or lat[key] <= hi), (key, lo, hi)
+    # 20 runs bound the median on both sides, the 90th and 99th percentiles from below only
+    assert lat["ci95"]["p50_ms"][1] is not None and lat["ci95"]["p90_ms"][1] is None and lat["ci95"]["p99_ms"][1] is None
+    # the ranks are the binomial(n, p) 2.5% / 97.5% quantiles (the 97.5% one plus one), computed here exactly
+    for n, q in ((20, 0.5), (20, 0.9), (100, 0.9), (100, 0.99), (368, 0.99), (5, 0.5)):
+        cdf = [sum(math.comb(n, j) * q ** j * (1 - q) ** (n - j) for j in range(k + 1)) for k in range(n + 1)]
+        lo = next(k for k in range(n + 1) if cdf[k] >= 0.025)
+        hi = next(k for k in range(n + 1) if cdf[k] >= 0.975)
+        assert binomial_ranks(n, q) == (lo, min(hi + 1, n + 1)), (n, q)
+
+
+def test_gates_on_a_bench_report_are_judged_on_its_band(cli, tmp_path, bench_report):
+    lat = bench_report["stages"][-1]["measurements"]["latency"]
+    p50, (lo, hi) = lat["p50_ms"], lat["ci95"]["p50_ms"]
+    path = tmp_path / "R.json"
+    path.write_text(json.dumps(bench_report))
+    r = cli("gate", path, f"latency_p50_ms <= {hi * 1.01}", f"latency_p50_ms >= {lo * 0.99}", "throughput >= 1", "--json")
+    assert r.rc == 0, r.err
+    assert all(g["verdict"] == "pass" and "95% band" in g["detail"] for g in json.loads(r.out))
+    r = cli("gate", path, f"latency_p50_ms <= {lo * 0.99}")
+    assert r.rc == 1 and "(fail)" in one_error_line(r)
+    if hi > p50:   # a margin smaller than the band (the red team's 0.25%): no longer an exact pass
+        r = cli("gate", path, f"latency_p50_ms <= {(p50 + hi) / 2}", "--json")
+        assert r.rc == 1
+        (g,) = json.loads(r.out)
+        assert g["verdict"] == "cannot judge" and g["detail"].startswith("cannot judge: the noise"), g
+    # 20 runs cannot bound the 99th percentile from above: no threshold lets a `<=` gate pass on them
+    r = cli("gate", path, "latency_p99_ms <= 1000")
+    line = one_error_line(r)
+    assert r.rc == 1 and "cannot judge: the 95% band has no upper end" in line and "at least 368 runs" in line, line
+    r = cli("gate", path, "latency_p99_ms >= 1000")   # nor say it is not over any threshold
+    line = one_error_line(r)
+    assert r.rc == 1 and "(cannot judge: the 95% band has no upper end" in line, line
+    r = cli("gate", path, f"latency_p99_ms <= {lat['ci95']['p99_ms'][0] * 0.99}")
+    assert r.rc == 1 and "(fail)" in one_error_line(r)
+
+
+@pytest.mark.parametrize("edit", [
+    lambda lat: (lat.pop("ci95"), lat.update(p99_ms=0.0994, ci95_pct=None, trials=5)),   # the band edited to null
+    lambda lat: (lat.pop("ci95"), lat.update(p99_ms=0.0994)),                            # deleted: an older report
+], ids=["band-null", "band-deleted"])
+def test_a_noisy_figure_without_a_band_cannot_be_judged(cli, tmp_path, bench_report, edit):
+    path = edited(bench_report, tmp_path, edit)
+    r = cli("gate", path, "latency_p99_ms <= 0.11", "latency_p50_ms <= 1000", "throughput >= 1", "--json")
+    assert r.rc == 1, r.err
+    rows = json.loads(r.out)
+    assert [g["verdict"] for g in rows] == ["cannot judge"] * 3 and not any(g["passed"] for g in rows)
+    assert all(g["detail"].startswith(f"cannot judge: {NO_BAND}") for g in rows), rows
+    # the red team's 0.25% margin on the median is no longer an exact pass
+    p50 = bench_report["stages"][-1]["measurements"]["latency"]["p50_ms"]
+    r = cli("gate", path, f"latency_p50_ms <= {p50 * 1.0025}")
+    line = one_error_line(r)
+    assert r.rc == 1 and f"(cannot judge: {NO_BAND})" in line, line
+
+
+HOSTILE = {
+    "negative-band": (lambda lat: lat.update(p99_ms=0.0994, ci95_pct=-28.5, trials=5), "latency_p99_ms <= 0.08",
+                      "figure latency.ci95_pct is -28.5, not a 95% band"),
+    "negative-p99": (lambda lat: lat.update(p99_ms=-1), "latency_p99_ms <= 0.08", "figure latency.p99_ms is -1"),
+    "negative-p50": (lambda lat: lat.update(p50_ms=-0.5), "latency_p50_ms <= 0.08", "figure latency.p50_ms is -0.5"),
+    "negative-throughput": (lambda lat: lat.update(throughput_per_s=-3.0), "throughput <= 10",
+                            "figure latency.throughput_per_s is -3.0"),
+    "nan-band": (lambda lat: lat.update(ci95_pct=float("nan"), trials=5), "latency_p50_ms <= 1",
+                 "figure latency.ci95_pct is nan, not a 95% band"),
+    "string-band": (lambda lat: lat.update(ci95_pct="wide", trials=5), "latency_p50_ms <= 1",
+                    "latency.ci95_pct is 'wide', not a number"),   # Report.load refuses it: "stages.0.measurements..."
+    "negative-run-band": (lambda lat: lat["ci95"].update(p99_ms=[-1.0, 0.2]), "latency_p99_ms <= 0.5",
+                          "figure latency.ci95.p99_ms is [-1.0, 0.2], not a 95% band"),
+    "band-without-the-figure": (lambda lat: lat.update(p99_ms=0.0994) or lat["ci95"].update(p99_ms=[0.01, 0.02]),
+                                "latency_p99_ms <= 0.08", "figure latency.ci95.p99_ms is [0.01, 0.02]"),
+    "nan-run-band": (lambda lat: lat["ci95"].update(p50_ms=[float("nan"), 1.0]), "latency_p50_ms <= 1",
+                     "figure latency.ci95.p50_ms is [nan, 1.0]"),
+    "band-of-the-wrong-type": (lambda lat: lat.update(ci95="narrow"), "latency_p50_ms <= 1",
+                               "figure latency.ci95 is 'narrow', not an object of 95% bands"),
+    "negative-normalised-band": (lambda lat: lat.update(normalized=0.5, normalized_ci95_pct=-3.0),
+                                 "normalized_latency <= 1", "figure latency.normalized_ci95_pct is -3.0"),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_a_band_or_latency_no_measurement_gives_is_bad_input(cli, tmp_path, bench_report, name):
+    edit, gate, words = HOSTILE[name]
+    path = edited(bench_report, tmp_path, edit)
+    r = cli("gate", path, gate, "--junit", tmp_path / "j.xml")
+    line = bad_input(r)
+    assert ("stage 'model'" in line or "stages.0." in line) and words in line, line
+    assert "pass" not in line and not (tmp_path / "j.xml").exists()
+
+
+def test_a_paired_interval_that_does_not_hold_its_ratio_is_bad_input():
+    from optkit.core.errors import UsageError
+
+    rep = Report(command="t", stages=[stage("input", p50=20.0, ci=2.0), stage("fast", p50=10.0, ci=2.0)])
+    rep.stages[1].measurements["latency_change"] = {"ratio": 1.0, "ratio_ci95": [0.1, 0.2], "trials": 5}
+    with pytest.raises(UsageError, match=r"stage 'fast': figure latency_change.ratio_ci95 is \[0.1, 0.2\]"):
+        evaluate(rep, parse_gates(["speedup >= 4"]))
+    rep.stages[1].measurements["latency_change"] = {"ratio": 0.5, "ratio_ci95": [0.45, 0.55], "trials": 5}
+    (r,) = evaluate(rep, parse_gates(["speedup >= 1.5"]))
+    assert r.verdict == "pass" and r.value == pytest.approx(2.0)
+
+
+def test_a_run_report_with_trials_is_judged_as_before():
+    """optkit run's figures (latency_trials: the trials' ci95_pct) keep their verdicts: the trials' band comes
+    first, also in a report that carries the runs' band as well."""
+    for extra in ({}, {"ci95": {"p50_ms": [9.99, 10.01], "p99_ms": [14.0, None]}}):
+        rep = Report(command="t", stages=[stage("m", p50=10.0, ci=20.0, norm=0.5)])
+        rep.stages[0].measurements["latency"].update(extra)
+        assert judge(rep, "latency_p50_ms <= 11") == "cannot judge" and judge(rep, "latency_p50_ms <= 13") == "pass"
+        assert judge(rep, "latency_p99_ms <= 19") == "pass" and judge(rep, "latency_p99_ms >= 19") == "fail"
+    # one trial of a new run: no trials' band, the runs' band judges it
+    rep = Report(command="t", stages=[stage("m", p50=10.0, ci=None)])
+    rep.stages[0].measurements["latency"].update(runs=100, ci95={"p50_ms": [9.5, 10.5], "p99_ms": [14.0, None]})
+    assert judge(rep, "latency_p50_ms <= 11") == "pass" and judge(rep, "latency_p50_ms <= 10.2") == "cannot judge"
+    assert judge(rep, "latency_p99_ms >= 13") == "pass" and judge(rep, "latency_p99_ms <= 1000") == "cannot judge"

@@ -38,9 +38,16 @@ one call at a time, speedup, latency_regression_pct) is judged on the figure's 9
   runner").
 
 The band is the 95% interval of the figure: for latency_regression_pct the Mann-Whitney interval above, for an
-absolute latency figure the figure times the relative 95% half-width of the trials' mean (`ci95_pct`; no band
-with one trial), for speedup the two stages' half-widths combined. Figures without a measured noise (size,
-accuracy, fidelity, memory, throughput under load) have a band of zero width: plain pass or fail. A
+absolute latency figure the figure times the relative 95% half-width of the trials' mean (`ci95_pct`, two
+trials or more), else the band the runs themselves give (`latency.ci95`: for a percentile the distribution-free
+interval of order statistics, for the throughput the normal interval of the mean run time;
+optkit.measure.latency.bands), for speedup the two stages' half-widths combined. A noise-carrying figure with no
+band at all (a report edited by hand, or written before optkit recorded bands) is not judged as exact: "cannot
+judge: the figure carries no noise band; measure it again with this optkit". A band end the runs do not bound
+(e.g. the p99 of fewer than 368 runs has no upper end) cannot be on the right side of a threshold either.
+Figures without a measured noise (size, accuracy, fidelity, memory, throughput under load) have a band of zero
+width: plain pass or fail. A band or a latency that no measurement gives (negative, NaN, the wrong type, a band
+that does not hold its figure) is bad input (UsageError, exit 2), read by StageFigures.of(strict=True). A
 regression gate on an unchanged model stays a pass as long as the upper end of the interval is under the
 threshold: the interval is that of a shift estimate over all trial pairs, a few % wide on a shared machine
 (benchmarks/gate_stability.py measures both sides of this). On a heavily overloaded machine (a load average
@@ -191,9 +198,61 @@ def check_gates_plan(gates: list[Gate], *, stages: list[str], measured: set[str]
 
 # ---------------------------------------------------------------- reading figures
 
-def _noise_rel(f: StageFigures, normalized: bool = False) -> float:
-    """Relative 95% half-width of the stage's latency (0 when measured in one trial: no interval)."""
-    return ((f.normalized_ci95_pct if normalized else f.ci95_pct) or 0.0) / 100
+@dataclass(frozen=True)
+class Band:
+    """A 95% band (lo, hi) in the figure's unit; an end the measurement does not bound is infinite, and `open`
+    says why (shown when the gate cannot be judged for it)."""
+    lo: float
+    hi: float
+    open: str = ""
+
+
+NO_BAND = "the figure carries no noise band; measure it again with this optkit"
+QUANTILES = {"p50_ms": 0.50, "p90_ms": 0.90, "p99_ms": 0.99}
+
+
+def _noise_rel(f: StageFigures, normalized: bool = False) -> float | None:
+    """Relative 95% half-width of the stage's latency over its trials (None: one trial or an older report)."""
+    rel = f.normalized_ci95_pct if normalized else f.ci95_pct
+    return None if rel is None else rel / 100
+
+
+def _latency_band(f: StageFigures, key: str, metric: str) -> tuple[float | Band | None, str]:
+    """The 95% band of a latency figure (p50_ms, p90_ms, p99_ms, throughput_per_s) and a detail: the trials'
+    half-width when there are trials (as before), else the runs' own band, else None (no band)."""
+    v = getattr(f, key)
+    rel = _noise_rel(f)
+    if rel is not None:
+        return (v or 0) * rel, _ci_detail(f)
+    b = f.ci95.get(key)
+    if b is None:
+        return None, ""
+    lo, hi = b
+    runs = int(f.runs) if f.runs is not None and math.isfinite(f.runs) else None
+    what = f"the {round(100 * QUANTILES[key])}th percentile" if key in QUANTILES else "the throughput"
+    why = ""
+    if lo is None or hi is None:
+        from optkit.measure.latency import runs_to_bound
+
+        side = "upper" if hi is None else "lower"
+        fewest = f"time at least {runs_to_bound(QUANTILES[key], side)} runs (--runs)" if key in QUANTILES else "time more runs"
+        why = f"{runs or 'its'} runs do not bound {what} from {'above' if hi is None else 'below'}; {fewest}"
+    band = Band(-math.inf if lo is None else lo, math.inf if hi is None else hi, why)
+    shown = f"{_q(lo, metric) if lo is not None else 'no lower end'} .. {_q(hi, metric) if hi is not None else 'no upper end'}"
+    return band, f"95% band {shown} ({runs or '?'} runs)"
+
+
+def _rel_band(f: StageFigures) -> float | None:
+    """The relative 95% half-width of a stage's p50 (trials, else its runs' band; inf: a side is unbounded)."""
+    rel = _noise_rel(f)
+    if rel is not None:
+        return rel
+    b, v = f.ci95.get("p50_ms"), f.p50_ms
+    if b is None or not v or not math.isfinite(v):
+        return None
+    if b[0] is None or b[1] is None:
+        return math.inf
+    return max(v - b[0], b[1] - v) / v
 
 
 def _find(report: Report, name: str | None, what: str) -> Stage:
@@ -207,9 +266,9 @@ def _find(report: Report, name: str | None, what: str) -> Stage:
     raise UsageError(f"{what} has no stage {name!r}; stages: {', '.join(s.name for s in report.stages)}")
 
 
-def _value(g: Gate, report: Report, baseline: Report | None) -> tuple[float | None, Any, str]:
-    """(value, noise in the value's unit, detail); value None when a figure is missing.
-    For latency_regression_pct the noise is the 95% interval (lo, hi) in %, or None."""
+def _value(g: Gate, report: Report, baseline: Report | None) -> tuple[float | None, float | Band | None, str]:
+    """(value, 95% band, detail); value None when a figure is missing. The band is a half-width in the value's
+    unit (0: a figure without noise), a Band (lo, hi), or None: a noise-carrying figure that carries no band."""
     s = _find(report, g.stage, "the report")
     first = report.stages[0]
     # a verdict depends on these figures: strict (a wrong type is a UsageError); null reads as NaN
@@ -218,16 +277,15 @@ def _value(g: Gate, report: Report, baseline: Report | None) -> tuple[float | No
     if m == "size_mb":
         return f.size_mb, 0.0, ""
     if m.startswith("latency_p"):
-        v = {"latency_p50_ms": f.p50_ms, "latency_p90_ms": f.p90_ms, "latency_p99_ms": f.p99_ms}[m]
-        return v, (v or 0) * _noise_rel(f), _ci_detail(f)
+        key = m.removeprefix("latency_")
+        return (getattr(f, key), *_latency_band(f, key, m))
     if m == "normalized_latency":
-        v = f.normalized
-        return v, (v or 0) * _noise_rel(f, True), _ci_detail(f, True)
+        v, rel = f.normalized, _noise_rel(f, True)
+        return v, (None if rel is None else (v or 0) * rel), _ci_detail(f, True)
     if m == "throughput":
         if f.load_throughput_per_s is not None:
             return f.load_throughput_per_s, 0.0, f"{f.concurrency} in flight"
-        v = f.throughput_per_s
-        return v, (v or 0) * _noise_rel(f), _ci_detail(f)
+        return (f.throughput_per_s, *_latency_band(f, "throughput_per_s", m))
     if m == "memory_mb":
         return f.memory_mb, 0.0, "peak RSS above the baseline"
     if m == "accuracy":
@@ -252,8 +310,14 @@ def _value(g: Gate, report: Report, baseline: Report | None) -> tuple[float | No
         if not a or not b:
             return None, 0.0, ""
         v = a / b
-        rel = math.hypot(_noise_rel(fa), _noise_rel(f))
-        return v, v * rel, f"p50 {a:.4g} -> {b:.4g} ms"
+        ra, rb = _rel_band(fa), _rel_band(f)
+        detail = f"p50 {a:.4g} -> {b:.4g} ms"
+        if ra is None or rb is None:
+            return v, None, detail
+        rel = math.hypot(ra, rb)
+        if math.isinf(rel):
+            return v, Band(0.0, math.inf, "too few runs to bound a stage's p50: time at least 6 runs"), detail
+        return v, v * rel, detail
     # baseline
     if baseline is None:
         raise UsageError(f"gate {g.text!r} compares with a baseline report; pass --baseline REPORT.json")
@@ -279,9 +343,9 @@ def shift_ci(base: list[float], cur: list[float]) -> tuple[float, float, float]:
     return float(np.median(d)), float(d[k - 1]), float(d[n * m - k])
 
 
-def _regression(fa: StageFigures, fb: StageFigures) -> tuple[float | None, tuple[float, float] | None, str]:
-    """% change of latency from the baseline stage's figures (fa) to the run's (fb), its 95% interval (None if
-    unknown) and a detail."""
+def _regression(fa: StageFigures, fb: StageFigures) -> tuple[float | None, Band | None, str]:
+    """% change of latency from the baseline stage's figures (fa) to the run's (fb), its 95% interval (None: a
+    side carries no band) and a detail."""
     na, nb = fa.normalisations, fb.normalisations
     common = [k for k in na if k in nb]
     if common:
@@ -298,23 +362,30 @@ def _regression(fa: StageFigures, fb: StageFigures) -> tuple[float | None, tuple
         basis = f"normalised ({'+'.join(str(k or 'reference') for k in common)})"
         ta, tb = combine(na, "trial_normalized"), combine(nb, "trial_normalized")
         pa, pb = combine(na, "normalized"), combine(nb, "normalized")
-        ca, cb = (max((r[k].ci95_pct or 0) for k in common) for r in (na, nb))
+        ca, cb = (None if any(r[k].ci95_pct is None for k in common) else max(r[k].ci95_pct for k in common)
+                  for r in (na, nb))
     elif fa.trial_low_ms and fb.trial_low_ms:
         basis, ta, tb = "raw p10 ms", fa.trial_low_ms, fb.trial_low_ms
         pa, pb, ca, cb = fa.low_ms, fb.low_ms, fa.low_ci95_pct, fb.low_ci95_pct
     else:
         basis, ta, tb = "p50 ms", fa.trial_p50_ms, fb.trial_p50_ms
-        pa, pb, ca, cb = fa.p50_ms, fb.p50_ms, fa.ci95_pct, fb.ci95_pct
+        pa, pb = fa.p50_ms, fb.p50_ms
+        ca, cb = ((None if r is None else 100 * r) for r in (_rel_band(fa), _rel_band(fb)))
     if ta and tb and len(ta) > 1 and len(tb) > 1:
         est, lo, hi = shift_ci(ta, tb)
         v, ci = 100 * math.expm1(est), (100 * math.expm1(lo), 100 * math.expm1(hi))
         detail = f"{basis} {float(np.median(ta)):.4g} -> {float(np.median(tb)):.4g}, {len(ta)}+{len(tb)} trials"
-        return v, ci, detail
+        return v, Band(*ci), detail
     if not pa or not pb:
         return None, None, ""
     v = 100 * (pb / pa - 1)
-    noise = 100 * (pb / pa) * math.hypot((ca or 0) / 100, (cb or 0) / 100)
-    return v, ((v - noise, v + noise) if noise else None), f"{basis} {pa:.4g} -> {pb:.4g}"
+    if ca is None or cb is None:   # a side without a band: the change cannot be judged as exact
+        return v, None, f"{basis} {pa:.4g} -> {pb:.4g}"
+    noise = 100 * (pb / pa) * math.hypot(ca / 100, cb / 100)
+    if math.isinf(noise):
+        return v, Band(-math.inf, math.inf, "too few runs to bound a side's p50: time at least 6 runs"), \
+            f"{basis} {pa:.4g} -> {pb:.4g}"
+    return v, Band(v - noise, v + noise), f"{basis} {pa:.4g} -> {pb:.4g}"
 
 
 def _f(v) -> str:
@@ -336,12 +407,7 @@ def evaluate(report: Report, gates: list[Gate], baseline: Report | None = None) 
     """Check every gate; a gate on a figure the report lacks is a usage error (exit 2)."""
     results = []
     for g in gates:
-        ci = None
-        if g.metric == "latency_regression_pct":
-            value, ci, detail = _value(g, report, baseline)
-            noise = (ci[1] - ci[0]) / 2 if ci else 0.0
-        else:
-            value, noise, detail = _value(g, report, baseline)
+        value, band, detail = _value(g, report, baseline)
         stage = _find(report, g.stage, "the report").name
         if value is None:
             meta = METRICS[g.metric]
@@ -350,23 +416,36 @@ def evaluate(report: Report, gates: list[Gate], baseline: Report | None = None) 
             raise UsageError(f"gate {g.text!r}: the report has no {meta.needs} figures for stage {stage!r}{other}")
         # a NaN figure compares false with everything and an infinite one or an infinite noise passes any
         # bound: neither is a measurement, so the gate fails, never passes
-        why = _not_finite(value, noise, ci)
-        if why:
-            results.append(GateResult(gate=g.text, metric=g.metric, stage=stage, value=value, threshold=g.threshold,
-                                      op=g.op, passed=False, margin=None, detail=why))
-            continue
-        lo, hi = ci if ci else (value - noise, value + noise)
-        ok = OPS[g.op]
+        why = _not_finite(value, band)
         upper = g.op in ("<=", "<")
-        worst, best = (hi, lo) if upper else (lo, hi)   # the band's ends on the wrong and the right side
-        passed = ok(worst, g.threshold)
         # margin: how far the figure is on the right side of the threshold (negative: the wrong side); the verdict
         # also weighs the noise: it is "cannot judge" when the noise is wider than the margin
-        margin = g.threshold - value if upper else value - g.threshold
-        if ci:
-            detail += f"{'; ' if detail else ''}95% CI {ci[0]:+.1f}% .. {ci[1]:+.1f}%"
+        margin = None if why else (g.threshold - value if upper else value - g.threshold)
+        if why or band is None:   # no band on a noisy figure: not judged as exact (it is no measurement of one)
+            results.append(GateResult(gate=g.text, metric=g.metric, stage=stage, value=value, threshold=g.threshold,
+                                      op=g.op, passed=False, margin=margin,
+                                      detail=why or f"{CANNOT_JUDGE}: {NO_BAND}" + (f"; {detail}" if detail else "")))
+            continue
+        if isinstance(band, Band):
+            lo, hi = min(band.lo, value), max(band.hi, value)
+            noise = (hi - lo) / 2
+        else:
+            lo, hi, noise = value - band, value + band, band
+        ok = OPS[g.op]
+        worst, best = (hi, lo) if upper else (lo, hi)   # the band's ends on the wrong and the right side
+        passed = ok(worst, g.threshold)
+        if g.metric == "latency_regression_pct" and isinstance(band, Band):
+            detail += f"{'; ' if detail else ''}95% CI {band.lo:+.1f}% .. {band.hi:+.1f}%"
         if not passed and ok(best, g.threshold):
-            detail = _cannot_judge(g, value, lo, hi) + (f"; {detail}" if detail else "")
+            across = lo if value > g.threshold else hi   # the band's end on the other side of the threshold
+            if math.isinf(across):
+                reason = band.open if isinstance(band, Band) and band.open else "measure longer"
+                detail = f"{CANNOT_JUDGE}: the 95% band has no {'upper' if across > 0 else 'lower'} end ({reason})" + (
+                    f"; {detail}" if detail else "")
+            else:
+                detail = _cannot_judge(g, value, lo, hi) + (f"; {detail}" if detail else "")
+        elif noise and isinstance(band, Band) and g.metric != "latency_regression_pct":
+            pass   # the detail already shows the band
         elif noise:
             detail = (detail + "; " if detail else "") + f"noise ±{_q(noise, g.metric)}"
         results.append(GateResult(gate=g.text, metric=g.metric, stage=stage, value=value, threshold=g.threshold,
@@ -391,15 +470,19 @@ def _cannot_judge(g: Gate, value: float, lo: float, hi: float) -> str:
             f"({_q(abs(value - g.threshold), g.metric)}); measure longer or on a quieter runner")
 
 
-def _not_finite(value, noise, ci) -> str:
-    """Why a gate's figure cannot be compared ('' when it can)."""
+def _not_finite(value, band) -> str:
+    """Why a gate's figure cannot be compared ('' when it can). A Band may have an infinite end (unbounded by
+    the measurement), never a NaN one; a half-width must be finite."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return f"value {value!r} is not a number"
     if math.isnan(value):
         return "value is NaN (or recorded as null: not a finite figure)"
     if not math.isfinite(value):
         return f"value is {value} (not a finite figure)"
-    if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in (noise, *(ci or ()))):
+    if isinstance(band, Band):
+        if math.isnan(band.lo) or math.isnan(band.hi):
+            return "its noise is not a finite figure"
+    elif band is not None and not (isinstance(band, (int, float)) and math.isfinite(band)):
         return "its noise is not a finite figure"
     return ""
 

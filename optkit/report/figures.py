@@ -7,7 +7,9 @@ as null is a non-finite measurement (JSON has no NaN or Inf; pydantic writes the
   being skipped;
 - as +inf for an error (max / mean abs error): the only non-finite error `measure.fidelity` records;
 - as None where null means "none": a confidence interval of one trial, top-1 agreement of outputs that have
-  no classes.
+  no classes, an end of a 95% band (`latency.ci95`) that the runs do not bound.
+A latency figure or band that no measurement gives (a negative latency, throughput or band, a NaN band, a band
+that does not hold its figure) is, with `strict`, a UsageError: the report was edited or damaged.
 Numbers keep their type (an int stays an int), so they print as they did. A figure of the wrong type (a
 hand-edited or hand-built report) is simply absent; with `strict` (gates: a verdict depends on it) it is a
 UsageError, as `Report.load` refuses such a report up front.
@@ -41,8 +43,10 @@ class _Reader:
             shown = repr(v) if len(repr(v)) <= 40 else repr(v)[:37] + "..."
             raise UsageError(f"stage {self.stage!r}: figure {self.group}.{key} is {shown}, not {what}")
 
-    def number(self, key: str, null: float | None = math.nan) -> float | None:
-        """The figure; `null` is what a recorded null reads as."""
+    def number(self, key: str, null: float | None = math.nan, *, nonneg: bool = False,
+               band: bool = False) -> float | None:
+        """The figure; `null` is what a recorded null reads as. `nonneg`: a negative value is wrong (a latency, a
+        throughput); `band`: a 95% band's half-width, which is neither negative nor NaN."""
         if key not in self.d:
             return None
         v = self.d[key]
@@ -50,6 +54,12 @@ class _Reader:
             return null
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             self.wrong(key, v)
+            return None
+        if band and not v >= 0:
+            self.wrong(key, v, "a 95% band (a number >= 0)")
+            return None
+        if nonneg and v < 0:
+            self.wrong(key, v, "a measured figure (it is never negative)")
             return None
         return v
 
@@ -140,6 +150,9 @@ class StageFigures:
     batch: float | None = None
     threads: int | None = None
     trials: int | None = None
+    # latency: the 95% band (low, high) of p50_ms / p90_ms / p99_ms / throughput_per_s from the runs themselves
+    # (order statistics; optkit.measure.latency.bands), None for an end the runs do not bound
+    ci95: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
     # latency: per trial, with the 95% half-width of their mean in % (None: one trial)
     trial_p50_ms: tuple[float, ...] | None = None
     ci95_pct: float | None = None
@@ -201,15 +214,17 @@ class StageFigures:
         if metric is not None and not isinstance(metric, str):
             acc.wrong("metric", metric, "a metric's name")
             metric = None
+        lat_values = {k: lat.number(k, nonneg=True) for k in lat_keys}
         return cls(
             measured=frozenset(r.group for r in (size, lat, acc, fid, mem, conc) if r.d),
             **{f: size.number(k) for f, k in size_keys.items()},
-            **{k: lat.number(k) for k in lat_keys},
-            **{k: lat.number(k, None) for k in intervals},
+            **lat_values,
+            **{k: lat.number(k, None, band=True) for k in intervals},
+            ci95=_bands(lat, lat_values),
             **{k: lat.numbers(k) for k in ("trial_p50_ms", "trial_low_ms", "trial_normalized")},
             threads=lat.count("threads"), trials=lat.count("trials"), reference=lat.text("reference"),
             references=_references(lat),
-            latency_change=_latency_change(m.get("latency_change")),
+            latency_change=_latency_change(m.get("latency_change"), name, strict),
             metric=metric,
             accuracy=acc.number(metric) if metric else None,
             scores={k: v for k, v in acc.d.items() if isinstance(v, float)},
@@ -265,18 +280,52 @@ def _references(lat: _Reader) -> dict[str, Normalisation]:
             lat.wrong(f"references.{name}", r, "an object")
             continue
         rr = _Reader(lat.stage, f"latency.references.{name}", r, lat.strict)
-        out[name] = Normalisation(normalized=rr.number("normalized"), trial_normalized=rr.numbers("trial_normalized"),
-                                  ci95_pct=rr.number("ci95_pct", None), low_ms=rr.number("low_ms"),
+        out[name] = Normalisation(normalized=rr.number("normalized", nonneg=True),
+                                  trial_normalized=rr.numbers("trial_normalized"),
+                                  ci95_pct=rr.number("ci95_pct", None, band=True), low_ms=rr.number("low_ms"),
                                   bytes=rr.number("bytes"))
     return out
 
 
-def _latency_change(d: Any) -> LatencyChange | None:
-    r = _Reader("", "latency_change", d, False)
+BANDED = ("p50_ms", "p90_ms", "p99_ms", "throughput_per_s")
+
+
+def _bands(lat: _Reader, values: dict[str, float | None]) -> dict[str, tuple[float | None, float | None]]:
+    """latency.ci95: {figure: [low, high]}, each end a number >= 0 or null (unbounded), holding the figure."""
+    d = lat.d.get("ci95")
+    if d is None:
+        return {}
+    if not isinstance(d, dict):
+        lat.wrong("ci95", d, "an object of 95% bands")
+        return {}
+    out = {}
+    for key in BANDED:
+        if key not in d:
+            continue
+        b, v = d[key], values.get(key)
+        ok = isinstance(b, list) and len(b) == 2 and all(
+            x is None or (isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0) for x in b)
+        if ok:
+            lo, hi = b
+            ok = (lo is None or hi is None or lo <= hi) and (v is None or math.isnan(v) or (
+                (lo is None or lo <= v) and (hi is None or v <= hi)))
+        if not ok:
+            lat.wrong(f"ci95.{key}", b, f"a 95% band [low, high] of numbers >= 0 (or null) holding {key} {v!r}")
+            continue
+        out[key] = (b[0], b[1])
+    return out
+
+
+def _latency_change(d: Any, stage: str = "", strict: bool = False) -> LatencyChange | None:
+    r = _Reader(stage, "latency_change", d, strict)
     if "ratio" not in r.d:
         return None
-    return LatencyChange(ratio=r.number("ratio"), ratio_ci95=r.numbers("ratio_ci95"),
-                         significant=bool(r.d.get("significant")), trials=r.count("trials"))
+    ratio, ci = r.number("ratio", nonneg=True), r.numbers("ratio_ci95")
+    if ci is not None and ratio is not None and not math.isnan(ratio) and not (
+            len(ci) == 2 and 0 < ci[0] <= ratio <= ci[1]):
+        r.wrong("ratio_ci95", list(ci), f"a 95% interval [low, high] above 0 holding the ratio {ratio!r}")
+        ci = None
+    return LatencyChange(ratio=ratio, ratio_ci95=ci, significant=bool(r.d.get("significant")), trials=r.count("trials"))
 
 
 def _tune(d: Any) -> dict[str, Any]:
