@@ -60,6 +60,8 @@ def run_app(app, argv: Optional[list[str]] = None) -> int:
             return _interrupted()
         return 0
     except OptkitError as e:
+        if interrupts.received:  # the error came from the interrupt (a child stopped by it): report that
+            return _interrupted()
         if STATE.debug:
             traceback.print_exc()
             if "traceback" in e.details:
@@ -103,6 +105,8 @@ def _fail(message: str, code: int) -> int:
 def _internal(e: BaseException) -> int:
     if STATE.debug:
         traceback.print_exc()
+    if interrupts.received:  # Ctrl-C inside a C extension's import surfaces as ImportError: it is still Ctrl-C
+        return _interrupted()
     first = first_line(e) if str(e).strip() else ""
     return _fail(f"internal error: {type(e).__name__}: {first} (rerun with --debug for the traceback)", EXIT_PASS)
 
