@@ -76,7 +76,10 @@ def register(app: typer.Typer) -> None:
         time_budget: Optional[str] = typer.Option(None, "--time-budget", help="Stop searching after this "
                                                                                "long, e.g. 10m."),
         trial_seconds: Optional[float] = typer.Option(None, "--trial-seconds",
-                                                      help="Timed seconds per trial (default 1)."),
+                                                      help="Timed seconds per trial (default 1). A trial's "
+                                                           "child is stopped after its 0.25 s probe, these seconds "
+                                                           "and max(30 s, 10x these) for set-up (a failed trial, "
+                                                           "with the reason)."),
         space: Optional[list[str]] = typer.Option(None, "--space", help="A dimension's choices, e.g. "
                                                                          "batch=1,8,32 or threads=1,2 (repeatable)."),
         storage: Optional[str] = typer.Option(None, "--storage",

@@ -43,7 +43,7 @@ from optkit.core import interrupts
 from optkit.core.artifact import Artifact
 from optkit.core.batching import first_call
 from optkit.core.cachedir import cache_dir
-from optkit.core.errors import DependencyError, UsageError, ValidationError
+from optkit.core.errors import EXIT_PASS, DependencyError, OptkitError, UsageError, ValidationError
 from optkit.core.formats import Format
 from optkit.core.isolate import TimedOut, run_isolated
 from optkit.core.registry import Pass, PassConfig, PassContext, register
@@ -67,6 +67,66 @@ ROUNDS = 3  # confirmation rounds of the best settings
 STUDY_SUFFIX = ".optkit-study.db"  # the default study file beside -o: a name no user file has
 HEARTBEAT_S, GRACE_S = 5, 30  # a running trial's heartbeat; a trial silent for longer has lost its worker
 SETUP_S = 1.0  # a trial's child start, sessions and warm-up, before any trial has shown what it takes here
+# a trial's child is stopped after its probe, its timed seconds and max(TRIAL_MARGIN_S, 10 x the timed seconds)
+# for its start, sessions and warm-up (and at the time budget, when that comes first)
+TRIAL_MARGIN_S = 30.0
+POOL_PER_CORE = 2  # the threads a setting's sessions start may be at most this many per core
+
+
+def trial_limit(trial_seconds: float) -> float:
+    """Seconds a trial's child may take: the probe, the timed seconds, and a margin for set-up."""
+    return PROBE_S + trial_seconds + max(TRIAL_MARGIN_S, 10 * trial_seconds)
+
+
+def cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def pool_threads(setting: Setting) -> int:
+    """The threads a setting's sessions start beside the threads that call them: per session, its intra-op
+    threads but one (the caller runs one), and in parallel mode its inter-op threads but one. onnxruntime's
+    pool threads spin while they wait, so more of them than the cores starve each other: 256 sessions of two
+    threads on 2 cores take tens of seconds just to open."""
+    n = setting.concurrency if setting.sessions == "per-thread" else 1
+    each = (setting.threads or cores()) - 1
+    if setting.session.execution_mode == "parallel":
+        each += (setting.session.inter_op_threads or cores()) - 1
+    return n * each
+
+
+def pool_cap() -> int:
+    return POOL_PER_CORE * cores()
+
+
+def _least_pool(space: dict[str, list[Any]], fixed: dict[str, Any] | None = None) -> Setting:
+    """The setting of the space (with `fixed` values) that starts the fewest pool threads."""
+    fixed = fixed or {}
+
+    def pick(name: str) -> Any:
+        if name in fixed:
+            return fixed[name]
+        choices = space[name]
+        if name == "execution_mode":
+            return "sequential" if "sequential" in choices else choices[0]
+        if name == "sessions":
+            return "shared" if "shared" in choices else choices[0]
+        if name in ("threads", "inter_op_threads", "concurrency"):
+            return min(choices)
+        return choices[0]
+
+    return _setting(pick)
+
+
+def check_pool(space: dict[str, list[Any]]) -> None:
+    """Up front: a space whose every setting starts more pool threads than the cap is refused."""
+    least = _least_pool(space)
+    if pool_threads(least) > pool_cap():
+        raise UsageError(f"every setting of this space starts more than {pool_cap()} onnxruntime pool threads on "
+                         f"{cores()} cores (the fewest: {least.label()}, {pool_threads(least)} threads), which "
+                         "starve each other; give --space threads=1, sessions=shared or fewer in flight")
 
 
 class Slo:
@@ -228,7 +288,7 @@ def starting_points(space: dict[str, list[Any]]) -> list[dict[str, Any]]:
               {"threads": 1, "batch": min(batches), "concurrency": cores, "sessions": "per-thread"}]
     unique = []
     for p in map(fit, points):
-        if p and p not in unique:
+        if p and p not in unique and pool_threads(_least_pool(space, p)) <= pool_cap():
             unique.append(p)
     return unique
 
@@ -318,31 +378,122 @@ def default_study_path(output: Path) -> Path:
 
 
 def storage_file(url: str) -> Path | None:
-    """The file an sqlite:/// or journal: storage keeps its study in (None for a database server)."""
+    """The file a storage keeps its study in: a journal:PATH, or the file an SQLite URL really opens, resolved
+    as SQLAlchemy and SQLite resolve it (relative or absolute, query strings, `sqlite+pysqlite://`, URI filenames
+    `file:...?...&uri=true`). None for a database server or an SQLite database in memory. An SQLite URL whose
+    file cannot be told is refused (UsageError)."""
     if url.startswith("journal:"):
-        return Path(url[len("journal:"):]) if url[len("journal:"):] else None
-    if url.startswith("sqlite:///"):
-        path = url[len("sqlite:///"):].split("?", 1)[0]
-        return Path(path) if path and path != ":memory:" else None
-    return None
+        return Path(url[len("journal:"):]).absolute() if url[len("journal:"):] else None
+    if not is_sqlite(url):
+        return None
+    return _sqlite_file(url)
 
 
-def _optuna_tables() -> set[str]:
+def is_sqlite(url: str) -> bool:
+    return url.split(":", 1)[0].strip().lower().startswith("sqlite") if ":" in url else False
+
+
+def _sqlite_file(url: str) -> Path | None:
+    try:
+        from sqlalchemy.engine import make_url
+
+        u = make_url(url)
+    except ImportError:
+        raise DependencyError("SQLite tune storage needs SQLAlchemy: pip install 'optkit[tune]'") from None
+    except Exception as e:  # noqa: BLE001 - sqlalchemy's ArgumentError and friends: the URL is malformed
+        raise UsageError(f"cannot read tune storage {_redact(url)} ({_db_message(e)}); write sqlite:///FILE.db"
+                         ) from None
+    if u.drivername not in ("sqlite", "sqlite+pysqlite"):
+        raise UsageError(f"tune storage {_redact(url)}: optkit opens SQLite through sqlite:/// (pysqlite) only; "
+                         "write sqlite:///FILE.db")
+    try:
+        with warnings.catch_warnings():  # a query argument the driver ignores: SQLAlchemy warns, the file stands
+            warnings.simplefilter("ignore")
+            args, kwargs = u.get_dialect()().create_connect_args(u)
+    except Exception as e:  # noqa: BLE001 - what SQLAlchemy cannot turn into a connection, Optuna cannot either
+        raise UsageError(f"cannot read tune storage {_redact(url)} ({_db_message(e)}); write sqlite:///FILE.db"
+                         ) from None
+    name = str(args[0]) if args else ""
+    if kwargs.get("uri") and name.startswith("file:"):
+        return _uri_file(name, url)
+    return None if name in ("", ":memory:") else Path(name).absolute()
+
+
+def _uri_file(name: str, url: str) -> Path | None:
+    """The file of an SQLite URI filename (https://sqlite.org/uri.html): file:PATH or file://[localhost]/PATH,
+    percent-escapes decoded, the query and fragment apart; None for a database in memory."""
+    rest = name[len("file:"):].partition("#")[0]
+    path, _, query = rest.partition("?")
+    params = {k.lower(): v for k, v in urllib.parse.parse_qsl(query, keep_blank_values=True)}
+    if path.startswith("//"):
+        host, _, tail = path[2:].partition("/")
+        if host not in ("", "localhost"):
+            raise UsageError(f"tune storage {_redact(url)}: the SQLite URI names host {host!r}; SQLite opens local "
+                             "files only: write sqlite:///FILE.db")
+        path = "/" + tail
+    path = urllib.parse.unquote(path)
+    if params.get("mode", "").lower() == "memory" or params.get("vfs", "").lower() == "memdb" or \
+            path in ("", ":memory:"):
+        return None
+    return Path(path).absolute()
+
+
+def _db_message(e: BaseException) -> str:
+    """A database library's error as one line: the driver's own message, without SQLAlchemy's statement and
+    background link."""
+    inner = getattr(e, "orig", None)
+    text = first_line(inner) if isinstance(inner, BaseException) else first_line(e)
+    text = re.sub(r"^\([\w.]+\)\s*", "", text)
+    text = re.split(r"\s*\[SQL:|\s*\(Background on this error", text)[0]
+    return text.strip()[:200] or type(e).__name__
+
+
+def _optuna_schema() -> dict[str, set[str] | None]:
+    """Optuna's tables and their columns (None: the columns are not known)."""
     try:
         from optuna.storages._rdb.models import BaseModel
 
-        tables = set(BaseModel.metadata.tables)
-    except Exception:  # noqa: BLE001 - a moved private module: Optuna 5's schema
-        tables = {"studies", "study_directions", "study_system_attributes", "study_user_attributes",
-                  "trial_heartbeats", "trial_intermediate_values", "trial_params", "trial_system_attributes",
-                  "trial_user_attributes", "trial_values", "trials", "version_info"}
-    return tables | {"alembic_version"}
+        schema: dict[str, set[str] | None] = {name: {c.name for c in t.columns}
+                                               for name, t in BaseModel.metadata.tables.items()}
+    except Exception:  # noqa: BLE001 - a moved private module: Optuna 5's tables, columns unchecked
+        schema = dict.fromkeys(("studies", "study_directions", "study_system_attributes", "study_user_attributes",
+                                "trial_heartbeats", "trial_intermediate_values", "trial_params",
+                                "trial_system_attributes", "trial_user_attributes", "trial_values", "trials",
+                                "version_info"))
+    return schema | {"alembic_version": {"version_num"}}
+
+
+def _schema_problem(con: sqlite3.Connection) -> str | None:
+    """None when an SQLite database is empty or exactly an Optuna study's (every table of Optuna's, with its
+    columns, and nothing else); else what it holds instead."""
+    objects = con.execute("SELECT type, name FROM sqlite_master WHERE type IN ('table', 'view', 'trigger') "
+                          "AND name NOT LIKE 'sqlite_%'").fetchall()
+    if not objects:
+        return None
+    schema = _optuna_schema()
+    tables = {n for t, n in objects if t == "table"}
+    foreign = sorted({n for t, n in objects if t != "table"} | (tables - set(schema)))
+
+    def shown(names: list[str]) -> str:
+        return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+    if foreign:
+        return f"is a database with tables of its own ({shown(foreign)}), not an Optuna study"
+    missing = sorted(set(schema) - tables)
+    if missing:
+        return (f"holds only some of an Optuna study's tables ({shown(sorted(tables))}; no {shown(missing)}), "
+                "not a whole study")
+    for name in sorted(tables):
+        columns = {row[1] for row in con.execute(f'PRAGMA table_info("{name}")')}
+        if schema[name] is not None and columns != schema[name]:
+            return f"has a table {name!r} whose columns are not Optuna's, not an Optuna study"
+    return None
 
 
 def check_storage_file(url: str) -> None:
-    """Before any work: an existing sqlite:/// file is used only when it is an Optuna study's database (or
-    empty). optkit never adds its tables to someone's own database."""
-    if not url.startswith("sqlite:///"):
+    """Before any work: an existing SQLite file (however its URL names it) is used only when it is empty or
+    exactly an Optuna study's database. optkit never adds its tables to someone's own database."""
+    if not is_sqlite(url):
         return
     path = storage_file(url)
     if path is None or not os.path.lexists(path):
@@ -362,17 +513,13 @@ def check_storage_file(url: str) -> None:
     try:
         con = sqlite3.connect(f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro", uri=True)
         try:
-            names = {n for (n,) in con.execute("SELECT name FROM sqlite_master WHERE type IN ('table', 'view') "
-                                               "AND name NOT LIKE 'sqlite_%'")}
+            problem = _schema_problem(con)
         finally:
             con.close()
     except sqlite3.Error as e:
         raise UsageError(f"cannot read the tune study file {path}: {first_line(e)}") from None
-    foreign = sorted(names - _optuna_tables())
-    if foreign:
-        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-        raise UsageError(f"{path} is a database with tables of its own ({shown}), not an Optuna study; optkit "
-                         f"does not write into it: {hint}")
+    if problem:
+        raise UsageError(f"{path} {problem}; optkit does not write into it: {hint}")
 
 
 def open_storage(url: str, stale_callback=None):
@@ -404,7 +551,7 @@ def open_storage(url: str, stale_callback=None):
         raise DependencyError(f"storage {url.split(':')[0]} needs its database driver"
                               + (f": pip install {package}" if package else f" ({first_line(e)[:120]})")) from None
     except Exception as e:  # noqa: BLE001 - sqlalchemy and drivers raise many kinds: the user's URL is wrong
-        raise UsageError(f"cannot open tune storage {_redact(url)}: {first_line(e)[:200]}") from None
+        raise UsageError(f"cannot open tune storage {_redact(url)}: {_db_message(e)}") from None
 
 
 def _rdb(url: str, stale_callback=None, attempts: int = 5):
@@ -427,6 +574,11 @@ def _rdb(url: str, stale_callback=None, attempts: int = 5):
                 raise
             time.sleep(0.2 * (i + 1))
     return make()
+
+
+def _side_files(path: Path) -> list[Path]:
+    """A study file and the files SQLite (or a journal's lock) keeps beside it."""
+    return [path, *(path.with_name(path.name + s) for s in ("-journal", "-wal", "-shm", ".lock"))]
 
 
 def _redact(url: str) -> str:
@@ -509,14 +661,18 @@ class Tuner:
         self.figures = [OBJECTIVES[o][0] for o in cfg.objective]
         self.directions = [OBJECTIVES[o][1] for o in cfg.objective]
         self.storage_url = cfg.storage or f"sqlite:///{default_storage}"
-        # the file this tune may remove again: its default study file, when this run creates it
-        self.own_file = Path(default_storage) if cfg.storage is None else None
         check_storage_file(self.storage_url)
+        # the study's file (the default one or what --storage names), and the files of it this run creates: a
+        # failed or interrupted run with no finished trial removes those again
+        self.own_file = Path(default_storage).absolute() if cfg.storage is None else storage_file(cfg.storage)
+        self.created = [p for p in _side_files(self.own_file) if not os.path.lexists(p)] \
+            if self.own_file is not None and not os.path.lexists(self.own_file) else []
         self.deadline = time.monotonic() + cfg.time_budget if cfg.time_budget else math.inf
         self.storage = None
         self.stale: list[int] = []        # trials of stopped workers this run marked failed
         self.overheads: list[float] = []  # seconds a measurement took beyond its timed part
         self.kept: str | None = None      # after a failure: what the study file still holds, to resume from
+        self.left_out_count, self.left_out_last = 0, ""  # settings not measured: too many pool threads
 
     # -------------------------------------------------------------- setup
     def _left(self, deadline: float | None = None) -> float:
@@ -531,6 +687,7 @@ class Tuner:
         self.space = default_space(self.cfg, batchable=no_batch is None, providers=providers_here(),
                                    no_batch=no_batch)
         self.left_out = {"batch": no_batch} if no_batch else {}
+        check_pool(self.space)
 
     def _study(self):
         import optuna
@@ -563,7 +720,7 @@ class Tuner:
             raise UsageError(f"study {name!r} in {_redact(self.storage_url)} was made for a different search "
                              f"({first_line(e)}); name a new one with --study") from None
         except Exception as e:  # noqa: BLE001 - the storage cannot be written or read
-            raise UsageError(f"cannot use tune storage {_redact(self.storage_url)}: {first_line(e)[:200]}") from None
+            raise UsageError(f"cannot use tune storage {_redact(self.storage_url)}: {_db_message(e)}") from None
         asked = json.loads(json.dumps(asked))  # as storage gives it back (lists, string keys)
         stored = study.user_attrs.get("optkit")
         if stored is None:
@@ -622,10 +779,9 @@ class Tuner:
         return PROBE_S + self.cfg.trial_seconds + setup
 
     def _limit(self, deadline: float) -> float:
-        """Seconds a measurement may take: what is left of the budget, or (no budget) a bound for a setting
-        that does not come back."""
-        left = self._left(deadline)
-        return left if math.isfinite(left) else 120.0 + 10 * self.cfg.trial_seconds
+        """Seconds a measurement may take: the trial limit (trial_limit), or what is left of the budget when
+        that is less."""
+        return min(self._left(deadline), trial_limit(self.cfg.trial_seconds))
 
     def _measure(self, setting: Setting, deadline: float, hopeless=None) -> dict:
         """A setting's figures, its child stopped at `deadline` (TimedOut); the overhead is remembered."""
@@ -658,19 +814,31 @@ class Tuner:
                         return "full"
                     setting = suggest(trial, self.space)
                     trial.set_user_attr("setting", setting.model_dump(mode="json"))
+                    if pool_threads(setting) > pool_cap():  # not measured, not counted: TPE learns it is bad
+                        self.left_out_last = (f"{setting.label()}: its sessions start {pool_threads(setting)} "
+                                              f"onnxruntime pool threads, more than {pool_cap()} on {cores()} cores")
+                        trial.set_user_attr("skipped", True)
+                        trial.set_user_attr("left_out", self.left_out_last)
+                        study.tell(trial, state=S.PRUNED)
+                        told = True
+                        log.info("trial %d left out: %s", trial.number, self.left_out_last)
+                        return "left-out"
                     duplicate = next((t for t in study.get_trials(deepcopy=False, states=(S.COMPLETE, S.PRUNED))
                                       if t.user_attrs.get("setting") == trial.user_attrs["setting"]
                                       and "figures" in t.user_attrs), None)
                 if duplicate is not None:
                     figures = duplicate.user_attrs["figures"]
                 else:
-                    budget, limit = math.isfinite(deadline), self._limit(deadline)
+                    limit = self._limit(deadline)
+                    budget = limit < trial_limit(self.cfg.trial_seconds)
                     try:
                         figures = self._measure(setting, deadline, hopeless=self._hopeless)
                     except TimedOut:
                         reason = (f"stopped at the time budget: {setting.label()} was still setting up or being "
                                   f"measured when its {limit:.1f} s ran out" if budget else
-                                  f"stopped: {setting.label()} was not measured within {limit:.0f} s")
+                                  f"stopped at the trial limit: {setting.label()} was not measured within "
+                                  f"{limit:.1f} s (probe, --trial-seconds and max(30 s, 10 x --trial-seconds) "
+                                  "for set-up)")
                         with interrupts.deferred():
                             trial.set_user_attr("failed", reason)
                             study.tell(trial, state=S.FAIL)
@@ -735,11 +903,13 @@ class Tuner:
     def run(self) -> dict[str, Any]:
         """The tune. A failed or interrupted one removes the default study file when this run created it and
         no trial finished in it; else `kept` says what is there to resume from."""
-        created = self.own_file is not None and not os.path.lexists(self.own_file)
         try:
             return self._run()
-        except BaseException:
-            self._after_failure(created)
+        except BaseException as e:
+            self._after_failure()
+            if self.kept and isinstance(e, OptkitError) and e.exit_code == EXIT_PASS:
+                e.message = f"{e.message}; {self.kept}"  # exit 3 with trials kept: say where they are
+                e.args = (e.message,)
             raise
 
     def _finished(self, study) -> list:
@@ -772,8 +942,13 @@ class Tuner:
         failed = [{"number": t.number, "label": Setting(**t.user_attrs["setting"]).label()
                    if "setting" in t.user_attrs else "", "reason": t.user_attrs.get("failed", "failed")}
                   for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))]
+        if self.left_out_count:
+            n = self.left_out_count
+            self.notes.append(f"{n} setting{'s' if n > 1 else ''} left out unmeasured: their sessions start more "
+                              f"than {pool_cap()} onnxruntime pool threads ({POOL_PER_CORE} per core)")
         if not trials:
             why = f"; the last: trial {failed[-1]['number']} {failed[-1]['reason']}" if failed else \
+                f"; every setting tried was left out, the last: {self.left_out_last}" if self.left_out_count else \
                 " (time budget too short?)"
             raise ValidationError(f"no tune trial finished{why}; nothing was written")
         return self._result(trials, failed)
@@ -785,7 +960,7 @@ class Tuner:
         reserve = min(self.cfg.confirm * ROUNDS * per, self.cfg.time_budget / 3) \
             if self.cfg.time_budget and self.cfg.confirm else 0.0
         deadline = self.deadline - reserve
-        timeouts = failures = 0
+        timeouts = failures = left_out = 0
         while True:
             with interrupts.deferred():
                 self._fail_stale(study)
@@ -804,6 +979,15 @@ class Tuner:
             outcome = self._run_trial(study, until)
             if outcome == "full":
                 return
+            if outcome == "left-out":
+                left_out += 1
+                self.left_out_count += 1
+                if left_out >= max(20, 2 * self.cfg.trials):
+                    self.notes.append(f"the search stopped: {left_out} settings in a row were left out (too many "
+                                      "onnxruntime pool threads); narrow --space")
+                    return
+                continue
+            left_out = 0
             if outcome == "failed":
                 failures += 1
                 if failures >= max(3, self.cfg.trials):
@@ -816,35 +1000,42 @@ class Tuner:
                                       "marked failed)")
                     return
 
-    def _after_failure(self, created: bool) -> None:
-        """After an error or an interrupt: drop the default study file this run created when no trial finished
-        in it (nothing to resume from); else say what it keeps."""
+    def _after_failure(self) -> None:
+        """After an error or an interrupt: drop the study file (and its -journal, -wal, -shm) this run created
+        when no trial finished in it and no other worker uses it (nothing to resume from); else say what it
+        keeps."""
         import optuna
 
         path = self.own_file
         if path is None or not os.path.lexists(path):
             return
-        finished, storage = None, self.storage
+        finished, others, storage = 0, False, self.storage
         with interrupts.deferred():
             try:
                 if storage is not None:
                     S = optuna.trial.TrialState
-                    finished = sum(1 for s in storage.get_all_studies()
-                                   for t in storage.get_all_trials(s._study_id, deepcopy=False,
-                                                                   states=(S.COMPLETE, S.PRUNED, S.RUNNING))
-                                   if not t.user_attrs.get("skipped"))
+                    studies = storage.get_all_studies()
+                    for s in studies:
+                        for t in storage.get_all_trials(s._study_id, deepcopy=False):
+                            worker = t.user_attrs.get("worker")
+                            if isinstance(worker, dict) and (worker.get("pid"), worker.get("host")) != \
+                                    (os.getpid(), _host()):
+                                others = True  # another worker's trial (an enqueued one has no worker)
+                            if t.state in (S.COMPLETE, S.PRUNED, S.RUNNING) and not t.user_attrs.get("skipped"):
+                                finished += 1
+                    others = others or len(studies) > 1
             except Exception as e:  # noqa: BLE001 - cannot read it: leave it
                 log.debug("tune study after a failure: %s", first_line(e))
                 return
             if finished:
-                self.kept = (f"the study in {path} keeps {finished} measured trial{'s' if finished != 1 else ''}: "
-                             "run the same command to resume")
+                self.kept = (f"the study is kept in {path} ({finished} measured trial{'s' if finished != 1 else ''}; "
+                             "run the same command to resume)")
                 return
-            if not created:
+            if not self.created or others:
                 return
             if storage is not None and hasattr(storage, "engine"):
                 storage.engine.dispose()
-            for p in (path, *(path.with_name(path.name + s) for s in ("-journal", "-wal", "-shm"))):
+            for p in self.created:
                 try:
                     p.unlink()
                 except FileNotFoundError:
