@@ -373,7 +373,7 @@ def _optuna_db(path: Path) -> None:
 
 @pytest.mark.parametrize("case, words", [
     ("studies-and-customers", "tables of its own (customers)"),
-    ("own-studies-only", "holds only some of an Optuna study's tables (alembic_version, studies; no "),
+    ("own-studies-only", "has a table 'studies' whose columns are not Optuna's"),
     ("optuna-less-one", "no trial_heartbeats"),
     ("optuna-other-columns", "a table 'studies' whose columns are not Optuna's"),
     ("optuna-plus-view", "tables of its own (recent)"),
@@ -408,6 +408,22 @@ def test_a_database_that_is_not_exactly_an_optuna_study_is_refused_before_any_wr
     assert words in line and "optkit does not write into it: give another --storage" in line, line
     assert "[SQL" not in p.err and "sqlalche" not in p.err.lower()
     assert snapshot(work) == before
+
+
+def test_a_database_servers_database_gets_the_same_check(work):
+    """The check a server's database (postgresql://, mysql://) gets before Optuna creates its tables, run here
+    through SQLAlchemy on SQLite files: only an empty database or a whole Optuna study passes."""
+    from optkit.core.errors import UsageError
+    from optkit.passes.tune import check_server_schema
+
+    _user_db(work / "user.db")
+    _optuna_db(work / "optuna.db")
+    sqlite3.connect(work / "empty.db").close()
+    with pytest.raises(UsageError) as e:
+        check_server_schema(f"sqlite:///{work / 'user.db'}")
+    assert "tables of its own (customers)" in e.value.message and "give another --storage" in e.value.message
+    check_server_schema(f"sqlite:///{work / 'optuna.db'}")
+    check_server_schema(f"sqlite:///{work / 'empty.db'}")
 
 
 def test_a_whole_optuna_study_and_an_empty_file_are_used(work):

@@ -33,6 +33,7 @@ import threading
 import time
 import urllib.parse
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -463,31 +464,71 @@ def _optuna_schema() -> dict[str, set[str] | None]:
     return schema | {"alembic_version": {"version_num"}}
 
 
-def _schema_problem(con: sqlite3.Connection) -> str | None:
-    """None when an SQLite database is empty or exactly an Optuna study's (every table of Optuna's, with its
-    columns, and nothing else); else what it holds instead."""
-    objects = con.execute("SELECT type, name FROM sqlite_master WHERE type IN ('table', 'view', 'trigger') "
-                          "AND name NOT LIKE 'sqlite_%'").fetchall()
-    if not objects:
+def _schema_problem(tables: set[str], others: set[str], columns: Callable[[str], set[str]]) -> str | None:
+    """None when a database (its tables, its views and triggers, a table's columns) is empty or exactly an
+    Optuna study's (every table of Optuna's, with its columns, and nothing else); else what it holds instead."""
+    if not tables and not others:
         return None
     schema = _optuna_schema()
-    tables = {n for t, n in objects if t == "table"}
-    foreign = sorted({n for t, n in objects if t != "table"} | (tables - set(schema)))
+    foreign = sorted(others | (tables - set(schema)))
 
     def shown(names: list[str]) -> str:
         return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
     if foreign:
         return f"is a database with tables of its own ({shown(foreign)}), not an Optuna study"
-    missing = sorted(set(schema) - tables)
-    if missing:
-        return (f"holds only some of an Optuna study's tables ({shown(sorted(tables))}; no {shown(missing)}), "
-                "not a whole study")
     for name in sorted(tables):
-        columns = {row[1] for row in con.execute(f'PRAGMA table_info("{name}")')}
-        if schema[name] is not None and columns != schema[name]:
+        if schema[name] is not None and columns(name) != schema[name]:
             return f"has a table {name!r} whose columns are not Optuna's, not an Optuna study"
+    missing = sorted(set(schema) - tables)
+    if missing:  # PARTIAL: perhaps another worker is creating the study's tables right now
+        return (f"holds only some of an Optuna study's tables ({shown(sorted(tables))}; no {shown(missing)}), "
+                f"not a whole study{PARTIAL}")
     return None
+
+
+PARTIAL = "\0"  # marks a schema problem another worker creating the tables explains for a moment
+SCHEMA_WAIT_S = 3.0  # how long a partial Optuna schema is given to become whole
+
+
+def _settled(read: Callable[[], str | None]) -> str | None:
+    """A schema problem that stays: a partial Optuna schema (tables with Optuna's columns, some missing) is read
+    again for up to SCHEMA_WAIT_S, as a worker starting beside this one may be creating it."""
+    end = time.monotonic() + SCHEMA_WAIT_S
+    while True:
+        problem = read()
+        if not problem or not problem.endswith(PARTIAL):
+            return problem
+        if time.monotonic() >= end:
+            return problem[:-len(PARTIAL)]
+        time.sleep(0.25)
+
+
+def _sqlite_schema_problem(con: sqlite3.Connection) -> str | None:
+    objects = con.execute("SELECT type, name FROM sqlite_master WHERE type IN ('table', 'view', 'trigger') "
+                          "AND name NOT LIKE 'sqlite_%'").fetchall()
+    return _schema_problem({n for t, n in objects if t == "table"}, {n for t, n in objects if t != "table"},
+                           lambda name: {row[1] for row in con.execute(f'PRAGMA table_info("{name}")')})
+
+
+def check_server_schema(url: str) -> None:
+    """Before Optuna creates its tables in a database server's database: it is empty or exactly an Optuna
+    study's, as an SQLite file must be (its default schema; read only)."""
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(url)
+    def read() -> str | None:
+        inspector = sqlalchemy.inspect(engine)
+        tables, views = set(inspector.get_table_names()), set(inspector.get_view_names())
+        return _schema_problem(tables, views, lambda name: {c["name"] for c in inspector.get_columns(name)})
+
+    try:
+        problem = _settled(read)
+    finally:
+        engine.dispose()
+    if problem:
+        raise UsageError(f"database {_redact(url)} {problem}; optkit does not write into it: give another "
+                         "--storage (a database of its own)")
 
 
 def check_storage_file(url: str) -> None:
@@ -510,12 +551,15 @@ def check_storage_file(url: str) -> None:
         return  # an empty file is an empty SQLite database
     if head != b"SQLite format 3\x00":
         raise UsageError(f"the tune study file {path} exists and is not an SQLite database; {hint}")
-    try:
+    def read() -> str | None:
         con = sqlite3.connect(f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro", uri=True)
         try:
-            problem = _schema_problem(con)
+            return _sqlite_schema_problem(con)
         finally:
             con.close()
+
+    try:
+        problem = _settled(read)
     except sqlite3.Error as e:
         raise UsageError(f"cannot read the tune study file {path}: {first_line(e)}") from None
     if problem:
@@ -542,6 +586,8 @@ def open_storage(url: str, stale_callback=None):
         if "://" not in url:
             raise UsageError(f"cannot read storage {url!r}: give a database URL (sqlite:///tune.db, "
                              "postgresql://user@host/db) or journal:PATH")
+        if not is_sqlite(url):  # an SQLite file was checked before any work
+            check_server_schema(url)
         return _rdb(url, stale_callback)
     except (UsageError, DependencyError):
         raise
