@@ -12,6 +12,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 
 import pytest
@@ -59,7 +60,7 @@ def _run(args, cwd, timeout=120) -> tuple[Result, float]:
 
 def _trials(db: Path) -> list[tuple[int, str, dict]]:
     """(number, state, user attributes) of every trial in an SQLite study file."""
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)
+    con = sqlite3.connect(f"file:{urllib.parse.quote(str(db))}?mode=ro", uri=True, timeout=10)
     try:
         rows = con.execute("SELECT trial_id, number, state FROM trials ORDER BY trial_id").fetchall()
         attrs: dict[int, dict] = {}
@@ -424,6 +425,18 @@ def test_a_database_servers_database_gets_the_same_check(work):
     assert "tables of its own (customers)" in e.value.message and "give another --storage" in e.value.message
     check_server_schema(f"sqlite:///{work / 'optuna.db'}")
     check_server_schema(f"sqlite:///{work / 'empty.db'}")
+
+
+def test_the_default_study_beside_an_output_in_an_odd_folder_is_that_file(work):
+    """-o 'a?b%41/best.json': the study is 'a?b%41/best.optkit-study.db', not the file 'a' a URL would name."""
+    data = _user_db(work / "a")
+    folder = work / "a?b%41"
+    folder.mkdir()
+    p, _ = _run(["tune", CNN, "--trials", "1", *FAST, *SMALL, "-o", "a?b%41/best.json"], work)
+    assert p.rc == 0, p.err
+    assert (work / "a").read_bytes() == data
+    assert sorted(x.name for x in folder.iterdir()) == ["best.json", STUDY]
+    assert _states(folder / STUDY).count("COMPLETE") == 1
 
 
 def test_a_whole_optuna_study_and_an_empty_file_are_used(work):

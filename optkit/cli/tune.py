@@ -46,7 +46,7 @@ def parse_space(items: list[str]) -> dict[str, list[str]]:
 def _check_storage(storage: Optional[str], output: Path, others: list) -> None:
     """The study's file (the default beside -o, an sqlite:/// or journal: path) is none of the other files,
     and an existing SQLite file is an Optuna study (never a user's own database)."""
-    from optkit.passes.tune import check_storage_file, default_study_path, storage_file
+    from optkit.passes.tune import check_storage_file, default_study_path, sqlite_url, storage_file
 
     path = default_study_path(output) if storage is None else storage_file(storage)
     if path is None:
@@ -54,7 +54,7 @@ def _check_storage(storage: Optional[str], output: Path, others: list) -> None:
     for other in others:
         if other and Path(other).resolve() == path.resolve():
             raise UsageError(f"the tune study file {path} is also {other}: give another -o or --storage")
-    check_storage_file(storage or f"sqlite:///{path}")
+    check_storage_file(storage or sqlite_url(path))
 
 
 def register(app: typer.Typer) -> None:

@@ -378,6 +378,17 @@ def default_study_path(output: Path) -> Path:
     return output.with_name(output.stem + STUDY_SUFFIX)
 
 
+def sqlite_url(path: Path) -> str:
+    """The sqlite:/// URL that SQLAlchemy resolves to exactly `path` (a '?' or '%' in a folder's name escaped,
+    else the URL would name another file)."""
+    path = Path(path).absolute()
+    url = "sqlite:///" + str(path).replace("%", "%25").replace("?", "%3F")
+    if storage_file(url) != path:
+        raise UsageError(f"the tune study file {path} cannot be named in an SQLite URL; give another -o or "
+                         "--storage")
+    return url
+
+
 def storage_file(url: str) -> Path | None:
     """The file a storage keeps its study in: a journal:PATH, or the file an SQLite URL really opens, resolved
     as SQLAlchemy and SQLite resolve it (relative or absolute, query strings, `sqlite+pysqlite://`, URI filenames
@@ -706,7 +717,7 @@ class Tuner:
         self.slos = [Slo(s) for s in cfg.slo]
         self.figures = [OBJECTIVES[o][0] for o in cfg.objective]
         self.directions = [OBJECTIVES[o][1] for o in cfg.objective]
-        self.storage_url = cfg.storage or f"sqlite:///{default_storage}"
+        self.storage_url = cfg.storage or sqlite_url(default_storage)
         check_storage_file(self.storage_url)
         # the study's file (the default one or what --storage names), and the files of it this run creates: a
         # failed or interrupted run with no finished trial removes those again
