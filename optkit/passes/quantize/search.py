@@ -36,14 +36,14 @@ from optkit.onnx import io as onnx_io
 from optkit.onnx import session as onnx_session
 from optkit.onnx.session import quiet_ort
 from optkit.passes.quantize import ops as qops
+from optkit.passes.quantize.budget import Budget
 from optkit.passes.quantize.candidates import Candidate, Settings, aside_path, keep_rejected
-from optkit.passes.quantize.config import LOWER_IS_BETTER, MIN_OPSET, TOLERANCE, QuantizeConfig
+from optkit.passes.quantize.config import LOWER_IS_BETTER, MIN_OPSET, QuantizeConfig
 from optkit.passes.quantize.engine import Int4, contrib_excludes, strategy_for
 from optkit.runtimes.base import open_session
 
 PREPROCESS_GROWTH = 1.02  # a pre-processed model this much larger than its input is not used
 NEAR = 1.03          # timings within 3% are a tie: the smaller file wins
-SCREEN_MARGIN = 2.0  # a candidate whose subset loss is over this many budgets is not scored on the full set
 
 
 class Quantizer:
@@ -68,7 +68,7 @@ class Quantizer:
         self.mask = None
         self.parent_outputs: list = []
         self.parent_accuracy: float | None = None
-        self.budget_kind, self.budget = self._budget()
+        self.budget = Budget.of(cfg)
 
     def __enter__(self) -> Quantizer:
         return self
@@ -96,14 +96,14 @@ class Quantizer:
         self._check_quantizable(model)
         self._prepare(model)
         self._load_data()
-        self.settings.update(budget=self.budget_kind, budget_value=self.budget)
+        self.settings.update(budget=self.budget.kind, budget_value=self.budget.value)
         space = self.strategy.space()
         tried = self._try_all(space) if self.cfg.latency_search else self._first_that_builds(space)
         if not any(c.passed for c in tried):
             best = self._best_settings(tried, 2)
             tried += self._try_all(self.strategy.slower_tier(best) if self.cfg.latency_search else [])
         if not any(c.passed for c in tried) and self._fallback_on():
-            tried += self._fallback(max(tried, key=self._score))
+            tried += self._fallback(max(tried, key=self.budget.score))
         passing = [c for c in tried if c.passed]
         if not passing:
             raise self._refusal(tried)
@@ -131,7 +131,7 @@ class Quantizer:
 
     def _best_settings(self, tried: list[Candidate], n: int) -> list[Settings]:
         ok = [c for c in tried if not c.error]
-        return [c.settings for c in sorted(ok, key=self._score, reverse=True)[:n]]
+        return [c.settings for c in sorted(ok, key=self.budget.score, reverse=True)[:n]]
 
     # ------------------------------------------------------------ checks up front
     def _check_flags(self) -> None:
@@ -315,38 +315,12 @@ class Quantizer:
         return onnx_session.run_all(session, feeds, self.out_names)
 
     # ------------------------------------------------------------ budgets
-    def _budget(self) -> tuple[str, float]:
-        cfg = self.cfg
-        if cfg.max_accuracy_drop is not None:
-            return f"{cfg.metric} drop", cfg.max_accuracy_drop
-        if cfg.max_fidelity_loss is not None:
-            return "fidelity loss", cfg.max_fidelity_loss
-        return "fidelity loss", cfg.tolerance if cfg.tolerance is not None else TOLERANCE[self.mode]
-
     def _fallback_on(self) -> bool:
-        return self.cfg.fallback or self.cfg.max_accuracy_drop is not None or self.cfg.max_fidelity_loss is not None
+        return self.cfg.fallback or self.budget.explicit
 
     def _accuracy(self, outputs, labels) -> float:
         res = compute(self.cfg.metric, outputs, labels, self.out_names)
         return float(res.get(self.cfg.metric, next(iter(res.values()))))
-
-    def _drop(self, acc: float) -> float:
-        return acc - self.parent_accuracy if self.cfg.metric in LOWER_IS_BETTER else self.parent_accuracy - acc
-
-    def _meets(self, cand: Candidate) -> bool:
-        if cand.error:
-            return False
-        if self.cfg.max_accuracy_drop is not None:
-            return cand.accuracy_drop <= self.budget + 1e-12
-        loss = cand.fidelity["loss"]
-        return bool(np.isfinite(loss)) and loss <= self.budget
-
-    def _score(self, cand: Candidate) -> float:
-        if cand.error:
-            return -np.inf
-        if self.cfg.max_accuracy_drop is not None:
-            return -cand.accuracy_drop
-        return -cand.fidelity["loss"]
 
     # ------------------------------------------------------------ one candidate
     def _candidate(self, settings: Settings) -> Candidate:
@@ -384,11 +358,11 @@ class Quantizer:
         screen = min(self.cfg.screen_samples, n)
         if self.cfg.latency_search and 2 * screen <= n:  # cheap first: a subset, then the whole set
             self._score_on(cand, sess, screen)
-            if not cand.error and self._hopeless(cand):
+            if not cand.error and self.budget.hopeless(cand):
                 cand.screened_out = True
                 return cand
         self._score_on(cand, sess, n)
-        cand.passed = self._meets(cand)
+        cand.passed = self.budget.meets(cand)
         return cand
 
     def _score_on(self, cand: Candidate, sess, n: int) -> None:
@@ -411,13 +385,6 @@ class Quantizer:
             base = self.parent_accuracy if n == count(self.check_feeds) else self._accuracy(ref, labels)
             cand.accuracy_drop = (cand.accuracy - base if self.cfg.metric in LOWER_IS_BETTER
                                   else base - cand.accuracy)
-
-    def _hopeless(self, cand: Candidate) -> bool:
-        """Screened on a subset: past the budget by more than sampling noise could explain."""
-        if self.cfg.max_accuracy_drop is not None:
-            n = max(cand.checked_on, 1)
-            return cand.accuracy_drop > self.budget + 3 * math.sqrt(0.25 / n)
-        return not np.isfinite(cand.fidelity["loss"]) or cand.fidelity["loss"] > SCREEN_MARGIN * self.budget
 
     def _reader(self):
         """onnxruntime CalibrationDataReader over the calibration samples, in calls the model accepts."""
@@ -599,7 +566,7 @@ class Quantizer:
             s += f" on {', '.join(self.checked)}"
         if cand.accuracy is not None:
             s += f", {self.cfg.metric} {cand.accuracy:.4f} (parent {self.parent_accuracy:.4f})"
-        return s + f"; budget: {self.budget_kind} <= {self.budget:g}"
+        return s + f"; budget: {self.budget}"
 
     def _say_chosen(self, cand: Candidate) -> None:
         ctx, s = self.ctx, cand.settings
@@ -612,10 +579,10 @@ class Quantizer:
         where = f"{check['samples']} {check['source']} inputs"
         ctx.note(f"checked against the parent on {where}: {self._figures(cand)}")
         if check.get("subset"):
-            noise = self._sampling_noise(check["samples"])
+            noise = self.budget.noise(check["samples"], self.parent_accuracy)
             ctx.note(f"judged on {check['samples']} of {check['of']} samples (--check-samples): "
-                     f"{self.budget_kind} is known to about +-{noise:.3g} (95%)"
-                     + (" - the verdict is inside that noise" if abs(self._margin(cand)) < noise else ""))
+                     f"{self.budget.kind} is known to about +-{noise:.3g} (95%)"
+                     + (" - the verdict is inside that noise" if abs(self.budget.margin(cand)) < noise else ""))
         slow = set(self.settings.get("int8_slow_nodes") or ())
         sensitive = [n for n in cand.float_nodes if n not in slow]
         if sensitive:
@@ -625,17 +592,6 @@ class Quantizer:
                      f"kernels were slower here): {', '.join(n for n in cand.float_nodes if n in slow)}")
         if self.settings.get("stopped"):
             ctx.note(f"the search stopped {self.settings['stopped']} (--max-candidates / --time-budget)")
-
-    def _sampling_noise(self, n: int) -> float:
-        if self.cfg.max_accuracy_drop is not None and self.parent_accuracy is not None:
-            p = min(max(self.parent_accuracy, 0.0), 1.0)
-            return 1.96 * math.sqrt(max(p * (1 - p), 1e-4) * 2 / n)   # a difference of two proportions
-        return 0.0
-
-    def _margin(self, cand: Candidate) -> float:
-        if cand.accuracy_drop is not None and self.cfg.max_accuracy_drop is not None:
-            return self.budget - cand.accuracy_drop
-        return self.budget - cand.fidelity["loss"]
 
     def _refusal(self, tried: list[Candidate]) -> ValidationError:
         """No candidate met the budget: the best one is kept as REJECTED and the error says why."""
@@ -648,16 +604,16 @@ class Quantizer:
                                        "float with --exclude-op", details={"candidates": [c.public() for c in tried]})
             return ValidationError(f"no {self.mode} candidate could be built or run ({'; '.join(errors)[:300]}); "
                                    "nothing was written", details={"candidates": [c.public() for c in tried]})
-        best = max(scored, key=self._score)
+        best = max(scored, key=self.budget.score)
         if not self._fallback_on():  # no budget asked for: nothing is written, not even the best
             of = f" (the best of {len(scored)} settings tried)" if len(scored) > 1 else ""
             return ValidationError(
                 f"{self.mode} quantization moved the outputs past the tolerance: {self._figures(best)}{of}; "
                 f"the model was not written. Rerun with --fallback to keep the most sensitive nodes in float, "
                 f"or loosen --tolerance", details={"candidates": [c.public() for c in self.candidates]})
-        dest = keep_rejected(best, aside_path(self.ctx), f"missed the {self.budget_kind} budget")
+        dest = keep_rejected(best, aside_path(self.ctx), f"missed the {self.budget.kind} budget")
         return ValidationError(
-            f"no {self.mode} candidate met the budget ({self.budget_kind} {self.budget:g}) after {len(tried)} tries; "
+            f"no {self.mode} candidate met the budget ({self.budget.kind} {self.budget.value:g}) after {len(tried)} tries; "
             f"the best ({best.settings.label()}, {len(best.float_nodes)} nodes in float: {self._figures(best)}) "
             f"was kept as {dest}", details={"candidates": [c.public() for c in self.candidates], "rejected": str(dest)})
 
