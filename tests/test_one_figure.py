@@ -127,3 +127,4 @@ def test_printed_recipe_measures_like_the_command(cli, samples, tmp_path):
     r = cli("simplify", samples / "torch_cnn.onnx", "-o", tmp_path / "s.onnx", "--print-recipe")
     measure = yaml.safe_load(r.out)["measure"]
     assert measure["trials"] == 1 and measure["normalize"] is False
+    assert measure["threads"] is None and measure["runs"] == 100  # the command's defaults, not a recipe's

@@ -48,7 +48,7 @@ def run_pass(pass_name: str, model: str | Path, output: str | Path, *, weights: 
     rec = one_stage_recipe(pass_name, str(model), config, weights=weights, metric=metric,
                            eval_data=None if eval is None else DataSpec(path=str(eval), labels=labels),
                            data={k: str(v) for k, v in (("calibration", calibration), ("train", train)) if v})
-    rec["measure"] = {"trials": 1, "normalize": False, **(measure or {})}  # as a command's --print-recipe
+    rec["measure"].update(measure or {})  # measured as the command is (one_stage_recipe), then the caller's
     with tempfile.TemporaryDirectory(prefix="optkit-run-pass-") as scratch:
         report = execute(from_dict(rec), RunOptions(workspace=Path(scratch), use_cache=False, resume=False,
                                                     command=f"optkit.run_pass({pass_name!r}, {str(model)!r})")).report

@@ -26,7 +26,7 @@ from optkit.core.registry import ConfigError, build_config, check_accepts, confi
 from optkit.core.shapes import MAX_DIM, MAX_ELEMENTS
 from optkit.core.text import first_line
 from optkit.measure.datasets import Preprocess
-from optkit.measure.model import check_sharing
+from optkit.measure.model import MeasureSettings, check_sharing
 from optkit.onnx.session import OrtSettings
 from optkit.passes import get_pass
 from optkit.pipeline.gates import check_gates_plan, parse_gates
@@ -549,9 +549,10 @@ def one_stage_recipe(pass_name: str, model: str, config: dict, *, settings=None,
     if d:
         rec["data"] = d
     rec["stages"] = [{"pass": pass_name, "config": config or {}}]
-    if settings is not None:
-        m = settings.model_dump(exclude_defaults=True, exclude={"duration"})
-        rec["measure"] = {"trials": 1, "normalize": False, **m}
+    settings = settings if settings is not None else MeasureSettings()
+    m = settings.model_dump(exclude_defaults=True, exclude={"duration"})
+    # a command's defaults where a recipe's differ (all cores, 100 runs), so the recipe measures as it does
+    rec["measure"] = {"trials": 1, "normalize": False, "threads": settings.threads, "runs": settings.runs, **m}
     return rec
 
 
