@@ -1,6 +1,7 @@
 """The `optkit` command. Thin: each command parses flags, calls the library and renders."""
 from __future__ import annotations
 
+import signal
 import sys
 
 import typer
@@ -85,7 +86,12 @@ def main() -> None:
         sys.exit(0)
     verbose = sum(2 if a == "-vv" else 1 for a in argv if a in ("-v", "-vv", "--verbose"))
     common.quiet_third_parties(debug="--debug" in argv, verbose=verbose)
-    sys.exit(common.run_app(app, argv))
+    code = common.run_app(app, argv)
+    # the verdict is given: a signal still pending, or raised again while the interpreter shuts down (a test
+    # saw exit -2 after 'error: interrupted'), must not turn the exit code into a death by that signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.exit(code)
 
 
 if __name__ == "__main__":
