@@ -205,8 +205,7 @@ def check_sharing(fmt, settings: MeasureSettings) -> None:
 
 def _under_load(artifact: Artifact, session, feeds: dict, settings: MeasureSettings) -> dict:
     """Throughput and latency with settings.concurrency requests in flight (measure.concurrency)."""
-    n = settings.concurrency
-    check_sharing(artifact.format, settings)
+    n = settings.concurrency  # sharing was checked before any work (measure)
     extra = [settings.open(artifact) for _ in range(n - 1)] if settings.sessions == "per-thread" else []
     try:
         return measure_concurrency([session, *extra], feeds, concurrency=n, warmup=settings.warmup,
