@@ -455,3 +455,26 @@ def test_the_working_folder_gets_only_the_output(cli, work, tmp_path_factory, ar
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in work.iterdir()) == sorted([CNN, CALIB, EVAL, "q.onnx"])
     assert [p for p in tmpdir.iterdir() if p.name != ".ses"] == []  # .ses: onnxruntime's own session id file
+
+
+def test_interrupt_caught_inside_exec_still_exits_130(tmp_path):
+    # CPython ends a `python -m` process by SIGINT when a KeyboardInterrupt was raised inside exec() of a
+    # string, even a caught one (dataclasses do that at import); optkit's exit code must still be 130
+    (tmp_path / "fake_optkit.py").write_text(
+        "import sys\n"
+        "from optkit.cli import common, main\n"
+        "from optkit.core import interrupts\n"
+        "def run_app(app, argv):\n"
+        "    interrupts.install()\n"
+        "    try:\n"
+        "        exec('import os, signal, time\\nos.kill(os.getpid(), signal.SIGINT)\\ntime.sleep(5)')\n"
+        "    except KeyboardInterrupt:\n"
+        "        return common._interrupted()\n"
+        "    return 0\n"
+        "common.run_app = run_app\n"
+        "sys.argv = ['optkit', 'inspect', 'x.onnx']\n"
+        "main.main()\n")
+    proc = subprocess.run([sys.executable, "-m", "fake_optkit"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert proc.returncode == 130, (proc.returncode, proc.stderr)
+    assert proc.stderr.strip().startswith("error: interrupted"), proc.stderr

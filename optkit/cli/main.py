@@ -1,13 +1,15 @@
 """The `optkit` command. Thin: each command parses flags, calls the library and renders."""
 from __future__ import annotations
 
+import atexit
+import os
 import signal
 import sys
 
 import typer
 
 from optkit.cli import common
-from optkit.core import trust
+from optkit.core import interrupts, trust
 
 # Flags of the root command that may also be written after the sub-command (`optkit inspect M --trust-code`).
 GLOBAL_FLAGS = ("--debug", "--trust-code", "-v", "-vv", "--verbose")
@@ -87,11 +89,29 @@ def main() -> None:
     verbose = sum(2 if a == "-vv" else 1 for a in argv if a in ("-v", "-vv", "--verbose"))
     common.quiet_third_parties(debug="--debug" in argv, verbose=verbose)
     code = common.run_app(app, argv)
-    # the verdict is given: a signal still pending, or raised again while the interpreter shuts down (a test
-    # saw exit -2 after 'error: interrupted'), must not turn the exit code into a death by that signal
+    # the verdict is given: a signal still pending, or raised again while the interpreter shuts down, must not
+    # turn the exit code into a death by that signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if interrupts.received:
+        _exit_now(code)
     sys.exit(code)
+
+
+def _exit_now(code: int) -> None:
+    """Exit with `code` after the atexit handlers, skipping the interpreter's own ending.
+
+    CPython remembers a KeyboardInterrupt raised inside exec() of a string (dataclasses and namedtuple build
+    their methods so, at import) even when it was caught, and under `python -m` ends the process by SIGINT
+    (-2) instead of the code given; a fresh-clone CI run saw it after 'error: interrupted'.
+    """
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 if __name__ == "__main__":
