@@ -191,70 +191,29 @@ def emit(report, report_path: Optional[str], as_json: bool) -> None:
 
 def run_single_stage(pass_name: str, model: str, output: str, config: dict, *, command: str, settings,
                      weights: Optional[str] = None, eval_data=None, metric: Optional[str] = None,
-                     report_path: Optional[str] = None, as_json: bool = False, measure_input: bool = True,
-                     signature: Optional[str] = None, source_meta: Optional[dict] = None,
-                     print_recipe: bool = False, measure_input_first: bool = True, **ctx_fields):
-    """The machinery of every single-stage command: run one pass, measure input and output, report.
+                     report_path: Optional[str] = None, as_json: bool = False, signature: Optional[str] = None,
+                     data: Optional[dict] = None, print_recipe: bool = False, input_last: bool = False):
+    """Every single-stage command: build the one-stage recipe, run it through the recipe runner, report.
 
-    With print_recipe (the commands' --print-recipe), print the equivalent one-stage recipe and run nothing.
+    `data` maps calibration/train (and eval, for a pass that takes data but measures none) to a path or a
+    recipe data item; `eval_data` is what the input and output are measured on, with `metric`. With
+    print_recipe (the commands' --print-recipe), print that recipe and run nothing.
     """
-    if print_recipe:
-        return print_stage_recipe(pass_name, model, config, settings=settings, weights=weights,
-                                  eval_data=eval_data, metric=metric, data=ctx_fields.get("data"))
-    from optkit.measure.model import measure
-    from optkit.pipeline.stage import run_pass
-    from optkit.report.build import input_stage, pass_stage
-    from optkit.report.schema import Report
-
-    if report_path:
-        check_output_path(report_path)
-    source = load_artifact(model, weights, signature, **(source_meta or {}))
-    # the input is measured first, so a model that cannot be measured fails before anything is written; the
-    # chief of a distributed job measures after the pass, which its workers wait for in their first collective
-    first = measure_input and measure_input_first
-    before = measure(source, settings, data=eval_data, metric=metric, latency=False) if first else None
-    result = run_pass(source, pass_name, config, output, shapes=settings.shapes, values=settings.values,
-                      seed=settings.seed, **ctx_fields)
-    if measure_input and not first:
-        before = measure(source, settings, data=eval_data, metric=metric, latency=False)
-    figures = measure(result.output, settings, data=eval_data, metric=metric, reference=source, latency=False)
-    stage = pass_stage(result, figures)
-    if measure_input:
-        _paired_latency(source, result.output, settings, eval_data, before, stage)
-    stages = [input_stage(source, before), stage] if measure_input else [stage]
-    report = Report(command=command, stages=stages)
-    emit(report, report_path, as_json)
-    return report
-
-
-def _paired_latency(source, output, settings, eval_data, before: dict, stage) -> None:
-    """Time the input and the output call by call in one process (measure.paired): each stage gets its
-    latency, and the pass's stage the ratio with its confidence interval. A model pair that cannot be timed
-    together is timed apart."""
-    from optkit.measure.model import measure
-    from optkit.measure.paired import change_against
-
-    change = change_against(source, output, settings, data=eval_data)
-    if change is None:
-        before["latency"] = measure(source, settings, data=eval_data)["latency"]
-        stage.measurements["latency"] = measure(output, settings, data=eval_data)["latency"]
-        return
-    before["latency"] = change["before"]
-    stage.measurements["latency"] = change["after"]
-    stage.measurements["latency_change"] = change["latency_change"]
-    stage.notes.append(change["note"] + " (input and output timed call by call)")
-
-
-def print_stage_recipe(pass_name: str, model: str, config: dict, *, settings=None, weights: Optional[str] = None,
-                       eval_data=None, metric: Optional[str] = None, data: Optional[dict] = None) -> None:
-    """Print the one-stage recipe a single-stage command is equivalent to (validated first)."""
     from optkit.core.registry import build_config
     from optkit.passes import get_pass
+    from optkit.pipeline.api import run_one_stage
     from optkit.pipeline.recipe import from_dict, one_stage_recipe, to_yaml
 
     cfg = build_config(get_pass(pass_name), config)
     rec = one_stage_recipe(pass_name, model, cfg.model_dump(mode="json", exclude_defaults=True), settings=settings,
-                           weights=weights, eval_data=eval_data, metric=metric, data=data)
-    from_dict(rec)  # the printed recipe must load
-    sys.stdout.write("# optkit recipe: the same as this command; save it and run `optkit run FILE.yaml`\n"
-                     + to_yaml(rec))
+                           weights=weights, signature=signature, eval_data=eval_data, metric=metric, data=data)
+    if print_recipe:
+        from_dict(rec)  # the printed recipe must load
+        sys.stdout.write("# optkit recipe: the same as this command; save it and run `optkit run FILE.yaml`\n"
+                         + to_yaml(rec))
+        return None
+    if report_path:
+        check_output_path(report_path)
+    report = run_one_stage(rec, output, command=command, input_last=input_last)
+    emit(report, report_path, as_json)
+    return report

@@ -59,7 +59,6 @@ def register(app: typer.Typer) -> None:
             dataset = load_dataset(data)
         common_cfg = {"opset": opset, "atol": atol, "rtol": rtol, "samples": samples,
                       "external_data": external_data}
-        source_meta = {}
         if fmt.value in TORCH_FORMATS:
             pass_name = "convert.torch"
             config = {**common_cfg, "exporter": exporter, "dynamic": list(dynamic or []),
@@ -68,8 +67,6 @@ def register(app: typer.Typer) -> None:
                 raise UsageError("--signature applies to SavedModels")
             if not shapes and dataset is not None and fmt == Format.TORCHSCRIPT and set(dataset.arrays) == {""}:
                 shapes = {"": [1, *dataset.arrays[""].shape[1:]]}  # TorchScript does not declare its input shape
-            if shapes and fmt == Format.TORCH_MODULE:
-                source_meta["input_shapes"] = {k or "input": v for k, v in shapes.items()}
         elif fmt in (Format.KERAS, Format.TF_SAVEDMODEL, Format.TFLITE):
             pass_name = "convert.tf"
             config = {**common_cfg, "signature": signature}
@@ -85,7 +82,7 @@ def register(app: typer.Typer) -> None:
         rep = common.run_single_stage(
             pass_name, model, output, config, command=f"optkit convert {model}", settings=settings,
             weights=weights, report_path=report, as_json=as_json, signature=signature,
-            source_meta=source_meta, data={"eval": dataset} if dataset is not None else {},
+            data={"eval": data} if data else {},
             print_recipe=print_recipe,
         )
         if rep is not None and not as_json:

@@ -44,10 +44,9 @@ def add_tensorboard(config: dict, folder: Optional[str]) -> None:
         config["tensorboard"] = folder
 
 
-def load_train_data(train, eval_data, layout, color, default_layout):
+def load_train_data(train, eval_data, pre):
     from optkit.measure.datasets import load_dataset
 
-    pre = {"layout": layout or default_layout, "color": color}
     data = {}
     if train:
         data["train"] = load_dataset(train, pre)
@@ -56,18 +55,20 @@ def load_train_data(train, eval_data, layout, color, default_layout):
     return data
 
 
-def run_stage(pass_name, model, output, config, *, data, eval_data, metric, settings, command, weights,
-              report, as_json, print_recipe, preprocess=None):
+def run_stage(pass_name, model, output, config, *, train, eval_data, metric, settings, command, weights,
+              report, as_json, print_recipe, preprocess):
     """run_single_stage on the chief; other workers of a distributed job train, then write and report nothing."""
     from optkit.measure.model import DataSpec
     from optkit.passes.training.distributed import is_chief
 
     spec = DataSpec(path=eval_data, preprocess=preprocess) if eval_data else None
     if print_recipe or is_chief():
+        # the chief of a distributed job measures its input last: its workers wait for it in the first collective
         result = common.run_single_stage(pass_name, model, output, config, command=command, settings=settings,
                                          weights=weights, eval_data=spec, metric=metric if eval_data else None,
-                                         report_path=report, as_json=as_json, print_recipe=print_recipe, data=data,
-                                         measure_input_first=config.get("strategy", "none") == "none")
+                                         report_path=report, as_json=as_json, print_recipe=print_recipe,
+                                         data={"train": {"path": train, "preprocess": preprocess}} if train else {},
+                                         input_last=config.get("strategy", "none") != "none")
         if result is not None and not as_json:
             print_details(result)
         return result
@@ -77,6 +78,7 @@ def run_stage(pass_name, model, output, config, *, data, eval_data, metric, sett
 
     from optkit.pipeline.stage import run_pass
 
+    data = load_train_data(train, eval_data, preprocess)
     scratch = Path(tempfile.mkdtemp(prefix="optkit-worker-"))
     try:  # a worker takes part in every collective (training, saving) but its copy is thrown away
         run_pass(common.load_artifact(model, weights), pass_name, config, scratch / Path(output).name,
@@ -174,9 +176,7 @@ def register(app: typer.Typer) -> None:
         from optkit.passes import get_pass
 
         build_config(get_pass(pass_name), config)  # bad options fail before any data is read
-        data = ({"train": train} if train else {}) if print_recipe else \
-            load_train_data(train, eval_data, layout, color, default_layout)
-        run_stage(pass_name, model, output, config, data=data, eval_data=eval_data, metric=metric,
+        run_stage(pass_name, model, output, config, train=train, eval_data=eval_data, metric=metric,
                   settings=settings, command=f"optkit prune {model}", weights=weights, report=report,
                   as_json=as_json, print_recipe=print_recipe,
                   preprocess={"layout": layout or default_layout, "color": color})

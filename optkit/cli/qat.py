@@ -6,7 +6,7 @@ from typing import Optional
 import typer
 
 from optkit.cli import common, options
-from optkit.cli.prune import TENSORBOARD, add_tensorboard, load_train_data, run_stage, split_names
+from optkit.cli.prune import TENSORBOARD, add_tensorboard, run_stage, split_names
 from optkit.core.shapes import parse_shapes, parse_values
 
 
@@ -48,8 +48,6 @@ def register(app: typer.Typer) -> None:
         add_tensorboard(config, tensorboard)
         build_config(get_pass("qat.keras"), config)
         settings = MeasureSettings(threads=threads, shapes=parse_shapes(shape), values=parse_values(value))
-        data = ({"train": train} if train else {}) if print_recipe else \
-            load_train_data(train, eval_data, layout, color, "nhwc")
-        run_stage("qat.keras", model, output, config, data=data, eval_data=eval_data, metric=metric,
+        run_stage("qat.keras", model, output, config, train=train, eval_data=eval_data, metric=metric,
                   settings=settings, command=f"optkit qat {model}", weights=None, report=report, as_json=as_json,
                   print_recipe=print_recipe, preprocess={"layout": layout or "nhwc", "color": color})

@@ -98,13 +98,8 @@ def register(app: typer.Typer) -> None:
             raise UsageError(f"unknown --mode {mode!r}; choose dynamic, static, fp16 or int4")
         settings = MeasureSettings(threads=threads, shapes=parse_shapes(shape), values=parse_values(value),
                                    check_outputs=check_output or [])
-        data = {}
-        if calibration_data:
-            data["calibration"] = _load(calibration_data, None)
-        spec = None
-        if eval_data:
-            data["eval"] = _load(eval_data, labels).subset(max_samples, settings.seed)
-            spec = DataSpec(path=eval_data, labels=labels, max_samples=max_samples)
+        data = {"calibration": calibration_data} if calibration_data else {}
+        spec = DataSpec(path=eval_data, labels=labels, max_samples=max_samples) if eval_data else None
         config = dict(
             mode=mode, format=fmt, target=target, max_size_ratio=max_size_ratio, allow_slower=allow_slower,
             max_latency_ratio=max_latency_ratio, latency_search=not no_latency_search, per_channel=per_channel, reduce_range=reduce_range,
@@ -122,12 +117,6 @@ def register(app: typer.Typer) -> None:
                         command=f"optkit quantize {model} --mode {mode}",
                         eval_data=spec, metric=metric, report_path=report, as_json=as_json, data=data,
                         print_recipe=print_recipe)
-
-
-def _load(path: str, labels: Optional[str]):
-    from optkit.measure.datasets import load_dataset
-
-    return load_dataset(path, labels=labels)
 
 
 def run_and_explain(pass_name, model, output, config, *, as_json, **kwargs):

@@ -37,13 +37,8 @@ def register(app: typer.Typer) -> None:
         if engine not in ("onnxslim", "onnxsim"):
             raise UsageError(f"unknown --engine {engine!r}; choose onnxslim or onnxsim")
         settings = MeasureSettings(threads=threads, shapes=parse_shapes(shape), values=parse_values(value))
-        ctx_data = {}
-        if data:
-            from optkit.measure.datasets import load_dataset
-
-            ctx_data["eval"] = load_dataset(data)
         config = dict(engine=engine, ort_optimize=not no_ort, provider=target, max_growth=max_growth,
                       tolerance=tolerance)
         common.run_single_stage("simplify.onnx", model, output, config, command=f"optkit simplify {model}",
                                 settings=settings, eval_data=DataSpec(path=data, max_samples=256) if data else None,
-                                report_path=report, as_json=as_json, data=ctx_data, print_recipe=print_recipe)
+                                report_path=report, as_json=as_json, print_recipe=print_recipe)

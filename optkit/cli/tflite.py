@@ -34,7 +34,6 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Export a Keras model or SavedModel to TFLite (float32, float16, dynamic range or int8)."""
         from optkit.core.registry import build_config
-        from optkit.measure.datasets import load_dataset
         from optkit.measure.model import DataSpec, MeasureSettings
         from optkit.passes import get_pass
 
@@ -46,11 +45,7 @@ def register(app: typer.Typer) -> None:
             config["signature"] = signature
         build_config(get_pass("tflite.export"), config)
         pre = {"layout": layout}
-        data = {}
-        if calib:
-            data["calibration"] = calib if print_recipe else load_dataset(calib, pre)
-        if eval_data and not print_recipe:
-            data["eval"] = load_dataset(eval_data, pre)
+        data = {"calibration": {"path": calib, "preprocess": pre}} if calib else {}
         settings = MeasureSettings(threads=threads, shapes=parse_shapes(shape), values=parse_values(value))
         common.run_single_stage(
             "tflite.export", model, output, config, command=f"optkit tflite {model} --mode {mode}",

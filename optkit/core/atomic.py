@@ -90,6 +90,11 @@ def _same_file(dest: Path, src) -> bool:
     return os.path.realpath(dest) == os.path.realpath(src)
 
 
+def tmp_prefix(dest: Path) -> str:
+    """The name prefix of a temporary beside `dest`, cut so that it stays a legal name when dest's is."""
+    return f".{dest.name[:200]}.tmp-"
+
+
 @contextlib.contextmanager
 def atomic_path(dest: str | os.PathLike, *, directory: bool = False) -> Iterator[Path]:
     """Yield a temporary path next to `dest`; rename it onto `dest` only if the block succeeds.
@@ -101,7 +106,7 @@ def atomic_path(dest: str | os.PathLike, *, directory: bool = False) -> Iterator
     check_output_path(dest)
     if directory and dest.exists():
         raise UsageError(f"{dest} already exists; optkit does not replace folders")
-    prefix = f".{dest.name[:200]}.tmp-"
+    prefix = tmp_prefix(dest)
     if directory:
         tmp = Path(tempfile.mkdtemp(prefix=prefix, dir=dest.parent))
     else:

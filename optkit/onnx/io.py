@@ -7,7 +7,7 @@ import tempfile
 from pathlib import Path
 
 from optkit.core.artifact import external_data_files
-from optkit.core.atomic import check_output_path
+from optkit.core.atomic import check_output_path, tmp_prefix
 from optkit.core.errors import UsageError
 from optkit.core.text import first_line
 
@@ -45,7 +45,7 @@ class Staging:
 
     def __init__(self, dest: Path):
         self.dest = check_output_path(dest)
-        self.dir = Path(tempfile.mkdtemp(prefix=f".{self.dest.name}.tmp-", dir=self.dest.parent))
+        self.dir = Path(tempfile.mkdtemp(prefix=tmp_prefix(self.dest), dir=self.dest.parent))
         self.model = self.dir / self.dest.name
 
     def __enter__(self) -> Staging:

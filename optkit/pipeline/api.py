@@ -45,13 +45,22 @@ def run_pass(pass_name: str, model: str | Path, output: str | Path, *, weights: 
     check_output_path(output, inputs=[model, weights, calibration, eval, labels, train])
     if metric is not None and eval is None:
         raise UsageError("metric needs evaluation data: give eval=PATH")
-    rec = one_stage_recipe(pass_name, str(model), config, weights=weights, metric=metric,
+    rec = one_stage_recipe(pass_name, str(model), config, weights=weights, metric=metric or "top1",
                            eval_data=None if eval is None else DataSpec(path=str(eval), labels=labels),
                            data={k: str(v) for k, v in (("calibration", calibration), ("train", train)) if v})
     rec["measure"].update(measure or {})  # measured as the command is (one_stage_recipe), then the caller's
-    with tempfile.TemporaryDirectory(prefix="optkit-run-pass-") as scratch:
-        report = execute(from_dict(rec), RunOptions(workspace=Path(scratch), use_cache=False, resume=False,
-                                                    command=f"optkit.run_pass({pass_name!r}, {str(model)!r})")).report
+    return run_one_stage(rec, output, command=f"optkit.run_pass({pass_name!r}, {str(model)!r})")
+
+
+def run_one_stage(rec: dict, output: str | Path, *, command: str, input_last: bool = False) -> Report:
+    """Run a one-stage recipe in a scratch workspace and copy its result to `output`: what every single-stage
+    command and run_pass do. A result a budget refuses is kept beside `output` (OUT.REJECTED.onnx)."""
+    from optkit.passes.quantize.candidates import rejected_path
+
+    with tempfile.TemporaryDirectory(prefix="optkit-stage-") as scratch:
+        opts = RunOptions(workspace=Path(scratch), use_cache=False, resume=False, command=command,
+                          aside=rejected_path(Path(output)), input_last=input_last)
+        report = execute(from_dict(rec), opts).report
         stage = report.stages[-1]
         publish(Path(stage.output.path), Format(stage.output.format), Path(output))
         stage.output.path = str(output)

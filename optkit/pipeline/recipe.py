@@ -69,7 +69,8 @@ class DataItem(_Strict):
 
 
 class EvalData(DataItem):
-    metric: str = "top1"
+    metric: str | None = Field(default="top1", description="top1, top5, mse, mae, cosine or module:function; "
+                                                           "null: no metric (the data feeds fidelity and timing)")
 
 
 class DataSection(_Strict):
@@ -100,7 +101,10 @@ class MeasureSection(_Strict):
     warmup: int = Field(default=10, ge=0, le=100_000)
     runs: int = Field(default=50, ge=1, le=1_000_000, description="Timed runs per trial.")
     trials: int = Field(default=5, ge=1, le=100, description="Latency trials (noise and confidence interval).")
-    latency: bool = True
+    latency: bool | Literal["paired"] = Field(
+        default=True, description="true: each stage timed on its own (trials x runs), and against the input call "
+                                  "by call; paired: only the call-by-call timing against the input, each model's "
+                                  "latency its half of it (what single-stage commands do); false: no timing.")
     normalize: bool = Field(default=True, description="Also time a fixed reference workload in the same run.")
     shapes: dict[str, list[int]] = Field(default_factory=dict)
     values: dict[str, float] = Field(default_factory=dict, description="What scalar inputs are fed without data "
@@ -503,9 +507,9 @@ def measured_figures(loaded: LoadedRecipe) -> set[str]:
         figures.add("throughput")
     if r.measure.latency:
         figures.add("latency")
-        if r.measure.normalize:
+        if r.measure.normalize and r.measure.latency is True:
             figures.add("normalized")
-    if r.data.eval is not None:
+    if r.data.eval is not None and r.data.eval.metric:
         figures.add("accuracy")
     figures.add("fidelity")
     return figures
@@ -518,8 +522,11 @@ def gates_of(loaded: LoadedRecipe):
 # ---------------------------------------------------------------- one-stage recipes and the starter
 
 def one_stage_recipe(pass_name: str, model: str, config: dict, *, settings=None, weights: str | None = None,
-                     eval_data=None, metric: str | None = None, data: dict | None = None) -> dict:
-    """The recipe a single-stage command is equivalent to (paths made absolute)."""
+                     signature: str | None = None, eval_data=None, metric: str | None = None,
+                     data: dict | None = None) -> dict:
+    """The recipe a single-stage command is equivalent to (paths made absolute). `data` maps calibration/train
+    (and eval, when `eval_data` does not give it) to a path, a recipe data item or a loaded Dataset; `eval_data`
+    is a DataSpec measured with `metric` (None: no metric, the data feeds fidelity and timing)."""
     def ab(p):
         if p is None:
             return None
@@ -528,31 +535,36 @@ def one_stage_recipe(pass_name: str, model: str, config: dict, *, settings=None,
             return f"{Path(f[0]).resolve()}:{f[1]}"
         return str(Path(p).resolve()) if Path(str(p)).exists() else str(p)
 
+    def item(spec) -> dict[str, Any]:
+        if isinstance(spec, (str, Path)):
+            out = {"path": spec}
+        elif hasattr(spec, "source"):  # a loaded Dataset: only its path is known
+            out = {"path": spec.source}
+        else:  # a DataSpec or a recipe data item as a dict
+            out = dict(spec) if isinstance(spec, dict) else spec.model_dump()
+        out["path"] = ab(str(out["path"]))
+        if out.get("labels"):
+            out["labels"] = ab(str(out["labels"]))
+        return {k: v for k, v in out.items() if v is not None}
+
     rec: dict[str, Any] = {"version": RECIPE_VERSION, "model": {"path": ab(model)}}
     if weights:
         rec["model"]["weights"] = ab(weights)
-    d: dict[str, Any] = {}
-    for key, ds in (data or {}).items():
-        src = getattr(ds, "source", None) or (ds if isinstance(ds, str) else None)
-        if src:
-            d["calibration" if key == "calibration" else key] = {"path": ab(src)}
+    if signature:
+        rec["model"]["signature"] = signature
+    d: dict[str, Any] = {key: item(spec) for key, spec in (data or {}).items() if spec is not None}
     if eval_data is not None:
-        item = {"path": ab(eval_data.path)}
-        if eval_data.labels:
-            item["labels"] = ab(eval_data.labels)
-        if eval_data.preprocess:
-            item["preprocess"] = eval_data.preprocess
-        if eval_data.max_samples:
-            item["max_samples"] = eval_data.max_samples
-        item["metric"] = metric or "top1"
-        d["eval"] = item
+        d["eval"] = item(eval_data)
+    if "eval" in d:
+        d["eval"]["metric"] = metric
     if d:
         rec["data"] = d
     rec["stages"] = [{"pass": pass_name, "config": config or {}}]
     settings = settings if settings is not None else MeasureSettings()
     m = settings.model_dump(exclude_defaults=True, exclude={"duration"})
-    # a command's defaults where a recipe's differ (all cores, 100 runs), so the recipe measures as it does
-    rec["measure"] = {"trials": 1, "normalize": False, "threads": settings.threads, "runs": settings.runs, **m}
+    # a command's measurement: all cores, 100 runs, and each model timed once, against the other, call by call
+    rec["measure"] = {"latency": "paired", "trials": 1, "normalize": False, "threads": settings.threads,
+                      "runs": settings.runs, **m}
     return rec
 
 

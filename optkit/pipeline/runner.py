@@ -42,6 +42,8 @@ class RunOptions:
     baseline: str | None = None
     command: str = ""
     progress: Any = None
+    aside: Path | None = None   # where a result refused by a budget is kept (a command's: beside its -o)
+    input_last: bool = False    # measure the input after the stages (a distributed job's chief: its workers wait)
 
 
 @dataclass
@@ -84,26 +86,21 @@ def execute(loaded, opts: RunOptions | None = None) -> RunOutcome:
     baseline = Report.load(baseline_path) if baseline_path else None
     gates = gates_of_recipe(loaded)
     data = _load_data(loaded)
-    source = Artifact.load(loaded.resolve(r.model.path), weights=loaded.resolve(r.model.weights),
-                           signature=r.model.signature)
+    path = loaded.resolve(r.model.path)
+    meta = {}
+    if r.measure.shapes and detect_format(path) == Format.TORCH_MODULE:  # a factory declares no input shapes
+        meta["input_shapes"] = {k or "input": v for k, v in r.measure.shapes.items()}
+    source = Artifact.load(path, weights=loaded.resolve(r.model.weights), signature=r.model.signature, **meta)
 
     _preload()
     ws = Workspace(Path(opts.workspace), loaded.name)
     run = ws.open_run(loaded, resume=opts.resume)
     stages = []
+    input_latency = None  # measure.latency: paired: the input's half of the first call-by-call timing
     try:
         progress.start_run(run, len(resolved) + 1)
-        # stage 0: the input model, measured as it is
-        stage0, art = run.completed_stage(0, "input", expect_input=None, expect_output=source.sha256)
-        if stage0 is None:
-            progress.stage_start(0, "input", "-")
-            with run.building(0, "input") as tmp:
-                stage0 = _measure_stage(loaded, source, None, data, progress, name="input")
-                run.write_stage(tmp, stage0)
-            progress.stage_done(0, "input")
-        else:
-            progress.stage_done(0, "input", resumed=True)
-        stages.append(stage0)
+        if not opts.input_last:
+            stages.append(_input(run, loaded, source, data, progress))
         current = source
         outputs = {"input": source}
         names = loaded.stage_names()
@@ -125,19 +122,25 @@ def execute(loaded, opts: RunOptions | None = None) -> RunOutcome:
                 final_dir = run.stage_dir(i, name)
                 with ws.cache_lock(key) if opts.use_cache else contextlib.nullcontext():
                     # a result refused by a budget is kept in the run folder, which outlives the failed stage
-                    aside = run.path / f"{final_dir.name}.REJECTED.onnx"
+                    aside = opts.aside or run.path / f"{final_dir.name}.REJECTED.onnx"
                     result = _compute_stage(ws, key, tmp, opts, name, cls, current, config, spec, r, data, progress,
                                             aside)
                 out = _relocate(result.output, tmp, final_dir)
                 result.output = out
                 measured_art = _relocate(out, final_dir, tmp)  # measure where the files are now
-                stage = _measure_stage(loaded, measured_art, result, data, progress, name=name,
-                                       reference=source)
+                stage, before = _measure_stage(loaded, measured_art, result, data, progress, name=name,
+                                               reference=source)
+                input_latency = input_latency or before
                 stage.output.path = out.path
                 run.write_stage(tmp, stage)
             progress.stage_done(i, name, cached=result.cached, seconds=result.duration_s)
             stages.append(stage)
             current = outputs[name] = out
+        if opts.input_last:
+            stages.insert(0, _input(run, loaded, source, data, progress))
+        if r.measure.latency == "paired" and "latency" not in stages[0].measurements:
+            stages[0].measurements["latency"] = input_latency or measure(
+                source, _settings_for(loaded, source), data=data["specs"].get("eval"))["latency"]
         report = Report(command=opts.command or f"optkit run {loaded.path or ''}".strip(), recipe=loaded.raw,
                         stages=stages, run=run.info())
         if gates:
@@ -152,6 +155,20 @@ def execute(loaded, opts: RunOptions | None = None) -> RunOutcome:
         run.release()
     progress.end_run(run)
     return RunOutcome(report=report, run_dir=run.path, gate_results=list(report.gates))
+
+
+def _input(run, loaded, source, data, progress):
+    """Stage 0: the input model, measured as it is (or as measured earlier in this run)."""
+    stage0, _ = run.completed_stage(0, "input", expect_input=None, expect_output=source.sha256)
+    if stage0 is not None:
+        progress.stage_done(0, "input", resumed=True)
+        return stage0
+    progress.stage_start(0, "input", "-")
+    with run.building(0, "input") as tmp:
+        stage0, _ = _measure_stage(loaded, source, None, data, progress, name="input")
+        run.write_stage(tmp, stage0)
+    progress.stage_done(0, "input")
+    return stage0
 
 
 def _compute_stage(ws, key, tmp, opts, name, cls, current, config, spec, r, data, progress, aside) -> StageResult:
@@ -245,34 +262,46 @@ def measure_settings(section):
                            concurrency=section.concurrency, sessions=section.sessions)
 
 
-def _measure_stage(loaded, art, result, data, progress, *, name: str, reference=None):
-    r = loaded.recipe
-    settings = measure_settings(r.measure)
-    ignored = None
-    if settings.session != OrtSettings() and art.format != Format.ONNX:
-        ignored = f"measure.session (onnxruntime's options) does not apply to {art.format.value}: not used here"
+def _settings_for(loaded, art):
+    """The recipe's measurement settings, as they apply to this artifact's format."""
+    settings = measure_settings(loaded.recipe.measure)
     if art.format not in (Format.ONNX, Format.TRT_ENGINE):  # onnxruntime's options apply to ONNX stages
         settings = settings.model_copy(update={"provider": "cpu", "session": OrtSettings()})
     elif art.format == Format.TRT_ENGINE:
         settings = settings.model_copy(update={"session": OrtSettings()})
+    return settings
+
+
+def _measure_stage(loaded, art, result, data, progress, *, name: str, reference=None):
+    """The stage's report entry, and (measure.latency: paired) the input's latency from its paired timing."""
+    r = loaded.recipe
+    ignored = None
+    if r.measure.session != OrtSettings() and art.format != Format.ONNX:
+        ignored = f"measure.session (onnxruntime's options) does not apply to {art.format.value}: not used here"
+    settings = _settings_for(loaded, art)
     tuned = result.ctx.measurements.get("tune") if result is not None else None
     if tuned:  # a tune stage is measured (and gated) served the way it chose
         settings = Setting(**tuned["best"]["setting"]).settings(settings)
     ev = data["specs"].get("eval")
     metric = r.data.eval.metric if ev is not None else None
     progress.step("measuring size" + (f", {metric}" if metric else "") + (", fidelity" if reference else ""))
-    change = None
+    change, before = None, None
     figures = measure(art, settings, latency=False, data=ev, metric=metric, reference=reference)
-    if r.measure.latency:
+    if r.measure.latency is True:
         progress.step(f"benchmarking latency: {r.measure.trials} trials x {r.measure.runs} runs"
                       + (" + reference workload" if r.measure.normalize else ""))
         figures["latency"] = latency_trials(art, settings, trials=r.measure.trials, normalize=r.measure.normalize,
                                             data=ev)
-        if result is not None:
-            progress.step("timing against the input, call by call")
-            change = change_against(reference, art, settings, data=ev)
+    if r.measure.latency and result is not None:
+        progress.step("timing against the input, call by call")
+        change = change_against(reference, art, settings, data=ev)
         if change is not None:  # the speedup against the input: timed call by call, as commands do
             figures["latency_change"] = change["latency_change"]
+            before = change["before"]
+            if r.measure.latency == "paired":
+                figures["latency"] = change["after"]
+        elif r.measure.latency == "paired":  # the two cannot run in one process: each timed on its own
+            figures["latency"] = measure(art, settings, data=ev)["latency"]
     if result is None:
         stage = input_stage(art, figures, name=name)
     else:
@@ -281,4 +310,4 @@ def _measure_stage(loaded, art, result, data, progress, *, name: str, reference=
         stage.notes.append(change["note"] + " (against the input, timed call by call)")
     if ignored:
         stage.notes.append(ignored)
-    return stage
+    return stage, before
