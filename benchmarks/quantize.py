@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/quantize.py            # MNIST (full 10k test set), sample CNN, transformer
     .venv/bin/python benchmarks/quantize.py --only transformer   # one section (mnist, cnn, transformer)
+    .venv/bin/python benchmarks/quantize.py --only efficientnet  # EfficientNet-Lite1 on 100 ImageNet images
 
 Prints size ratio, accuracy drop (or cosine) and latency ratio at batch 1 and 32 (p50 vs the FP32 parent, one
 thread, best of 3 interleaved optkit.measure calls: the machine may be shared) for each. optkit runs with
@@ -50,6 +51,61 @@ def optkit(*args) -> None:
                        capture_output=True, text=True)
     if r.returncode:
         print(f"  optkit failed: {r.stderr.strip().splitlines()[-1]}")
+
+
+def imagenet100(dest: Path) -> Path:
+    """The 100 labelled ImageNet images as SOURCES.md evaluates EfficientNet-Lite1: shorter side resized to 272
+    (bicubic), centre crop 240, RGB, (x - 127) / 128, NCHW; labels are the ImageNet indices."""
+    import csv
+
+    from PIL import Image
+
+    rows = list(csv.DictReader((REAL / "imagenet100" / "labels.csv").open()))
+    xs = []
+    for r in rows:
+        im = Image.open(REAL / "imagenet100" / r["file"]).convert("RGB")
+        s = 272 / min(im.size)
+        im = im.resize((round(im.width * s), round(im.height * s)), Image.BICUBIC)
+        left, top = (im.width - 240) // 2, (im.height - 240) // 2
+        x = np.asarray(im.crop((left, top, left + 240, top + 240)), dtype=np.float32)
+        xs.append(((x - 127) / 128).transpose(2, 0, 1))
+    np.savez(dest, inputs=np.stack(xs), labels=np.array([int(r["imagenet_index"]) for r in rows]))
+    return dest
+
+
+def efficientnet(tmp: Path) -> None:
+    """The static INT8 search on a real ImageNet model: the pass's wall time, its phases, what it chose."""
+    import json
+    import time
+
+    model = REAL / "efficientnet_lite1.onnx"
+    data = imagenet100(tmp / "imagenet100.npz")
+    print("EfficientNet-Lite1 (efficientnet_lite1.onnx, 100 labelled ImageNet images; calibrated and checked on them)")
+    out = tmp / "effnet_int8.onnx"
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "optkit", "quantize", str(model), "-o", str(out), "--calibration-data",
+                        str(data), "--eval-data", str(data), "--metric", "top1", "--allow-slower", "--json"],
+                       capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if r.returncode:
+        print(f"  optkit failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+        return
+    rep = json.loads(r.stdout)
+    before, stage = rep["stages"][0]["measurements"], rep["stages"][1]
+    q = stage["measurements"]["quantize"]
+    chosen = next(c for c in q["candidates"] if c.get("chosen"))
+    phases = q.get("phases_s") or {}
+    timing = f"{phases['time']:.1f} s" if "time" in phases else "n/a"
+    ratio = chosen.get("latency_ratio")
+    max_trials = max((c.get("latency_trials") or 0 for c in q["candidates"]), default=0)
+    print(f"  pass {stage['duration_s']:.1f} s (command {wall:.1f} s), timing phase {timing}"
+          + "".join(f", {k} {v:.1f} s" for k, v in phases.items() if k != "time"))
+    print(f"  chosen: {chosen['variant']} ({len(q['candidates'])} candidates, "
+          f"{sum(1 for c in q['candidates'] if c.get('p50_ms'))} timed, "
+          f"{sum(1 for c in q['candidates'] if c.get('latency_trials', 99) < max_trials)} of them dropped early); top-1 {stage['measurements']['accuracy']['top1']:.2f} "
+          f"(parent {before['accuracy']['top1']:.2f}); latency ratio "
+          + (f"{ratio:.2f}x (95% CI {chosen['latency_ratio_ci95'][0]:.2f}-{chosen['latency_ratio_ci95'][1]:.2f}x)"
+             if ratio else "n/a"))
 
 
 def show(name, row):
@@ -123,9 +179,14 @@ def main() -> None:
     from optkit.measure.datasets import load_dataset
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", choices=("mnist", "cnn", "transformer"), help="run one of the three sections")
+    ap.add_argument("--only", choices=("mnist", "cnn", "transformer", "efficientnet"), help="run one section")
     only = ap.parse_args().only
     tmp = Path(tempfile.mkdtemp(prefix="optkit-bench-"))
+    if only == "efficientnet":  # not in the default run: a few minutes on a laptop
+        if not (REAL / "efficientnet_lite1.onnx").exists():
+            sys.exit(f"no {REAL / 'efficientnet_lite1.onnx'} here")
+        efficientnet(tmp)
+        return
     if (REAL / "mnist.onnx").exists() and only in (None, "mnist"):
         images = str(REAL / "t10k-images-idx3-ubyte.gz")
         print("MNIST (mnist.onnx, 10k test images; calibration 256 images)")

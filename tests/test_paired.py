@@ -26,3 +26,46 @@ def test_ratio_interval_separates_noise_from_a_real_slowdown():
     slow = ratio_ci95([1.90, 2.05, 1.97, 2.01, 1.94])
     assert slow[1] > 1.05 and 1.9 < slow[0] < 2.05
     assert ratio_ci95([1.3]) == (1.3, 1.3, 1.3)
+
+
+def _mlp(path, layers: int, width: int = 512):
+    """x [1, width] -> `layers` x MatMul(width x width): the time a call takes grows with `layers`."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal((width, width)) / width).astype(np.float32), f"w{i}")
+             for i in range(layers)]
+    nodes = [helper.make_node("MatMul", ["x" if i == 0 else f"h{i - 1}", f"w{i}"],
+                              ["y" if i == layers - 1 else f"h{i}"]) for i in range(layers)]
+    g = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, width])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, width])], inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return Artifact.load(str(path))
+
+
+def test_paired_latencies_times_n_children_and_drops_a_clearly_slower_one(tmp_path):
+    """One parent, three children in one process: the same model (same within the noise), a 4x lighter one
+    (faster, kept to the end) and an 8x heavier one (dropped by the race once its interval clears the best's)."""
+    from optkit.measure.paired import paired_latencies
+
+    parent = _mlp(tmp_path / "parent.onnx", 4)
+    same, fast, slow = (_mlp(tmp_path / f"{n}.onnx", k) for n, k in (("same", 4), ("fast", 1), ("slow", 32)))
+    res = paired_latencies(parent, [same, fast, slow], MeasureSettings(runs=200, warmup=5, threads=1), trials=8,
+                           limit_s=8)
+    assert len(res) == 3
+    r_same, r_fast, r_slow = res
+    assert r_slow["dropped_after"] in (3, 5) and r_slow["trials"] == r_slow["dropped_after"], r_slow
+    assert r_slow["ratio"] > 2 and r_slow["significant"]
+    assert "dropped_after" not in r_fast and r_fast["trials"] == 8 and r_fast["ratio"] < 0.7 and r_fast["significant"]
+    assert r_fast["ratio_ci95"][1] < r_slow["ratio_ci95"][0]
+    assert 0.7 < r_same["ratio"] < 1.4
+    for r in res:
+        assert len(r["trial_ratios"]) == r["trials"] and r["before"]["p50_ms"] > 0 and r["after"]["p50_ms"] > 0
+    # without the race every child is timed in every trial
+    plain = paired_latencies(parent, [fast, slow], MeasureSettings(runs=50, warmup=2, threads=1), trials=4,
+                             limit_s=4, race=False)
+    assert [r["trials"] for r in plain] == [4, 4] and not any("dropped_after" in r for r in plain)

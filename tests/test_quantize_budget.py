@@ -39,3 +39,41 @@ def test_fidelity_budgets():
     assert explicit.noise(100, 0.9) == 0.0
     default = Budget.of(QuantizeConfig(mode="static"))
     assert default.value == TOLERANCE["static"] and not default.explicit
+
+
+def _timed(index, *, ratio, ci, drop=None, loss=0.001, size=1000) -> Candidate:
+    c = Candidate(index=index, settings=Settings(), path=Path(f"c{index}.onnx"), bytes=size, accuracy_drop=drop,
+                  latency_ratio=ratio, latency_ratio_ci95=list(ci), passed=True)
+    c.fidelity = {"loss": loss}
+    return c
+
+
+def test_pick_prefers_the_most_accurate_among_latency_ties():
+    """Same latency within the noise (intervals overlap): the most accurate wins, then the smaller file; a
+    clearly faster candidate wins whatever its accuracy (it met the budget)."""
+    b = Budget.of(QuantizeConfig(mode="static", metric="top1", max_accuracy_drop=0.01))
+    small_lossy = _timed(0, ratio=0.50, ci=(0.47, 0.53), drop=0.0044, size=1000)  # SqueezeNet: 0.44 pt down
+    exact = _timed(1, ratio=0.51, ci=(0.48, 0.55), drop=0.0, size=1100)
+    exact_smaller = _timed(2, ratio=0.52, ci=(0.49, 0.56), drop=0.0, size=1050)
+    assert b.pick([small_lossy, exact]) is exact
+    assert b.pick([small_lossy, exact, exact_smaller]) is exact_smaller
+    clearly_faster = _timed(3, ratio=0.40, ci=(0.38, 0.42), drop=0.009, size=1200)
+    assert b.pick([small_lossy, exact, clearly_faster]) is clearly_faster
+    # no metric: the fidelity loss decides among ties
+    f = Budget.of(QuantizeConfig(mode="static"))
+    assert f.pick([_timed(0, ratio=0.5, ci=(0.45, 0.55), loss=1e-3, size=10),
+                   _timed(1, ratio=0.5, ci=(0.45, 0.55), loss=1e-4, size=20)]).index == 1
+    # untimed (no latency search): the smallest file
+    untimed = [Candidate(index=i, settings=Settings(), path=Path("c.onnx"), bytes=n) for i, n in ((0, 30), (1, 20))]
+    assert b.pick(untimed).index == 1
+
+
+def test_size_and_latency_budgets_are_judged_in_one_place():
+    b = Budget.of(QuantizeConfig(mode="static", max_size_ratio=0.3, max_latency_ratio=1.05))
+    fits = _timed(0, ratio=1.0, ci=(0.95, 1.08), size=10)
+    fits.ratio = 0.29
+    big = _timed(1, ratio=0.5, ci=(0.45, 0.55))
+    big.ratio = 0.31
+    assert b.fits(fits) and not b.fits(big) and not b.too_slow(fits)
+    assert b.too_slow(_timed(2, ratio=1.2, ci=(1.1, 1.3)))
+    assert not b.fallback and Budget.of(QuantizeConfig(mode="static", max_fidelity_loss=0.1)).fallback

@@ -24,72 +24,121 @@ from optkit.measure.trials import low, ratio_ci95
 
 MIN_CHANGE = 0.03
 LIMIT_PAIR_S = 30.0  # the timing of a stage against its parent, all trials: seconds on a large model, not minutes
+RACE_AT = (3, 5, 8)  # after these trials, a child clearly slower than the best one stops being timed
 
 
 def paired_latency(before: Artifact, after: Artifact, settings: MeasureSettings, *, trials: int = 5,
                    data=None, limit_s: float | None = None) -> dict[str, Any]:
-    """{"before": figures, "after": figures, "ratio": after/before, "ratio_ci95": [lo, hi], "significant"}."""
-    return run_isolated(_paired, before, after, settings, trials, data, limit_s,
-                        what=f"timing {before.path} against {after.path}")
+    """{"before": figures, "after": figures, "ratio": after/before, "ratio_ci95": [lo, hi], "significant"}:
+    paired_latencies with one child."""
+    return paired_latencies(before, [after], settings, trials=trials, data=data, limit_s=limit_s, race=False)[0]
 
 
-def _paired(before: Artifact, after: Artifact, settings: MeasureSettings, trials: int, data,
-            limit_s: float | None) -> dict[str, Any]:
+def paired_latencies(parent: Artifact, children: list[Artifact], settings: MeasureSettings, *, trials: int = 5,
+                     data=None, limit_s: float | None = None, race: bool = True) -> list[dict[str, Any]]:
+    """The parent and every child timed call by call, interleaved, in one isolated process; per child (in order)
+    the dict paired_latency gives, its "trials" the number it was timed in.
+
+    `data`: a DataSpec (its first call is timed), one call's feeds as a dict of arrays, or None (synthesized).
+    All trials together take about `limit_s` (default latency.LIMIT_S), session opening included, at least 5
+    calls of each model a trial. With `race`, after trials 3, 5 and 8 (RACE_AT) a child whose ratio interval
+    lies wholly above the best child's (both at 95%/3, Bonferroni over the three looks) stops being timed, and
+    its time goes to the others; its figures are those of the trials it was in ("dropped_after")."""
+    children = list(children)
+    if not children:
+        return []
+    names = ", ".join(str(c.path) for c in children[:3]) + (f" (+{len(children) - 3})" if len(children) > 3 else "")
+    return run_isolated(_paired, parent, children, settings, trials, data, limit_s, race,
+                        what=f"timing {names} against {parent.path}")
+
+
+def _feeds_for(session, settings: MeasureSettings, data) -> dict:
+    if isinstance(data, dict):
+        feeds = data
+    elif data is not None:
+        ds = load_dataset(data.path, data.preprocess, data.labels)
+        feeds = latency_feeds(session.inputs, ds.bind(session.inputs), settings.batch, ds.source)
+    else:
+        feeds = synthesized(session, settings)[0]
+    session.check_feeds(feeds)
+    return feeds
+
+
+def _paired(parent: Artifact, children: list[Artifact], settings: MeasureSettings, trials: int, data,
+            limit_s: float | None, race: bool) -> list[dict[str, Any]]:
     import gc
 
-    trial_limit = (LIMIT_S if limit_s is None else limit_s) / (2 * trials)
-    arts = (before, after)
-    sessions = [settings.open(a) for a in arts]
-    feeds = []
-    for session in sessions:
-        if data is not None:
-            ds = load_dataset(data.path, data.preprocess, data.labels)
-            feeds.append(latency_feeds(session.inputs, ds.bind(session.inputs), settings.batch, ds.source))
-        else:
-            feeds.append(synthesized(session, settings)[0])
-        session.check_feeds(feeds[-1])
-    fresh = all(s.provider == "cpu" and s.runtime in ("onnxruntime", "tflite") for s in sessions)
     clock = time.perf_counter
-    times: list[list[float]] = [[], []]
-    ratios: list[float] = []
+    deadline = clock() + (LIMIT_S if limit_s is None else limit_s)
+    arts = [parent, *children]
+    sessions = [settings.open(a) for a in arts]
+    feeds = [_feeds_for(s, settings, data) for s in sessions]
+    fresh = all(s.provider == "cpu" and s.runtime in ("onnxruntime", "tflite") for s in sessions)
+    live = list(range(len(arts)))                       # 0 (the parent) is always timed
+    times: list[list[float]] = [[] for _ in arts]        # all timed calls, per model
+    parent_times: list[list[float]] = [[] for _ in arts]  # the parent's calls in the trials each child was in
+    ratios: list[list[float]] = [[] for _ in arts]
+    dropped: dict[int, int] = {}
     gc_was = gc.isenabled()
     gc.disable()
     try:
         for trial in range(trials):
+            start = clock()
             if fresh and trial:
-                for i, a in enumerate(arts):
+                for i in live:
                     sessions[i].close()
-                    sessions[i] = settings.open(a)
-            start = clock()
+                    sessions[i] = settings.open(arts[i])
+            # this trial's share of what is left; half of it at most for the warm-up
+            half = max(0.0, deadline - start) / (trials - trial) / 2
             for _ in range(settings.warmup):
-                for s, f in zip(sessions, feeds):
-                    s.run(f)
-                if clock() - start >= trial_limit:
+                for i in live:
+                    sessions[i].run(feeds[i])
+                if clock() - start >= half:
                     break
-            trial_times: list[list[float]] = [[], []]
+            trial_times: dict[int, list[float]] = {i: [] for i in live}
             start = clock()
-            for _ in range(settings.runs):
-                if len(trial_times[0]) >= 5 and clock() - start >= trial_limit:
+            for k in range(settings.runs):
+                if k >= 5 and clock() - start >= half:
                     break
-                order = (0, 1) if len(trial_times[0]) % 2 == 0 else (1, 0)  # neither always goes first
+                j = k % len(live)
+                order = live[j:] + live[:j]              # each model goes first as often as the others
+                if (k // len(live)) % 2:
+                    order.reverse()
                 for i in order:
                     t0 = clock()
                     sessions[i].run(feeds[i])
                     trial_times[i].append(clock() - t0)
-            ratios.append(low(trial_times[1]) / low(trial_times[0]))
-            times[0] += trial_times[0]
-            times[1] += trial_times[1]
+            base = low(trial_times[0])
+            for i in live:
+                times[i] += trial_times[i]
+                if i:
+                    ratios[i].append(low(trial_times[i]) / base)
+                    parent_times[i] += trial_times[0]
+            racing = live[1:]
+            if race and trial + 1 in RACE_AT and trial + 1 < trials and len(racing) > 1:
+                ci = {i: ratio_ci95(ratios[i], by3=True) for i in racing}
+                best = min(racing, key=lambda i: ci[i][2])
+                for i in racing:
+                    if ci[i][1] > ci[best][2]:
+                        dropped[i] = trial + 1
+                        live.remove(i)
+                        sessions[i].close()
     finally:
         if gc_was:
             gc.enable()
-    for s in sessions:
-        s.close()
-    centre, lo, hi = ratio_ci95(ratios)
-    figures = [summarize(t, batch=settings.batch, warmup=settings.warmup, threads=s.threads, provider=s.provider)
-               for t, s in zip(times, sessions)]
-    return {"before": figures[0], "after": figures[1], "ratio": centre, "ratio_ci95": [lo, hi],
-            "trial_ratios": ratios, "trials": trials,
-            "significant": hi < 1 - MIN_CHANGE or lo > 1 + MIN_CHANGE}
+    for i in live:
+        sessions[i].close()
+    out = []
+    for i in range(1, len(arts)):
+        centre, lo, hi = ratio_ci95(ratios[i])
+        before, after = (summarize(t, batch=settings.batch, warmup=settings.warmup, threads=sessions[k].threads,
+                                   provider=sessions[k].provider) for t, k in ((parent_times[i], 0), (times[i], i)))
+        res = {"before": before, "after": after, "ratio": centre, "ratio_ci95": [lo, hi], "trial_ratios": ratios[i],
+               "trials": len(ratios[i]), "significant": hi < 1 - MIN_CHANGE or lo > 1 + MIN_CHANGE}
+        if i in dropped:
+            res["dropped_after"] = dropped[i]
+        out.append(res)
+    return out
 
 
 def change_against(parent: Artifact, child: Artifact, settings: MeasureSettings, data=None) -> dict[str, Any] | None:

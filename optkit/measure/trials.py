@@ -53,6 +53,10 @@ from optkit.onnx.session import session_options
 _T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
         2.045, 2.042]
+# the same at 95%/3 (two-sided 98.33%): three comparisons at once, Bonferroni-corrected (measure.paired's race)
+_T95_BY3 = [38.188, 7.649, 4.857, 3.961, 3.534, 3.287, 3.128, 3.016, 2.933, 2.870, 2.820, 2.779, 2.746, 2.718,
+            2.694, 2.673, 2.655, 2.639, 2.625, 2.613, 2.601, 2.591, 2.582, 2.574, 2.566, 2.559, 2.552, 2.546,
+            2.541, 2.536]
 
 LOW_Q = 10                                     # the per-trial estimate: this percentile of the runs
 REFERENCE_WIDTH = 256
@@ -65,13 +69,20 @@ def t95(dof: int) -> float:
     return _T95[dof - 1] if dof <= len(_T95) else 1.96
 
 
-def ratio_ci95(ratios: list[float]) -> tuple[float, float, float]:
-    """Ratios from paired trials: (median, lo, hi), a 95% t-interval on their logs (lo = hi for one)."""
+def t95_by3(dof: int) -> float:
+    """The t quantile of one of three comparisons that hold together at 95% (Bonferroni)."""
+    return _T95_BY3[dof - 1] if dof <= len(_T95_BY3) else 2.394
+
+
+def ratio_ci95(ratios: list[float], *, by3: bool = False) -> tuple[float, float, float]:
+    """Ratios from paired trials: (median, lo, hi), a 95% t-interval on their logs (lo = hi for one);
+    with by3 the interval of one of three comparisons made at once (each at 95%/3)."""
     logs = np.log(np.asarray(ratios, dtype=np.float64))
     centre = float(np.exp(np.median(logs)))
     if len(logs) < 2:
         return centre, centre, centre
-    half = t95(len(logs) - 1) * float(logs.std(ddof=1)) / math.sqrt(len(logs))
+    t = t95_by3 if by3 else t95
+    half = t(len(logs) - 1) * float(logs.std(ddof=1)) / math.sqrt(len(logs))
     return centre, float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half))
 
 

@@ -1,6 +1,7 @@
-"""The budget a quantize candidate is judged against, built once: an accuracy drop (with a metric) or a
-fidelity loss (an explicit budget, or the mode's tolerance). The search asks it whether a candidate meets it,
-by what margin, how it ranks, whether a subset already shows it hopeless, and how noisy a subset's verdict is.
+"""The budgets a quantize candidate is judged against, built once: an accuracy drop (with a metric) or a
+fidelity loss (an explicit budget, or the mode's tolerance), the size ratio, and the latency ratio a static INT8
+result may not exceed. The search asks it whether a candidate meets them, by what margin, how it ranks,
+whether a subset already shows it hopeless, how noisy a subset's verdict is, and which candidate to keep.
 """
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from optkit.core.errors import UsageError
 from optkit.passes.quantize.candidates import Candidate
 from optkit.passes.quantize.config import TOLERANCE, QuantizeConfig
 
 SCREEN_MARGIN = 2.0  # a candidate whose subset loss is over this many budgets is not scored on the full set
+SAME_SPEED = 0.03    # latency ratios this close read "same" even when their intervals do not overlap
 
 
 @dataclass(frozen=True)
@@ -21,14 +24,30 @@ class Budget:
     value: float
     on_accuracy: bool               # judged on the metric's drop, else on the fidelity loss
     explicit: bool                  # the user asked for it (a budget turns the float-node fallback on)
+    max_size_ratio: float | None = None
+    max_latency_ratio: float | None = None
+    fallback: bool = False          # keep sensitive nodes float when no candidate meets the budget
 
     @classmethod
     def of(cls, cfg: QuantizeConfig) -> Budget:
+        sizes = {"max_size_ratio": cfg.max_size_ratio, "max_latency_ratio": cfg.max_latency_ratio}
         if cfg.max_accuracy_drop is not None:
-            return cls(f"{cfg.metric} drop", cfg.max_accuracy_drop, True, True)
+            return cls(f"{cfg.metric} drop", cfg.max_accuracy_drop, True, True, **sizes, fallback=True)
         if cfg.max_fidelity_loss is not None:
-            return cls("fidelity loss", cfg.max_fidelity_loss, False, True)
-        return cls("fidelity loss", cfg.tolerance if cfg.tolerance is not None else TOLERANCE[cfg.mode], False, False)
+            return cls("fidelity loss", cfg.max_fidelity_loss, False, True, **sizes, fallback=True)
+        return cls("fidelity loss", cfg.tolerance if cfg.tolerance is not None else TOLERANCE[cfg.mode], False, False,
+                   **sizes, fallback=cfg.fallback)
+
+    @staticmethod
+    def check_flags(cfg: QuantizeConfig, data: dict) -> None:
+        """The budget flags make sense together and with the data given (else a UsageError, exit 2)."""
+        if cfg.max_accuracy_drop is not None:
+            if not cfg.metric:
+                raise UsageError("--max-accuracy-drop needs --metric (e.g. top1)")
+            if data.get("eval") is None:
+                raise UsageError("--max-accuracy-drop needs labelled --eval-data")
+        if cfg.max_accuracy_drop is not None and cfg.max_fidelity_loss is not None:
+            raise UsageError("give one budget: --max-accuracy-drop or --max-fidelity-loss")
 
     def loss(self, cand: Candidate) -> float:
         """What the budget bounds, for this candidate (inf when it could not be scored)."""
@@ -39,6 +58,43 @@ class Budget:
     def meets(self, cand: Candidate) -> bool:
         loss = self.loss(cand)
         return bool(np.isfinite(loss)) and loss <= self.value + 1e-12
+
+    def fits_size(self, cand: Candidate) -> bool:
+        return self.max_size_ratio is None or cand.ratio <= self.max_size_ratio + 1e-12
+
+    def fits(self, cand: Candidate) -> bool:
+        """Every budget but latency (which is only known once the candidates that fit are timed)."""
+        return cand.passed and self.fits_size(cand)
+
+    def too_slow(self, cand: Candidate) -> bool:
+        """Slower than max_latency_ratio beyond the timing noise: the whole 95% interval lies above it (a fixed
+        cut inside the noise would flip between runs). Untimed: not judged."""
+        if cand.latency_ratio is None or self.max_latency_ratio is None:
+            return False
+        return cand.latency_ratio_ci95[0] > self.max_latency_ratio
+
+    def pick(self, pool: list[Candidate]) -> Candidate:
+        """The candidate to keep, of those that meet every budget: the fastest, where latency was measured. Those
+        no other candidate beats beyond the noise (no other's 95% interval of the latency ratio lies wholly below
+        theirs by more than SAME_SPEED) tie for fastest; among them the most accurate (the smallest accuracy
+        drop, then fidelity loss), then the smaller file. Untimed: the smallest file."""
+        timed = [c for c in pool if c.latency_ratio is not None]
+        if not timed:
+            return min(pool, key=lambda c: (c.bytes, c.index))
+
+        def interval(c: Candidate) -> tuple[float, float]:
+            return tuple(c.latency_ratio_ci95) if c.latency_ratio_ci95 else (c.latency_ratio, c.latency_ratio)
+
+        def beats(d: Candidate, c: Candidate) -> bool:
+            return interval(d)[1] < interval(c)[0] and d.latency_ratio * (1 + SAME_SPEED) < c.latency_ratio
+
+        def accuracy_first(c: Candidate):
+            drop = c.accuracy_drop if c.accuracy_drop is not None else 0.0
+            fid = (c.fidelity or {}).get("loss", 0.0)
+            return (round(drop, 9), fid if np.isfinite(fid) else math.inf, c.bytes, c.latency_ratio, c.index)
+
+        fastest = [c for c in timed if not any(beats(d, c) for d in timed)]
+        return min(fastest, key=accuracy_first)
 
     def margin(self, cand: Candidate) -> float:
         """How far inside the budget (negative: past it)."""

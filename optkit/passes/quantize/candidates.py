@@ -58,6 +58,7 @@ class Candidate:
     p50_ms: float | None = None
     latency_ratio: float | None = None
     latency_ratio_ci95: list[float] | None = None
+    latency_trials: int | None = None   # paired trials it was timed in (fewer: dropped as clearly slower)
     error: str | None = None
     passed: bool = False
     chosen: bool = False
@@ -73,8 +74,8 @@ class Candidate:
         d: dict[str, Any] = {"index": self.index, "variant": self.settings.label(), **self.settings.to_dict(),
                              "bytes": self.bytes, "ratio": self.ratio, "passed": self.passed,
                              "chosen": self.chosen, "checked_on": self.checked_on}
-        for key in ("accuracy", "accuracy_drop", "p50_ms", "latency_ratio", "latency_ratio_ci95", "error",
-                    "rejected_file"):
+        for key in ("accuracy", "accuracy_drop", "p50_ms", "latency_ratio", "latency_ratio_ci95", "latency_trials",
+                    "error", "rejected_file"):
             value = getattr(self, key)
             if value is not None:
                 d[key] = value

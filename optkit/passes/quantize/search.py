@@ -1,14 +1,17 @@
 """The quantize search: prepare the float model, try settings (engine.py's strategy for the mode), check each
 candidate against the parent, keep sensitive nodes in float when none meets the budget, and keep the fastest
-candidate that meets every budget, as measured on this machine.
+candidate that meets every budget, as measured on this machine (budget.py's Budget judges and picks).
 
 Cheap first: candidates are screened on a subset of the check data and only plausible ones are scored on the
-whole set; only those that meet the budgets are timed (interleaved, in one child process); costlier
-calibrations are tried only when the cheap ones miss. `max_candidates` and `time_budget` bound the search.
+whole set; only those that meet every budget are timed, against the FP32 parent in one child process
+(measure.paired.paired_latencies: call by call, clearly slower candidates dropped early, TIMING_LIMIT_S in all);
+costlier calibrations are tried only when the cheap ones miss. `max_candidates` and `time_budget` bound the
+search. The phases' times (build, score, time) are reported as `phases_s` and logged at -v.
 """
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import shutil
@@ -22,15 +25,13 @@ import numpy as np
 from optkit.core.artifact import Artifact
 from optkit.core.batching import calls, count, first_call, stack_samples, stackable, trim
 from optkit.core.errors import UsageError, ValidationError
-from optkit.core.isolate import run_isolated
 from optkit.core.registry import PassContext, require_extra
 from optkit.core.text import first_line
 from optkit.measure.accuracy import compute, resolve_metric
 from optkit.measure.fidelity import attention_mask, check_names, refuse_nonfinite_reference
 from optkit.measure.inputs import probe, synthesize
-from optkit.measure.latency import measure_latency
-from optkit.measure.paired import MIN_CHANGE
-from optkit.measure.trials import ratio_ci95
+from optkit.measure.model import MeasureSettings
+from optkit.measure.paired import MIN_CHANGE, paired_latencies
 from optkit.onnx import graph
 from optkit.onnx import io as onnx_io
 from optkit.onnx import session as onnx_session
@@ -40,10 +41,14 @@ from optkit.passes.quantize.budget import Budget
 from optkit.passes.quantize.candidates import Candidate, Settings, aside_path, keep_rejected
 from optkit.passes.quantize.config import LOWER_IS_BETTER, MIN_OPSET, QuantizeConfig
 from optkit.passes.quantize.engine import Int4, contrib_excludes, strategy_for
-from optkit.runtimes.base import open_session
+
+log = logging.getLogger(__name__)
 
 PREPROCESS_GROWTH = 1.02  # a pre-processed model this much larger than its input is not used
-NEAR = 1.03          # timings within 3% are a tie: the smaller file wins
+TIMING_LIMIT_S = 14.0     # the timing of all candidates against the parent, session opening included (the
+                          # phase, with its child process and loading, stays within 15 s)
+TIMING_TRIALS = 8         # fresh sessions each; the race drops clearly slower candidates after trials 3 and 5
+TIMING_RUNS = 100         # calls of each model a trial at most (the time limit usually stops it first)
 
 
 class Quantizer:
@@ -69,6 +74,7 @@ class Quantizer:
         self.parent_outputs: list = []
         self.parent_accuracy: float | None = None
         self.budget = Budget.of(cfg)
+        self.phases = {"build": 0.0, "score": 0.0, "time": 0.0}  # seconds spent in each phase of the search
 
     def __enter__(self) -> Quantizer:
         return self
@@ -81,8 +87,20 @@ class Quantizer:
         try:
             return self._execute()
         finally:
+            phases = {k: round(v, 3) for k, v in self.phases.items()}
+            log.info("quantize search: %d candidates; build %.1f s, score %.1f s, timing %.1f s",
+                     len(self.candidates), *self.phases.values())
             self.ctx.measurements["quantize"] = {"mode": self.mode, "settings": self.settings,
-                                                 "candidates": [c.public() for c in self.candidates]}
+                                                 "candidates": [c.public() for c in self.candidates],
+                                                 "phases_s": phases}
+
+    @contextlib.contextmanager
+    def _phase(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[name] += time.perf_counter() - start
 
     def _execute(self) -> Path:
         if self.mode == "fp16":
@@ -102,7 +120,7 @@ class Quantizer:
         if not any(c.passed for c in tried):
             best = self._best_settings(tried, 2)
             tried += self._try_all(self.strategy.slower_tier(best) if self.cfg.latency_search else [])
-        if not any(c.passed for c in tried) and self._fallback_on():
+        if not any(c.passed for c in tried) and self.budget.fallback:
             tried += self._fallback(max(tried, key=self.budget.score))
         passing = [c for c in tried if c.passed]
         if not passing:
@@ -136,11 +154,7 @@ class Quantizer:
     # ------------------------------------------------------------ checks up front
     def _check_flags(self) -> None:
         cfg, data = self.cfg, self.ctx.data
-        if cfg.max_accuracy_drop is not None:
-            if not cfg.metric:
-                raise UsageError("--max-accuracy-drop needs --metric (e.g. top1)")
-            if data.get("eval") is None:
-                raise UsageError("--max-accuracy-drop needs labelled --eval-data")
+        Budget.check_flags(cfg, data)
         if cfg.metric:
             resolve_metric(cfg.metric)
             ev = data.get("eval")
@@ -149,8 +163,6 @@ class Quantizer:
             if ev.labels is None:
                 raise UsageError(f"--metric {cfg.metric} needs labels, and {ev.source} has none "
                                  "(add a 'labels' array, or use --max-fidelity-loss)")
-        if cfg.max_accuracy_drop is not None and cfg.max_fidelity_loss is not None:
-            raise UsageError("give one budget: --max-accuracy-drop or --max-fidelity-loss")
         if self.mode == "static" and data.get("calibration") is None and not cfg.synthetic_calibration:
             raise UsageError("static quantization needs --calibration-data (or --synthetic-calibration to "
                              "calibrate on random inputs, which usually costs accuracy)")
@@ -314,10 +326,6 @@ class Quantizer:
     def _run(self, session, feeds: dict) -> list:
         return onnx_session.run_all(session, feeds, self.out_names)
 
-    # ------------------------------------------------------------ budgets
-    def _fallback_on(self) -> bool:
-        return self.cfg.fallback or self.budget.explicit
-
     def _accuracy(self, outputs, labels) -> float:
         res = compute(self.cfg.metric, outputs, labels, self.out_names)
         return float(res.get(self.cfg.metric, next(iter(res.values()))))
@@ -327,6 +335,16 @@ class Quantizer:
         cand = Candidate(index=len(self.candidates), settings=settings, path=self.work / f"cand{len(self.candidates)}.onnx")
         self.candidates.append(cand)
         raw = self.work / f"cand{cand.index}.raw.onnx"
+        with self._phase("build"):
+            if not self._build(cand, raw):
+                return cand
+        with self._phase("score"):
+            self._score(cand)
+        return cand
+
+    def _build(self, cand: Candidate, raw: Path) -> bool:
+        """Quantize with the candidate's settings and write it; False (cand.error set) when that fails."""
+        settings = cand.settings
         exclude = sorted(set(self.cfg.nodes_exclude) | set(settings.float_nodes) | contrib_excludes(self.float_model))
         try:
             self.strategy.build(self.prepared, settings, raw, calibration=self._reader, exclude=exclude)
@@ -334,7 +352,7 @@ class Quantizer:
             raise
         except Exception as e:  # noqa: BLE001 - onnxruntime cannot build this point of the space
             cand.error = f"onnxruntime could not quantize with {settings.label()}: {first_line(e)[:160]}"
-            return cand
+            return False
         model = onnx_io.load(raw)
         if self.mode != "fp16" and not graph.is_quantized(model):
             if not settings.float_nodes:
@@ -343,27 +361,31 @@ class Quantizer:
                     f"every node float ({', '.join(self.quantizable)}: their weights are not constants it can reach, "
                     "e.g. inside If subgraphs, or their inputs are not float); nothing was written")
             cand.error = "nothing was quantized (every quantizable node is kept float)"
-            return cand
+            return False
         if self.cfg.compact:
             graph.compact(model)
         onnx_io.save(model, cand.path)
         cand.bytes = os.path.getsize(cand.path)
         cand.ratio = cand.bytes / self.artifact.size_bytes()
+        return True
+
+    def _score(self, cand: Candidate) -> None:
+        """The candidate's figures against the parent's outputs (a subset first in the latency search), and
+        whether it meets the budget."""
         try:
             sess = onnx_session.session(cand.path)
         except UsageError as e:
             cand.error = e.message
-            return cand
+            return
         n = count(self.check_feeds)
         screen = min(self.cfg.screen_samples, n)
         if self.cfg.latency_search and 2 * screen <= n:  # cheap first: a subset, then the whole set
             self._score_on(cand, sess, screen)
             if not cand.error and self.budget.hopeless(cand):
                 cand.screened_out = True
-                return cand
+                return
         self._score_on(cand, sess, n)
         cand.passed = self.budget.meets(cand)
-        return cand
 
     def _score_on(self, cand: Candidate, sess, n: int) -> None:
         feeds = {k: v[:n] for k, v in self.check_feeds.items()}
@@ -457,23 +479,24 @@ class Quantizer:
 
     # ------------------------------------------------------------ choosing: size, speed
     def _finish(self, passing: list[Candidate]) -> Path:
-        """Keep the fastest candidate that meets every budget (size included); refuse (exit 3) a static INT8
-        result slower than its parent unless allowed."""
-        cfg = self.cfg
+        """Keep the fastest candidate that meets every budget (size included; Budget.pick breaks ties in the
+        noise for accuracy, then size); refuse (exit 3) a static INT8 result slower than its parent unless
+        allowed."""
         pool = list(passing)
         if self._speed_matters():
             pool += self._slow_conv_variant(min(passing, key=lambda c: c.bytes))
-        fits = [c for c in pool if cfg.max_size_ratio is None or c.ratio <= cfg.max_size_ratio + 1e-12]
+        fits = [c for c in pool if self.budget.fits(c)]
         if not fits:
             best = min(pool, key=lambda c: c.bytes)
             dest = keep_rejected(best, aside_path(self.ctx), "missed the size budget")
             raise ValidationError(
                 f"no {self.mode} candidate met the size budget ({best.ratio:.3f}x of the parent at best, budget "
-                f"{cfg.max_size_ratio:g}x); the smallest was kept as {dest}",
+                f"{self.budget.max_size_ratio:g}x); the smallest was kept as {dest}",
                 details={"candidates": [c.public() for c in self.candidates]})
-        if cfg.measure_candidates and (len(fits) > 1 or self._speed_matters()):
-            self._time(fits)
-        chosen = _fastest(fits)
+        if self.cfg.measure_candidates and (len(fits) > 1 or self._speed_matters()):
+            with self._phase("time"):
+                self._time(fits)
+        chosen = self.budget.pick(fits)
         chosen.chosen = True
         self.settings.update(chosen.settings.to_dict())
         self._say_chosen(chosen)
@@ -500,41 +523,42 @@ class Quantizer:
         variant = self._candidate(cand.settings.with_float([*cand.float_nodes, *slow]))
         return [variant] if variant.passed else []
 
-    def _time(self, pool: list[Candidate], rounds: int = 5) -> None:
-        """p50 at batch 1 on one thread, parent and candidates interleaved over rounds in one child process,
-        on the first call of the check data. A candidate's p50 is its best round (the low figure is the
-        model's, the high ones are the neighbours'); its ratio to the parent is the median of the per-round
-        ratios, with their 95% interval (a round times both under the same machine state)."""
-        paths = [str(self.artifact.path)] + [str(c.path) for c in pool]
+    def _time(self, pool: list[Candidate]) -> None:
+        """Each candidate against the FP32 parent at batch 1 on one thread, on the first call of the check data:
+        measure.paired's one way of timing (call by call in one child process, fresh sessions each trial, the
+        ratio with its 95% interval), all candidates in one run; one clearly slower than the best stops being
+        timed after trial 3 or 5 (its figures are those of the trials it was in)."""
         feeds = first_call(self.specs, self.check_feeds, 1)
+        settings = MeasureSettings(provider="cpu", threads=1, batch=1, warmup=10, runs=TIMING_RUNS)
         try:
-            p50s = run_isolated(_time_interleaved, paths, feeds, rounds, what="timing the quantized candidates")
+            results = paired_latencies(self.artifact, [Artifact.load(str(c.path)) for c in pool], settings,
+                                       trials=TIMING_TRIALS, data=feeds, limit_s=TIMING_LIMIT_S)
         except Exception as e:  # noqa: BLE001 - latency informs the choice; a failure must not hide the result
             self.ctx.note(f"candidate latency not measured: {first_line(e)}")
             return
-        parent = [r[0] for r in p50s]
-        self.settings.update(parent_p50_ms=min(parent), latency_settings=f"batch 1, 1 thread, best p50 of "
-                                                                         f"{rounds} interleaved rounds")
-        for i, c in enumerate(pool, start=1):
-            c.p50_ms = min(r[i] for r in p50s)
-            c.latency_ratio, *c.latency_ratio_ci95 = ratio_ci95([r[i] / r[0] for r in p50s])
+        for c, r in zip(pool, results):
+            c.p50_ms, c.latency_ratio, c.latency_ratio_ci95 = r["after"]["p50_ms"], r["ratio"], r["ratio_ci95"]
+            c.latency_trials = r["trials"]
+        longest = max(results, key=lambda r: r["trials"])
+        self.settings.update(parent_p50_ms=longest["before"]["p50_ms"],
+                             latency_settings=f"batch 1, 1 thread, paired with the parent call by call, up to "
+                                              f"{TIMING_TRIALS} trials (clearly slower candidates dropped early)")
 
     def _slower_check(self, chosen: Candidate, pool: list[Candidate]) -> None:
-        """Refused only when slower than max_latency_ratio beyond the timing noise: the whole 95% interval of
-        the ratio lies above it (a fixed cut inside the noise would flip between runs)."""
+        """Refused only when slower than max_latency_ratio beyond the timing noise (Budget.too_slow)."""
         cfg, ratio = self.cfg, chosen.latency_ratio
         if ratio is None:
             return
         lo, hi = chosen.latency_ratio_ci95
-        slower = lo > cfg.max_latency_ratio
+        slower = self.budget.too_slow(chosen)
         self.settings["speed"] = {"latency_ratio": ratio, "latency_ratio_ci95": [lo, hi],
                                   "max_latency_ratio": cfg.max_latency_ratio, "slower": slower}
-        figures = (f"{ratio:.2f}x the parent's p50 (95% CI {lo:.2f}-{hi:.2f}x) at batch 1 on one thread, "
-                   f"{chosen.p50_ms:.3f} ms vs {self.settings['parent_p50_ms']:.3f} ms")
+        figures = (f"{ratio:.2f}x the parent's latency (95% CI {lo:.2f}-{hi:.2f}x) at batch 1 on one thread, "
+                   f"p50 {chosen.p50_ms:.3f} ms vs {self.settings['parent_p50_ms']:.3f} ms")
         if not slower:
             inside = " - within the timing noise of the limit" if hi > cfg.max_latency_ratio else ""
             self.ctx.note(f"latency: {figures}{inside}; the fastest of {len(pool)} candidates that meet the "
-                          "budgets")
+                          "budgets (ties within the noise: the most accurate, then the smallest)")
             return
         tried = "; ".join(f"{c.settings.label()}: {c.latency_ratio:.2f}x" for c in pool if c.latency_ratio)
         # how it compares with the parent, said as the tables say it: "same" when the interval holds 1.0 (±3%)
@@ -605,7 +629,7 @@ class Quantizer:
             return ValidationError(f"no {self.mode} candidate could be built or run ({'; '.join(errors)[:300]}); "
                                    "nothing was written", details={"candidates": [c.public() for c in tried]})
         best = max(scored, key=self.budget.score)
-        if not self._fallback_on():  # no budget asked for: nothing is written, not even the best
+        if not self.budget.fallback:  # no budget asked for: nothing is written, not even the best
             of = f" (the best of {len(scored)} settings tried)" if len(scored) > 1 else ""
             return ValidationError(
                 f"{self.mode} quantization moved the outputs past the tolerance: {self._figures(best)}{of}; "
@@ -616,20 +640,6 @@ class Quantizer:
             f"no {self.mode} candidate met the budget ({self.budget.kind} {self.budget.value:g}) after {len(tried)} tries; "
             f"the best ({best.settings.label()}, {len(best.float_nodes)} nodes in float: {self._figures(best)}) "
             f"was kept as {dest}", details={"candidates": [c.public() for c in self.candidates], "rejected": str(dest)})
-
-
-def _fastest(pool: list[Candidate]) -> Candidate:
-    timed = [c for c in pool if c.p50_ms]
-    if not timed:
-        return min(pool, key=lambda c: c.bytes)
-    best = min(c.p50_ms for c in timed)
-    return min((c for c in timed if c.p50_ms <= best * NEAR), key=lambda c: (c.bytes, c.p50_ms))
-
-
-def _time_interleaved(paths: list[str], feeds: dict, rounds: int) -> list[list[float]]:
-    """p50 (ms) per round and model."""
-    sessions = [open_session(Artifact.load(p), provider="cpu", threads=1) for p in paths]
-    return [[measure_latency(s, feeds, warmup=10, runs=60)["p50_ms"] for s in sessions] for _ in range(rounds)]
 
 
 def _schedule(n: int, budget: int) -> list[int]:
