@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import one_error_line
 from optkit.core.errors import UsageError
 from optkit.measure.datasets import Preprocess, load_dataset
+
+from conftest import one_error_line
 
 # the folder holds 3 of the model's 10 classes: red images are class 7, green 3, blue 9
 COLORS = {"red": ((250, 10, 10), 7), "green": ((10, 250, 10), 3), "blue": ((10, 10, 250), 9)}
