@@ -194,3 +194,16 @@ def test_real_imagenet_subset_scores_088(cli, realcases):
             "{resize: 272, resample: bicubic, center_crop: 240, scale: 1, mean: 127, std: 128}", "--json")
     assert r.rc == 0, r.err
     assert _top1(r) == pytest.approx(0.88)
+
+
+def test_recipe_data_entry_takes_labels_and_preprocess(folder, tmp_path):
+    import optkit
+
+    labels = _csv(tmp_path / "labels.csv", _rows(folder))
+    rec = {"name": "labels", "model": {"path": str(tmp_path / "colours.onnx")},
+           "data": {"eval": {"path": str(folder), "labels": str(labels), "metric": "top1",
+                             "preprocess": {"resize": [8, 8], "resample": "nearest", "scale": 1, "mean": 127,
+                                            "std": 128}}},
+           "stages": [{"pass": "simplify.onnx"}], "measure": {"runs": 3, "warmup": 1, "trials": 1}}
+    report = optkit.run(rec, workspace=tmp_path / "runs", cache=False)
+    assert [st.measurements["accuracy"]["top1"] for st in report.stages] == [1.0, 1.0]
