@@ -24,7 +24,9 @@ def register(app: typer.Typer) -> None:
         shape: Optional[list[str]] = options.SHAPE,
         value: Optional[list[str]] = options.VALUE,
         dynamic: Optional[list[str]] = typer.Option(
-            None, "--dynamic", help="Dynamic axes (PyTorch): 'batch', or NAME:DIM[=LABEL] (repeatable)."),
+            None, "--dynamic", help="Dynamic axes (PyTorch) besides the batch: NAME:DIM[=LABEL] (repeatable)."),
+        static_batch: bool = typer.Option(False, "--static-batch",
+                                          help="Keep the batch axis fixed (by default it is dynamic)."),
         exporter: str = typer.Option("dynamo", "--exporter", help="PyTorch exporter: dynamo or legacy."),
         no_fallback: bool = typer.Option(False, "--no-fallback",
                                          help="Fail instead of falling back to the legacy exporter."),
@@ -58,7 +60,7 @@ def register(app: typer.Typer) -> None:
 
             dataset = load_dataset(data)
         common_cfg = {"opset": opset, "atol": atol, "rtol": rtol, "samples": samples,
-                      "external_data": external_data}
+                      "external_data": external_data, "static_batch": static_batch}
         if fmt.value in TORCH_FORMATS:
             pass_name = "convert.torch"
             config = {**common_cfg, "exporter": exporter, "dynamic": list(dynamic or []),

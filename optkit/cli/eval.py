@@ -18,7 +18,12 @@ def register(app: typer.Typer) -> None:
         metric: Optional[str] = typer.Option("top1", "--metric",
                                              help="top1, top5, mse, mae, cosine, or module:function."),
         reference: Optional[str] = typer.Option(None, "--reference", help="Also report fidelity to this model."),
-        labels: Optional[str] = typer.Option(None, "--labels", help="IDX labels file (default: beside the images)."),
+        labels: Optional[str] = typer.Option(
+            None, "--labels", help="Labels: IDX file (default: beside the images); for an image folder a CSV of "
+                                   "file,class_index rows or a .txt class list (line number = class index)."),
+        preprocess: Optional[str] = typer.Option(
+            None, "--preprocess", help="Image preprocessing as a YAML/JSON mapping, the recipe's keys, e.g. "
+                                       "'{resize: 256, resample: bicubic, center_crop: 224, mean: 127, std: 128}'."),
         max_samples: Optional[int] = typer.Option(None, "--max-samples", min=1,
                                                   help="Evaluate a deterministic subset."),
         no_metric: bool = typer.Option(False, "--no-metric", help="Fidelity only (data without labels)."),
@@ -37,10 +42,29 @@ def register(app: typer.Typer) -> None:
         if no_metric and reference is None:
             raise UsageError("--no-metric leaves nothing to measure; add --reference REF")
         settings = MeasureSettings(provider=provider, threads=threads, shapes=parse_shapes(shape), values=parse_values(value))
+        pre = _parse_preprocess(preprocess) if preprocess else None
         artifact = common.load_artifact(model, weights)
         ref = common.load_artifact(reference) if reference else None
         common.measure_and_report(
             artifact, settings, command=f"optkit eval {model}", latency=False,
-            data=DataSpec(path=data, labels=labels, max_samples=max_samples),
+            data=DataSpec(path=data, labels=labels, preprocess=pre, max_samples=max_samples),
             metric=None if no_metric else metric, reference=ref, report_path=report, as_json=as_json,
         )
+
+
+def _parse_preprocess(text: str) -> dict:
+    """--preprocess: a YAML (or JSON) mapping with the keys of a recipe's `preprocess`, checked here."""
+    from pydantic import ValidationError
+
+    from optkit.measure.datasets import Preprocess
+    from optkit.pipeline.recipe import _yaml_with_lines
+
+    mapping, _ = _yaml_with_lines(text, "--preprocess")
+    if not isinstance(mapping, dict):
+        raise UsageError(f"--preprocess {text!r} is not a mapping; write e.g. '{{resize: 256, center_crop: 224}}'")
+    try:
+        return Preprocess(**mapping).model_dump(exclude_defaults=True)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "--preprocess"
+        raise UsageError(f"--preprocess {where}: {err['msg']} (keys: {', '.join(Preprocess.model_fields)})") from None

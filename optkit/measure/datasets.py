@@ -1,6 +1,7 @@
 """Labelled and unlabelled data: .npz files, image folders and MNIST-style IDX files."""
 from __future__ import annotations
 
+import csv
 import gzip
 import struct
 import zipfile
@@ -23,10 +24,11 @@ class Preprocess(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     resize: int | tuple[int, int] | None = None   # shorter side, or (height, width)
+    resample: Literal["nearest", "bilinear", "bicubic"] = "bilinear"   # PIL's filter for resize
     center_crop: int | tuple[int, int] | None = None
     scale: float = 1 / 255                        # multiply uint8 pixels by this
-    mean: list[float] | None = None               # after scaling, per channel
-    std: list[float] | None = None
+    mean: float | list[float] | None = None       # after scaling: one number for every channel, or one each
+    std: float | list[float] | None = None
     color: Literal["rgb", "bgr", "gray"] = "rgb"
     layout: Literal["nchw", "nhwc"] = "nchw"
     dtype: str = "float32"
@@ -135,13 +137,20 @@ def _size_one_targets(spec, k: int) -> list[list[int]]:
 
 def load_dataset(spec: str | Path, preprocess: Preprocess | dict[str, Any] | None = None,
                  labels: str | Path | None = None) -> Dataset:
-    """Load .npz, an image folder (class = sub-folder) or IDX images (labels from `labels` or a sibling file)."""
+    """Load .npz, an image folder or IDX images (labels from `labels` or a sibling file).
+
+    An image folder's labels: by default each class sub-folder's position in sorted order. `labels` may give
+    them instead: a CSV of `file,class_index` rows (header optional, files relative to the folder; the
+    images are exactly the files it lists) or a .txt class list (one class name per line, line number =
+    class index) through which the sub-folder names map. A folder without sub-folders that holds a
+    `labels.csv` uses it.
+    """
     path = Path(spec)
     pre = preprocess if isinstance(preprocess, Preprocess) else Preprocess(**(preprocess or {}))
     if not path.exists():
         raise UsageError(f"data {path} not found")
     if path.is_dir():
-        return _checked(_image_folder(path, pre))
+        return _checked(_image_folder(path, pre, labels))
     name = path.name.lower()
     if name.endswith(".npz"):
         return _checked(_npz(path))
@@ -215,27 +224,48 @@ def _idx_dataset(path: Path, labels: str | Path | None, pre: Preprocess) -> Data
         raise UsageError(f"{labels} has {len(y)} labels for {len(images)} images")
     x = images.astype(np.float32) * pre.scale
     if pre.mean is not None:
-        x = (x - np.float32(pre.mean[0])) / np.float32((pre.std or [1.0])[0])
+        x = x - np.float32(np.ravel(pre.mean)[0])
+    if pre.std is not None:
+        x = x / np.float32(np.ravel(pre.std)[0])
     return Dataset({"": x.astype(pre.dtype)}, y, str(path))
 
 
-def _image_folder(path: Path, pre: Preprocess) -> Dataset:
+def _image_folder(path: Path, pre: Preprocess, labels: str | Path | None = None) -> Dataset:
+    subdirs = sorted(d.name for d in path.iterdir() if d.is_dir())
+    if labels is None and not subdirs and (path / "labels.csv").is_file():
+        labels = path / "labels.csv"
+    classes: list[str] = []
+    if labels is not None and Path(labels).suffix.lower() == ".csv":
+        files, ys = _csv_labels(Path(labels), path)
+    else:
+        if not subdirs:
+            raise UsageError(f"{path} is a folder without class sub-folders (expected {path}/<class>/<image>, "
+                             "or give --labels FILE.csv with file,class_index rows)")
+        index = {c: i for i, c in enumerate(subdirs)}
+        if labels is not None:
+            classes, index = _class_list(Path(labels))
+            unknown = [c for c in subdirs if c not in index]
+            if unknown:
+                raise UsageError(f"folder {path / unknown[0]} is not in the class list {labels} "
+                                 f"({len(classes)} names); name the folder as a line of the list names it"
+                                 + (f" ({len(unknown)} folders are missing)" if len(unknown) > 1 else ""))
+        else:
+            classes = subdirs
+        files, ys = [], []
+        for cls in subdirs:
+            for f in sorted((path / cls).iterdir()):
+                if f.suffix.lower() in IMAGE_SUFFIXES:
+                    files.append(f)
+                    ys.append(index[cls])
     from PIL import Image
 
-    classes = sorted(d.name for d in path.iterdir() if d.is_dir())
-    if not classes:
-        raise UsageError(f"{path} is a folder without class sub-folders (expected {path}/<class>/<image>)")
-    xs, ys = [], []
-    for label, cls in enumerate(classes):
-        for f in sorted((path / cls).iterdir()):
-            if f.suffix.lower() not in IMAGE_SUFFIXES:
-                continue
-            try:
-                with Image.open(f) as im:
-                    xs.append(_prepare(im, pre))
-            except OSError as e:
-                raise UsageError(f"cannot read image {f}: {e}") from None
-            ys.append(label)
+    xs = []
+    for f in files:
+        try:
+            with Image.open(f) as im:
+                xs.append(_prepare(im, pre))
+        except OSError as e:
+            raise UsageError(f"cannot read image {f}: {e}") from None
     if not xs:
         raise UsageError(f"no images found under {path}")
     shapes = {x.shape for x in xs}
@@ -244,17 +274,80 @@ def _image_folder(path: Path, pre: Preprocess) -> Dataset:
     return Dataset({"": np.stack(xs)}, np.array(ys, dtype=np.int64), str(path), classes)
 
 
+def _read_labels_text(path: Path) -> str:
+    if not path.is_file():
+        raise UsageError(f"labels {path} not found")
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot read labels {path} as text: {e}") from None
+
+
+def _csv_labels(path: Path, folder: Path) -> tuple[list[Path], list[int]]:
+    """(image files, class indices) from `file,class_index` rows; a first row whose index is not a number is
+    a header; further columns are ignored."""
+    rows = list(csv.reader(_read_labels_text(path).splitlines()))
+    files, ys, first = [], [], True
+    for line, row in enumerate(rows, 1):
+        row = [c.strip() for c in row]
+        if not any(row):
+            continue
+        header, first = first, False
+        if len(row) < 2 or not row[0]:
+            raise UsageError(f"{path} line {line}: expected file,class_index, found {','.join(row)!r}")
+        try:
+            y = int(row[1])
+        except ValueError:
+            if header:
+                continue
+            raise UsageError(f"{path} line {line}: class index {row[1]!r} is not a whole number") from None
+        if y < 0:
+            raise UsageError(f"{path} line {line}: class index {y} is negative")
+        f = folder / row[0]
+        if not f.is_file():
+            raise UsageError(f"{path} line {line}: image {row[0]} not found in {folder}")
+        files.append(f)
+        ys.append(y)
+    if not files:
+        raise UsageError(f"{path} lists no images (expected file,class_index rows)")
+    return files, ys
+
+
+def _class_list(path: Path) -> tuple[list[str], dict[str, int]]:
+    """The class names of a .txt list (line number = class index) and an index by name; a line such as
+    `n01440764 tench, Tinca tinca` also names its class by its first word."""
+    if path.suffix.lower() != ".txt":
+        raise UsageError(f"labels {path} for an image folder: give a .csv (file,class_index rows) or a .txt "
+                         "class list (one class name per line)")
+    lines = [ln.strip() for ln in _read_labels_text(path).splitlines()]
+    while lines and not lines[-1]:
+        lines.pop()
+    if not lines:
+        raise UsageError(f"class list {path} is empty")
+    index: dict[str, int] = {}
+    for i, name in enumerate(lines):
+        if not name:
+            raise UsageError(f"class list {path} line {i + 1} is empty; every line up to the last names a class")
+        if name in index:
+            raise UsageError(f"class list {path} names {name!r} twice (lines {index[name] + 1} and {i + 1})")
+        index[name] = i
+    for i, name in enumerate(lines):
+        index.setdefault(name.split()[0].rstrip(","), i)
+    return lines, index
+
+
 def _prepare(im, pre: Preprocess) -> np.ndarray:
     from PIL import Image
 
     im = im.convert("L" if pre.color == "gray" else "RGB")
     if pre.resize is not None:
+        resample = {"nearest": Image.NEAREST, "bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}[pre.resample]
         if isinstance(pre.resize, int):  # shorter side
             w, h = im.size
             s = pre.resize / min(w, h)
-            im = im.resize((max(1, round(w * s)), max(1, round(h * s))), Image.BILINEAR)
+            im = im.resize((max(1, round(w * s)), max(1, round(h * s))), resample)
         else:
-            im = im.resize((pre.resize[1], pre.resize[0]), Image.BILINEAR)
+            im = im.resize((pre.resize[1], pre.resize[0]), resample)
     if pre.center_crop is not None:
         ch, cw = (pre.center_crop, pre.center_crop) if isinstance(pre.center_crop, int) else pre.center_crop
         w, h = im.size

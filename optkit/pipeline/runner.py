@@ -89,7 +89,7 @@ def execute(loaded, opts: RunOptions | None = None) -> RunOutcome:
     path = loaded.resolve(r.model.path)
     meta = {}
     if r.measure.shapes and detect_format(path) == Format.TORCH_MODULE:  # a factory declares no input shapes
-        meta["input_shapes"] = {k or "input": v for k, v in r.measure.shapes.items()}
+        meta["input_shapes"] = dict(r.measure.shapes)  # "" (unnamed): the single input
     source = Artifact.load(path, weights=loaded.resolve(r.model.weights), signature=r.model.signature, **meta)
 
     _preload()

@@ -274,22 +274,50 @@ def flatten(out) -> list:
     return [out]
 
 
+def forward_names(model, n: int | None = None) -> list[str]:
+    """The names of the tensors forward() takes, as the user wrote them (`def forward(self, inputs)` ->
+    ["inputs"]): from a TorchScript schema or the Python signature (an ExportedProgram's module keeps it).
+    With n (the number of example inputs), exactly n names; without, the arguments without a default.
+    "input" / "input_i" where the signature says nothing usable."""
+    import inspect
+
+    names: list[str] = []
+    schema = getattr(getattr(model, "forward", None), "schema", None)
+    if schema is not None:  # TorchScript
+        names = [a.name for a in schema.arguments[1:]]
+    else:
+        try:
+            params = inspect.signature(model.forward).parameters.values()
+            names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                     and (n is not None or p.default is p.empty)]
+        except (TypeError, ValueError):
+            names = []
+    if n is not None:
+        names = names[:n]
+        if len(names) < n:
+            names = ["input" if n == 1 else f"input_{i}" for i in range(n)]
+    return names or ["input"]
+
+
 def _input_specs(artifact: Artifact, examples, model=None) -> list[TensorSpec] | None:
     if artifact.format == Format.TORCH_EXPORT and examples is not None:
+        names = _input_names(artifact, model, len(examples))
         ep_specs = []
         for i, t in enumerate(examples):
             shape = [int(d) if str(d).isdigit() else None for d in t.shape]
-            ep_specs.append(TensorSpec(_input_name(artifact, i, len(examples)), shape, _torch_dtype_name(t.dtype)))
+            ep_specs.append(TensorSpec(names[i], shape, _torch_dtype_name(t.dtype)))
         return ep_specs
     if examples is not None:
-        return [TensorSpec(_input_name(artifact, i, len(examples)), [None, *list(t.shape)[1:]],
-                           _torch_dtype_name(t.dtype)) for i, t in enumerate(examples)]
+        names = _input_names(artifact, model, len(examples))
+        return [TensorSpec(names[i], [None, *list(t.shape)[1:]], _torch_dtype_name(t.dtype))
+                for i, t in enumerate(examples)]
     # The number of inputs is known, their shapes are not (shape None: --shape or data must give them).
     n = _arity(model)
     if not n:
         return None
+    names = _input_names(artifact, model, n)
     shapes = artifact.meta.get("input_shapes") or {}
-    return [TensorSpec(name := _input_name(artifact, i, n), shapes.get(name), "float32") for i in range(n)]
+    return [TensorSpec(name, shapes.get(name, shapes.get("") if n == 1 else None), "float32") for name in names]
 
 
 def _arity(model) -> int:
@@ -306,8 +334,10 @@ def _arity(model) -> int:
     return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty for p in params)
 
 
-def _input_name(artifact: Artifact, i: int, n: int) -> str:
+def _input_names(artifact: Artifact, model, n: int) -> list[str]:
+    """The names the inputs go by: those recorded with the artifact, else forward()'s argument names (the
+    names convert.torch gives the ONNX inputs, so --shape NAME=... means the same input on both sides)."""
     names = artifact.meta.get("input_names")
     if names and len(names) == n:
-        return names[i]
-    return "input" if n == 1 else f"input_{i}"
+        return list(names)
+    return forward_names(model, n) if model is not None else ["input" if n == 1 else f"input_{i}" for i in range(n)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from optkit.core.artifact import Artifact
 from optkit.core.formats import Format
@@ -30,7 +30,8 @@ class ConvertTorch(Pass):
     class Config(ConvertConfig):
         exporter: Literal["dynamo", "legacy"] = "dynamo"
         dynamic: list[str] = Field(default_factory=list,
-                                   description="dynamic axes: 'batch', or NAME:DIM[=LABEL] ('*' for every input)")
+                                   description="dynamic axes besides the batch (dynamic unless static_batch): "
+                                               "NAME:DIM[=LABEL] ('*' for every input); 'batch' is accepted")
         fallback: bool = True   # fall back to the TorchScript exporter when dynamo fails
 
     def run(self, artifact: Artifact, config, ctx: PassContext) -> Artifact:
@@ -47,7 +48,21 @@ class ConvertTF(Pass):
 
     class Config(ConvertConfig):
         signature: str | None = None   # SavedModel signature (default: the only one, or serving_default)
-        dynamic_batch: bool = True     # Keras: keep the batch dim dynamic
+
+        @model_validator(mode="before")
+        @classmethod
+        def _deprecated_dynamic_batch(cls, data):
+            """`dynamic_batch` (before static_batch; deprecated): still read, as `static_batch: not it`."""
+            if isinstance(data, dict) and "dynamic_batch" in data:
+                data = dict(data)
+                old = data.pop("dynamic_batch")
+                if not isinstance(old, bool):
+                    raise ValueError("dynamic_batch (deprecated) must be true or false; write static_batch instead")
+                if "static_batch" in data and data["static_batch"] == old:
+                    raise ValueError(f"dynamic_batch: {str(old).lower()} (deprecated) contradicts static_batch: "
+                                     f"{str(data['static_batch']).lower()}; keep static_batch only")
+                data["static_batch"] = not old
+            return data
 
     def run(self, artifact: Artifact, config, ctx: PassContext) -> Artifact:
         return convert_tf(artifact, config, ctx)

@@ -41,6 +41,8 @@ class ConvertConfig(PassConfig):
     rtol: float | None = Field(default=None, ge=0, description="relative tolerance (default per dtype)")
     samples: int = Field(default=64, ge=1, description="validation samples taken from the data")
     batch: int = Field(default=2, ge=1, description="batch of synthesized validation inputs")
+    static_batch: bool = Field(default=False, description="keep the batch axis (the first) fixed; by default it "
+                                                          "is dynamic, as exporters such as Optimum make it")
     external_data: Literal["auto", "always", "never"] = "auto"
 
 

@@ -45,6 +45,13 @@ def convert_tf(artifact: Artifact, config, ctx: PassContext) -> Artifact:
             reference = _convert_keras(tf, artifact.path, opset, stage.model, Path(work), config, ctx)
         else:
             reference = _convert_saved_model(tf, artifact.path, signature, opset, stage.model)
+        if config.static_batch:
+            fixed = fix_batch(stage.model)
+            if fixed:
+                reference.specs = [TensorSpec(s.name, [1, *s.shape[1:]] if s.name in fixed and s.shape else s.shape,
+                                              s.dtype) for s in reference.specs]
+        else:
+            _note_fixed_batch(stage.model, artifact, ctx)
 
         proto = onnx_io.load(stage.model, external_data=False)
         bad = unsupported_nodes(proto)
@@ -61,6 +68,41 @@ def convert_tf(artifact: Artifact, config, ctx: PassContext) -> Artifact:
         stage.commit()
     return artifact.derive(ctx.output, Format.ONNX, PASS, config.model_dump(mode="json"), exporter="tf2onnx",
                            opset=figures["opset"])
+
+
+def fix_batch(path: Path) -> list[str]:
+    """static_batch: the inputs whose first axis is symbolic get 1 there (and outputs sharing that symbol);
+    returns their names."""
+    import onnx
+
+    model = onnx.load(str(path))
+    fixed, symbols = [], set()
+    for vi in model.graph.input:
+        dims = vi.type.tensor_type.shape.dim if vi.type.HasField("tensor_type") else []
+        if len(dims) and not dims[0].HasField("dim_value"):
+            symbols.add(dims[0].dim_param)
+            dims[0].Clear()
+            dims[0].dim_value = 1
+            fixed.append(vi.name)
+    for vi in model.graph.output:
+        dims = vi.type.tensor_type.shape.dim if vi.type.HasField("tensor_type") else []
+        if len(dims) and not dims[0].HasField("dim_value") and dims[0].dim_param in symbols | {""}:
+            dims[0].Clear()
+            dims[0].dim_value = 1
+    if fixed:
+        del model.graph.value_info[:]   # shapes inferred for the dynamic batch; recomputed by the checker
+        onnx.save(model, str(path))
+    return fixed
+
+
+def _note_fixed_batch(path: Path, artifact: Artifact, ctx: PassContext) -> None:
+    """The batch is dynamic by default, but tf2onnx keeps the source's own input shapes: say so where the
+    source fixes the first axis (a TFLite model's batch of 1, a SavedModel signature's fixed batch)."""
+    proto = onnx_io.load(path, external_data=False)
+    fixed = [vi.name for vi in proto.graph.input if vi.type.HasField("tensor_type")
+             and len(vi.type.tensor_type.shape.dim) and vi.type.tensor_type.shape.dim[0].HasField("dim_value")]
+    if fixed:
+        ctx.note(f"the batch axis of {', '.join(fixed)} stays fixed: the {artifact.format.value} model fixes it")
 
 
 @contextlib.contextmanager
@@ -269,7 +311,7 @@ def _convert_keras(tf, path: str, opset: int, dest: Path, work: Path, config, ct
 
     model = load_keras(path)
     inputs = list(model.inputs)
-    specs = [TensorSpec(t.name.split(":")[0], [None if config.dynamic_batch and i == 0 else d
+    specs = [TensorSpec(t.name.split(":")[0], [((d or 1) if config.static_batch else None) if i == 0 else d
                                                for i, d in enumerate(t.shape)], t.dtype.name if hasattr(
         t.dtype, "name") else str(t.dtype)) for t in inputs]
     if isinstance(model, tf_keras.Model):

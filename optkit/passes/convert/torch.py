@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import inspect
 import io
 import re
 import warnings
@@ -12,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from optkit.core.artifact import Artifact
-from optkit.core.batching import run_batched
-from optkit.core.errors import OptkitError, PassError, UsageError
+from optkit.core.batching import count, run_batched
+from optkit.core.errors import OptkitError, PassError, UsageError, ValidationError
 from optkit.core.formats import Format
 from optkit.core.registry import PassContext, require_extra
 from optkit.core.shapes import TensorSpec, check_unused
@@ -23,7 +22,14 @@ from optkit.onnx import io as onnx_io
 from optkit.onnx.io import Staging
 from optkit.onnx.session import session_options, spec_of
 from optkit.passes.convert.common import check_model, choose_opset, unsupported_nodes, validate, validation_feeds
-from optkit.runtimes.torch import example_from_program, flatten, load_program, load_torch_model, load_weights
+from optkit.runtimes.torch import (
+    example_from_program,
+    flatten,
+    forward_names,
+    load_program,
+    load_torch_model,
+    load_weights,
+)
 
 PASS = "convert.torch"
 
@@ -34,8 +40,11 @@ def convert_torch(artifact: Artifact, config, ctx: PassContext) -> Artifact:
 
     model, examples, names = load_model(artifact, config)
     specs, tensors = input_specs(artifact, examples, names, ctx)
-    dynamic = parse_dynamic(config.dynamic, specs)
-    tensors = tuple(_grow_dynamic(t, dynamic.get(s.name, {})) for s, t in zip(specs, tensors))
+    asked = parse_dynamic(config.dynamic, specs)
+    if config.static_batch and any(d.get(0) == "batch" for d in asked.values()):
+        raise UsageError("--static-batch fixes the batch axis that --dynamic batch makes dynamic; give one of them")
+    defaulted = {} if config.static_batch else {s.name: {0: "batch"} for s in specs
+                                                  if s.shape and 0 not in asked.get(s.name, {})}
     try:
         with torch.inference_mode():
             sample_out = flatten(_call(model, tensors))
@@ -48,23 +57,49 @@ def convert_torch(artifact: Artifact, config, ctx: PassContext) -> Artifact:
     if artifact.format == Format.TORCH_EXPORT:
         export_obj = artifact.meta.pop("_program", None) or model
     with Staging(ctx.output) as stage:
-        try:
-            used, figures = _export_and_validate(export_obj, model, tensors, specs, out_names, dynamic, config,
-                                                 stage, ctx, names)
-        except _RuntimeFailure as e:
-            if config.opset is not None:
-                raise PassError(str(e)) from None
-            # onnxruntime may not run every op of the newest opset (e.g. opset 23 Attention with broadcast masks)
-            retry = config.model_copy(update={"opset": e.opset - 1})
-            used, figures = _export_and_validate(export_obj, model, tensors, specs, out_names, dynamic, retry,
-                                                 stage, ctx, names)
-            ctx.note(f"onnxruntime could not run the opset {e.opset} export ({e.detail}); exported at opset "
-                     f"{e.opset - 1}")
+        # the batch axis is dynamic unless --static-batch; a model whose first axis cannot vary (it does not
+        # export that way, or the export does not run or match at batch 1) keeps it fixed, with a note
+        tries = [{s.name: {**asked.get(s.name, {}), **defaulted.get(s.name, {})} for s in specs
+                  if s.name in asked or s.name in defaulted}] if defaulted else []
+        tries.append(asked)
+        for i, dynamic in enumerate(tries):
+            grown = tuple(_grow_dynamic(t, dynamic.get(s.name, {})) for s, t in zip(specs, tensors))
+            last = i == len(tries) - 1
+            attempt = config if last or config.exporter != "dynamo" else config.model_copy(update={"fallback": False})
+            try:
+                used, figures = _export_with_opset_retry(export_obj, model, grown, specs, out_names, dynamic,
+                                                         attempt, stage, ctx, names, batch_check=not last)
+                break
+            except OptkitError as e:
+                if last:
+                    raise
+                ctx.note(f"the batch axis stays fixed: with a dynamic batch, {first_line(e)}; --static-batch "
+                         "skips this try")
         ctx.measurements["validation"] = figures
         stage.commit()
     artifact.meta.setdefault("input_names", names)
     return artifact.derive(ctx.output, Format.ONNX, PASS, config.model_dump(mode="json"),
                            exporter=used, opset=figures["opset"], input_names=names, output_names=out_names)
+
+
+def _export_with_opset_retry(export_obj, model, tensors, specs, out_names, dynamic, config, stage, ctx, names,
+                             batch_check: bool):
+    try:
+        return _export_and_validate(export_obj, model, tensors, specs, out_names, dynamic, config, stage, ctx,
+                                    names, batch_check)
+    except _RuntimeFailure as e:
+        if config.opset is not None:
+            raise PassError(str(e)) from None
+        # onnxruntime may not run every op of the newest opset (e.g. opset 23 Attention with broadcast masks)
+        retry = config.model_copy(update={"opset": e.opset - 1})
+        try:
+            used, figures = _export_and_validate(export_obj, model, tensors, specs, out_names, dynamic, retry,
+                                                 stage, ctx, names, batch_check)
+        except _RuntimeFailure as again:
+            raise PassError(str(again)) from None
+        ctx.note(f"onnxruntime could not run the opset {e.opset} export ({e.detail}); exported at opset "
+                 f"{e.opset - 1}")
+        return used, figures
 
 
 class _RuntimeFailure(Exception):
@@ -74,7 +109,8 @@ class _RuntimeFailure(Exception):
         self.detail = detail
 
 
-def _export_and_validate(export_obj, model, tensors, specs, out_names, dynamic, config, stage, ctx, names):
+def _export_and_validate(export_obj, model, tensors, specs, out_names, dynamic, config, stage, ctx, names,
+                         batch_check: bool = False):
 
     used = _export(export_obj, model, tensors, specs, out_names, dynamic, config, stage.model, ctx)
     proto = onnx_io.load(stage.model, external_data=False)
@@ -87,7 +123,7 @@ def _export_and_validate(export_obj, model, tensors, specs, out_names, dynamic, 
     check_model(stage.model)
     opset = graph.opset(proto)  # finalize() re-saves the same graph: its opset is unchanged
     try:
-        figures = _validate(model, names, stage.model, specs, config, ctx)
+        figures = _validate(model, names, stage.model, specs, config, ctx, batch_check)
     except OptkitError:
         raise
     except Exception as e:  # noqa: BLE001 - onnxruntime errors
@@ -120,7 +156,7 @@ def load_model(artifact: Artifact, config):
     model, examples = load_torch_model(bare)
     if weights:
         load_weights(model, weights)
-    names = _forward_names(model, len(examples) if examples else None)
+    names = forward_names(model, len(examples) if examples else None)
     return model, examples, names
 
 
@@ -131,25 +167,6 @@ def _real(t):
         shape = [int(d) if str(d).isdigit() else 2 for d in t.shape]
         return torch.zeros(shape, dtype=t.dtype)
     return t
-
-
-def _forward_names(model, n: int | None) -> list[str]:
-    names: list[str] = []
-    schema = getattr(getattr(model, "forward", None), "schema", None)
-    if schema is not None:  # TorchScript
-        names = [a.name for a in schema.arguments[1:]]
-    else:
-        try:
-            params = inspect.signature(model.forward).parameters.values()
-            names = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-                     and (n is not None or p.default is p.empty)]
-        except (TypeError, ValueError):
-            names = []
-    if n is not None:
-        names = names[:n]
-        if len(names) < n:
-            names = ["input" if n == 1 else f"input_{i}" for i in range(n)]
-    return names or ["input"]
 
 
 def input_specs(artifact: Artifact, examples, names: list[str], ctx: PassContext):
@@ -365,7 +382,9 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 # ------------------------------------------------------------------------------------------------ validation
 
 
-def _validate(model, names, onnx_path: Path, specs, config, ctx: PassContext) -> dict:
+def _validate(model, names, onnx_path: Path, specs, config, ctx: PassContext, batch_check: bool = False) -> dict:
+    """Source and ONNX on the validation inputs; with batch_check (a batch axis made dynamic by default), the
+    ONNX model also runs the first samples one at a time, which must match too."""
     import onnxruntime as ort
     import torch
 
@@ -388,7 +407,15 @@ def _validate(model, names, onnx_path: Path, specs, config, ctx: PassContext) ->
     except Exception as e:  # noqa: BLE001
         raise UsageError(f"the model fails on the validation inputs: {type(e).__name__}: {first_line(e)}") from None
     out = run_batched(lambda f: sess.run(None, f), feed_specs, feeds)
-    figures = validate(ref, out, [o.name for o in onnx_outputs], [str(r.dtype) for r in ref], config, "PyTorch",
-                       labels)
+    out_names = [o.name for o in onnx_outputs]
+    figures = validate(ref, out, out_names, [str(r.dtype) for r in ref], config, "PyTorch", labels)
+    if batch_check:
+        k = min(2, count(feeds))
+        head = {n: v[:k] for n, v in feeds.items()}
+        single = run_batched(lambda f: sess.run(None, f), feed_specs, head, 1)
+        try:
+            validate([r[:k] for r in ref], single, out_names, [str(r.dtype) for r in ref], config, "PyTorch")
+        except ValidationError as e:
+            raise ValidationError(f"at batch 1, {first_line(e)}") from None
     figures["inputs"] = where
     return figures
