@@ -20,10 +20,22 @@ OUTPUT_REPORT = typer.Option(None, "--report", help="Also write the JSON report 
 PRINT_RECIPE = typer.Option(False, "--print-recipe",
                             help="Print the equivalent one-stage recipe (for `optkit run`) and exit.")
 
+# Data, declared once: every command that takes one of these takes it with this flag and this help.
+DATA_HELP = ("Sample data: .npz, an image folder or IDX images; the command feeds it instead of random inputs "
+             "(with labels, accuracy is measured too).")
+DATA = typer.Option(None, "--data", help=DATA_HELP)
+DATA_REQUIRED = typer.Option(..., "--data", help=DATA_HELP)
+CALIBRATION_DATA = typer.Option(None, "--calibration-data", help="Inputs for static calibration (.npz, images, IDX).")
+EVAL_DATA = typer.Option(None, "--eval-data", help="Labelled data the input and the result are measured (and "
+                                                   "checked) on: .npz, image folder or IDX images.")
+LABELS = typer.Option(None, "--labels", help="IDX labels for the data (default: the file beside it).")
+MAX_SAMPLES = typer.Option(None, "--max-samples", min=1, help="Evaluate on a deterministic subset of the data.")
+METRIC_HELP = "top1, top5, mse, mae, cosine or module:function (a custom metric runs your code)."
+
 # Fine-tuning: `optkit prune` and `optkit qat` (passes.training.finetune.FinetuneConfig holds the defaults).
 TRAIN = typer.Option(None, "--train", help="Labelled fine-tuning data: .npz (input + labels) or an image folder.")
-EVAL = typer.Option(None, "--eval-data", help="Labelled data for accuracy before and after.")
-METRIC = typer.Option("top1", "--metric", help="Metric for --eval-data: top1, top5 or module:function.")
+EVAL = EVAL_DATA
+METRIC = typer.Option("top1", "--metric", help=METRIC_HELP)
 LAYOUT = typer.Option(None, "--layout", help="Image folders: nchw or nhwc (default: nhwc for Keras, nchw for torch).")
 COLOR = typer.Option("rgb", "--color", help="Image folders: rgb, bgr or gray.")
 EPOCHS = typer.Option(None, "--epochs", min=0, help="Fine-tuning epochs (default 2).")
