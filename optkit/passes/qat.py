@@ -69,7 +69,7 @@ class KerasQat(Pass):
         x, y = train_arrays(ctx, specs, what=self.name)
         check_labels(y, output_classes(original), ctx.data["train"].source)
         if config.layers is not None:
-            check_layer_names(original, config.layers, "--layers")
+            check_layer_names(original, config.layers, "layers (--layers)")
         held = eval_arrays(ctx, specs)
         before = top1(keras_predict(original, held[0]), held[1]) if held else None
 
@@ -86,7 +86,7 @@ class KerasQat(Pass):
             except (ValueError, RuntimeError) as e:
                 first = first_line(e)
                 raise UsageError(f"TF-MOT cannot quantize this model: {first}; choose the layers to quantize with "
-                                 "--layers") from None
+                                 "layers (--layers)") from None
         history = keras_fit(model, x, y, config, strategy, seed=ctx.seed)
         after = top1(keras_predict(model, held[0]), held[1]) if held else None
         quantized = [layer.name for layer in model.layers if type(layer).__name__.startswith("Quantize")]

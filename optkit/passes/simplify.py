@@ -107,8 +107,8 @@ class SimplifyOnnx(Pass):
                 worst = min(grown, key=lambda t: t["growth"])
                 raise ValidationError(
                     f"simplification would grow the model {worst['growth']:.2f}x (from {size_in:,} to "
-                    f"{worst['bytes']:,} bytes), past --max-growth {config.max_growth:g}: constant folding "
-                    "materialized large tensors; nothing was written (raise --max-growth to accept it)",
+                    f"{worst['bytes']:,} bytes), past max_growth (--max-growth) {config.max_growth:g}: constant folding "
+                    "materialized large tensors; nothing was written (raise max_growth / --max-growth to accept it)",
                     details={"tried": tried})
             reasons = "; ".join(f"{t['variant']}: {t['rejected']}" for t in tried)
             raise ValidationError(f"no simplified model kept the outputs and size: {reasons}; nothing was written",
@@ -148,7 +148,7 @@ def _reference(artifact, ctx, config):
     except Exception as e:  # noqa: BLE001  onnxruntime refuses the inputs: the model needs real ones
         given = "the given data" if data is not None else "synthesized inputs"
         raise UsageError(f"{artifact.path} does not run on {given}: {first_line(e)[:200]}; "
-                         "give inputs it accepts with --data (and --shape for dynamic dims)") from None
+                         "give inputs it accepts as data (data.eval / --data; shapes / --shape for dynamic dims)") from None
     refuse_nonfinite_reference(artifact.path, ref, names, specs, feeds,
                                data.source if data is not None else "synthesized inputs")
     return run, ref, n

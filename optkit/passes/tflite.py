@@ -109,7 +109,7 @@ class TFLiteExport(Pass):
         if config.mode == "int8":
             calib, source = _samples(ctx, specs, config.calibration_samples)
             if calib is None and not qat:
-                raise UsageError("int8 TFLite needs a representative dataset: give calibration data with --calib DATA "
+                raise UsageError("int8 TFLite needs a representative dataset: give calibration data (data.calibration / --calib DATA) "
                                  "(or export a QAT model, which carries its own ranges)")
             if calib is not None:
                 n = len(next(iter(calib.values())))

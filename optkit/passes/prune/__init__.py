@@ -110,22 +110,22 @@ def _select_keras_layers(model, cfg: KerasPruneConfig, ctx: PassContext) -> list
     from tensorflow_model_optimization.python.core.sparsity.keras.prunable_layer import PrunableLayer
     from tensorflow_model_optimization.python.core.sparsity.keras.prune_registry import PruneRegistry
 
-    check_layer_names(model, list(cfg.layers or []), "--layers")
-    check_layer_names(model, cfg.exclude, "--exclude")
+    check_layer_names(model, list(cfg.layers or []), "layers (--layers)")
+    check_layer_names(model, cfg.exclude, "exclude (--exclude)")
     chosen = [layer for layer in (weighted_layers(model) if cfg.layers is None else
                                   [model.get_layer(n) for n in cfg.layers]) if layer.name not in cfg.exclude]
     selected, skipped = [], []
     for layer in chosen:
         if hasattr(layer, "layers"):
             raise UsageError(f"layer {layer.name!r} is a nested model, which TF-MOT cannot prune as one layer; "
-                             f"skip it with --exclude {layer.name} or flatten the model")
+                             f"skip it with exclude (--exclude {layer.name}) or flatten the model")
         if isinstance(layer, PrunableLayer) or PruneRegistry.supports(layer):
             selected.append(layer.name)
         elif cfg.skip_unsupported:
             skipped.append(layer.name)
         else:
             raise UsageError(f"TF-MOT cannot prune layer {layer.name!r} ({type(layer).__name__}); skip it with "
-                             f"--exclude {layer.name}, or --skip-unsupported to skip every such layer")
+                             f"exclude (--exclude {layer.name}), or skip_unsupported (--skip-unsupported) to skip every such layer")
     if skipped:
         ctx.warn(f"not pruned (TF-MOT cannot prune them): {', '.join(skipped)}")
     if cfg.m_by_n is not None:
@@ -140,7 +140,7 @@ def _select_keras_layers(model, cfg: KerasPruneConfig, ctx: PassContext) -> list
             ctx.warn(f"not pruned ({cfg.m_by_n[0]}:{n} needs input channels in multiples of {n}): {', '.join(narrow)}")
             selected = [name for name in selected if name not in narrow]
     if not selected:
-        raise UsageError("no layer left to prune (check --layers / --exclude)")
+        raise UsageError("no layer left to prune (check layers / --layers and exclude / --exclude)")
     return selected
 
 
@@ -192,7 +192,7 @@ class KerasPrune(Pass):
                     return tfmot.sparsity.keras.prune_low_magnitude(layer, **own)
                 except ValueError as e:
                     raise UsageError(f"TF-MOT cannot prune layer {layer.name!r} ({type(layer).__name__}) with these "
-                                     f"settings: {first_line(e)}; skip it with --exclude {layer.name}") from None
+                                     f"settings: {first_line(e)}; skip it with exclude (--exclude {layer.name})") from None
             return layer
 
         with strategy.scope():
@@ -210,7 +210,7 @@ class KerasPrune(Pass):
             worst = min(short, key=short.get)
             raise ValidationError(
                 f"pruning did not reach {want:.0%} sparsity: layer {worst!r} is at {short[worst]:.1%} after "
-                f"{total} steps (mask updates every {freq}); train longer (--epochs) or set --frequency lower")
+                f"{total} steps (mask updates every {freq}); train longer (epochs / --epochs) or set frequency (--frequency) lower")
         after = top1(keras_predict(stripped, held[0]), held[1]) if held else None
         ctx.measurements["sparsity"] = {
             "target": want, "pruned_layers": selected, "overall_pruned": overall(per_layer, selected),
@@ -252,7 +252,7 @@ def _prunable_modules(model, cfg: TorchPruneConfig, out_width: int):
     import torch
 
     named = dict(model.named_modules())
-    for option, names in (("--layers", cfg.layers or []), ("--exclude", cfg.exclude)):
+    for option, names in (("layers (--layers)", cfg.layers or []), ("exclude (--exclude)", cfg.exclude)):
         unknown = [n for n in names if n not in named]
         if unknown:
             raise UsageError(f"{option} names module(s) {', '.join(unknown)} that the model does not have; its "
@@ -285,7 +285,7 @@ def _unstructured(model, chosen, cfg: TorchPruneConfig):
 
     params = [(m, "weight") for _, m in chosen]
     if not params:
-        raise UsageError("no layer left to prune (check --layers / --exclude)")
+        raise UsageError("no layer left to prune (check layers / --layers and exclude / --exclude)")
     prune.global_unstructured(params, pruning_method=prune.L1Unstructured, amount=cfg.sparsity)
     return params
 
@@ -318,18 +318,18 @@ def _channels(model, example, chosen, output_layer, named, cfg: TorchPruneConfig
     except Exception as e:
         raise PassError(f"cannot prune the channels of this model consistently: Torch-Pruning failed on its graph "
                         f"({type(e).__name__}: {first_line(e)}); exclude the "
-                        "layers involved with --exclude, or use --method unstructured") from None
+                        "layers involved with exclude (--exclude), or use method: unstructured (--method unstructured)") from None
     try:
         with torch.no_grad():
             out_after = model(example).shape
     except Exception as e:
         raise PassError(f"cannot prune the channels of this model consistently: after removing channels its forward "
                         f"fails ({type(e).__name__}: {first_line(e)}); the code probably hard-codes "
-                        "a channel count (e.g. a reshape); exclude those layers with --exclude, or use "
-                        "--method unstructured") from None
+                        "a channel count (e.g. a reshape); exclude those layers with exclude (--exclude), or use "
+                        "method: unstructured (--method unstructured)") from None
     if out_after != out_before:
         raise PassError(f"channel pruning changed the output shape from {list(out_before)} to {list(out_after)}; "
-                        "exclude the output layers with --exclude")
+                        "exclude the output layers with exclude (--exclude)")
     widths = {n: _out_width(m) for n, m in named.items() if _is_layer(m)}
     return widths
 

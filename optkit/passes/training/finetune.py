@@ -54,9 +54,9 @@ def check_tensorboard(folder: str | None) -> None:
     if folder is None:
         return
     if importlib.util.find_spec("tensorboard") is None:
-        raise DependencyError(f"--tensorboard needs the tensorboard package, which is not installed: {TENSORBOARD_HINT}")
+        raise DependencyError(f"tensorboard (--tensorboard) needs the tensorboard package, which is not installed: {TENSORBOARD_HINT}")
     if Path(folder).exists() and not Path(folder).is_dir():
-        raise UsageError(f"--tensorboard {folder} is a file; give a folder for the event files")
+        raise UsageError(f"tensorboard (--tensorboard) {folder} is a file; give a folder for the event files")
 
 
 def train_arrays(ctx, specs, *, what: str, required: bool = True) -> tuple[np.ndarray, np.ndarray] | None:
@@ -64,8 +64,8 @@ def train_arrays(ctx, specs, *, what: str, required: bool = True) -> tuple[np.nd
     ds = ctx.data.get("train")
     if ds is None:
         if required:
-            raise UsageError(f"{what} fine-tunes on labelled data: give it with --train DATA (.npz with "
-                             "'labels', or an image folder), or set --epochs 0")
+            raise UsageError(f"{what} fine-tunes on labelled data: give it as data.train / --train DATA (.npz "
+                             "with 'labels', or an image folder), or set epochs (--epochs) to 0")
         return None
     if len(specs) != 1:
         raise UsageError(f"{what} fine-tunes single-input models; this one has {len(specs)} inputs")
@@ -108,8 +108,8 @@ def check_accuracy(ctx, before: float | None, after: float | None, max_drop: flo
     if max_drop is not None and before - after > max_drop:
         raise ValidationError(
             f"{what}: top-1 fell from {before:.4f} to {after:.4f} ({(before - after) * 100:.1f} pt, more than "
-            f"max_accuracy_drop {max_drop * 100:.1f} pt); train longer (--epochs), lower the sparsity, or raise "
-            "--max-accuracy-drop")
+            f"max_accuracy_drop {max_drop * 100:.1f} pt); train longer (epochs / --epochs), lower the sparsity, or raise "
+            "max_accuracy_drop (--max-accuracy-drop)")
 
 
 def steps_per_epoch(n: int, batch: int) -> int:
@@ -245,7 +245,7 @@ def torch_writer(folder: str):
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as e:
-        raise DependencyError(f"--tensorboard cannot import torch.utils.tensorboard ({e}): {TENSORBOARD_HINT}") from None
+        raise DependencyError(f"tensorboard (--tensorboard) cannot import torch.utils.tensorboard ({e}): {TENSORBOARD_HINT}") from None
     return SummaryWriter(log_dir=str(Path(folder) / "train"))
 
 
