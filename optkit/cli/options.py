@@ -36,6 +36,7 @@ METRIC_HELP = "top1, top5, mse, mae, cosine or module:function (a custom metric 
 TRAIN = typer.Option(None, "--train", help="Labelled fine-tuning data: .npz (input + labels) or an image folder.")
 EVAL = EVAL_DATA
 METRIC = typer.Option("top1", "--metric", help=METRIC_HELP)
+METRIC_OPTIONAL = typer.Option(None, "--metric", help=METRIC_HELP)
 LAYOUT = typer.Option(None, "--layout", help="Image folders: nchw or nhwc (default: nhwc for Keras, nchw for torch).")
 COLOR = typer.Option("rgb", "--color", help="Image folders: rgb, bgr or gray.")
 EPOCHS = typer.Option(None, "--epochs", min=0, help="Fine-tuning epochs (default 2).")
