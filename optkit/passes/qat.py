@@ -13,7 +13,7 @@ from pydantic import Field
 from optkit.core.artifact import Artifact
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format
-from optkit.core.registry import Pass, PassContext, register
+from optkit.core.registry import Pass, PassContext, cli, register
 from optkit.core.text import first_line
 from optkit.passes.training.distributed import check_strategy, make_tf_strategy
 from optkit.passes.training.finetune import (
@@ -40,8 +40,13 @@ from optkit.passes.training.keras import (
 
 class QatConfig(FinetuneConfig):
     min_epochs = 1
-    layers: list[str] | None = None     # annotate only these layers (default: quantize_model on the whole model)
-    learning_rate: float = Field(default=1e-4, gt=0)  # QAT fine-tunes a trained model gently
+    # annotate only these layers (default: quantize_model on the whole model)
+    layers: list[str] | None = Field(default=None, description="Quantize only these layers (default: the whole "
+                                                               "model; repeatable or a comma list).",
+                                     json_schema_extra=cli("--layers"))
+    # QAT fine-tunes a trained model gently
+    learning_rate: float = Field(default=1e-4, gt=0, description="Learning rate.",
+                                 json_schema_extra=cli("--learning-rate"))
 
 
 @register

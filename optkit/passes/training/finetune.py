@@ -15,7 +15,7 @@ import numpy as np
 from pydantic import Field, field_validator
 
 from optkit.core.errors import DependencyError, UsageError, ValidationError
-from optkit.core.registry import PassConfig
+from optkit.core.registry import PassConfig, cli
 from optkit.passes.training.distributed import init_torch_ddp, is_chief
 from optkit.runtimes.tf import import_tf
 
@@ -29,13 +29,28 @@ class FinetuneConfig(PassConfig):
 
     min_epochs: ClassVar[int] = 0   # 1 for a pass that cannot skip training (Keras pruning schedules, QAT)
 
-    epochs: int = Field(default=2, ge=0)
-    batch_size: int = Field(default=32, ge=1)          # global batch (split across replicas / workers)
-    learning_rate: float = Field(default=1e-3, gt=0)
-    optimizer: Optimizer = "adam"
-    strategy: Literal["none", "mirrored", "multi-worker", "ddp"] = "none"
-    max_accuracy_drop: float | None = Field(default=0.05, ge=0, le=1)  # fail (exit 3) past this top-1 drop
-    tensorboard: str | None = None     # a folder: the fine-tuning curves (loss, accuracy per epoch) as TensorBoard logs
+    epochs: int = Field(default=2, ge=0, description="Fine-tuning epochs.", json_schema_extra=cli("--epochs"))
+    # global batch (split across replicas / workers)
+    batch_size: int = Field(default=32, ge=1, description="Global batch size, split over replicas and workers.",
+                            json_schema_extra=cli("--batch-size"))
+    learning_rate: float = Field(default=1e-3, gt=0, description="Learning rate.",
+                                 json_schema_extra=cli("--learning-rate"))
+    optimizer: Optimizer = Field(default="adam", description="adam, adamw, sgd or rmsprop.",
+                                 json_schema_extra=cli("--optimizer"))
+    strategy: Literal["none", "mirrored", "multi-worker", "ddp"] = Field(
+        default="none", description="none; Keras: mirrored (local devices) or multi-worker (TF_CONFIG); torch: ddp "
+                                    "(torchrun).", json_schema_extra=cli("--strategy"))
+    # fail (exit 3) past this top-1 drop
+    max_accuracy_drop: float | None = Field(
+        default=0.05, ge=0, le=1, description="Fail (exit 3) when fine-tuned top-1 falls more than this (0.05 = 5 pt); "
+                                              "null disables.",
+        json_schema_extra=cli("--max-accuracy-drop", group="budgets", negative_is_none=True,
+                              help="Fail (exit 3) when fine-tuned top-1 falls more than this (default 0.05 = 5 pt); "
+                                   "-1 disables."))
+    # a folder: the fine-tuning curves (loss, accuracy per epoch) as TensorBoard logs
+    tensorboard: str | None = Field(default=None, description="Write the fine-tuning curves (loss, accuracy per "
+                                                              "epoch) to this folder for TensorBoard.",
+                                    json_schema_extra=cli("--tensorboard", group="measurement"))
 
     @field_validator("epochs")
     @classmethod
