@@ -48,7 +48,7 @@ def field_spec(key: str, field) -> dict[str, Any]:
         kind = ann.__name__
     else:
         kind = "str"
-    spec["type"] = kind
+    spec["type"] = meta.get("kind") or kind
     if choices:
         spec["choices"] = choices
     if field.default_factory is not None:

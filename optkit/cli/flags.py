@@ -39,6 +39,11 @@ def default(pass_name: str, key: str) -> Any:
     return field(pass_name, key)["default"]
 
 
+def keys(pass_name: str) -> set[str]:
+    """The Config keys of one pass."""
+    return {spec["key"] for spec in fields(pass_name)}
+
+
 def _help(spec: dict[str, Any]) -> str:
     text = spec["help"].rstrip()
     dflt = spec["default"]
@@ -75,9 +80,17 @@ def param_name(spec: dict[str, Any]) -> str:
     return "cfg_" + spec["key"]
 
 
-def pass_options(pass_name: str, *, exclude: tuple[str, ...] = ()):
-    """Decorate a command (under @app.command) with the pass's derived flags; its body gets `config`."""
-    specs = [s for s in fields(pass_name) if s.get("flag") and s["key"] not in exclude]
+def pass_options(*pass_names: str, exclude: tuple[str, ...] = ()):
+    """Decorate a command (under @app.command) with the pass's derived flags; its body gets `config`.
+
+    A command that runs one of several passes (prune: prune.keras or prune.torch) takes the union of their flags;
+    `keys(pass_name)` says which of the given ones the chosen pass takes."""
+    specs, seen = [], set()
+    for pass_name in pass_names:
+        for s in fields(pass_name):
+            if s.get("flag") and s["key"] not in exclude and s["key"] not in seen:
+                specs.append(s)
+                seen.add(s["key"])
     specs.sort(key=lambda s: GROUP_ORDER.index(s.get("group", "")))
 
     def decorate(fn):

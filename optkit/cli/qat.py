@@ -17,7 +17,7 @@ def register(app: typer.Typer) -> None:
         model: str = typer.Argument(..., help="tf-keras model (.keras / .h5)."),
         output: str = typer.Option(..., "-o", "--output", help="Where to write the QAT model (.h5)."),
         train: Optional[str] = options.TRAIN,
-        eval_data: Optional[str] = options.EVAL,
+        eval_data: Optional[str] = options.EVAL_DATA,
         metric: str = options.METRIC,
         layout: Optional[str] = options.LAYOUT,
         color: str = options.COLOR,

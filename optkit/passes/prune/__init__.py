@@ -13,7 +13,7 @@ from optkit.core.artifact import Artifact
 from optkit.core.atomic import atomic_path
 from optkit.core.errors import DependencyError, PassError, UsageError, ValidationError
 from optkit.core.formats import Format
-from optkit.core.registry import Pass, PassContext, register
+from optkit.core.registry import Pass, PassContext, cli, register
 from optkit.core.shapes import TensorSpec
 from optkit.core.text import first_line
 from optkit.passes.training.distributed import check_strategy, make_tf_strategy
@@ -51,9 +51,14 @@ class PruneConfig(FinetuneConfig):
 
     # Keras: final fraction of zero weights per pruned layer; torch: share of weights zeroed (unstructured, global
     # L1) or of channels removed (channels)
-    sparsity: float = 0.5
-    layers: list[str] | None = None                       # prune only these (default: every Conv / Dense / Linear)
-    exclude: list[str] = Field(default_factory=list)      # never prune these (torch: nor the output layer)
+    sparsity: float = Field(default=0.5, description="Share of weights (or channels) to remove, in (0, 1).",
+                            json_schema_extra=cli("--sparsity"))
+    # prune only these (default: every Conv / Dense / Linear)
+    layers: list[str] | None = Field(default=None, description="Prune only these layers (comma list).",
+                                     json_schema_extra=cli("--layers"))
+    # never prune these (torch: nor the output layer)
+    exclude: list[str] = Field(default_factory=list, description="Never prune these layers.",
+                               json_schema_extra=cli("--exclude"))
 
     @field_validator("sparsity")
     @classmethod
@@ -66,14 +71,28 @@ class PruneConfig(FinetuneConfig):
 # =============================================================================================== Keras
 class KerasPruneConfig(PruneConfig):
     min_epochs = 1                                        # the schedule prunes while training
-    schedule: Literal["constant", "polynomial"] = "polynomial"
-    initial_sparsity: float = Field(default=0.0, ge=0, lt=1)  # polynomial only
-    end_fraction: float = Field(default=0.6, gt=0, le=1)  # polynomial: reach the target after this share of steps
-    frequency: int | None = Field(default=None, ge=1)     # steps between mask updates (default: from the data)
-    block_size: tuple[int, int] | None = None             # block sparsity, e.g. [1, 4]
-    block_pooling: Literal["AVG", "MAX"] = "AVG"
-    m_by_n: tuple[int, int] | None = None                 # M zeros in every N weights, e.g. [2, 4] (2:4)
-    skip_unsupported: bool = False                        # skip layers TF-MOT cannot prune instead of failing
+    schedule: Literal["constant", "polynomial"] = Field(default="polynomial", description="Keras: polynomial or "
+                                                                                         "constant.",
+                                                        json_schema_extra=cli("--schedule"))
+    initial_sparsity: float = Field(default=0.0, ge=0, lt=1, description="polynomial: the sparsity it starts from.",
+                                    json_schema_extra=cli(recipe_only="schedule detail, rarely changed"))
+    # polynomial: reach the target after this share of steps
+    end_fraction: float = Field(default=0.6, gt=0, le=1,
+                                description="polynomial: reach the target after this share of the steps.",
+                                json_schema_extra=cli(recipe_only="schedule detail, rarely changed"))
+    # steps between mask updates (default: from the data)
+    frequency: int | None = Field(default=None, ge=1, description="Keras: steps between mask updates (default: from "
+                                                                  "the data).", json_schema_extra=cli("--frequency"))
+    # block sparsity, e.g. [1, 4]
+    block_size: tuple[int, int] | None = Field(default=None, description="Keras: block sparsity, e.g. 1x4.",
+                                               json_schema_extra=cli("--block-size", kind="str"))
+    block_pooling: Literal["AVG", "MAX"] = Field(default="AVG", description="Block sparsity: how a block is scored.",
+                                                 json_schema_extra=cli(recipe_only="block sparsity detail"))
+    # M zeros in every N weights, e.g. [2, 4] (2:4)
+    m_by_n: tuple[int, int] | None = Field(default=None, description="Keras: M zeros in every N weights, e.g. 2:4.",
+                                           json_schema_extra=cli("--m-by-n", kind="str"))
+    skip_unsupported: bool = Field(default=False, description="Keras: skip layers TF-MOT cannot prune instead of "
+                                                              "failing.", json_schema_extra=cli("--skip-unsupported"))
 
     @field_validator("m_by_n")
     @classmethod
@@ -228,9 +247,16 @@ class KerasPrune(Pass):
 
 # ============================================================================================= PyTorch
 class TorchPruneConfig(PruneConfig):
-    method: Literal["unstructured", "channels"] = "channels"
-    round_to: int | None = Field(default=None, ge=1)  # channels: keep counts a multiple of this
-    max_error: float = Field(default=1e-4, gt=0)       # saved program vs in-memory model, max abs difference
+    method: Literal["unstructured", "channels"] = Field(
+        default="channels", description="torch: channels (removes them) or unstructured (global L1).",
+        json_schema_extra=cli("--method"))
+    # channels: keep counts a multiple of this
+    round_to: int | None = Field(default=None, ge=1, description="torch channels: multiple of this.",
+                                 json_schema_extra=cli("--round-to"))
+    # saved program vs in-memory model, max abs difference
+    max_error: float = Field(default=1e-4, gt=0, description="Saved program vs the model in memory: max abs "
+                                                             "difference.",
+                             json_schema_extra=cli(recipe_only="the export check's tolerance; not a user trade-off"))
 
 
 def _torch_example(artifact: Artifact, examples, ctx: PassContext):
