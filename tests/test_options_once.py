@@ -118,6 +118,8 @@ def test_pass_errors_name_the_key_and_the_flag(cli, samples, tmp_path):
             samples / "digits_calib_nchw.npz", "--max-accuracy-drop", "0.01")
     assert r.rc == 2
     assert "max_accuracy_drop (--max-accuracy-drop) needs a metric (metric / --metric, e.g. top1)" in r.err
+    r = cli("quantize", samples / "torch_cnn.onnx", "-o", tmp_path / "q.onnx", "--max-size-ratio", "0", "--print-recipe")
+    assert r.rc == 2 and "max_size_ratio (--max-size-ratio): input should be greater than 0" in r.err
 
 
 def test_one_data_help_text():

@@ -160,13 +160,19 @@ def build_config(cls: type[Pass], config: dict[str, Any], unknown: str = "unknow
         return cls.Config(**config)
     except PydanticValidationError as e:
         err = e.errors()[0]
-        raise ConfigError(cls.name, tuple(err["loc"]), config_message(err, unknown)) from None
+        loc = tuple(err["loc"])
+        flag = flag_of(cls.Config, loc[0]) if loc and isinstance(loc[0], str) else None
+        raise ConfigError(cls.name, loc, config_message(err, unknown), flag=flag) from None
 
 
 class ConfigError(UsageError):
-    def __init__(self, pass_name: str, loc: tuple, message: str):
+    """A bad pass config; the message names the key and, where it has one, its CLI flag:
+    "quantize.onnx-static: max_size_ratio (--max-size-ratio): input should be greater than 0"."""
+
+    def __init__(self, pass_name: str, loc: tuple, message: str, flag: str | None = None):
         self.pass_name, self.loc, self.detail = pass_name, loc, message
-        super().__init__(f"{pass_name}: {'.'.join(str(p) for p in loc) or 'config'}: {message}")
+        where = ".".join(str(p) for p in loc) or "config"
+        super().__init__(f"{pass_name}: {where}{f' ({flag})' if flag else ''}: {message}")
 
 
 def config_message(err: dict, unknown: str = "unknown option") -> str:
