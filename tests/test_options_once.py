@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from optkit.cli import derive, flags, flagspec
+from optkit.cli import commandspec, derive, flags
 from optkit.core.registry import cli_meta
 from optkit.passes import all_passes
 
@@ -60,6 +60,8 @@ def test_flagspec_is_up_to_date():
     """Regenerate with `python -m optkit.cli.derive` after changing a Config or a command's help."""
     assert (ROOT / "optkit" / "cli" / "flagspec.py").read_text() == derive.render(derive.derive()), \
         "optkit/cli/flagspec.py is out of date: run `python -m optkit.cli.derive`"
+    assert (ROOT / "optkit" / "cli" / "commandspec.py").read_text() == derive.render_commands(), \
+        "optkit/cli/commandspec.py is out of date: run `python -m optkit.cli.derive`"
 
 
 def _command(name):
@@ -160,7 +162,7 @@ def test_help_is_fast(args):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0 and "Usage: optkit" in proc.stdout, proc.stderr
     imported = set(proc.stderr.split())
-    commands = {m for m in imported if m.startswith("optkit.cli.") and m.rsplit(".", 1)[-1] in flagspec.COMMAND_MODULES}
+    commands = {m for m in imported if m.startswith("optkit.cli.") and m.rsplit(".", 1)[-1] in commandspec.COMMAND_MODULES}
     assert commands == ({"optkit.cli.quantize"} if args[0] == "quantize" else set())
     assert not {m for m in imported if m.split(".")[0] == "pydantic" or m.startswith("optkit.passes")}
     # -X importtime: the root module's own import (which used to import every command module)

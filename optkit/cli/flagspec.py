@@ -302,24 +302,3 @@ PASSES = {
         {'key': 'confirm', 'flag': None, 'type': 'int', 'default': 3, 'required': False, 'optional': False, 'min': 0, 'max': 20, 'help': ''},
     ],
 }
-# the top-level commands in help order, with the text `optkit --help` shows (cli.main.LazyGroup)
-COMMANDS = [
-    ('inspect', 'Format, inputs/outputs with shapes and dtypes, opset, op histogram, parameters, size.'),
-    ('bench', "Latency on the model's own runtime (p50/p90/p99, mean, std, throughput), memory, and with\n--concurrency throughput under load."),
-    ('eval', 'Accuracy on labelled data, and fidelity to a reference model.'),
-    ('passes', 'Every registered pass (built-in and plugins), what it accepts and produces, and whether it can run here.'),
-    ('convert', 'Convert a PyTorch or TensorFlow model to ONNX, validated against the source framework.'),
-    ('simplify', 'onnxslim + onnxruntime offline optimizations, checked for equal outputs and bounded growth.'),
-    ('quantize', 'Quantize an ONNX model, checked against its parent; accuracy-aware with a budget.'),
-    ('prune', 'Prune a Keras or PyTorch model and fine-tune it on your data; the result continues to convert/quantize.'),
-    ('qat', 'Quantization-aware training for a Keras model; export it with `optkit tflite --mode int8`.'),
-    ('tflite', 'Export a Keras model or SavedModel to TFLite (float32, float16, dynamic range or int8).'),
-    ('tune', 'Find the serving settings (threads, batch, requests in flight, sessions, onnxruntime options) that\nbest meet an objective, by Bayesian search (Optuna TPE); writes the best settings, an onnxruntime\nSessionOptions snippet and the recipe lines that serve and gate the model that way.'),
-    ('profile', "Where the time goes: per op type and per node (onnxruntime's profiler), against the p50 latency."),
-    ('run', 'Run a recipe: every stage, measured, cached and resumable; reports; exit 1 when a gate fails.'),
-    ('gate', "Check gates on a report: exit 1 when one fails or cannot be judged (its figure's noise straddles the\nthreshold), with a table of every gate, its margin and its verdict (pass, FAIL, cannot judge)."),
-    ('trt', 'TensorRT: build an engine from ONNX (needs an NVIDIA GPU), or check a model for TensorRT on any machine.'),
-    ('report', 'Render and compare reports.'),
-    ('recipe', 'Write and check recipes.'),
-]
-COMMAND_MODULES = {'inspect': 'inspect', 'bench': 'bench', 'eval': 'eval', 'passes': 'passes', 'convert': 'convert', 'simplify': 'simplify', 'quantize': 'quantize', 'prune': 'prune', 'qat': 'qat', 'tflite': 'tflite', 'trt': 'trt', 'tune': 'tune', 'profile': 'profile', 'run': 'run', 'gate': 'gate', 'report': 'report', 'recipe': 'recipe'}

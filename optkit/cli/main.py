@@ -16,7 +16,7 @@ GLOBAL_FLAGS = ("--debug", "--trust-code", "-v", "-vv", "--verbose")
 
 class LazyGroup(typer.core.TyperGroup):
     """The root group: a command's module is imported when that command is invoked (or its --help asked for);
-    `optkit --help` lists the commands from cli/flagspec.py's COMMANDS (generated), importing none of them."""
+    `optkit --help` lists the commands from cli/commandspec.py (generated), importing none of them."""
 
     def list_commands(self, ctx) -> list[str]:
         return [name for name, _ in _command_table()] + [n for n in self.commands if n not in _command_names()]
@@ -40,9 +40,9 @@ class LazyGroup(typer.core.TyperGroup):
 
 
 def _command_table() -> list[tuple[str, str]]:
-    from optkit.cli import flagspec
+    from optkit.cli import commandspec
 
-    return [(name, text) for name, text in getattr(flagspec, "COMMANDS", []) if name in _MODULE_OF]
+    return [(name, text) for name, text in getattr(commandspec, "COMMANDS", []) if name in _MODULE_OF]
 
 
 def _command_names() -> set[str]:
@@ -96,9 +96,11 @@ def _modules() -> dict[str, str]:
     checkout registers nothing)."""
     import importlib.util
 
-    from optkit.cli import flagspec
-
-    table = getattr(flagspec, "COMMAND_MODULES", None) or {name: name for name in COMMANDS}  # before the first derive
+    try:
+        from optkit.cli import commandspec
+    except ImportError:  # before the first `python -m optkit.cli.derive`
+        return {name: name for name in COMMANDS}
+    table = getattr(commandspec, "COMMAND_MODULES", None) or {name: name for name in COMMANDS}  # before the first derive
     return {name: module for name, module in table.items()
             if importlib.util.find_spec(f"optkit.cli.{module}") is not None}
 
