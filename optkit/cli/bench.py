@@ -26,7 +26,7 @@ def register(app: typer.Typer) -> None:
                                                        "and latency under load."),
         sessions: str = typer.Option("shared", "--sessions", help="Under --concurrency: shared (one session) or "
                                                                   "per-thread (one session per thread)."),
-        data: Optional[str] = typer.Option(None, "--data", help="Feed samples from this data instead of random."),
+        data: Optional[str] = options.DATA,
         shape: Optional[list[str]] = options.SHAPE,
         value: Optional[list[str]] = options.VALUE,
         weights: Optional[str] = options.WEIGHTS,

@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
                                          help="Fail instead of falling back to the legacy exporter."),
         opset: Optional[int] = typer.Option(None, "--opset", min=7,
                                             help="ONNX opset (default: newest the exporter and onnxruntime share)."),
-        data: Optional[str] = typer.Option(None, "--data", help="Sample inputs for validation (.npz, images, IDX)."),
+        data: Optional[str] = options.DATA,
         samples: int = typer.Option(64, "--samples", min=1, help="Validation samples taken from --data."),
         atol: Optional[float] = typer.Option(None, "--atol", min=0, help="Absolute tolerance (default per dtype)."),
         rtol: Optional[float] = typer.Option(None, "--rtol", min=0, help="Relative tolerance (default per dtype)."),

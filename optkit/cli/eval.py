@@ -14,9 +14,8 @@ def register(app: typer.Typer) -> None:
     @app.command("eval")
     def eval_cmd(
         model: str = typer.Argument(..., help="Model file, SavedModel folder or file.py:factory."),
-        data: str = typer.Option(..., "--data", help="Labelled data: .npz, image folder or IDX images."),
-        metric: Optional[str] = typer.Option("top1", "--metric",
-                                             help="top1, top5, mse, mae, cosine, or module:function."),
+        data: str = options.DATA_REQUIRED,
+        metric: Optional[str] = options.METRIC,
         reference: Optional[str] = typer.Option(None, "--reference", help="Also report fidelity to this model."),
         labels: Optional[str] = typer.Option(
             None, "--labels", help="Labels: IDX file (default: beside the images); for an image folder a CSV of "

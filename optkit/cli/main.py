@@ -14,7 +14,53 @@ from optkit.core import interrupts, trust
 # Flags of the root command that may also be written after the sub-command (`optkit inspect M --trust-code`).
 GLOBAL_FLAGS = ("--debug", "--trust-code", "-v", "-vv", "--verbose")
 
+class LazyGroup(typer.core.TyperGroup):
+    """The root group: a command's module is imported when that command is invoked (or its --help asked for);
+    `optkit --help` lists the commands from cli/commandspec.py (generated), importing none of them."""
+
+    def list_commands(self, ctx) -> list[str]:
+        return [name for name, _ in _command_table()] + [n for n in self.commands if n not in _command_names()]
+
+    def get_command(self, ctx, cmd_name: str):
+        if cmd_name not in self.commands:
+            module = _MODULE_OF.get(cmd_name)
+            if module is not None:
+                _load(self, module)
+        return self.commands.get(cmd_name)
+
+    def format_commands(self, ctx, formatter) -> None:
+        from typer._click.utils import make_default_short_help
+
+        rows = list(_command_table())
+        rows += [(n, c.get_short_help_str()) for n, c in self.commands.items() if n not in _command_names()]
+        if rows:
+            limit = formatter.width - 6 - max(len(n) for n, _ in rows)
+            with formatter.section("Commands"):
+                formatter.write_dl([(n, make_default_short_help(text, limit)) for n, text in rows])
+
+
+def _command_table() -> list[tuple[str, str]]:
+    from optkit.cli import commandspec
+
+    return [(name, text) for name, text in getattr(commandspec, "COMMANDS", []) if name in _MODULE_OF]
+
+
+def _command_names() -> set[str]:
+    return {name for name, _ in _command_table()}
+
+
+def _load(group, module: str) -> None:
+    """Import one command module and add what it registers to the root group."""
+    import importlib
+
+    sub = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
+    importlib.import_module(f"optkit.cli.{module}").register(sub)
+    for name, cmd in typer.main.get_group(sub).commands.items():
+        group.commands.setdefault(name, cmd)
+
+
 app = typer.Typer(
+    cls=LazyGroup,
     name="optkit",
     help="Optimize trained models (export to ONNX, simplify, quantize, prune, TensorRT) and measure every step.\n\n"
          "Exit codes: 0 ok, 1 gate failed, 2 bad usage or input, 3 a pass or its validation failed, "
@@ -45,16 +91,21 @@ COMMANDS = ("inspect", "bench", "eval", "passes", "convert", "simplify", "quanti
             "tune", "profile", "run", "gate", "report", "recipe")
 
 
-def _register() -> None:
-    import importlib
+def _modules() -> dict[str, str]:
+    """Command name -> the module that registers it (from the generated table; a module missing from this
+    checkout registers nothing)."""
     import importlib.util
 
-    for name in COMMANDS:
-        if importlib.util.find_spec(f"optkit.cli.{name}") is not None:
-            importlib.import_module(f"optkit.cli.{name}").register(app)
+    try:
+        from optkit.cli import commandspec
+    except ImportError:  # before the first `python -m optkit.cli.derive`
+        return {name: name for name in COMMANDS}
+    table = getattr(commandspec, "COMMAND_MODULES", None) or {name: name for name in COMMANDS}  # before the first derive
+    return {name: module for name, module in table.items()
+            if importlib.util.find_spec(f"optkit.cli.{module}") is not None}
 
 
-_register()
+_MODULE_OF = _modules()
 
 
 def _fast_help(argv: list[str]) -> bool:

@@ -20,33 +20,26 @@ OUTPUT_REPORT = typer.Option(None, "--report", help="Also write the JSON report 
 PRINT_RECIPE = typer.Option(False, "--print-recipe",
                             help="Print the equivalent one-stage recipe (for `optkit run`) and exit.")
 
-# Fine-tuning: `optkit prune` and `optkit qat` (passes.training.finetune.FinetuneConfig holds the defaults).
+# Data, declared once: every command that takes one of these takes it with this flag and this help.
+DATA_HELP = ("Sample data: .npz, an image folder or IDX images; the command feeds it instead of random inputs "
+             "(with labels, accuracy is measured too).")
+DATA = typer.Option(None, "--data", help=DATA_HELP)
+DATA_REQUIRED = typer.Option(..., "--data", help=DATA_HELP)
+CALIBRATION_DATA = typer.Option(None, "--calibration-data", help="Inputs for static calibration (.npz, images, IDX).")
+EVAL_DATA = typer.Option(None, "--eval-data", help="Labelled data the input and the result are measured (and "
+                                                   "checked) on: .npz, image folder or IDX images.")
+LABELS = typer.Option(None, "--labels", help="IDX labels for the data (default: the file beside it).")
+MAX_SAMPLES = typer.Option(None, "--max-samples", min=1, help="Evaluate on a deterministic subset of the data.")
+METRIC_HELP = "top1, top5, mse, mae, cosine or module:function (a custom metric runs your code)."
+
+# Fine-tuning data: `optkit prune` and `optkit qat` (their flags come from passes.training.finetune.FinetuneConfig).
 TRAIN = typer.Option(None, "--train", help="Labelled fine-tuning data: .npz (input + labels) or an image folder.")
-EVAL = typer.Option(None, "--eval-data", help="Labelled data for accuracy before and after.")
-METRIC = typer.Option("top1", "--metric", help="Metric for --eval-data: top1, top5 or module:function.")
+METRIC = typer.Option("top1", "--metric", help=METRIC_HELP)
+METRIC_OPTIONAL = typer.Option(None, "--metric", help=METRIC_HELP)
 LAYOUT = typer.Option(None, "--layout", help="Image folders: nchw or nhwc (default: nhwc for Keras, nchw for torch).")
 COLOR = typer.Option("rgb", "--color", help="Image folders: rgb, bgr or gray.")
-EPOCHS = typer.Option(None, "--epochs", min=0, help="Fine-tuning epochs (default 2).")
-BATCH = typer.Option(None, "--batch-size", min=1, help="Global batch size, split over replicas and workers "
-                                                       "(default 32).")
-LR = typer.Option(None, "--learning-rate", help="Learning rate (default 1e-3; 1e-4 for QAT).")
-OPTIMIZER = typer.Option(None, "--optimizer", help="adam (default), adamw, sgd or rmsprop.")
-STRATEGY = typer.Option(None, "--strategy",
-                        help="none (default); Keras: mirrored (local devices) or multi-worker (TF_CONFIG); torch: ddp "
-                             "(torchrun).")
-MAX_DROP = typer.Option(None, "--max-accuracy-drop",
-                        help="Fail (exit 3) when fine-tuned top-1 falls more than this (default 0.05 = 5 pt); -1 "
-                             "disables.")
 
 
 def given(**options: Any) -> dict[str, Any]:
     """The options the user gave (None: not given, the pass's default applies)."""
     return {k: v for k, v in options.items() if v is not None}
-
-
-def finetune_config(epochs, batch_size, learning_rate, optimizer, strategy, max_drop) -> dict:
-    cfg = given(epochs=epochs, batch_size=batch_size, learning_rate=learning_rate, optimizer=optimizer,
-                strategy=strategy, max_accuracy_drop=max_drop)
-    if max_drop is not None and max_drop < 0:
-        cfg["max_accuracy_drop"] = None  # -1: no accuracy check after fine-tuning
-    return cfg

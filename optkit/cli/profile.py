@@ -19,7 +19,7 @@ def register(app: typer.Typer) -> None:
     @app.command("profile")
     def profile_cmd(
         model: str = typer.Argument(..., help="ONNX model (or Keras / SavedModel with --logdir)."),
-        data: Optional[str] = typer.Option(None, "--data", help="Feed the first sample of this data instead of random."),
+        data: Optional[str] = options.DATA,
         compare: Optional[str] = typer.Option(None, "--compare",
                                               help="A second ONNX model (e.g. its INT8 copy), side by side."),
         trace: Optional[str] = typer.Option(None, "--trace", help="Write the Chrome trace (Perfetto, chrome://tracing): "

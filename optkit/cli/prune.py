@@ -10,13 +10,10 @@ from typing import Optional
 
 import typer
 
-from optkit.cli import common, options
+from optkit.cli import common, flags, options
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format, detect_format
 from optkit.core.shapes import parse_shapes, parse_values
-
-TENSORBOARD = typer.Option(None, "--tensorboard",
-                           help="Write the fine-tuning curves (loss, accuracy per epoch) to this folder for TensorBoard.")
 
 
 def split_names(values: Optional[list[str]]) -> Optional[list[str]]:
@@ -114,35 +111,16 @@ def print_details(report) -> None:
 
 def register(app: typer.Typer) -> None:
     @app.command("prune")
+    @flags.pass_options("prune.keras", "prune.torch")
     def prune_cmd(
         model: str = typer.Argument(..., help="Keras model (.keras/.h5) or PyTorch factory (file.py:make_model)."),
         output: str = typer.Option(..., "-o", "--output",
                                    help="Keras: .keras/.h5; torch: .pt2 (torch.export) or .pt (TorchScript)."),
-        sparsity: float = typer.Option(0.5, "--sparsity", help="Share of weights (or channels) to remove, in (0, 1)."),
-        method: str = typer.Option("channels", "--method",
-                                   help="torch: channels (removes them) or unstructured (global L1)."),
-        schedule: str = typer.Option("polynomial", "--schedule", help="Keras: polynomial or constant."),
-        frequency: Optional[int] = typer.Option(None, "--frequency", min=1,
-                                                help="Keras: steps between mask updates (default: from the data)."),
-        block_size: Optional[str] = typer.Option(None, "--block-size", help="Keras: block sparsity, e.g. 1x4."),
-        m_by_n: Optional[str] = typer.Option(None, "--m-by-n", help="Keras: M zeros in every N weights, e.g. 2:4."),
-        layers: Optional[list[str]] = typer.Option(None, "--layers", help="Prune only these layers (comma list)."),
-        exclude: Optional[list[str]] = typer.Option(None, "--exclude", help="Never prune these layers."),
-        skip_unsupported: bool = typer.Option(False, "--skip-unsupported",
-                                              help="Keras: skip layers TF-MOT cannot prune instead of failing."),
-        round_to: Optional[int] = typer.Option(None, "--round-to", min=1, help="torch channels: multiple of this."),
         train: Optional[str] = options.TRAIN,
-        eval_data: Optional[str] = options.EVAL,
+        eval_data: Optional[str] = options.EVAL_DATA,
         metric: str = options.METRIC,
         layout: Optional[str] = options.LAYOUT,
         color: str = options.COLOR,
-        epochs: Optional[int] = options.EPOCHS,
-        batch_size: Optional[int] = options.BATCH,
-        learning_rate: Optional[float] = options.LR,
-        optimizer: Optional[str] = options.OPTIMIZER,
-        strategy: Optional[str] = options.STRATEGY,
-        max_accuracy_drop: Optional[float] = options.MAX_DROP,
-        tensorboard: Optional[str] = TENSORBOARD,
         threads: Optional[int] = options.THREADS,
         shape: Optional[list[str]] = options.SHAPE,
         value: Optional[list[str]] = options.VALUE,
@@ -150,27 +128,29 @@ def register(app: typer.Typer) -> None:
         report: Optional[str] = options.OUTPUT_REPORT,
         as_json: bool = options.JSON,
         print_recipe: bool = options.PRINT_RECIPE,
+        *,
+        config: dict,
     ) -> None:
         """Prune a Keras or PyTorch model and fine-tune it on your data; the result continues to convert/quantize."""
         from optkit.measure.model import MeasureSettings
 
         common.guard_outputs({"-o": output, "--report": report}, [model, weights, train, eval_data])
         fmt = detect_format(model)
-        common_cfg = options.finetune_config(epochs, batch_size, learning_rate, optimizer, strategy, max_accuracy_drop)
-        common_cfg.update(sparsity=sparsity, layers=split_names(layers), exclude=split_names(exclude) or [])
-        add_tensorboard(common_cfg, tensorboard)
+        for key in ("layers", "exclude"):
+            if config.get(key):
+                config[key] = split_names(config[key])
+        for key, flag, sep in (("block_size", "--block-size", "x"), ("m_by_n", "--m-by-n", ":")):
+            if key in config:
+                config[key] = pair(config[key], flag, sep)
+        add_tensorboard(config, config.pop("tensorboard", None))
         if fmt == Format.KERAS:
             pass_name, default_layout = "prune.keras", "nhwc"
-            config = {**common_cfg, "schedule": schedule, "frequency": frequency,
-                      "block_size": pair(block_size, "--block-size", "x"), "m_by_n": pair(m_by_n, "--m-by-n", ":"),
-                      "skip_unsupported": skip_unsupported}
         elif fmt == Format.TORCH_MODULE:
             pass_name, default_layout = "prune.torch", "nchw"
-            config = {**common_cfg, "method": method, "round_to": round_to}
         else:
             raise UsageError(f"prune fine-tunes Keras models (.keras/.h5) and PyTorch factories (file.py:make_model "
                              f"with --weights); {model} is {fmt.value}: prune the source model, then export it")
-        config = {k: v for k, v in config.items() if v is not None or k in ("max_accuracy_drop",)}
+        config = {k: v for k, v in config.items() if k in flags.keys(pass_name)}  # the other format's flags: unused
         settings = MeasureSettings(threads=threads, shapes=parse_shapes(shape), values=parse_values(value))
         from optkit.core.registry import build_config
         from optkit.passes import get_pass

@@ -5,36 +5,30 @@ from typing import Optional
 
 import typer
 
-from optkit.cli import common, options
-from optkit.cli.prune import TENSORBOARD, add_tensorboard, run_stage, split_names
+from optkit.cli import common, flags, options
+from optkit.cli.prune import add_tensorboard, run_stage, split_names
 from optkit.core.shapes import parse_shapes, parse_values
 
 
 def register(app: typer.Typer) -> None:
     @app.command("qat")
+    @flags.pass_options("qat.keras")
     def qat_cmd(
         model: str = typer.Argument(..., help="tf-keras model (.keras / .h5)."),
         output: str = typer.Option(..., "-o", "--output", help="Where to write the QAT model (.h5)."),
-        layers: Optional[list[str]] = typer.Option(None, "--layers",
-                                                   help="Quantize only these layers (default: the whole model)."),
         train: Optional[str] = options.TRAIN,
-        eval_data: Optional[str] = options.EVAL,
+        eval_data: Optional[str] = options.EVAL_DATA,
         metric: str = options.METRIC,
         layout: Optional[str] = options.LAYOUT,
         color: str = options.COLOR,
-        epochs: Optional[int] = options.EPOCHS,
-        batch_size: Optional[int] = options.BATCH,
-        learning_rate: Optional[float] = options.LR,
-        optimizer: Optional[str] = options.OPTIMIZER,
-        strategy: Optional[str] = options.STRATEGY,
-        max_accuracy_drop: Optional[float] = options.MAX_DROP,
-        tensorboard: Optional[str] = TENSORBOARD,
         threads: Optional[int] = options.THREADS,
         shape: Optional[list[str]] = options.SHAPE,
         value: Optional[list[str]] = options.VALUE,
         report: Optional[str] = options.OUTPUT_REPORT,
         as_json: bool = options.JSON,
         print_recipe: bool = options.PRINT_RECIPE,
+        *,
+        config: dict,
     ) -> None:
         """Quantization-aware training for a Keras model; export it with `optkit tflite --mode int8`."""
         from optkit.core.registry import build_config
@@ -42,10 +36,9 @@ def register(app: typer.Typer) -> None:
         from optkit.passes import get_pass
 
         common.guard_outputs({"-o": output, "--report": report}, [model, train, eval_data])
-        config = options.finetune_config(epochs, batch_size, learning_rate, optimizer, strategy, max_accuracy_drop)
-        if layers:
-            config["layers"] = split_names(layers)
-        add_tensorboard(config, tensorboard)
+        if config.get("layers"):
+            config["layers"] = split_names(config["layers"])
+        add_tensorboard(config, config.pop("tensorboard", None))
         build_config(get_pass("qat.keras"), config)
         settings = MeasureSettings(threads=threads, shapes=parse_shapes(shape), values=parse_values(value))
         run_stage("qat.keras", model, output, config, train=train, eval_data=eval_data, metric=metric,

@@ -5,32 +5,28 @@ from typing import Optional
 
 import typer
 
-from optkit.cli import common, options
+from optkit.cli import common, flags, options
 from optkit.core.shapes import parse_shapes, parse_values
 
 
 def register(app: typer.Typer) -> None:
     @app.command("tflite")
+    @flags.pass_options("tflite.export")
     def tflite_cmd(
         model: str = typer.Argument(..., help="Keras model (.keras / .h5, QAT included) or SavedModel folder."),
         output: str = typer.Option(..., "-o", "--output", help="Where to write the .tflite model."),
-        mode: str = typer.Option("float32", "--mode", help="float32, float16, dynamic or int8."),
-        io: str = typer.Option("float", "--io", help="int8 mode: float or int8 inputs and outputs."),
-        sparse: bool = typer.Option(False, "--sparse", help="float32: store pruned weights sparse (values + indices)."),
         calib: Optional[str] = typer.Option(None, "--calib", help="Representative data for int8 (.npz, images)."),
-        calibration_samples: int = typer.Option(200, "--calibration-samples", min=1, help="Samples used from --calib."),
-        eval_data: Optional[str] = typer.Option(None, "--eval-data", help="Labelled data for accuracy."),
-        metric: str = typer.Option("top1", "--metric", help="Metric for --eval-data."),
+        eval_data: Optional[str] = options.EVAL_DATA,
+        metric: str = options.METRIC,
         layout: str = typer.Option("nhwc", "--layout", help="Image folders: nhwc or nchw."),
-        min_cosine: Optional[float] = typer.Option(None, "--min-cosine",
-                                                   help="Fail below this output cosine to the source (default per mode)."),
-        signature: Optional[str] = typer.Option(None, "--signature", help="SavedModel signature."),
         threads: Optional[int] = options.THREADS,
         shape: Optional[list[str]] = options.SHAPE,
         value: Optional[list[str]] = options.VALUE,
         report: Optional[str] = options.OUTPUT_REPORT,
         as_json: bool = options.JSON,
         print_recipe: bool = options.PRINT_RECIPE,
+        *,
+        config: dict,
     ) -> None:
         """Export a Keras model or SavedModel to TFLite (float32, float16, dynamic range or int8)."""
         from optkit.core.registry import build_config
@@ -38,11 +34,7 @@ def register(app: typer.Typer) -> None:
         from optkit.passes import get_pass
 
         common.guard_outputs({"-o": output, "--report": report}, [model, calib, eval_data])
-        config = {"mode": mode, "io": io, "calibration_samples": calibration_samples, "sparse": sparse}
-        if min_cosine is not None:
-            config["min_cosine"] = min_cosine
-        if signature:
-            config["signature"] = signature
+        mode, signature = config.get("mode", flags.default("tflite.export", "mode")), config.get("signature")
         build_config(get_pass("tflite.export"), config)
         pre = {"layout": layout}
         data = {"calibration": {"path": calib, "preprocess": pre}} if calib else {}

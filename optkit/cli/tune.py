@@ -61,8 +61,7 @@ def register(app: typer.Typer) -> None:
     @app.command("tune")
     def tune_cmd(
         model: str = typer.Argument(..., help="ONNX model."),
-        data: Optional[str] = typer.Option(None, "--data", help="Time real samples from this data (default: "
-                                                                "synthesized inputs)."),
+        data: Optional[str] = options.DATA,
         objective: list[str] = typer.Option(["throughput"], "--objective",
                                             help="throughput (samples/s), latency (p50 of one request) or cost "
                                                  "(CPU seconds per 1,000 samples); repeat or comma-separate "

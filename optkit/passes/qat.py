@@ -13,7 +13,7 @@ from pydantic import Field
 from optkit.core.artifact import Artifact
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format
-from optkit.core.registry import Pass, PassContext, register
+from optkit.core.registry import Pass, PassContext, cli, register
 from optkit.core.text import first_line
 from optkit.passes.training.distributed import check_strategy, make_tf_strategy
 from optkit.passes.training.finetune import (
@@ -40,8 +40,13 @@ from optkit.passes.training.keras import (
 
 class QatConfig(FinetuneConfig):
     min_epochs = 1
-    layers: list[str] | None = None     # annotate only these layers (default: quantize_model on the whole model)
-    learning_rate: float = Field(default=1e-4, gt=0)  # QAT fine-tunes a trained model gently
+    # annotate only these layers (default: quantize_model on the whole model)
+    layers: list[str] | None = Field(default=None, description="Quantize only these layers (default: the whole "
+                                                               "model; repeatable or a comma list).",
+                                     json_schema_extra=cli("--layers"))
+    # QAT fine-tunes a trained model gently
+    learning_rate: float = Field(default=1e-4, gt=0, description="Learning rate.",
+                                 json_schema_extra=cli("--learning-rate"))
 
 
 @register
@@ -69,7 +74,7 @@ class KerasQat(Pass):
         x, y = train_arrays(ctx, specs, what=self.name)
         check_labels(y, output_classes(original), ctx.data["train"].source)
         if config.layers is not None:
-            check_layer_names(original, config.layers, "--layers")
+            check_layer_names(original, config.layers, "layers (--layers)")
         held = eval_arrays(ctx, specs)
         before = top1(keras_predict(original, held[0]), held[1]) if held else None
 
@@ -86,7 +91,7 @@ class KerasQat(Pass):
             except (ValueError, RuntimeError) as e:
                 first = first_line(e)
                 raise UsageError(f"TF-MOT cannot quantize this model: {first}; choose the layers to quantize with "
-                                 "--layers") from None
+                                 "layers (--layers)") from None
         history = keras_fit(model, x, y, config, strategy, seed=ctx.seed)
         after = top1(keras_predict(model, held[0]), held[1]) if held else None
         quantized = [layer.name for layer in model.layers if type(layer).__name__.startswith("Quantize")]

@@ -18,7 +18,7 @@ from optkit.core.atomic import atomic_path
 from optkit.core.batching import count, stack_samples, trim
 from optkit.core.errors import DependencyError, PassError, UsageError, ValidationError
 from optkit.core.formats import Format
-from optkit.core.registry import Pass, PassConfig, PassContext, register
+from optkit.core.registry import Pass, PassConfig, PassContext, cli, register
 from optkit.core.shapes import format_shape
 from optkit.core.text import first_line
 from optkit.measure.fidelity import refuse_nonfinite_reference
@@ -35,12 +35,23 @@ GROWTH_SLACK = 4096
 
 
 class SimplifyConfig(PassConfig):
-    engine: Literal["onnxslim", "onnxsim"] = "onnxslim"
-    ort_optimize: bool = True          # onnxruntime offline optimizations after the engine
-    provider: Optional[str] = None     # target a provider: allows its fused ops (not portable)
-    max_growth: float = Field(default=1.5, gt=0)
-    tolerance: float = Field(default=1e-5, ge=0)  # max |diff| allowed, scaled by max(1, |reference|)
-    check_samples: int = Field(default=8, ge=1)
+    engine: Literal["onnxslim", "onnxsim"] = Field(default="onnxslim", description="onnxslim or onnxsim.",
+                                                   json_schema_extra=cli("--engine"))
+    ort_optimize: bool = Field(default=True, description="onnxruntime offline optimizations after the engine.",
+                               json_schema_extra=cli("--no-ort", sets=False,
+                                                     help="Skip onnxruntime's offline optimizations."))
+    # target a provider: allows its fused ops (not portable)
+    provider: Optional[str] = Field(default=None, description="Allow this provider's fused ops (cpu, cuda): not "
+                                                              "portable.",
+                                    json_schema_extra=cli("--target-provider"))
+    max_growth: float = Field(default=1.5, gt=0, description="Refuse results larger than this many times the input.",
+                              json_schema_extra=cli("--max-growth", group="budgets"))
+    # max |diff| allowed, scaled by max(1, |reference|)
+    tolerance: float = Field(default=1e-5, ge=0, description="Max output difference allowed (scaled by "
+                                                             "max(1, |reference|)).",
+                             json_schema_extra=cli("--tolerance", group="budgets"))
+    check_samples: int = Field(default=8, ge=1, description="Inputs the outputs are compared on.",
+                               json_schema_extra=cli("--check-samples", group="evaluation"))
 
 
 @register
@@ -96,8 +107,8 @@ class SimplifyOnnx(Pass):
                 worst = min(grown, key=lambda t: t["growth"])
                 raise ValidationError(
                     f"simplification would grow the model {worst['growth']:.2f}x (from {size_in:,} to "
-                    f"{worst['bytes']:,} bytes), past --max-growth {config.max_growth:g}: constant folding "
-                    "materialized large tensors; nothing was written (raise --max-growth to accept it)",
+                    f"{worst['bytes']:,} bytes), past max_growth (--max-growth) {config.max_growth:g}: constant folding "
+                    "materialized large tensors; nothing was written (raise max_growth / --max-growth to accept it)",
                     details={"tried": tried})
             reasons = "; ".join(f"{t['variant']}: {t['rejected']}" for t in tried)
             raise ValidationError(f"no simplified model kept the outputs and size: {reasons}; nothing was written",
@@ -137,7 +148,7 @@ def _reference(artifact, ctx, config):
     except Exception as e:  # noqa: BLE001  onnxruntime refuses the inputs: the model needs real ones
         given = "the given data" if data is not None else "synthesized inputs"
         raise UsageError(f"{artifact.path} does not run on {given}: {first_line(e)[:200]}; "
-                         "give inputs it accepts with --data (and --shape for dynamic dims)") from None
+                         "give inputs it accepts as data (data.eval / --data; shapes / --shape for dynamic dims)") from None
     refuse_nonfinite_reference(artifact.path, ref, names, specs, feeds,
                                data.source if data is not None else "synthesized inputs")
     return run, ref, n

@@ -16,7 +16,7 @@ from optkit.core.artifact import Artifact
 from optkit.core.atomic import atomic_path
 from optkit.core.errors import PassError, UsageError, ValidationError
 from optkit.core.formats import Format
-from optkit.core.registry import Pass, PassConfig, PassContext, register
+from optkit.core.registry import Pass, PassConfig, PassContext, cli, register
 from optkit.core.shapes import TensorSpec
 from optkit.core.text import first_line
 from optkit.measure.fidelity import compare_outputs
@@ -30,20 +30,31 @@ MIN_COSINE = {"float32": 0.99999, "float16": 0.999, "dynamic": 0.99, "int8": 0.9
 
 
 class TFLiteConfig(PassConfig):
-    mode: Literal["float32", "float16", "dynamic", "int8"] = "float32"
-    io: Literal["float", "int8"] = "float"        # int8: the model's inputs and outputs are int8 too (mode int8)
-    sparse: bool = False                          # store pruned weights in TFLite's sparse tensor format
-    calibration_samples: int = Field(default=200, ge=1)
-    signature: str | None = None                  # SavedModel signature (default: the only / serving_default)
-    min_cosine: float | None = Field(default=None, ge=-1, le=1)
-    check_samples: int = Field(default=64, ge=1)
+    mode: Literal["float32", "float16", "dynamic", "int8"] = Field(
+        default="float32", description="float32, float16, dynamic or int8.", json_schema_extra=cli("--mode"))
+    # int8: the model's inputs and outputs are int8 too (mode int8)
+    io: Literal["float", "int8"] = Field(default="float", description="int8 mode: float or int8 inputs and outputs.",
+                                         json_schema_extra=cli("--io"))
+    # store pruned weights in TFLite's sparse tensor format
+    sparse: bool = Field(default=False, description="float32: store pruned weights sparse (values + indices).",
+                         json_schema_extra=cli("--sparse"))
+    calibration_samples: int = Field(default=200, ge=1, description="Samples used from the calibration data.",
+                                     json_schema_extra=cli("--calibration-samples", group="data"))
+    # SavedModel signature (default: the only / serving_default)
+    signature: str | None = Field(default=None, description="SavedModel signature.",
+                                  json_schema_extra=cli("--signature"))
+    min_cosine: float | None = Field(default=None, ge=-1, le=1,
+                                     description="Fail below this output cosine to the source (default per mode).",
+                                     json_schema_extra=cli("--min-cosine", group="budgets"))
+    check_samples: int = Field(default=64, ge=1, description="Inputs the outputs are compared to the source's on.",
+                               json_schema_extra=cli("--check-samples", group="evaluation"))
 
     @model_validator(mode="after")
     def _io(self):
         if self.io == "int8" and self.mode != "int8":
-            raise ValueError("io int8 needs mode int8")
+            raise ValueError("io int8 needs mode int8 (--io int8 needs --mode int8)")
         if self.sparse and self.mode != "float32":  # measured: int8 and float16 files grow, dynamic ones fail to load
-            raise ValueError("sparse needs mode float32")
+            raise ValueError("sparse needs mode float32 (--sparse needs --mode float32)")
         return self
 
 
@@ -109,7 +120,7 @@ class TFLiteExport(Pass):
         if config.mode == "int8":
             calib, source = _samples(ctx, specs, config.calibration_samples)
             if calib is None and not qat:
-                raise UsageError("int8 TFLite needs a representative dataset: give calibration data with --calib DATA "
+                raise UsageError("int8 TFLite needs a representative dataset: give calibration data (data.calibration / --calib DATA) "
                                  "(or export a QAT model, which carries its own ranges)")
             if calib is not None:
                 n = len(next(iter(calib.values())))

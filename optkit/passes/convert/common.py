@@ -79,9 +79,9 @@ def choose_opset(requested: int | None, exporter_max: int, exporter: str) -> int
     if requested is None:
         return newest
     if requested > exporter_max:
-        raise UsageError(f"--opset {requested} is newer than {exporter} supports (up to {exporter_max})")
+        raise UsageError(f"opset (--opset) {requested} is newer than {exporter} supports (up to {exporter_max})")
     if requested > ort_max_opset():
-        raise UsageError(f"--opset {requested} is newer than this onnxruntime loads (up to {ort_max_opset()})")
+        raise UsageError(f"opset (--opset) {requested} is newer than this onnxruntime loads (up to {ort_max_opset()})")
     return requested
 
 
@@ -157,7 +157,7 @@ def validate(ref: list[np.ndarray], out: list[np.ndarray], names: list[str], dty
                 f"output {name!r} differs from the {source} model past tolerance: at {where} the source gives "
                 f"{_num(a[idx])} and ONNX {_num(b[idx])} (|diff| {_num(diff[idx])} > atol {atol:g} + rtol {rtol:g}"
                 f"*|ref|); max abs error {_num(per[name]['max_abs_error'])}, max rel error "
-                f"{_num(per[name]['max_rel_error'])}; nothing written (loosen --atol/--rtol if this is expected)",
+                f"{_num(per[name]['max_rel_error'])}; nothing written (loosen atol / rtol, --atol / --rtol, if this is expected)",
                 details={"validation": figures},
             )
     if labels is not None and len(ref) >= 1 and ref[0].ndim >= 2 and len(labels) == len(ref[0]):

@@ -13,7 +13,7 @@ from optkit.core.artifact import Artifact
 from optkit.core.atomic import atomic_path
 from optkit.core.errors import DependencyError, PassError, UsageError, ValidationError
 from optkit.core.formats import Format
-from optkit.core.registry import Pass, PassContext, register
+from optkit.core.registry import Pass, PassContext, cli, register
 from optkit.core.shapes import TensorSpec
 from optkit.core.text import first_line
 from optkit.passes.training.distributed import check_strategy, make_tf_strategy
@@ -51,9 +51,14 @@ class PruneConfig(FinetuneConfig):
 
     # Keras: final fraction of zero weights per pruned layer; torch: share of weights zeroed (unstructured, global
     # L1) or of channels removed (channels)
-    sparsity: float = 0.5
-    layers: list[str] | None = None                       # prune only these (default: every Conv / Dense / Linear)
-    exclude: list[str] = Field(default_factory=list)      # never prune these (torch: nor the output layer)
+    sparsity: float = Field(default=0.5, description="Share of weights (or channels) to remove, in (0, 1).",
+                            json_schema_extra=cli("--sparsity"))
+    # prune only these (default: every Conv / Dense / Linear)
+    layers: list[str] | None = Field(default=None, description="Prune only these layers (comma list).",
+                                     json_schema_extra=cli("--layers"))
+    # never prune these (torch: nor the output layer)
+    exclude: list[str] = Field(default_factory=list, description="Never prune these layers.",
+                               json_schema_extra=cli("--exclude"))
 
     @field_validator("sparsity")
     @classmethod
@@ -66,14 +71,28 @@ class PruneConfig(FinetuneConfig):
 # =============================================================================================== Keras
 class KerasPruneConfig(PruneConfig):
     min_epochs = 1                                        # the schedule prunes while training
-    schedule: Literal["constant", "polynomial"] = "polynomial"
-    initial_sparsity: float = Field(default=0.0, ge=0, lt=1)  # polynomial only
-    end_fraction: float = Field(default=0.6, gt=0, le=1)  # polynomial: reach the target after this share of steps
-    frequency: int | None = Field(default=None, ge=1)     # steps between mask updates (default: from the data)
-    block_size: tuple[int, int] | None = None             # block sparsity, e.g. [1, 4]
-    block_pooling: Literal["AVG", "MAX"] = "AVG"
-    m_by_n: tuple[int, int] | None = None                 # M zeros in every N weights, e.g. [2, 4] (2:4)
-    skip_unsupported: bool = False                        # skip layers TF-MOT cannot prune instead of failing
+    schedule: Literal["constant", "polynomial"] = Field(default="polynomial", description="Keras: polynomial or "
+                                                                                         "constant.",
+                                                        json_schema_extra=cli("--schedule"))
+    initial_sparsity: float = Field(default=0.0, ge=0, lt=1, description="polynomial: the sparsity it starts from.",
+                                    json_schema_extra=cli(recipe_only="schedule detail, rarely changed"))
+    # polynomial: reach the target after this share of steps
+    end_fraction: float = Field(default=0.6, gt=0, le=1,
+                                description="polynomial: reach the target after this share of the steps.",
+                                json_schema_extra=cli(recipe_only="schedule detail, rarely changed"))
+    # steps between mask updates (default: from the data)
+    frequency: int | None = Field(default=None, ge=1, description="Keras: steps between mask updates (default: from "
+                                                                  "the data).", json_schema_extra=cli("--frequency"))
+    # block sparsity, e.g. [1, 4]
+    block_size: tuple[int, int] | None = Field(default=None, description="Keras: block sparsity, e.g. 1x4.",
+                                               json_schema_extra=cli("--block-size", kind="str"))
+    block_pooling: Literal["AVG", "MAX"] = Field(default="AVG", description="Block sparsity: how a block is scored.",
+                                                 json_schema_extra=cli(recipe_only="block sparsity detail"))
+    # M zeros in every N weights, e.g. [2, 4] (2:4)
+    m_by_n: tuple[int, int] | None = Field(default=None, description="Keras: M zeros in every N weights, e.g. 2:4.",
+                                           json_schema_extra=cli("--m-by-n", kind="str"))
+    skip_unsupported: bool = Field(default=False, description="Keras: skip layers TF-MOT cannot prune instead of "
+                                                              "failing.", json_schema_extra=cli("--skip-unsupported"))
 
     @field_validator("m_by_n")
     @classmethod
@@ -110,22 +129,22 @@ def _select_keras_layers(model, cfg: KerasPruneConfig, ctx: PassContext) -> list
     from tensorflow_model_optimization.python.core.sparsity.keras.prunable_layer import PrunableLayer
     from tensorflow_model_optimization.python.core.sparsity.keras.prune_registry import PruneRegistry
 
-    check_layer_names(model, list(cfg.layers or []), "--layers")
-    check_layer_names(model, cfg.exclude, "--exclude")
+    check_layer_names(model, list(cfg.layers or []), "layers (--layers)")
+    check_layer_names(model, cfg.exclude, "exclude (--exclude)")
     chosen = [layer for layer in (weighted_layers(model) if cfg.layers is None else
                                   [model.get_layer(n) for n in cfg.layers]) if layer.name not in cfg.exclude]
     selected, skipped = [], []
     for layer in chosen:
         if hasattr(layer, "layers"):
             raise UsageError(f"layer {layer.name!r} is a nested model, which TF-MOT cannot prune as one layer; "
-                             f"skip it with --exclude {layer.name} or flatten the model")
+                             f"skip it with exclude (--exclude {layer.name}) or flatten the model")
         if isinstance(layer, PrunableLayer) or PruneRegistry.supports(layer):
             selected.append(layer.name)
         elif cfg.skip_unsupported:
             skipped.append(layer.name)
         else:
             raise UsageError(f"TF-MOT cannot prune layer {layer.name!r} ({type(layer).__name__}); skip it with "
-                             f"--exclude {layer.name}, or --skip-unsupported to skip every such layer")
+                             f"exclude (--exclude {layer.name}), or skip_unsupported (--skip-unsupported) to skip every such layer")
     if skipped:
         ctx.warn(f"not pruned (TF-MOT cannot prune them): {', '.join(skipped)}")
     if cfg.m_by_n is not None:
@@ -140,7 +159,7 @@ def _select_keras_layers(model, cfg: KerasPruneConfig, ctx: PassContext) -> list
             ctx.warn(f"not pruned ({cfg.m_by_n[0]}:{n} needs input channels in multiples of {n}): {', '.join(narrow)}")
             selected = [name for name in selected if name not in narrow]
     if not selected:
-        raise UsageError("no layer left to prune (check --layers / --exclude)")
+        raise UsageError("no layer left to prune (check layers / --layers and exclude / --exclude)")
     return selected
 
 
@@ -192,7 +211,7 @@ class KerasPrune(Pass):
                     return tfmot.sparsity.keras.prune_low_magnitude(layer, **own)
                 except ValueError as e:
                     raise UsageError(f"TF-MOT cannot prune layer {layer.name!r} ({type(layer).__name__}) with these "
-                                     f"settings: {first_line(e)}; skip it with --exclude {layer.name}") from None
+                                     f"settings: {first_line(e)}; skip it with exclude (--exclude {layer.name})") from None
             return layer
 
         with strategy.scope():
@@ -210,7 +229,7 @@ class KerasPrune(Pass):
             worst = min(short, key=short.get)
             raise ValidationError(
                 f"pruning did not reach {want:.0%} sparsity: layer {worst!r} is at {short[worst]:.1%} after "
-                f"{total} steps (mask updates every {freq}); train longer (--epochs) or set --frequency lower")
+                f"{total} steps (mask updates every {freq}); train longer (epochs / --epochs) or set frequency (--frequency) lower")
         after = top1(keras_predict(stripped, held[0]), held[1]) if held else None
         ctx.measurements["sparsity"] = {
             "target": want, "pruned_layers": selected, "overall_pruned": overall(per_layer, selected),
@@ -228,9 +247,16 @@ class KerasPrune(Pass):
 
 # ============================================================================================= PyTorch
 class TorchPruneConfig(PruneConfig):
-    method: Literal["unstructured", "channels"] = "channels"
-    round_to: int | None = Field(default=None, ge=1)  # channels: keep counts a multiple of this
-    max_error: float = Field(default=1e-4, gt=0)       # saved program vs in-memory model, max abs difference
+    method: Literal["unstructured", "channels"] = Field(
+        default="channels", description="torch: channels (removes them) or unstructured (global L1).",
+        json_schema_extra=cli("--method"))
+    # channels: keep counts a multiple of this
+    round_to: int | None = Field(default=None, ge=1, description="torch channels: multiple of this.",
+                                 json_schema_extra=cli("--round-to"))
+    # saved program vs in-memory model, max abs difference
+    max_error: float = Field(default=1e-4, gt=0, description="Saved program vs the model in memory: max abs "
+                                                             "difference.",
+                             json_schema_extra=cli(recipe_only="the export check's tolerance; not a user trade-off"))
 
 
 def _torch_example(artifact: Artifact, examples, ctx: PassContext):
@@ -252,7 +278,7 @@ def _prunable_modules(model, cfg: TorchPruneConfig, out_width: int):
     import torch
 
     named = dict(model.named_modules())
-    for option, names in (("--layers", cfg.layers or []), ("--exclude", cfg.exclude)):
+    for option, names in (("layers (--layers)", cfg.layers or []), ("exclude (--exclude)", cfg.exclude)):
         unknown = [n for n in names if n not in named]
         if unknown:
             raise UsageError(f"{option} names module(s) {', '.join(unknown)} that the model does not have; its "
@@ -285,7 +311,7 @@ def _unstructured(model, chosen, cfg: TorchPruneConfig):
 
     params = [(m, "weight") for _, m in chosen]
     if not params:
-        raise UsageError("no layer left to prune (check --layers / --exclude)")
+        raise UsageError("no layer left to prune (check layers / --layers and exclude / --exclude)")
     prune.global_unstructured(params, pruning_method=prune.L1Unstructured, amount=cfg.sparsity)
     return params
 
@@ -318,18 +344,18 @@ def _channels(model, example, chosen, output_layer, named, cfg: TorchPruneConfig
     except Exception as e:
         raise PassError(f"cannot prune the channels of this model consistently: Torch-Pruning failed on its graph "
                         f"({type(e).__name__}: {first_line(e)}); exclude the "
-                        "layers involved with --exclude, or use --method unstructured") from None
+                        "layers involved with exclude (--exclude), or use method: unstructured (--method unstructured)") from None
     try:
         with torch.no_grad():
             out_after = model(example).shape
     except Exception as e:
         raise PassError(f"cannot prune the channels of this model consistently: after removing channels its forward "
                         f"fails ({type(e).__name__}: {first_line(e)}); the code probably hard-codes "
-                        "a channel count (e.g. a reshape); exclude those layers with --exclude, or use "
-                        "--method unstructured") from None
+                        "a channel count (e.g. a reshape); exclude those layers with exclude (--exclude), or use "
+                        "method: unstructured (--method unstructured)") from None
     if out_after != out_before:
         raise PassError(f"channel pruning changed the output shape from {list(out_before)} to {list(out_after)}; "
-                        "exclude the output layers with --exclude")
+                        "exclude the output layers with exclude (--exclude)")
     widths = {n: _out_width(m) for n, m in named.items() if _is_layer(m)}
     return widths
 

@@ -43,11 +43,13 @@ class Budget:
         """The budget flags make sense together and with the data given (else a UsageError, exit 2)."""
         if cfg.max_accuracy_drop is not None:
             if not cfg.metric:
-                raise UsageError("--max-accuracy-drop needs --metric (e.g. top1)")
+                raise UsageError("max_accuracy_drop (--max-accuracy-drop) needs a metric (metric / --metric, e.g. top1)")
             if data.get("eval") is None:
-                raise UsageError("--max-accuracy-drop needs labelled --eval-data")
+                raise UsageError("max_accuracy_drop (--max-accuracy-drop) needs labelled eval data "
+                                 "(data.eval / --eval-data)")
         if cfg.max_accuracy_drop is not None and cfg.max_fidelity_loss is not None:
-            raise UsageError("give one budget: --max-accuracy-drop or --max-fidelity-loss")
+            raise UsageError("give one budget: max_accuracy_drop (--max-accuracy-drop) or max_fidelity_loss "
+                             "(--max-fidelity-loss)")
 
     def loss(self, cand: Candidate) -> float:
         """What the budget bounds, for this candidate (inf when it could not be scored)."""

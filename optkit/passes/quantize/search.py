@@ -159,13 +159,14 @@ class Quantizer:
             resolve_metric(cfg.metric)
             ev = data.get("eval")
             if ev is None:
-                raise UsageError(f"--metric {cfg.metric} needs --eval-data")
+                raise UsageError(f"metric {cfg.metric} (--metric) needs eval data (data.eval / --eval-data)")
             if ev.labels is None:
-                raise UsageError(f"--metric {cfg.metric} needs labels, and {ev.source} has none "
-                                 "(add a 'labels' array, or use --max-fidelity-loss)")
+                raise UsageError(f"metric {cfg.metric} (--metric) needs labels, and {ev.source} has none "
+                                 "(add a 'labels' array, or use max_fidelity_loss / --max-fidelity-loss)")
         if self.mode == "static" and data.get("calibration") is None and not cfg.synthetic_calibration:
-            raise UsageError("static quantization needs --calibration-data (or --synthetic-calibration to "
-                             "calibrate on random inputs, which usually costs accuracy)")
+            raise UsageError("static quantization needs calibration data (data.calibration / --calibration-data), or "
+                             "synthetic_calibration (--synthetic-calibration) to calibrate on random inputs, which usually "
+                             "costs accuracy")
 
     def _check_quantizable(self, model) -> None:
         counts = graph.op_counts(model)
@@ -287,7 +288,7 @@ class Quantizer:
                 self.calib_feeds = self._synthesized(n, ctx.seed)
                 self.settings["calibration"] = {"source": "synthetic", "samples": n}
                 ctx.warn(f"SYNTHETIC CALIBRATION: calibrated on {n} random inputs, not real data; activation "
-                         "ranges may be wrong and accuracy may suffer. Pass --calibration-data for a real result")
+                         "ranges may be wrong and accuracy may suffer. Give calibration data (data.calibration / --calibration-data) for a real result")
         source = ev if ev is not None else calib
         if source is not None:
             sub = source.subset(cfg.check_samples, ctx.seed + 1)
@@ -310,7 +311,7 @@ class Quantizer:
         except Exception as e:  # noqa: BLE001  onnxruntime refuses the inputs: the model needs real ones
             given = "synthesized inputs" if source is None else source.source
             raise UsageError(f"{self.artifact.path} does not run on {given}: {first_line(e)[:200]}; give inputs "
-                             "it accepts with --eval-data (and --shape for dynamic dims)") from None
+                             "it accepts as eval data (data.eval / --eval-data; shapes / --shape for dynamic dims)") from None
         refuse_nonfinite_reference(self.artifact.path, self.parent_outputs, self.out_names, self.specs,
                                    self.check_feeds, "synthesized inputs" if source is None else source.source,
                                    only=None if cfg.metric else self.checked)
@@ -571,10 +572,10 @@ class Quantizer:
         msg = (f"static INT8 is {verdict} on this CPU: {figures} (limit {cfg.max_latency_ratio:g}x; candidates: "
                f"{tried}); int8 kernels do not pay off here")
         if cfg.allow_slower:
-            self.ctx.warn(msg + "; written anyway (--allow-slower)")
+            self.ctx.warn(msg + "; written anyway (allow_slower / --allow-slower)")
             return
         dest = keep_rejected(chosen, aside_path(self.ctx), "slower than its parent")
-        raise ValidationError(msg + f"; kept as {dest}. Pass --allow-slower to accept it (e.g. for size), "
+        raise ValidationError(msg + f"; kept as {dest}. Set allow_slower (--allow-slower) to accept it (e.g. for size), "
                               "or keep the model float", details={"candidates": [c.public() for c in self.candidates],
                                                                  "rejected": str(dest)})
 
@@ -604,7 +605,7 @@ class Quantizer:
         ctx.note(f"checked against the parent on {where}: {self._figures(cand)}")
         if check.get("subset"):
             noise = self.budget.noise(check["samples"], self.parent_accuracy)
-            ctx.note(f"judged on {check['samples']} of {check['of']} samples (--check-samples): "
+            ctx.note(f"judged on {check['samples']} of {check['of']} samples (check_samples / --check-samples): "
                      f"{self.budget.kind} is known to about +-{noise:.3g} (95%)"
                      + (" - the verdict is inside that noise" if abs(self.budget.margin(cand)) < noise else ""))
         slow = set(self.settings.get("int8_slow_nodes") or ())
@@ -615,7 +616,7 @@ class Quantizer:
             ctx.note(f"kept {len(cand.float_nodes) - len(sensitive)} small-channel Conv nodes in float (their int8 "
                      f"kernels were slower here): {', '.join(n for n in cand.float_nodes if n in slow)}")
         if self.settings.get("stopped"):
-            ctx.note(f"the search stopped {self.settings['stopped']} (--max-candidates / --time-budget)")
+            ctx.note(f"the search stopped {self.settings['stopped']} (max_candidates / --max-candidates, time_budget / --time-budget)")
 
     def _refusal(self, tried: list[Candidate]) -> ValidationError:
         """No candidate met the budget: the best one is kept as REJECTED and the error says why."""
@@ -625,7 +626,7 @@ class Quantizer:
             if len(tried) == 1:
                 return ValidationError(f"onnxruntime's {self.mode} quantizer wrote a model onnxruntime cannot "
                                        f"load ({errors[0]}); nothing was written. Keep the failing node types "
-                                       "float with --exclude-op", details={"candidates": [c.public() for c in tried]})
+                                       "float with op_types_exclude (--exclude-op)", details={"candidates": [c.public() for c in tried]})
             return ValidationError(f"no {self.mode} candidate could be built or run ({'; '.join(errors)[:300]}); "
                                    "nothing was written", details={"candidates": [c.public() for c in tried]})
         best = max(scored, key=self.budget.score)
@@ -633,8 +634,8 @@ class Quantizer:
             of = f" (the best of {len(scored)} settings tried)" if len(scored) > 1 else ""
             return ValidationError(
                 f"{self.mode} quantization moved the outputs past the tolerance: {self._figures(best)}{of}; "
-                f"the model was not written. Rerun with --fallback to keep the most sensitive nodes in float, "
-                f"or loosen --tolerance", details={"candidates": [c.public() for c in self.candidates]})
+                f"the model was not written. Rerun with fallback (--fallback) to keep the most sensitive nodes in float, "
+                f"or loosen tolerance (--tolerance)", details={"candidates": [c.public() for c in self.candidates]})
         dest = keep_rejected(best, aside_path(self.ctx), f"missed the {self.budget.kind} budget")
         return ValidationError(
             f"no {self.mode} candidate met the budget ({self.budget.kind} {self.budget.value:g}) after {len(tried)} tries; "

@@ -30,7 +30,7 @@ def check_strategy(strategy: str, framework: str) -> None:
     allowed = TF_STRATEGIES if framework == "tf" else TORCH_STRATEGIES
     if strategy not in allowed:
         other = "PyTorch" if framework == "tf" else "TensorFlow"
-        raise UsageError(f"--strategy {strategy} is for {other} models; for this model use one of "
+        raise UsageError(f"strategy (--strategy) {strategy} is for {other} models; for this model use one of "
                          f"{', '.join(allowed)}")
 
 
@@ -82,7 +82,7 @@ def make_tf_strategy(strategy: str):
     if strategy == "multi-worker":
         cfg = tf_config()
         if not cfg:
-            raise UsageError("--strategy multi-worker needs TF_CONFIG describing the cluster and this task; "
+            raise UsageError("strategy (--strategy) multi-worker needs TF_CONFIG describing the cluster and this task; "
                              "see docs/distributed.md")
         try:
             return tf.distribute.MultiWorkerMirroredStrategy()
@@ -118,7 +118,7 @@ def init_torch_ddp():
 
     env = torch_env()
     if env is None:
-        raise UsageError("--strategy ddp runs under torchrun: torchrun --nproc-per-node N -m optkit prune ... "
+        raise UsageError("strategy (--strategy) ddp runs under torchrun: torchrun --nproc-per-node N -m optkit prune ... "
                          "(see docs/distributed.md)")
     if not dist.is_available():
         raise UsageError("this PyTorch build has no torch.distributed")

@@ -15,7 +15,7 @@ import numpy as np
 from pydantic import Field, field_validator
 
 from optkit.core.errors import DependencyError, UsageError, ValidationError
-from optkit.core.registry import PassConfig
+from optkit.core.registry import PassConfig, cli
 from optkit.passes.training.distributed import init_torch_ddp, is_chief
 from optkit.runtimes.tf import import_tf
 
@@ -29,13 +29,28 @@ class FinetuneConfig(PassConfig):
 
     min_epochs: ClassVar[int] = 0   # 1 for a pass that cannot skip training (Keras pruning schedules, QAT)
 
-    epochs: int = Field(default=2, ge=0)
-    batch_size: int = Field(default=32, ge=1)          # global batch (split across replicas / workers)
-    learning_rate: float = Field(default=1e-3, gt=0)
-    optimizer: Optimizer = "adam"
-    strategy: Literal["none", "mirrored", "multi-worker", "ddp"] = "none"
-    max_accuracy_drop: float | None = Field(default=0.05, ge=0, le=1)  # fail (exit 3) past this top-1 drop
-    tensorboard: str | None = None     # a folder: the fine-tuning curves (loss, accuracy per epoch) as TensorBoard logs
+    epochs: int = Field(default=2, ge=0, description="Fine-tuning epochs.", json_schema_extra=cli("--epochs"))
+    # global batch (split across replicas / workers)
+    batch_size: int = Field(default=32, ge=1, description="Global batch size, split over replicas and workers.",
+                            json_schema_extra=cli("--batch-size"))
+    learning_rate: float = Field(default=1e-3, gt=0, description="Learning rate.",
+                                 json_schema_extra=cli("--learning-rate"))
+    optimizer: Optimizer = Field(default="adam", description="adam, adamw, sgd or rmsprop.",
+                                 json_schema_extra=cli("--optimizer"))
+    strategy: Literal["none", "mirrored", "multi-worker", "ddp"] = Field(
+        default="none", description="none; Keras: mirrored (local devices) or multi-worker (TF_CONFIG); torch: ddp "
+                                    "(torchrun).", json_schema_extra=cli("--strategy"))
+    # fail (exit 3) past this top-1 drop
+    max_accuracy_drop: float | None = Field(
+        default=0.05, ge=0, le=1, description="Fail (exit 3) when fine-tuned top-1 falls more than this (0.05 = 5 pt); "
+                                              "null disables.",
+        json_schema_extra=cli("--max-accuracy-drop", group="budgets", negative_is_none=True,
+                              help="Fail (exit 3) when fine-tuned top-1 falls more than this (default 0.05 = 5 pt); "
+                                   "-1 disables."))
+    # a folder: the fine-tuning curves (loss, accuracy per epoch) as TensorBoard logs
+    tensorboard: str | None = Field(default=None, description="Write the fine-tuning curves (loss, accuracy per "
+                                                              "epoch) to this folder for TensorBoard.",
+                                    json_schema_extra=cli("--tensorboard", group="measurement"))
 
     @field_validator("epochs")
     @classmethod
@@ -54,9 +69,9 @@ def check_tensorboard(folder: str | None) -> None:
     if folder is None:
         return
     if importlib.util.find_spec("tensorboard") is None:
-        raise DependencyError(f"--tensorboard needs the tensorboard package, which is not installed: {TENSORBOARD_HINT}")
+        raise DependencyError(f"tensorboard (--tensorboard) needs the tensorboard package, which is not installed: {TENSORBOARD_HINT}")
     if Path(folder).exists() and not Path(folder).is_dir():
-        raise UsageError(f"--tensorboard {folder} is a file; give a folder for the event files")
+        raise UsageError(f"tensorboard (--tensorboard) {folder} is a file; give a folder for the event files")
 
 
 def train_arrays(ctx, specs, *, what: str, required: bool = True) -> tuple[np.ndarray, np.ndarray] | None:
@@ -64,8 +79,8 @@ def train_arrays(ctx, specs, *, what: str, required: bool = True) -> tuple[np.nd
     ds = ctx.data.get("train")
     if ds is None:
         if required:
-            raise UsageError(f"{what} fine-tunes on labelled data: give it with --train DATA (.npz with "
-                             "'labels', or an image folder), or set --epochs 0")
+            raise UsageError(f"{what} fine-tunes on labelled data: give it as data.train / --train DATA (.npz "
+                             "with 'labels', or an image folder), or set epochs (--epochs) to 0")
         return None
     if len(specs) != 1:
         raise UsageError(f"{what} fine-tunes single-input models; this one has {len(specs)} inputs")
@@ -108,8 +123,8 @@ def check_accuracy(ctx, before: float | None, after: float | None, max_drop: flo
     if max_drop is not None and before - after > max_drop:
         raise ValidationError(
             f"{what}: top-1 fell from {before:.4f} to {after:.4f} ({(before - after) * 100:.1f} pt, more than "
-            f"max_accuracy_drop {max_drop * 100:.1f} pt); train longer (--epochs), lower the sparsity, or raise "
-            "--max-accuracy-drop")
+            f"max_accuracy_drop {max_drop * 100:.1f} pt); train longer (epochs / --epochs), lower the sparsity, or raise "
+            "max_accuracy_drop (--max-accuracy-drop)")
 
 
 def steps_per_epoch(n: int, batch: int) -> int:
@@ -245,7 +260,7 @@ def torch_writer(folder: str):
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as e:
-        raise DependencyError(f"--tensorboard cannot import torch.utils.tensorboard ({e}): {TENSORBOARD_HINT}") from None
+        raise DependencyError(f"tensorboard (--tensorboard) cannot import torch.utils.tensorboard ({e}): {TENSORBOARD_HINT}") from None
     return SummaryWriter(log_dir=str(Path(folder) / "train"))
 
 
