@@ -112,7 +112,7 @@ def test_the_old_default_name_is_refused_in_one_line(cli, factory, tmp_path):
 def test_dynamic_and_value_name_forward_arguments(cli, factory, tmp_path):
     r = cli("convert", f"{factory}:make_model", "-o", tmp_path / "m.onnx", "--shape", "inputs=1x3x16x16",
             "--dynamic", "input:2")
-    assert r.rc == 2 and "--dynamic names input 'input', but the model's inputs are inputs" in one_error_line(r)
+    assert r.rc == 2 and "dynamic (--dynamic) names input 'input', but the model's inputs are inputs" in one_error_line(r)
     dest = tmp_path / "two.onnx"
     r = cli("convert", f"{factory}:make_two", "-o", dest, "--shape", "features=1x5", "--shape", "scale=1x1",
             "--value", "input=2")

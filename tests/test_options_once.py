@@ -19,12 +19,10 @@ from conftest import ROOT
 
 # The command each pass's flags are derived for (@flags.pass_options), and the pass spec it derives from.
 DERIVED = {"quantize": ("quantize.onnx",), "simplify": ("simplify.onnx",), "tflite": ("tflite.export",),
-           "qat": ("qat.keras",), "prune": ("prune.keras", "prune.torch")}
+           "qat": ("qat.keras",), "prune": ("prune.keras", "prune.torch"), "convert": ("convert.torch", "convert.tf")}
 # Passes whose commands still declare their flags by hand in optkit/cli/*.py (issue 21 item 3, not done yet):
 # their Config fields carry no cli(...) metadata yet.
 NOT_YET = {
-    "convert.tf": "cli/convert.py declares its flags by hand",
-    "convert.torch": "cli/convert.py declares its flags by hand",
     "profile.onnx": "cli/profile.py declares its flags by hand",
     "tensorrt.build": "cli/trt.py declares its flags by hand",
     "tune.onnx": "cli/tune.py declares its flags by hand",

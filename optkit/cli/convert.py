@@ -5,7 +5,7 @@ from typing import Optional
 
 import typer
 
-from optkit.cli import common, options
+from optkit.cli import common, flags, options
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format, detect_format
 from optkit.core.shapes import parse_shapes, parse_values
@@ -15,75 +15,58 @@ TORCH_FORMATS = ("torch-module", "torchscript", "torch-export")
 
 def register(app: typer.Typer) -> None:
     @app.command("convert")
+    @flags.pass_options("convert.torch", "convert.tf")
     def convert_cmd(
         model: str = typer.Argument(..., help="file.py:make_model, pkg.mod:make_model, TorchScript .pt, "
                                                ".pt2, SavedModel folder, .keras, .h5 or .tflite."),
         output: str = typer.Option(..., "--output", "-o", help="The ONNX file to write."),
         weights: Optional[str] = options.WEIGHTS,
-        signature: Optional[str] = typer.Option(None, "--signature", help="SavedModel signature to convert."),
         shape: Optional[list[str]] = options.SHAPE,
         value: Optional[list[str]] = options.VALUE,
-        dynamic: Optional[list[str]] = typer.Option(
-            None, "--dynamic", help="Dynamic axes (PyTorch) besides the batch: NAME:DIM[=LABEL] (repeatable)."),
-        static_batch: bool = typer.Option(False, "--static-batch",
-                                          help="Keep the batch axis fixed (by default it is dynamic)."),
-        exporter: str = typer.Option("dynamo", "--exporter", help="PyTorch exporter: dynamo or legacy."),
-        no_fallback: bool = typer.Option(False, "--no-fallback",
-                                         help="Fail instead of falling back to the legacy exporter."),
-        opset: Optional[int] = typer.Option(None, "--opset", min=7,
-                                            help="ONNX opset (default: newest the exporter and onnxruntime share)."),
         data: Optional[str] = options.DATA,
-        samples: int = typer.Option(64, "--samples", min=1, help="Validation samples taken from --data."),
-        atol: Optional[float] = typer.Option(None, "--atol", min=0, help="Absolute tolerance (default per dtype)."),
-        rtol: Optional[float] = typer.Option(None, "--rtol", min=0, help="Relative tolerance (default per dtype)."),
-        external_data: str = typer.Option("auto", "--external-data",
-                                          help="auto (only over 2 GB), always or never."),
         threads: Optional[int] = options.THREADS,
         runs: int = typer.Option(50, "--runs", min=1, help="Timed runs for the latency figures."),
         report: Optional[str] = options.OUTPUT_REPORT,
         as_json: bool = options.JSON,
         print_recipe: bool = options.PRINT_RECIPE,
+        *,
+        config: dict,
     ) -> None:
         """Convert a PyTorch or TensorFlow model to ONNX, validated against the source framework."""
+        from optkit.core.registry import build_config
         from optkit.measure.model import MeasureSettings
+        from optkit.passes import get_pass
 
         common.guard_outputs({"-o": output, "--report": report}, [model, weights, data])
-        if exporter not in ("dynamo", "legacy"):
-            raise UsageError(f"--exporter {exporter!r}: choose dynamo or legacy")
-        if external_data not in ("auto", "always", "never"):
-            raise UsageError(f"--external-data {external_data!r}: choose auto, always or never")
         fmt = detect_format(model)
+        if fmt.value in TORCH_FORMATS:
+            pass_name = "convert.torch"
+            if config.get("signature"):
+                raise UsageError("signature (--signature) applies to SavedModels")
+        elif fmt in (Format.KERAS, Format.TF_SAVEDMODEL, Format.TFLITE):
+            pass_name = "convert.tf"
+            if weights:
+                raise UsageError(f"weights (--weights) applies to PyTorch models, not {fmt.value}")
+            for key in config:  # the PyTorch exporter's options
+                if key not in flags.keys(pass_name):
+                    raise UsageError(f"{key} ({flags.field('convert.torch', key)['flag']}) applies to PyTorch "
+                                     f"models, not {fmt.value}")
+        else:
+            raise UsageError(f"convert takes PyTorch or TensorFlow models; {model} is {fmt.value}")
+        build_config(get_pass(pass_name), config)  # bad options fail before any data is read
         shapes = parse_shapes(shape)
         dataset = None
         if data:
             from optkit.measure.datasets import load_dataset
 
             dataset = load_dataset(data)
-        common_cfg = {"opset": opset, "atol": atol, "rtol": rtol, "samples": samples,
-                      "external_data": external_data, "static_batch": static_batch}
-        if fmt.value in TORCH_FORMATS:
-            pass_name = "convert.torch"
-            config = {**common_cfg, "exporter": exporter, "dynamic": list(dynamic or []),
-                      "fallback": not no_fallback}
-            if signature:
-                raise UsageError("--signature applies to SavedModels")
-            if not shapes and dataset is not None and fmt == Format.TORCHSCRIPT and set(dataset.arrays) == {""}:
-                shapes = {"": [1, *dataset.arrays[""].shape[1:]]}  # TorchScript does not declare its input shape
-        elif fmt in (Format.KERAS, Format.TF_SAVEDMODEL, Format.TFLITE):
-            pass_name = "convert.tf"
-            config = {**common_cfg, "signature": signature}
-            for flag, value in (("--dynamic", dynamic), ("--weights", weights)):
-                if value:
-                    raise UsageError(f"{flag} applies to PyTorch models, not {fmt.value}")
-            if exporter != "dynamo" or no_fallback:
-                raise UsageError(f"--exporter/--no-fallback apply to PyTorch models, not {fmt.value}")
-        else:
-            raise UsageError(f"convert takes PyTorch or TensorFlow models; {model} is {fmt.value}")
+        if not shapes and dataset is not None and fmt == Format.TORCHSCRIPT and set(dataset.arrays) == {""}:
+            shapes = {"": [1, *dataset.arrays[""].shape[1:]]}  # TorchScript does not declare its input shape
         settings = MeasureSettings(threads=threads, shapes=shapes, values=parse_values(value), runs=runs,
                                    warmup=min(10, runs))
         rep = common.run_single_stage(
             pass_name, model, output, config, command=f"optkit convert {model}", settings=settings,
-            weights=weights, report_path=report, as_json=as_json, signature=signature,
+            weights=weights, report_path=report, as_json=as_json, signature=config.get("signature"),
             data={"eval": data} if data else {},
             print_recipe=print_recipe,
         )

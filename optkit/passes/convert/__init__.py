@@ -13,7 +13,7 @@ from pydantic import Field, model_validator
 
 from optkit.core.artifact import Artifact
 from optkit.core.formats import Format
-from optkit.core.registry import Pass, PassContext, register
+from optkit.core.registry import Pass, PassContext, cli, register
 from optkit.passes.convert.common import ConvertConfig
 from optkit.passes.convert.tf import convert_tf
 from optkit.passes.convert.torch import convert_torch
@@ -28,11 +28,19 @@ class ConvertTorch(Pass):
     extra = "torch"
 
     class Config(ConvertConfig):
-        exporter: Literal["dynamo", "legacy"] = "dynamo"
+        exporter: Literal["dynamo", "legacy"] = Field(default="dynamo", description="PyTorch exporter: dynamo or "
+                                                                                   "legacy.",
+                                                      json_schema_extra=cli("--exporter"))
         dynamic: list[str] = Field(default_factory=list,
                                    description="dynamic axes besides the batch (dynamic unless static_batch): "
-                                               "NAME:DIM[=LABEL] ('*' for every input); 'batch' is accepted")
-        fallback: bool = True   # fall back to the TorchScript exporter when dynamo fails
+                                               "NAME:DIM[=LABEL] ('*' for every input); 'batch' is accepted",
+                                   json_schema_extra=cli("--dynamic", help="Dynamic axes (PyTorch) besides the "
+                                                         "batch: NAME:DIM[=LABEL] (repeatable)."))
+        # fall back to the TorchScript exporter when dynamo fails
+        fallback: bool = Field(default=True, description="Fall back to the legacy (TorchScript) exporter when "
+                                                         "dynamo fails.",
+                               json_schema_extra=cli("--no-fallback", sets=False, help="Fail instead of falling "
+                                                     "back to the legacy exporter."))
 
     def run(self, artifact: Artifact, config, ctx: PassContext) -> Artifact:
         return convert_torch(artifact, config, ctx)
@@ -47,7 +55,9 @@ class ConvertTF(Pass):
     extra = "tf"
 
     class Config(ConvertConfig):
-        signature: str | None = None   # SavedModel signature (default: the only one, or serving_default)
+        signature: str | None = Field(default=None, description="SavedModel signature to convert (default: the "
+                                                                "only one, or serving_default).",
+                                      json_schema_extra=cli("--signature"))
 
         @model_validator(mode="before")
         @classmethod

@@ -10,7 +10,7 @@ from pydantic import Field
 
 from optkit.core.batching import call_as_samples, count
 from optkit.core.errors import PassError, UsageError, ValidationError
-from optkit.core.registry import PassConfig, PassContext
+from optkit.core.registry import PassConfig, PassContext, cli
 from optkit.core.shapes import TensorSpec
 from optkit.core.text import first_line
 from optkit.measure.datasets import Dataset
@@ -36,14 +36,23 @@ DEFAULT_TOLERANCE = {
 
 class ConvertConfig(PassConfig):
     opset: int | None = Field(default=None, ge=7, description="ONNX opset (default: the newest the exporter "
-                                                               "and onnxruntime both support)")
-    atol: float | None = Field(default=None, ge=0, description="absolute tolerance (default per dtype)")
-    rtol: float | None = Field(default=None, ge=0, description="relative tolerance (default per dtype)")
-    samples: int = Field(default=64, ge=1, description="validation samples taken from the data")
-    batch: int = Field(default=2, ge=1, description="batch of synthesized validation inputs")
-    static_batch: bool = Field(default=False, description="keep the batch axis (the first) fixed; by default it "
-                                                          "is dynamic, as exporters such as Optimum make it")
-    external_data: Literal["auto", "always", "never"] = "auto"
+                                                               "and onnxruntime both support).",
+                              json_schema_extra=cli("--opset"))
+    atol: float | None = Field(default=None, ge=0, description="Absolute tolerance (default per dtype).",
+                               json_schema_extra=cli("--atol", group="budgets"))
+    rtol: float | None = Field(default=None, ge=0, description="Relative tolerance (default per dtype).",
+                               json_schema_extra=cli("--rtol", group="budgets"))
+    samples: int = Field(default=64, ge=1, description="Validation samples taken from the data.",
+                         json_schema_extra=cli("--samples", group="evaluation"))
+    batch: int = Field(default=2, ge=1, description="batch of synthesized validation inputs",
+                       json_schema_extra=cli(recipe_only="validation detail: the batch of synthesized inputs "
+                                                         "(--data feeds real ones)"))
+    static_batch: bool = Field(default=False, description="Keep the batch axis (the first) fixed; by default it "
+                                                          "is dynamic, as exporters such as Optimum make it.",
+                               json_schema_extra=cli("--static-batch"))
+    external_data: Literal["auto", "always", "never"] = Field(
+        default="auto", description="ONNX external data: auto (only over 2 GB), always or never.",
+        json_schema_extra=cli("--external-data"))
 
 
 _ORT_MAX: int | None = None

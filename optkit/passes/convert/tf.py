@@ -37,11 +37,11 @@ def convert_tf(artifact: Artifact, config, ctx: PassContext) -> Artifact:
     with Staging(ctx.output) as stage, tempfile.TemporaryDirectory(prefix="optkit-convert-") as work:
         if artifact.format == Format.TFLITE:
             if signature:
-                raise UsageError("--signature applies to SavedModels, not TFLite models")
+                raise UsageError("signature (--signature) applies to SavedModels, not TFLite models")
             reference = _convert_tflite(artifact.path, opset, stage.model, ctx)
         elif artifact.format == Format.KERAS:
             if signature:
-                raise UsageError("--signature applies to SavedModels, not Keras models")
+                raise UsageError("signature (--signature) applies to SavedModels, not Keras models")
             reference = _convert_keras(tf, artifact.path, opset, stage.model, Path(work), config, ctx)
         else:
             reference = _convert_saved_model(tf, artifact.path, signature, opset, stage.model)

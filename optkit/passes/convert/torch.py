@@ -42,7 +42,8 @@ def convert_torch(artifact: Artifact, config, ctx: PassContext) -> Artifact:
     specs, tensors = input_specs(artifact, examples, names, ctx)
     asked = parse_dynamic(config.dynamic, specs)
     if config.static_batch and any(d.get(0) == "batch" for d in asked.values()):
-        raise UsageError("--static-batch fixes the batch axis that --dynamic batch makes dynamic; give one of them")
+        raise UsageError("static_batch (--static-batch) fixes the batch axis that dynamic: [batch] (--dynamic batch) "
+                         "makes dynamic; give one of them")
     defaulted = {} if config.static_batch else {s.name: {0: "batch"} for s in specs
                                                   if s.shape and 0 not in asked.get(s.name, {})}
     try:
@@ -143,7 +144,8 @@ def load_model(artifact: Artifact, config):
 
     weights = artifact.meta.get("weights")
     if weights and artifact.format != Format.TORCH_MODULE:
-        raise UsageError(f"--weights applies to a factory (file.py:make_model); {artifact.path} already holds weights")
+        raise UsageError(f"weights (--weights) applies to a factory (file.py:make_model); {artifact.path} already "
+                         f"holds weights")
     bare = replace(artifact, meta={k: v for k, v in artifact.meta.items() if k != "weights"})
     if artifact.format == Format.TORCH_EXPORT:
         program = load_program(artifact.path)
@@ -191,8 +193,8 @@ def input_specs(artifact: Artifact, examples, names: list[str], ctx: PassContext
             if np.issubdtype(arr.dtype, np.integer):
                 dtype = torch.int64
         else:
-            raise UsageError(f"{artifact.path} does not say what input {name!r} looks like: pass --shape "
-                             f"{name}=DIMS or --data, or define example_inputs() next to the factory")
+            raise UsageError(f"{artifact.path} does not say what input {name!r} looks like: give shapes "
+                             f"(--shape {name}=DIMS) or data (--data), or define example_inputs() next to the factory")
         if ex is not None and list(ex.shape) == shape and override is None:
             t = ex.detach().clone()
         elif dtype.is_floating_point:
@@ -219,14 +221,14 @@ def parse_dynamic(items: list[str], specs: list[TensorSpec]) -> dict[str, dict[i
             continue
         m = re.fullmatch(r"(?P<name>[^:=]+):(?P<dim>-?\d+)(?:=(?P<label>\w+))?", item)
         if not m:
-            raise UsageError(f"bad --dynamic {item!r}: write 'batch' or NAME:DIM[=LABEL] (e.g. input_ids:1=seq)")
+            raise UsageError(f"bad dynamic (--dynamic) {item!r}: write 'batch' or NAME:DIM[=LABEL] (e.g. input_ids:1=seq)")
         targets = names if m["name"] == "*" else [m["name"]]
         for n in targets:
             if n not in ranks:
-                raise UsageError(f"--dynamic names input {n!r}, but the model's inputs are {', '.join(names)}")
+                raise UsageError(f"dynamic (--dynamic) names input {n!r}, but the model's inputs are {', '.join(names)}")
             dim = int(m["dim"]) % ranks[n] if ranks[n] else 0
             if not 0 <= int(m["dim"]) + (ranks[n] if int(m["dim"]) < 0 else 0) < ranks[n]:
-                raise UsageError(f"--dynamic {item!r}: input {n!r} has {ranks[n]} dims")
+                raise UsageError(f"dynamic (--dynamic) {item!r}: input {n!r} has {ranks[n]} dims")
             axes.setdefault(n, {})[dim] = m["label"] or ("batch" if dim == 0 else f"{n}_dim{dim}")
     return axes
 

@@ -270,7 +270,7 @@ def _torch_example(artifact: Artifact, examples, ctx: PassContext):
     shape = ctx.shapes.get("") or ctx.shapes.get("input") or (next(iter(ctx.shapes.values())) if len(ctx.shapes) == 1 else None)
     if shape is None:
         raise UsageError(f"{artifact.path} does not say what input it takes; define example_inputs() beside the "
-                         "factory or give --shape input=1x3x224x224")
+                         "factory or give shapes (--shape input=1x3x224x224)")
     return torch.zeros((2, *shape[1:]), dtype=torch.float32)
 
 
