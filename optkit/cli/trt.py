@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from optkit.cli import common, options
+from optkit.cli import common, flags, options
 from optkit.core.errors import PassError, UsageError
 from optkit.core.formats import Format
 from optkit.core.text import printable
@@ -17,37 +17,16 @@ trt_app = typer.Typer(
     help="TensorRT: build an engine from ONNX (needs an NVIDIA GPU), or check a model for TensorRT on any machine.",
 )
 
-PROFILE_SHAPE = typer.Option(
-    None, "--shape",
-    help="Input shape: name=1x3x224x224 (fixed) or name=MIN:OPT:MAX for a dynamic-shape optimization profile, "
-         "e.g. input=1x3x224x224:8x3x224x224:32x3x224x224 (repeatable).")
-
-
 def register(app: typer.Typer) -> None:
     app.add_typer(trt_app, name="trt")
 
 
 @trt_app.command("build")
+@flags.pass_options("tensorrt.build")
 def build_cmd(
     model: str = typer.Argument(..., help="ONNX model (e.g. the QDQ output of `optkit quantize`)."),
     output: str = typer.Option(..., "-o", "--output", help="Engine file to write (.engine or .plan)."),
-    precision: str = typer.Option("fp16", "--precision",
-                                  help="fp32, fp16, bf16, or int8 (int8 needs a Q/DQ model: no calibration)."),
-    strongly_typed: Optional[bool] = typer.Option(
-        None, "--strongly-typed/--weakly-typed",
-        help="Strongly typed network: precision comes from the model's types (fp16/bf16: the model is cast first). "
-             "Default: strongly typed for int8 and wherever TensorRT has no precision flags (TensorRT 11); "
-             "--weakly-typed uses TensorRT 10's FP16/BF16/INT8 builder flags."),
-    shape: Optional[list[str]] = PROFILE_SHAPE,
-    workspace_mb: Optional[int] = typer.Option(None, "--workspace-mb", min=1, help="Workspace memory limit (MiB)."),
-    opt_level: int = typer.Option(3, "--opt-level", min=0, max=5, help="Builder optimization level 0-5."),
-    timing_cache: str = typer.Option("auto", "--timing-cache",
-                                     help="Timing cache file, loaded and saved on every build ('auto': per-user)."),
     no_timing_cache: bool = typer.Option(False, "--no-timing-cache", help="Build without a timing cache."),
-    no_tf32: bool = typer.Option(False, "--no-tf32", help="Disallow TF32 for fp32 layers."),
-    tolerance: Optional[float] = typer.Option(None, "--tolerance", min=0.0,
-                                              help="Max |engine - onnx| / max|onnx| (default by precision)."),
-    no_validate: bool = typer.Option(False, "--no-validate", help="Skip comparing the engine with the ONNX model."),
     cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="Time the engine replayed from a CUDA graph."),
     provider: str = typer.Option("cpu", "--provider", help="onnxruntime provider for measuring the ONNX input."),
     warmup: int = typer.Option(10, "--warmup", min=0, help="Untimed runs first."),
@@ -57,27 +36,31 @@ def build_cmd(
     report: Optional[str] = options.OUTPUT_REPORT,
     as_json: bool = options.JSON,
     print_recipe: bool = options.PRINT_RECIPE,
+    *,
+    config: dict,
 ) -> None:
     """Build a TensorRT engine from an ONNX model, check it against the model, and measure both."""
+    from optkit.core.registry import build_config
     from optkit.measure.model import DataSpec, MeasureSettings
+    from optkit.passes import get_pass
     from optkit.passes.tensorrt.check import opt_shapes, parse_profiles
 
-    cache_file = None if no_timing_cache or timing_cache == "auto" else timing_cache
+    if no_timing_cache:
+        if "timing_cache" in config:
+            raise UsageError("give timing_cache (--timing-cache) or --no-timing-cache, not both")
+        config["timing_cache"] = None
+    cache = config.get("timing_cache", flags.default("tensorrt.build", "timing_cache"))
+    cache_file = None if cache in (None, "", "auto") else cache
     common.guard_outputs({"-o": output, "--report": report, "--timing-cache": cache_file}, [model, data])
-    if precision not in ("fp32", "fp16", "bf16", "int8"):
-        raise UsageError(f"unknown --precision {precision!r}; choose fp32, fp16, bf16 or int8")
     if metric and not data:
-        raise UsageError("--metric needs --data")
-    profiles = parse_profiles(shape)
-    config = {
-        "precision": precision, "strongly_typed": strongly_typed, "profile": profiles,
-        "workspace_mb": workspace_mb, "optimization_level": opt_level,
-        "timing_cache": None if no_timing_cache else timing_cache, "tf32": not no_tf32,
-        "validate_output": not no_validate, "tolerance": tolerance or None,
-    }
+        raise UsageError("metric (--metric) needs data (--data)")
+    if "profile" in config:
+        config["profile"] = parse_profiles(config["profile"])
+    build_config(get_pass("tensorrt.build"), config)  # bad options fail before any work
     if cuda_graphs:
         os.environ["OPTKIT_TRT_CUDA_GRAPHS"] = "1"  # read by the TensorRT session in the measuring process
-    settings = MeasureSettings(provider=provider, warmup=warmup, runs=runs, shapes=opt_shapes(profiles))
+    settings = MeasureSettings(provider=provider, warmup=warmup, runs=runs,
+                               shapes=opt_shapes(config.get("profile", {})))
     common.run_single_stage(
         "tensorrt.build", model, output, config, command=f"optkit trt build {model}", settings=settings,
         eval_data=DataSpec(path=data) if data else None, metric=metric, report_path=report, as_json=as_json,
@@ -88,7 +71,7 @@ def build_cmd(
 @trt_app.command("check")
 def check_cmd(
     model: str = typer.Argument(..., help="ONNX model to check."),
-    shape: Optional[list[str]] = PROFILE_SHAPE,
+    shape: Optional[list[str]] = typer.Option(None, "--shape", help=flags.field("tensorrt.build", "profile")["help"]),
     precision: Optional[str] = typer.Option(None, "--precision", help="Check for this build precision (int8 needs Q/DQ)."),
     strict: bool = typer.Option(False, "--strict", help="Treat warnings as blocking too."),
     as_json: bool = options.JSON,

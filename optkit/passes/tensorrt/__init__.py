@@ -30,7 +30,7 @@ from optkit.core.cachedir import cache_dir
 from optkit.core.errors import DependencyError, PassError, UsageError, ValidationError
 from optkit.core.formats import Format
 from optkit.core.isolate import run_isolated
-from optkit.core.registry import Pass, PassConfig, PassContext, missing_extra, register
+from optkit.core.registry import Pass, PassConfig, PassContext, cli, missing_extra, register
 from optkit.core.shapes import format_shape
 from optkit.measure.inputs import synthesize
 from optkit.onnx import io as onnx_io
@@ -45,20 +45,38 @@ DEFAULT_TOLERANCE = {"fp32": 1e-2, "fp32-no-tf32": 1e-4, "fp16": 3e-2, "bf16": 8
 class TensorRTBuildConfig(PassConfig):
     precision: Literal["fp32", "fp16", "bf16", "int8"] = Field(
         "fp16", description="fp32, fp16, bf16, or int8 (needs a Q/DQ model). Strongly typed fp16/bf16 casts the "
-                            "model to that type first.")
+                            "model to that type first.",
+        json_schema_extra=cli("--precision", help="fp32, fp16, bf16, or int8 (int8 needs a Q/DQ model: no "
+                                                  "calibration)."))
     strongly_typed: bool | None = Field(
         None, description="Strongly typed network: every tensor keeps the model's type. null (auto): strongly "
-                          "typed for int8 (Q/DQ) and wherever TensorRT has no precision flags (TensorRT 11).")
+                          "typed for int8 (Q/DQ) and wherever TensorRT has no precision flags (TensorRT 11).",
+        json_schema_extra=cli("--strongly-typed", secondary="--weakly-typed", help=(
+            "Strongly typed network: precision comes from the model's types (fp16/bf16: the model is cast first). "
+            "Default: strongly typed for int8 and wherever TensorRT has no precision flags (TensorRT 11); "
+            "--weakly-typed uses TensorRT 10's FP16/BF16/INT8 builder flags.")))
     profile: dict[str, list[list[int]]] = Field(
-        default_factory=dict, description="Optimization profile: input name -> [MIN, OPT, MAX] shapes.")
-    workspace_mb: int | None = Field(None, ge=1, description="Workspace memory pool limit (MiB).")
-    optimization_level: int = Field(3, ge=0, le=5, description="Builder optimization level 0-5 (TensorRT's default 3).")
+        default_factory=dict, description="Optimization profile: input name -> [MIN, OPT, MAX] shapes.",
+        json_schema_extra=cli("--shape", kind="list", help=(
+            "Input shape: name=1x3x224x224 (fixed) or name=MIN:OPT:MAX for a dynamic-shape optimization profile, "
+            "e.g. input=1x3x224x224:8x3x224x224:32x3x224x224 (repeatable; by default the model's shapes, a "
+            "dynamic batch 1 to 64).")))
+    workspace_mb: int | None = Field(None, ge=1, description="Workspace memory pool limit (MiB).",
+                                     json_schema_extra=cli("--workspace-mb"))
+    optimization_level: int = Field(3, ge=0, le=5, description="Builder optimization level 0-5 (TensorRT's default 3).",
+                                    json_schema_extra=cli("--opt-level"))
     timing_cache: str | None = Field(
         "auto", description="Timing cache file, loaded and saved on every build; 'auto' = the per-user cache, "
-                            "null or '' = none.")
-    tf32: bool = Field(True, description="Allow TF32 for fp32 layers (TensorRT's default).")
-    validate_output: bool = Field(True, description="Compare the engine with the ONNX model on sample inputs.")
-    tolerance: float | None = Field(None, gt=0, description="Max |engine - onnx| / max|onnx| (default by precision).")
+                            "null or '' = none.",
+        json_schema_extra=cli("--timing-cache", help="Timing cache file, loaded and saved on every build ('auto': "
+                                                     "per-user, the default; --no-timing-cache: none)."))
+    tf32: bool = Field(True, description="Allow TF32 for fp32 layers (TensorRT's default).",
+                       json_schema_extra=cli("--no-tf32", sets=False, help="Disallow TF32 for fp32 layers."))
+    validate_output: bool = Field(True, description="Compare the engine with the ONNX model on sample inputs.",
+                                  json_schema_extra=cli("--no-validate", sets=False, group="evaluation",
+                                                        help="Skip comparing the engine with the ONNX model."))
+    tolerance: float | None = Field(None, gt=0, description="Max |engine - onnx| / max|onnx| (default by precision).",
+                                    json_schema_extra=cli("--tolerance", group="budgets"))
 
 
 @register
@@ -120,7 +138,7 @@ def make_plan(onnx_path: str, config: TensorRTBuildConfig, shapes: dict[str, lis
     if config.precision == "int8" and not report.quantized:
         raise UsageError("int8 needs an explicitly quantized model (QuantizeLinear/DequantizeLinear nodes); "
                          "TensorRT's implicit INT8 calibration is gone: quantize to QDQ first "
-                         "(optkit quantize MODEL --format qdq), then build with --precision int8")
+                         "(optkit quantize MODEL --format qdq), then build with precision int8 (--precision int8)")
     qdq = [f for f in report.errors if f.code.startswith("qdq-")]
     if qdq:  # TensorRT's explicit quantization is symmetric INT8: no build can succeed, so say why now
         raise UsageError(f"{onnx_path} is quantized in a way TensorRT rejects ({len(qdq)} Q/DQ problem(s); first at "
@@ -142,11 +160,11 @@ def _given_profiles(profile: dict[str, list[list[int]]], names: list[str]) -> di
     given = {k: [list(s) for s in v] for k, v in profile.items()}
     if "" in given:
         if len(names) != 1:
-            raise UsageError(f"the model has {len(names)} inputs ({', '.join(names)}): write --shape NAME=DIMS")
+            raise UsageError(f"the model has {len(names)} inputs ({', '.join(names)}): give each its profile (--shape NAME=DIMS)")
         given[names[0]] = given.pop("")
     for key in given:
         if key not in names:
-            raise UsageError(f"--shape names input {key!r}, but the model's inputs are {', '.join(names)}")
+            raise UsageError(f"profile (--shape) names input {key!r}, but the model's inputs are {', '.join(names)}")
     return given
 
 
@@ -168,7 +186,7 @@ def _plan_input(plan: dict, inp: dict, prof: list[list[int]] | None, measured: l
         plan["shapes"][name] = prof[1]
         return
     if dims is None:
-        raise UsageError(f"input {name!r} has no declared shape; give it with --shape {name}=DIMS")
+        raise UsageError(f"input {name!r} has no declared shape; give it a profile (--shape {name}=DIMS)")
     dynamic = [i for i, d in enumerate(dims) if not isinstance(d, int)]
     if not dynamic:
         plan["shapes"][name] = list(dims)
@@ -176,12 +194,12 @@ def _plan_input(plan: dict, inp: dict, prof: list[list[int]] | None, measured: l
     pattern = "x".join(str(d) if isinstance(d, int) else "N" for d in dims)
     if dynamic != [0]:
         raise UsageError(f"input {name!r} has dynamic dims ({pattern}) and no optimization profile; give "
-                         f"--shape {name}=DIMS or {name}=MIN:OPT:MAX")
+                         f"a profile (--shape {name}=DIMS or {name}=MIN:OPT:MAX)")
     rest = list(dims[1:])
     plan["profiles"][name] = [[1] + rest, [1] + rest, [EVAL_BATCH] + rest]
     plan["shapes"][name] = [1] + rest
     plan["notes"].append(f"input {name!r} has a dynamic batch dim and no profile: the engine takes batch 1 to "
-                         f"{EVAL_BATCH}, tuned for 1 (give --shape {name}=MIN:OPT:MAX for another range)")
+                         f"{EVAL_BATCH}, tuned for 1 (give a profile, --shape {name}=MIN:OPT:MAX, for another range)")
 
 
 def _is_values(inp: dict, prof: list[list[int]]) -> bool:
@@ -195,11 +213,11 @@ def _is_values(inp: dict, prof: list[list[int]]) -> bool:
 def _check_profile(name: str, dims: list | None, prof: list[list[int]]) -> None:
     for which, shape in zip(("MIN", "OPT", "MAX"), prof):
         if dims is not None and len(shape) != len(dims):
-            raise UsageError(f"--shape {which} for input {name!r} has {len(shape)} dims but the model "
+            raise UsageError(f"profile (--shape) {which} for input {name!r} has {len(shape)} dims but the model "
                              f"expects {len(dims)} ({format_shape(dims)})")
         for i, (want, have) in enumerate(zip(dims or [], shape)):
             if isinstance(want, int) and want != have:
-                raise UsageError(f"--shape {which} for input {name!r} sets dim {i} to {have} but the model "
+                raise UsageError(f"profile (--shape) {which} for input {name!r} sets dim {i} to {have} but the model "
                                  f"fixes it at {want} ({format_shape(dims)})")
 
 
@@ -233,7 +251,7 @@ def select_precision(trt, precision: str, strongly_typed: bool | None, quantized
     elif not strongly_typed and not set(wanted) <= has:
         missing = ", ".join(sorted(set(wanted) - has))
         raise UsageError(f"TensorRT {trt.__version__} has no BuilderFlag {missing} (removed in TensorRT 11): "
-                         f"{precision} builds strongly typed there; drop --weakly-typed (strongly_typed: false)")
+                         f"{precision} builds strongly typed there; drop strongly_typed: false (--weakly-typed)")
     elif not has:  # fp32 on TensorRT 11: strong typing is all there is
         strongly_typed = True
     if strongly_typed:
@@ -352,7 +370,7 @@ def optimization_profile(builder, network, plan: dict):
             values = plan["values"].get(t.name)
             if values is None:
                 raise UsageError(f"input {t.name!r} is a shape tensor: TensorRT's profile needs its values; give "
-                                 f"--shape {t.name}=MIN:OPT:MAX with each value list written like dims (e.g. "
+                                 f"a profile (--shape {t.name}=MIN:OPT:MAX) with each value list written like dims (e.g. "
                                  "1x3x224x224)")
             prof = prof or builder.create_optimization_profile()
             prof.set_shape_input(t.name, *values)

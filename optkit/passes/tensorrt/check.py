@@ -490,16 +490,16 @@ def parse_profiles(values: list[str] | None) -> dict[str, list[list[int]]]:
         name, _, spec = item.rpartition("=")
         parts = spec.split(":")
         if len(parts) not in (1, 3):
-            raise UsageError(f"bad --shape {item!r}: expected name=DIMS or name=MIN:OPT:MAX (e.g. "
+            raise UsageError(f"bad profile (--shape) {item!r}: expected name=DIMS or name=MIN:OPT:MAX (e.g. "
                              "input=1x3x224x224:8x3x224x224:32x3x224x224)")
         shapes = [parse_shapes([f"{name}={p}" if name else p])[name.strip()] for p in parts]
         if len(shapes) == 1:
             shapes = shapes * 3
         lo, opt, hi = shapes
         if not len(lo) == len(opt) == len(hi):
-            raise UsageError(f"bad --shape {item!r}: MIN, OPT and MAX must have the same number of dims")
+            raise UsageError(f"bad profile (--shape) {item!r}: MIN, OPT and MAX must have the same number of dims")
         if any(not a <= b <= c for a, b, c in zip(lo, opt, hi)):
-            raise UsageError(f"bad --shape {item!r}: every dim must satisfy MIN <= OPT <= MAX")
+            raise UsageError(f"bad profile (--shape) {item!r}: every dim must satisfy MIN <= OPT <= MAX")
         out[name.strip()] = [lo, opt, hi]
     return out
 
