@@ -406,7 +406,7 @@ def test_a_database_that_is_not_exactly_an_optuna_study_is_refused_before_any_wr
                 work)
     assert p.rc == 2, p.err
     line = one_error_line(p)
-    assert words in line and "optkit does not write into it: give another --storage" in line, line
+    assert words in line and "optkit does not write into it: give another storage (--storage)" in line, line
     assert "[SQL" not in p.err and "sqlalche" not in p.err.lower()
     assert snapshot(work) == before
 
@@ -422,7 +422,7 @@ def test_a_database_servers_database_gets_the_same_check(work):
     sqlite3.connect(work / "empty.db").close()
     with pytest.raises(UsageError) as e:
         check_server_schema(f"sqlite:///{work / 'user.db'}")
-    assert "tables of its own (customers)" in e.value.message and "give another --storage" in e.value.message
+    assert "tables of its own (customers)" in e.value.message and "give another storage (--storage)" in e.value.message
     check_server_schema(f"sqlite:///{work / 'optuna.db'}")
     check_server_schema(f"sqlite:///{work / 'empty.db'}")
 

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from optkit.cli import common, options
+from optkit.cli import common, flags, options
 from optkit.core.errors import UsageError
 from optkit.core.shapes import parse_shapes, parse_values
 
@@ -20,7 +20,7 @@ def parse_memory(text: str) -> float:
     """'2GB', '512MiB', '800' (MiB) -> MiB."""
     m = _SIZE.match(text)
     if not m or float(m[1]) <= 0:
-        raise UsageError(f"--max-memory {text!r}: give a size such as 2GB, 512MB or 512MiB")
+        raise UsageError(f"max_memory_mb (--max-memory) {text!r}: give a size such as 2GB, 512MB or 512MiB")
     scale = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30}
     return float(m[1]) * scale[(m[2] or "mib").lower()] / 2 ** 20
 
@@ -29,7 +29,7 @@ def parse_duration(text: str) -> float:
     """'10m', '90s', '1h', '600' (seconds) -> seconds."""
     m = _DURATION.match(text)
     if not m or float(m[1]) <= 0:
-        raise UsageError(f"--time-budget {text!r}: give a duration such as 90s, 10m or 1h")
+        raise UsageError(f"time_budget (--time-budget) {text!r}: give a duration such as 90s, 10m or 1h")
     return float(m[1]) * {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}[(m[2] or "s").lower()]
 
 
@@ -38,7 +38,7 @@ def parse_space(items: list[str]) -> dict[str, list[str]]:
     for item in items:
         name, sep, values = item.partition("=")
         if not sep or not name.strip() or not values.strip():
-            raise UsageError(f"--space {item!r}: write NAME=V1,V2,... e.g. batch=1,8,32")
+            raise UsageError(f"space (--space) {item!r}: write NAME=V1,V2,... e.g. batch=1,8,32")
         space[name.strip()] = [v.strip() for v in values.split(",") if v.strip()]
     return space
 
@@ -53,52 +53,24 @@ def _check_storage(storage: Optional[str], output: Path, others: list) -> None:
         return
     for other in others:
         if other and Path(other).resolve() == path.resolve():
-            raise UsageError(f"the tune study file {path} is also {other}: give another -o or --storage")
+            raise UsageError(f"the tune study file {path} is also {other}: give another -o or storage (--storage)")
     check_storage_file(storage or sqlite_url(path))
 
 
 def register(app: typer.Typer) -> None:
     @app.command("tune")
+    @flags.pass_options("tune.onnx")
     def tune_cmd(
         model: str = typer.Argument(..., help="ONNX model."),
         data: Optional[str] = options.DATA,
-        objective: list[str] = typer.Option(["throughput"], "--objective",
-                                            help="throughput (samples/s), latency (p50 of one request) or cost "
-                                                 "(CPU seconds per 1,000 samples); repeat or comma-separate "
-                                                 "for a multi-objective search."),
-        slo: Optional[list[str]] = typer.Option(None, "--slo", help="A service-level objective every chosen "
-                                                                     "setting meets: 'p99<=20ms', "
-                                                                     "'throughput>=200' (repeatable)."),
-        max_memory: Optional[str] = typer.Option(None, "--max-memory", help="Peak memory a setting may use, "
-                                                                             "e.g. 2GB."),
-        trials: Optional[int] = typer.Option(None, "--trials", help="Trials in the study (default 40)."),
-        time_budget: Optional[str] = typer.Option(None, "--time-budget", help="Stop searching after this "
-                                                                               "long, e.g. 10m."),
-        trial_seconds: Optional[float] = typer.Option(None, "--trial-seconds",
-                                                      help="Timed seconds per trial (default 1). A trial's "
-                                                           "child is stopped after its 0.25 s probe, these seconds "
-                                                           "and max(30 s, 10x these) for set-up (a failed trial, "
-                                                           "with the reason)."),
-        space: Optional[list[str]] = typer.Option(None, "--space", help="A dimension's choices, e.g. "
-                                                                         "batch=1,8,32 or threads=1,2 (repeatable)."),
-        storage: Optional[str] = typer.Option(None, "--storage",
-                                              help="Optuna storage shared by workers: sqlite:///f.db, "
-                                                   "postgresql://..., mysql://... or journal:FILE (default: "
-                                                   "OUT.optkit-study.db beside -o, so a stopped tune "
-                                                   "resumes)."),
-        study: Optional[str] = typer.Option(None, "--study", help="Study name (with --storage: the same name on "
-                                                                  "every worker)."),
-        confirm: Optional[int] = typer.Option(None, "--confirm", help="Best settings measured again in 3 "
-                                                                      "interleaved rounds to tell a win from "
-                                                                      "noise (default 3; 1: the best only, for "
-                                                                      "its 95% interval; 0: none)."),
-        seed: int = typer.Option(0, "--seed", min=0, help="Sampler seed."),
         output: Optional[str] = typer.Option(None, "-o", "--output",
                                              help="Best settings JSON (default: MODEL_NAME.tune.json here)."),
         shape: Optional[list[str]] = options.SHAPE,
         value: Optional[list[str]] = options.VALUE,
         report: Optional[str] = options.OUTPUT_REPORT,
         as_json: bool = options.JSON,
+        *,
+        config: dict,
     ) -> None:
         """Find the serving settings (threads, batch, requests in flight, sessions, onnxruntime options) that
         best meet an objective, by Bayesian search (Optuna TPE); writes the best settings, an onnxruntime
@@ -109,19 +81,21 @@ def register(app: typer.Typer) -> None:
         from optkit.passes.tune import Slo
 
         require_extra("tune", "optkit tune")
-        for text in slo or []:
+        for text in config.get("slo", []):
             Slo(text)  # its own line ("SLO 'p99<=x': ..."), before the config's
         output = output or f"{Path(model).stem}.tune.json"
         common.guard_outputs({"-o": output, "--report": report}, [model, data])
-        _check_storage(storage, Path(output), [output, report, model, data])
-        goals = [o.strip() for item in objective for o in item.split(",") if o.strip()]
-        config = options.given(objective=goals, slo=slo or None, trials=trials, trial_seconds=trial_seconds,
-                               space=parse_space(space or []) or None, storage=storage, study=study,
-                               confirm=confirm, seed=seed,
-                               max_memory_mb=parse_memory(max_memory) if max_memory else None,
-                               time_budget=parse_duration(time_budget) if time_budget else None)
+        _check_storage(config.get("storage"), Path(output), [output, report, model, data])
+        if "objective" in config:
+            config["objective"] = [o.strip() for item in config["objective"] for o in item.split(",") if o.strip()]
+        if "space" in config:
+            config["space"] = parse_space(config["space"])
+        if "max_memory_mb" in config:
+            config["max_memory_mb"] = parse_memory(config["max_memory_mb"])
+        if "time_budget" in config:
+            config["time_budget"] = parse_duration(config["time_budget"])
         cfg = build_config(get_pass("tune.onnx"), config, unknown="unknown option")
-        settings = MeasureSettings(shapes=parse_shapes(shape), values=parse_values(value), seed=seed)
+        settings = MeasureSettings(shapes=parse_shapes(shape), values=parse_values(value), seed=cfg.seed)
         run_tune(model, cfg, settings, data=data, output=Path(output), report_path=report, as_json=as_json)
 
 

@@ -47,7 +47,7 @@ from optkit.core.cachedir import cache_dir
 from optkit.core.errors import EXIT_PASS, DependencyError, OptkitError, UsageError, ValidationError
 from optkit.core.formats import Format
 from optkit.core.isolate import TimedOut, run_isolated
-from optkit.core.registry import Pass, PassConfig, PassContext, register
+from optkit.core.registry import Pass, PassConfig, PassContext, cli, register
 from optkit.core.text import first_line
 from optkit.measure.model import MeasureSettings, synthesized
 from optkit.measure.serving import PROBE_S, Setting, batch_feeds, measure_setting
@@ -127,7 +127,7 @@ def check_pool(space: dict[str, list[Any]]) -> None:
     if pool_threads(least) > pool_cap():
         raise UsageError(f"every setting of this space starts more than {pool_cap()} onnxruntime pool threads on "
                          f"{cores()} cores (the fewest: {least.label()}, {pool_threads(least)} threads), which "
-                         "starve each other; give --space threads=1, sessions=shared or fewer in flight")
+                         "starve each other; give space (--space) threads=1, sessions=shared or fewer in flight")
 
 
 class Slo:
@@ -169,20 +169,51 @@ class Slo:
 
 
 class TuneConfig(PassConfig):
-    objective: list[Literal["throughput", "latency", "cost"]] = Field(default_factory=lambda: ["throughput"],
-                                                                      min_length=1)
-    slo: list[str] = Field(default_factory=list)              # e.g. ["p99<=20ms", "throughput>=200"]
-    max_memory_mb: float | None = Field(default=None, gt=0, allow_inf_nan=False)  # peak RSS of a setting (MiB)
-    trials: int = Field(default=40, ge=1, le=10_000, strict=True)
-    time_budget: float | None = Field(default=None, gt=0, allow_inf_nan=False)  # seconds for the search
-    trial_seconds: float = Field(default=1.0, gt=0, le=600, allow_inf_nan=False)  # timed, after a short probe
-    space: dict[str, list[Any]] = Field(default_factory=dict)  # a dimension's choices (replaces the default)
-    storage: str | None = None                                 # an Optuna storage URL, or journal:PATH
-    study: str | None = None
-    seed: int = Field(default=0, ge=0, strict=True)
+    objective: list[Literal["throughput", "latency", "cost"]] = Field(
+        default_factory=lambda: ["throughput"], min_length=1,
+        description="throughput (samples/s), latency (p50 of one request) or cost (CPU seconds per 1,000 samples); "
+                    "repeat or comma-separate for a multi-objective search (default: throughput).",
+        json_schema_extra=cli("--objective"))
+    slo: list[str] = Field(default_factory=list, description="A service-level objective every chosen setting "
+                                                             "meets: 'p99<=20ms', 'throughput>=200' (repeatable).",
+                           json_schema_extra=cli("--slo", group="budgets"))
+    max_memory_mb: float | None = Field(default=None, gt=0, allow_inf_nan=False,
+                                        description="Peak memory (RSS) a setting may use, in MiB.",
+                                        json_schema_extra=cli("--max-memory", kind="str", group="budgets",
+                                                              help="Peak memory a setting may use, e.g. 2GB."))
+    trials: int = Field(default=40, ge=1, le=10_000, strict=True, description="Trials in the study.",
+                        json_schema_extra=cli("--trials", group="budgets"))
+    time_budget: float | None = Field(default=None, gt=0, allow_inf_nan=False,
+                                      description="Stop searching after this many seconds.",
+                                      json_schema_extra=cli("--time-budget", kind="str", group="budgets",
+                                                            help="Stop searching after this long, e.g. 10m."))
+    # timed, after a short probe
+    trial_seconds: float = Field(default=1.0, gt=0, le=600, allow_inf_nan=False,
+                                 description="Timed seconds per trial (default 1). A trial's child is stopped after "
+                                             "its 0.25 s probe, these seconds and max(30 s, 10x these) for set-up "
+                                             "(a failed trial, with the reason).",
+                                 json_schema_extra=cli("--trial-seconds", group="measurement"))
+    # a dimension's choices (replaces the default)
+    space: dict[str, list[Any]] = Field(default_factory=dict,
+                                        description="A dimension's choices, replacing the default ones "
+                                                    "(default: every dimension searched).",
+                                        json_schema_extra=cli("--space", kind="list", help=(
+                                            "A dimension's choices, e.g. batch=1,8,32 or threads=1,2 "
+                                            "(repeatable; default: every dimension searched).")))
+    storage: str | None = Field(default=None, description="Optuna storage shared by workers: sqlite:///f.db, "
+                                                          "postgresql://..., mysql://... or journal:FILE (default: "
+                                                          "OUT.optkit-study.db beside -o, so a stopped tune "
+                                                          "resumes).",
+                                json_schema_extra=cli("--storage"))
+    study: str | None = Field(default=None, description="Study name (with --storage: the same name on every "
+                                                        "worker).", json_schema_extra=cli("--study"))
+    seed: int = Field(default=0, ge=0, strict=True, description="Sampler seed.", json_schema_extra=cli("--seed"))
     # best settings measured again in ROUNDS interleaved rounds: ties, and the best's interval (1: the best
     # only, for its interval; 0: none)
-    confirm: int = Field(default=3, ge=0, le=20, strict=True)
+    confirm: int = Field(default=3, ge=0, le=20, strict=True,
+                         description="Best settings measured again in 3 interleaved rounds to tell a win from noise "
+                                     "(default 3; 1: the best only, for its 95% interval; 0: none).",
+                         json_schema_extra=cli("--confirm", group="measurement"))
 
     @field_validator("objective")
     @classmethod
@@ -242,7 +273,7 @@ def default_space(cfg: TuneConfig, batchable: bool, providers: list[str],
     for name, choices in cfg.space.items():  # checked by TuneConfig
         values = list(dict.fromkeys(_choice(name, c) for c in choices))
         if name == "batch" and not batchable and values != [1]:
-            raise UsageError(f"--space batch cannot be searched: the model cannot batch ({no_batch or 'no batch axis'})")
+            raise UsageError(f"space (--space) batch cannot be searched: the model cannot batch ({no_batch or 'no batch axis'})")
         space[name] = values
     return space
 
@@ -385,7 +416,7 @@ def sqlite_url(path: Path) -> str:
     url = "sqlite:///" + str(path).replace("%", "%25").replace("?", "%3F")
     if storage_file(url) != path:
         raise UsageError(f"the tune study file {path} cannot be named in an SQLite URL; give another -o or "
-                         "--storage")
+                         "storage (--storage)")
     return url
 
 
@@ -539,7 +570,7 @@ def check_server_schema(url: str) -> None:
         engine.dispose()
     if problem:
         raise UsageError(f"database {_redact(url)} {problem}; optkit does not write into it: give another "
-                         "--storage (a database of its own)")
+                         "storage (--storage), a database of its own")
 
 
 def check_storage_file(url: str) -> None:
@@ -550,7 +581,8 @@ def check_storage_file(url: str) -> None:
     path = storage_file(url)
     if path is None or not os.path.lexists(path):
         return
-    hint = "give another -o or --storage" if path.name.endswith(STUDY_SUFFIX) else "give another --storage"
+    hint = ("give another -o or storage (--storage)" if path.name.endswith(STUDY_SUFFIX)
+            else "give another storage (--storage)")
     if not path.is_file():
         raise UsageError(f"the tune study file {path} exists and is not a regular file; {hint}")
     try:
@@ -775,7 +807,7 @@ class Tuner:
             raise UsageError(f"{_redact(self.storage_url)} is not an Optuna journal file") from None
         except ValueError as e:  # the stored study has other directions
             raise UsageError(f"study {name!r} in {_redact(self.storage_url)} was made for a different search "
-                             f"({first_line(e)}); name a new one with --study") from None
+                             f"({first_line(e)}); name a new one with study (--study)") from None
         except Exception as e:  # noqa: BLE001 - the storage cannot be written or read
             raise UsageError(f"cannot use tune storage {_redact(self.storage_url)}: {_db_message(e)}") from None
         asked = json.loads(json.dumps(asked))  # as storage gives it back (lists, string keys)
@@ -787,7 +819,7 @@ class Tuner:
             differs = [k for k in asked if json.dumps(stored.get(k), sort_keys=True) !=
                        json.dumps(asked[k], sort_keys=True)]
             raise UsageError(f"study {name!r} in {_redact(self.storage_url)} was made for a different search "
-                             f"(its {', '.join(differs)} differ from this one's); name a new one with --study, or "
+                             f"(its {', '.join(differs)} differ from this one's); name a new one with study (--study), or "
                              "ask for the same search")
         self.study_name = name
         return study
@@ -894,7 +926,7 @@ class Tuner:
                         reason = (f"stopped at the time budget: {setting.label()} was still setting up or being "
                                   f"measured when its {limit:.1f} s ran out" if budget else
                                   f"stopped at the trial limit: {setting.label()} was not measured within "
-                                  f"{limit:.1f} s (probe, --trial-seconds and max(30 s, 10 x --trial-seconds) "
+                                  f"{limit:.1f} s (probe, trial_seconds (--trial-seconds) and max(30 s, 10 x trial_seconds) "
                                   "for set-up)")
                         with interrupts.deferred():
                             trial.set_user_attr("failed", reason)
@@ -1041,7 +1073,7 @@ class Tuner:
                 self.left_out_count += 1
                 if left_out >= max(20, 2 * self.cfg.trials):
                     self.notes.append(f"the search stopped: {left_out} settings in a row were left out (too many "
-                                      "onnxruntime pool threads); narrow --space")
+                                      "onnxruntime pool threads); narrow space (--space)")
                     return
                 continue
             left_out = 0
