@@ -20,12 +20,9 @@ from conftest import ROOT
 # The command each pass's flags are derived for (@flags.pass_options), and the pass spec it derives from.
 DERIVED = {"quantize": ("quantize.onnx",), "simplify": ("simplify.onnx",), "tflite": ("tflite.export",),
            "qat": ("qat.keras",), "prune": ("prune.keras", "prune.torch"), "convert": ("convert.torch", "convert.tf"),
-           "trt build": ("tensorrt.build",), "tune": ("tune.onnx",)}
-# Passes whose commands still declare their flags by hand in optkit/cli/*.py (issue 21 item 3, not done yet):
-# their Config fields carry no cli(...) metadata yet.
-NOT_YET = {
-    "profile.onnx": "cli/profile.py declares its flags by hand",
-}
+           "trt build": ("tensorrt.build",), "tune": ("tune.onnx",),
+           "profile": ("profile.onnx",)}
+NOT_YET: dict[str, str] = {}  # passes whose commands still declare their flags by hand (none left)
 PASSES = sorted(all_passes())
 
 

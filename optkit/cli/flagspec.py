@@ -26,10 +26,10 @@ PASSES = {
         {'key': 'fallback', 'flag': '--no-fallback', 'type': 'bool', 'default': True, 'required': False, 'optional': False, 'help': 'Fail instead of falling back to the legacy exporter.', 'sets': False},
     ],
     'profile.onnx': [
-        {'key': 'top', 'flag': None, 'type': 'int', 'default': 10, 'required': False, 'optional': False, 'min': 1, 'max': 1000, 'help': ''},
-        {'key': 'runs', 'flag': None, 'type': 'int', 'default': 50, 'required': False, 'optional': False, 'min': 1, 'max': 100000, 'help': ''},
-        {'key': 'threads', 'flag': None, 'type': 'int', 'default': None, 'required': False, 'optional': True, 'min': 1, 'help': ''},
-        {'key': 'trace', 'flag': None, 'type': 'bool', 'default': True, 'required': False, 'optional': False, 'help': ''},
+        {'key': 'top', 'flag': '--top', 'type': 'int', 'default': 10, 'required': False, 'optional': False, 'min': 1, 'max': 1000, 'help': 'Op types and nodes shown (and kept in the figures).'},
+        {'key': 'runs', 'flag': '--runs', 'type': 'int', 'default': 50, 'required': False, 'optional': False, 'min': 1, 'max': 100000, 'help': 'Profiled calls (after 10 warm-up calls); fewer on a large graph: nodes x calls stays under 200,000 (the output says so).', 'group': 'measurement'},
+        {'key': 'threads', 'flag': '--threads', 'type': 'int', 'default': None, 'required': False, 'optional': True, 'min': 1, 'help': "Intra-op threads (default: the runtime's).", 'group': 'measurement'},
+        {'key': 'trace', 'flag': None, 'type': 'bool', 'default': True, 'required': False, 'optional': False, 'help': 'Write the Chrome trace beside the output.', 'recipe_only': "a stage writes its trace beside its output; the command's --trace names the file instead"},
     ],
     'prune.keras': [
         {'key': 'epochs', 'flag': '--epochs', 'type': 'int', 'default': 2, 'required': False, 'optional': False, 'min': 0, 'help': 'Fine-tuning epochs.'},

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from optkit.cli import common, options
+from optkit.cli import common, flags, options
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format
 from optkit.core.shapes import parse_shapes, parse_values
@@ -17,6 +17,7 @@ NUMERIC = ("nodes", "ms", "share", "a ms", "b ms", "delta", "delta ms")
 
 def register(app: typer.Typer) -> None:
     @app.command("profile")
+    @flags.pass_options("profile.onnx")
     def profile_cmd(
         model: str = typer.Argument(..., help="ONNX model (or Keras / SavedModel with --logdir)."),
         data: Optional[str] = options.DATA,
@@ -26,19 +27,21 @@ def register(app: typer.Typer) -> None:
                                             "at most 100 MB, whole profiled calls, the first that fit."),
         logdir: Optional[str] = typer.Option(None, "--logdir",
                                              help="Keras / SavedModel: write a TensorBoard profile log (tf.profiler)."),
-        top: int = typer.Option(10, "--top", min=1, help="Op types and nodes shown."),
-        runs: int = typer.Option(50, "--runs", min=1, help="Profiled calls (after 10 warm-up calls); fewer on a large "
-                                 "graph: nodes x calls stays under 200,000 (the output says so)."),
-        threads: Optional[int] = options.THREADS,
         shape: Optional[list[str]] = options.SHAPE,
         value: Optional[list[str]] = options.VALUE,
         as_json: bool = options.JSON,
+        *,
+        config: dict,
     ) -> None:
         """Where the time goes: per op type and per node (onnxruntime's profiler), against the p50 latency."""
         from optkit.core.isolate import run_isolated
+        from optkit.core.registry import build_config
         from optkit.measure import profile as prof
+        from optkit.passes import get_pass
 
         common.guard_outputs({"--trace": trace}, [model, data, compare])
+        cfg = build_config(get_pass("profile.onnx"), config)  # the Config's defaults and bounds
+        top, runs, threads = cfg.top, cfg.runs, cfg.threads
         artifact = common.load_artifact(model)
         other = common.load_artifact(compare) if compare else None
         kwargs = dict(runs=runs, threads=threads, shapes=parse_shapes(shape), values=parse_values(value))

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from optkit.core.artifact import Artifact
 from optkit.core.formats import Format
-from optkit.core.registry import Pass, PassConfig, PassContext, register
+from optkit.core.registry import Pass, PassConfig, PassContext, cli, register
 from optkit.measure.profile import MAX_RUNS, profile_onnx
 from optkit.onnx.io import copy_model
 
@@ -23,10 +23,17 @@ TOP_NODES = 20
 
 
 class ProfileConfig(PassConfig):
-    top: int = Field(default=10, ge=1, le=1000)        # op types kept in the figures
-    runs: int = Field(default=50, ge=1, le=MAX_RUNS)  # profiled calls, after 10 warm-up calls
-    threads: int | None = Field(default=None, ge=1)   # intra-op threads (None: onnxruntime's default)
-    trace: bool = True                                 # write the Chrome trace beside the output
+    top: int = Field(default=10, ge=1, le=1000, description="Op types and nodes shown (and kept in the figures).",
+                     json_schema_extra=cli("--top"))
+    runs: int = Field(default=50, ge=1, le=MAX_RUNS,
+                      description="Profiled calls (after 10 warm-up calls); fewer on a large graph: nodes x calls "
+                                  "stays under 200,000 (the output says so).",
+                      json_schema_extra=cli("--runs", group="measurement"))
+    threads: int | None = Field(default=None, ge=1, description="Intra-op threads (default: the runtime's).",
+                                json_schema_extra=cli("--threads", group="measurement"))
+    trace: bool = Field(default=True, description="Write the Chrome trace beside the output.",
+                        json_schema_extra=cli(recipe_only="a stage writes its trace beside its output; the command's "
+                                                          "--trace names the file instead"))
 
 
 def trace_path(output: Path) -> Path:
