@@ -489,17 +489,19 @@ def _read_images(files: list[Path], idx: np.ndarray, pre: Preprocess, shape: tup
     """The images at `idx`, prepared and stacked; NaN/Inf (from the preprocess's mean/std) refused."""
     from PIL import Image
 
-    xs = []
-    for i in idx:
+    out = None
+    for k, i in enumerate(idx):
         try:
             with Image.open(files[i]) as im:
-                xs.append(_prepare(im, pre))
+                x = _prepare(im, pre)
         except OSError as e:
             raise UsageError(f"cannot read image {files[i]}: {e}") from None
-    shapes = {x.shape for x in xs} | ({tuple(shape)} if shape is not None else set())
-    if len(shapes) > 1:
-        raise UsageError(f"images under {folder} have different sizes {sorted(shapes)}; set resize and center_crop")
-    out = np.stack(xs)
+        if out is None:  # filled in place: one batch of inputs in memory, not two
+            out = np.empty((len(idx), *x.shape), x.dtype)
+        if x.shape != out.shape[1:] or (shape is not None and x.shape != tuple(shape)):
+            sizes = sorted({x.shape, out.shape[1:], *([tuple(shape)] if shape is not None else [])})
+            raise UsageError(f"images under {folder} have different sizes {sizes}; set resize and center_crop")
+        out[k] = x
     if out.dtype.kind in "fc":
         bad = int(out.size - np.count_nonzero(np.isfinite(out)))
         if bad:
