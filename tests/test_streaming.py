@@ -98,3 +98,20 @@ def test_lazy_npy_with_nan_is_refused_at_load(tmp_path):
     np.save(tmp_path / "x.npy", x)
     with pytest.raises(UsageError, match="has 1 non-finite"):
         load_dataset(tmp_path / "x.npy")
+
+
+def test_calibration_reader_makes_the_same_calls_one_at_a_time(tmp_path):
+    from optkit.core.batching import calls
+    from optkit.passes.quantize.engine import calibration_reader
+
+    ds = load_dataset(_folder(tmp_path / "imgs", 40))
+    spec = [TensorSpec("x", ["N", 3, SIDE, SIDE], "float32")]
+    eager = list(calls(spec, ds.bind(spec)))
+    reader = calibration_reader(spec, ds.bind(spec, stream=True))
+    for _ in range(2):  # and again after a rewind
+        got = []
+        while (call := reader.get_next()) is not None:
+            got.append(call)
+        assert len(got) == len(eager) == 2
+        assert all(np.array_equal(a["x"], b["x"]) for a, b in zip(got, eager))
+        reader.rewind()
