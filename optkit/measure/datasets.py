@@ -1,10 +1,15 @@
-"""Labelled and unlabelled data: .npz files, image folders and MNIST-style IDX files."""
+"""Labelled and unlabelled data: .npz / .npy files, image folders and MNIST-style IDX files.
+
+Image folders, .npy files and the uncompressed members of an .npz are read lazily (`LazyArray`): indexing
+reads only the samples asked for, so evaluation and calibration that walk the data a batch at a time hold one
+batch of inputs, not the data set (`Dataset.bind(specs, stream=True)`)."""
 from __future__ import annotations
 
 import csv
 import gzip
 import struct
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -34,6 +39,101 @@ class Preprocess(BaseModel):
     dtype: str = "float32"
 
 
+CHUNK = 64  # samples read at a time when a lazy array is scanned whole
+
+
+class LazyArray:
+    """An array of samples read on demand: `read(indices)` gives the samples at those positions (a 1-D int
+    array, sorted or not) as one ndarray. Indexing on the first axis (an int, a slice, an index array, a
+    tuple whose first item is one of those) reads only those samples; `np.asarray` reads them all.
+    `checks`: whether `read` itself refuses NaN/Inf (decoded images); otherwise the values are scanned once
+    at load (`_checked`)."""
+
+    def __init__(self, read: Callable[[np.ndarray], np.ndarray], n: int, sample_shape: tuple, dtype,
+                 index: np.ndarray | None = None, checks: bool = False):
+        self._read, self._n = read, n
+        self._index = np.arange(n) if index is None else np.asarray(index, dtype=np.int64)
+        self.sample_shape, self.dtype, self.checks = tuple(sample_shape), np.dtype(dtype), checks
+
+    @property
+    def shape(self) -> tuple:
+        return (len(self._index), *self.sample_shape)
+
+    @property
+    def ndim(self) -> int:
+        return 1 + len(self.sample_shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __repr__(self) -> str:
+        return f"LazyArray(shape={self.shape}, dtype={self.dtype})"
+
+    def _get(self, positions: np.ndarray) -> np.ndarray:
+        out = self._read(self._index[positions]) if len(positions) else \
+            np.empty((0, *self.sample_shape), self.dtype)
+        return out
+
+    def __getitem__(self, key):
+        first, rest = (key[0], key[1:]) if isinstance(key, tuple) and key else (key, ())
+        if isinstance(first, (int, np.integer)):
+            pos = int(first) + len(self) if first < 0 else int(first)
+            if not 0 <= pos < len(self):
+                raise IndexError(f"index {first} is out of bounds for {len(self)} samples")
+            arr = self._get(np.array([pos]))[0]
+        elif isinstance(first, slice):
+            arr = self._get(np.arange(len(self))[first])
+        else:
+            arr = self._get(np.arange(len(self))[np.asarray(first)])
+        return arr[rest] if rest else arr
+
+    def take(self, positions) -> LazyArray:
+        """These samples, still unread."""
+        return LazyArray(self._read, self._n, self.sample_shape, self.dtype, self._index[np.asarray(positions)],
+                         self.checks)
+
+    def map(self, fn: Callable[[np.ndarray], np.ndarray]) -> LazyArray:
+        """`fn` applied to every chunk read (a cast, a reshape); its shape and dtype from the first sample."""
+        probe = fn(self[:1])
+        read = self._read
+        return LazyArray(lambda idx: fn(read(idx)), self._n, probe.shape[1:], probe.dtype, self._index, self.checks)
+
+    def chunks(self, size: int = CHUNK):
+        for start in range(0, len(self), size):
+            yield self[start:start + size]
+
+    def __array__(self, dtype=None, copy=None):
+        arr = self[:]
+        return arr if dtype is None else arr.astype(dtype)
+
+    def __getattr__(self, name: str):
+        # any other ndarray attribute (min, astype, reshape, ...) reads every sample: callers that do not
+        # stream still get arrays that behave as before
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(np.asarray(self), name)
+
+
+def _delegate(op: str):
+    return lambda self, *args: getattr(np.asarray(self), op)(*args)
+
+
+for _op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "eq", "ne", "lt", "le", "gt", "ge",
+            "neg", "abs", "iter"):
+    for _name in (f"__{_op}__", f"__r{_op}__"):
+        if hasattr(np.ndarray, _name):
+            setattr(LazyArray, _name, _delegate(_name))
+
+
+def materialize(arr) -> np.ndarray:
+    """An ndarray of every sample (a LazyArray is read whole)."""
+    return np.asarray(arr) if isinstance(arr, LazyArray) else arr
+
+
 @dataclass
 class Dataset:
     """Arrays with a leading sample axis. The key "" holds unnamed data, bound to a single-input model."""
@@ -53,11 +153,14 @@ class Dataset:
         if n is None or n >= len(self):
             return self
         idx = np.sort(np.random.default_rng(seed).choice(len(self), size=n, replace=False))
-        return Dataset({k: v[idx] for k, v in self.arrays.items()},
+        return Dataset({k: v.take(idx) if isinstance(v, LazyArray) else v[idx] for k, v in self.arrays.items()},
                        None if self.labels is None else self.labels[idx], self.source, self.classes)
 
-    def bind(self, specs: list) -> dict[str, np.ndarray]:
+    def bind(self, specs: list, stream: bool = False) -> dict[str, np.ndarray]:
         """The arrays keyed by the model's input names, cast to their dtypes and per-sample shapes.
+
+        With `stream`, data read lazily stays lazy (`LazyArray`: slices read, cast and check only their
+        samples), for callers that walk it a batch at a time; otherwise every sample is read now.
 
         A sample is either a whole input (the model's full shape, its batch dim 1 wherever it sits, e.g.
         [2,1,128] for a state [2,batch,128]; a scalar input takes an (N,) array) or an input without its first
@@ -78,7 +181,14 @@ class Dataset:
                     f"{', '.join(names)}; name the arrays after the inputs (missing: {', '.join(missing)})"
                 )
             named = {n: self.arrays[n] for n in names}
-        return {s.name: _fit(named[s.name], s, self.source) for s in specs}
+        bound = {}
+        for s in specs:
+            arr = named[s.name]
+            if isinstance(arr, LazyArray) and stream:
+                bound[s.name] = arr.map(lambda chunk, s=s: _fit(chunk, s, self.source))
+            else:
+                bound[s.name] = _fit(materialize(arr), s, self.source)
+        return bound
 
 
 def _fit(arr: np.ndarray, spec, source: str) -> np.ndarray:
@@ -154,21 +264,96 @@ def load_dataset(spec: str | Path, preprocess: Preprocess | dict[str, Any] | Non
     name = path.name.lower()
     if name.endswith(".npz"):
         return _checked(_npz(path))
+    if name.endswith(".npy"):
+        return _checked(_npy(path, labels))
     if "idx" in name or name.endswith(("-ubyte", "-ubyte.gz")):
         return _checked(_idx_dataset(path, labels, pre))
-    raise UsageError(f"cannot read data {path}: expected an .npz, an image folder or IDX (-ubyte) files")
+    raise UsageError(f"cannot read data {path}: expected an .npz, an .npy, an image folder or IDX (-ubyte) files")
 
 
 def _npz(path: Path) -> Dataset:
     try:
+        with zipfile.ZipFile(path) as zf:
+            infos = {i.filename[:-4] if i.filename.endswith(".npy") else i.filename: i for i in zf.infolist()}
         with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
+            arrays = {}
+            for k in z.files:
+                lazy = _npz_member(path, infos.get(k))
+                arrays[k] = lazy if lazy is not None else z[k]
     except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
         raise UsageError(f"cannot read {path} as .npz: {e}") from None
     labels = arrays.pop(LABELS, None)
+    if labels is not None:
+        labels = materialize(labels)
     if not arrays:
         raise UsageError(f"{path} holds no input arrays (only {LABELS!r})")
     return Dataset(arrays, labels, str(path))
+
+
+LAZY_BYTES = 1 << 24  # arrays smaller than this are read whole: reading them lazily saves nothing
+
+
+def _npz_member(path: Path, info: zipfile.ZipInfo | None) -> LazyArray | None:
+    """A large member stored uncompressed, read lazily from its place in the file (None: read it whole)."""
+    if info is None or info.compress_type != zipfile.ZIP_STORED or info.file_size < LAZY_BYTES:
+        return None
+    with open(path, "rb") as f:  # the member's data follows its local header, whose name and extra vary
+        f.seek(info.header_offset)
+        local = f.read(30)
+        if len(local) < 30 or local[:4] != b"PK\x03\x04":
+            return None
+        name_len, extra_len = struct.unpack("<HH", local[26:30])
+    return _npy_lazy(path, info.header_offset + 30 + name_len + extra_len)
+
+
+def _npy_lazy(path: Path, offset: int = 0) -> LazyArray | None:
+    """The .npy array starting at `offset` in `path`, read a few samples at a time (None: not one to read that
+    way: object or Fortran-ordered data, a scalar)."""
+    from numpy.lib import format as npy
+
+    with open(path, "rb") as f:
+        f.seek(offset)
+        version = npy.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = npy.read_array_header_1_0(f)
+        elif version == (2, 0):
+            shape, fortran, dtype = npy.read_array_header_2_0(f)
+        else:
+            return None
+        start = f.tell()
+    if fortran or dtype.hasobject or not shape:
+        return None
+    row = int(np.prod(shape[1:], dtype=np.int64))
+
+    def read(idx: np.ndarray) -> np.ndarray:
+        out = np.empty((len(idx), *shape[1:]), dtype)
+        with open(path, "rb") as f:
+            i = 0
+            while i < len(idx):  # runs of consecutive samples in one read each
+                j = i + 1
+                while j < len(idx) and idx[j] == idx[j - 1] + 1:
+                    j += 1
+                f.seek(start + int(idx[i]) * row * dtype.itemsize)
+                got = np.fromfile(f, dtype, count=(j - i) * row)
+                if got.size != (j - i) * row:
+                    raise UsageError(f"{path} is truncated: expected {shape[0]} samples of {list(shape[1:])}")
+                out[i:j] = got.reshape((j - i, *shape[1:]))
+                i = j
+        return out
+
+    return LazyArray(read, shape[0], shape[1:], dtype)
+
+
+def _npy(path: Path, labels: str | Path | None) -> Dataset:
+    """One unnamed input array from an .npy file (read lazily), labels from an .npy beside it if given."""
+    try:
+        arr = _npy_lazy(path)
+        if arr is None:
+            arr = np.load(path, allow_pickle=False)
+        y = np.load(labels, allow_pickle=False) if labels is not None else None
+    except (ValueError, OSError, EOFError) as e:
+        raise UsageError(f"cannot read {path} as .npy: {e}") from None
+    return Dataset({"": arr}, y, str(path))
 
 
 def _checked(ds: Dataset) -> Dataset:
@@ -185,8 +370,9 @@ def _checked(ds: Dataset) -> Dataset:
     if len(ds) == 0:
         raise UsageError(f"{ds.source} holds 0 samples; give data with at least one")
     for what, v in named:
-        if v.dtype.kind in "fc":
-            bad = int(v.size - np.count_nonzero(np.isfinite(v)))
+        if v.dtype.kind in "fc" and not getattr(v, "checks", False):
+            chunks = v.chunks() if isinstance(v, LazyArray) else [v]
+            bad = sum(int(c.size - np.count_nonzero(np.isfinite(c))) for c in chunks)
             if bad:
                 hint = "check the preprocess mean/std" if what == "the images" else "clean the data"
                 raise UsageError(f"{ds.source}: {what} has {bad} non-finite values (NaN or Inf) out of {v.size}; "
@@ -257,21 +443,72 @@ def _image_folder(path: Path, pre: Preprocess, labels: str | Path | None = None)
                 if f.suffix.lower() in IMAGE_SUFFIXES:
                     files.append(f)
                     ys.append(index[cls])
+    if not files:
+        raise UsageError(f"no images found under {path}")
+    shape = _prepared_shape(files, pre, path)
+    return Dataset({"": LazyArray(lambda idx: _read_images(files, idx, pre, shape, path), len(files), shape,
+                                  pre.dtype, checks=True)},
+                   np.array(ys, dtype=np.int64), str(path), classes)
+
+
+def _prepared_shape(files: list[Path], pre: Preprocess, folder: Path) -> tuple:
+    """The shape every image takes after `pre`, from the files' headers (no pixels decoded), and the first
+    image decoded: a file that is no image, or sizes that differ, are refused now, not mid-run."""
     from PIL import Image
 
-    xs = []
+    shapes = set()
     for f in files:
         try:
             with Image.open(f) as im:
-                xs.append(_prepare(im, pre))
+                shapes.add(_geometry(im.size, pre))
         except OSError as e:
             raise UsageError(f"cannot read image {f}: {e}") from None
-    if not xs:
-        raise UsageError(f"no images found under {path}")
-    shapes = {x.shape for x in xs}
     if len(shapes) > 1:
-        raise UsageError(f"images under {path} have different sizes {sorted(shapes)}; set resize and center_crop")
-    return Dataset({"": np.stack(xs)}, np.array(ys, dtype=np.int64), str(path), classes)
+        raise UsageError(f"images under {folder} have different sizes {sorted(shapes)}; set resize and center_crop")
+    first = _read_images(files, np.array([0]), pre, None, folder)
+    return first.shape[1:]
+
+
+def _geometry(size: tuple[int, int], pre: Preprocess) -> tuple:
+    """The shape _prepare gives an image of `size` (width, height)."""
+    w, h = size
+    if pre.resize is not None:
+        if isinstance(pre.resize, int):
+            s = pre.resize / min(w, h)
+            w, h = max(1, round(w * s)), max(1, round(h * s))
+        else:
+            h, w = pre.resize
+    if pre.center_crop is not None:
+        h, w = (pre.center_crop, pre.center_crop) if isinstance(pre.center_crop, int) else pre.center_crop
+    c = 1 if pre.color == "gray" else 3
+    return (c, h, w) if pre.layout == "nchw" else (h, w, c)
+
+
+def _read_images(files: list[Path], idx: np.ndarray, pre: Preprocess, shape: tuple | None,
+                 folder: Path) -> np.ndarray:
+    """The images at `idx`, prepared and stacked; NaN/Inf (from the preprocess's mean/std) refused."""
+    from PIL import Image
+
+    out = None
+    for k, i in enumerate(idx):
+        try:
+            with Image.open(files[i]) as im:
+                x = _prepare(im, pre)
+        except OSError as e:
+            raise UsageError(f"cannot read image {files[i]}: {e}") from None
+        if out is None:  # filled in place: one batch of inputs in memory, not two
+            out = np.empty((len(idx), *x.shape), x.dtype)
+        if x.shape != out.shape[1:] or (shape is not None and x.shape != tuple(shape)):
+            sizes = sorted({x.shape, out.shape[1:], *([tuple(shape)] if shape is not None else [])})
+            raise UsageError(f"images under {folder} have different sizes {sizes}; set resize and center_crop")
+        out[k] = x
+    if out.dtype.kind in "fc":
+        bad = int(out.size - np.count_nonzero(np.isfinite(out)))
+        if bad:
+            raise UsageError(f"{folder}: the images has {bad} non-finite values (NaN or Inf) out of {out.size}"
+                             f"{' (in the ' + str(len(idx)) + ' images read)' if shape is not None else ''}; "
+                             "check the preprocess mean/std")
+    return out
 
 
 def _read_labels_text(path: Path) -> str:

@@ -153,7 +153,7 @@ def _run_measurements(result: dict, artifact: Artifact, session, settings: Measu
         eval_feeds = call_as_samples(session.inputs, feeds)
     else:
         ds = load_dataset(data.path, data.preprocess, data.labels).subset(data.max_samples, settings.seed)
-        eval_feeds, labels = ds.bind(session.inputs), ds.labels
+        eval_feeds, labels = ds.bind(session.inputs, stream=True), ds.labels  # read a batch at a time
         # time real samples
         feeds = latency_feeds(session.inputs, eval_feeds, settings.batch, ds.source) if latency else \
             first_call(session.inputs, eval_feeds, settings.batch)
@@ -184,7 +184,7 @@ def _run_measurements(result: dict, artifact: Artifact, session, settings: Measu
     if reference is not None:
         peak.stop()
         ref_session = open_session(reference, provider="cpu")
-        ref_feeds = ds.bind(ref_session.inputs) if ds is not None else dict(
+        ref_feeds = ds.bind(ref_session.inputs, stream=True) if ds is not None else dict(
             zip([s.name for s in ref_session.inputs], eval_feeds.values()))
         ref_out = run_over(ref_session, ref_feeds, batch=64)
         result["fidelity"] = {**compare_outputs(ref_out, outputs, [s.name for s in session.outputs],

@@ -57,7 +57,7 @@ def _feeds_for(session, settings: MeasureSettings, data) -> dict:
         feeds = data
     elif data is not None:
         ds = load_dataset(data.path, data.preprocess, data.labels)
-        feeds = latency_feeds(session.inputs, ds.bind(session.inputs), settings.batch, ds.source)
+        feeds = latency_feeds(session.inputs, ds.bind(session.inputs, stream=True), settings.batch, ds.source)
     else:
         feeds = synthesized(session, settings)[0]
     session.check_feeds(feeds)

@@ -174,7 +174,7 @@ def _trials(artifact: Artifact, settings, trials: int, normalize: bool, data, li
     session = settings.open(artifact)
     if data is not None:
         ds = load_dataset(data.path, data.preprocess, data.labels)
-        feeds = latency_feeds(session.inputs, ds.bind(session.inputs), settings.batch, ds.source)
+        feeds = latency_feeds(session.inputs, ds.bind(session.inputs, stream=True), settings.batch, ds.source)
     else:
         feeds, _ = synthesized(session, settings)
     session.check_feeds(feeds)

@@ -22,6 +22,27 @@ TENSORRT_OPTIONS = {"ActivationSymmetric": True, "WeightSymmetric": True, "Quant
 NO_BIAS_ADJUST = {"QDQDisableWeightAdjustForInt32Bias": True, "WeightAdjustForInt32Bias": False}
 
 
+def calibration_reader(specs: list, feeds: dict):
+    """onnxruntime CalibrationDataReader over the calibration samples, in calls the model accepts
+    (core.batching.calls). Calls are made as onnxruntime asks for them, so lazily read feeds
+    (measure.datasets: `Dataset.bind(specs, stream=True)`) hold one call's inputs at a time; `rewind` starts over."""
+    from onnxruntime.quantization import CalibrationDataReader
+
+    from optkit.core.batching import calls
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self._it = calls(specs, feeds)
+
+        def get_next(self):
+            return next(self._it, None)
+
+        def rewind(self):
+            self._it = calls(specs, feeds)
+
+    return Reader()
+
+
 class Strategy:
     mode = ""
 

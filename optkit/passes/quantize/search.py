@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from optkit.core.artifact import Artifact
-from optkit.core.batching import calls, count, first_call, stack_samples, stackable, trim
+from optkit.core.batching import count, first_call, stack_samples, stackable, trim
 from optkit.core.errors import UsageError, ValidationError
 from optkit.core.registry import PassContext, require_extra
 from optkit.core.text import first_line
@@ -40,7 +40,7 @@ from optkit.passes.quantize import ops as qops
 from optkit.passes.quantize.budget import Budget
 from optkit.passes.quantize.candidates import Candidate, Settings, aside_path, keep_rejected
 from optkit.passes.quantize.config import LOWER_IS_BETTER, MIN_OPSET, QuantizeConfig
-from optkit.passes.quantize.engine import Int4, contrib_excludes, strategy_for
+from optkit.passes.quantize.engine import Int4, calibration_reader, contrib_excludes, strategy_for
 
 log = logging.getLogger(__name__)
 
@@ -281,7 +281,7 @@ class Quantizer:
         if self.mode == "static":
             if calib is not None:
                 sub = calib.subset(cfg.calibration_size, ctx.seed)
-                self.calib_feeds = sub.bind(self.specs)
+                self.calib_feeds = sub.bind(self.specs, stream=True)  # read a call at a time by _reader
                 self.settings["calibration"] = {"source": calib.source, "samples": len(sub)}
             else:
                 n = min(cfg.calibration_size, 64) if stackable(self.specs) else 8
@@ -411,21 +411,7 @@ class Quantizer:
 
     def _reader(self):
         """onnxruntime CalibrationDataReader over the calibration samples, in calls the model accepts."""
-        from onnxruntime.quantization import CalibrationDataReader
-
-        items = list(calls(self.specs, self.calib_feeds))
-
-        class Reader(CalibrationDataReader):
-            def __init__(self):
-                self._it = iter(items)
-
-            def get_next(self):
-                return next(self._it, None)
-
-            def rewind(self):
-                self._it = iter(items)
-
-        return Reader()
+        return calibration_reader(self.specs, self.calib_feeds)
 
     # ------------------------------------------------------------ node fallback
     def _fallback(self, first: Candidate) -> list[Candidate]:
