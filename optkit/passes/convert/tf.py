@@ -502,8 +502,9 @@ def _validate(ref: Reference, onnx_path: Path, config, ctx: PassContext) -> dict
         q = o.get("step_error")
         if q and "median" in q:
             agree = ("" if q.get("clear_samples") is None else
-                     f"; top-1 agreement {q['top1_agreement_clear']:.3f} on the {q['clear_samples']} samples whose "
-                     f"top class is clear by over {q['clear_margin']:g} steps" if q["clear_samples"] else
+                     f"; top-1 agreement {q['top1_agreement_clear']:.3f} on the {q['clear_samples']} "
+                     f"sample{'s' if q['clear_samples'] != 1 else ''} whose top class is clear by over "
+                     f"{q['clear_margin']:g} steps" if q["clear_samples"] else
                      f"; no sample's top class is clear by over {q['clear_margin']:g} steps, so top-1 is not judged")
             ctx.note(f"int8 output {name!r} judged in quantization steps ({q['step']:.4g}) on {where}: median "
                      f"{q['median']:.3g}, p99 {q['p99']:.3g}, max {q['max']:.3g} steps{agree}")
