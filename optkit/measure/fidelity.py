@@ -194,3 +194,28 @@ def _cosine(a: np.ndarray, b: np.ndarray) -> float:
         return 0.0
     cos = float(np.dot(a, b) / (na * nb))
     return cos if np.isfinite(cos) else NONFINITE_COSINE  # norms overflowing float64
+
+
+def step_errors(ref: np.ndarray, out: np.ndarray, step: float, clear_margin: float) -> dict:
+    """How far a quantized output moved, counted in quantization steps of size `step`: the distribution of
+    |out - ref| / step over every element (median, p90, p99, max, and the share of elements off by more than
+    one step), and for class scores (a last axis over 1) the top-1 agreement over the samples whose reference
+    top class stands clear of the runner-up by more than `clear_margin` steps (`clear_samples` of them; the
+    agreement is None when there are none). NaN or Inf on either side count as infinitely many steps."""
+    a = np.asarray(ref, dtype=np.float64)
+    b = np.asarray(out, dtype=np.float64).reshape(a.shape)
+    d = np.abs(a - b) / step
+    d = np.where(np.isfinite(d), d, np.inf).ravel()
+    figures: dict = {"step": float(step)}
+    if d.size:
+        figures.update(median=float(np.median(d)), p90=float(np.percentile(d, 90)), p99=float(np.percentile(d, 99)),
+                       max=float(d.max()), over_1=float(np.mean(d > 1.01)))
+    if a.ndim >= 2 and a.shape[-1] > 1 and a.size:
+        r, o = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
+        top = np.sort(r, axis=1)
+        clear = (top[:, -1] - top[:, -2]) / step > clear_margin
+        agree = (r.argmax(1) == o.argmax(1)) & np.isfinite(o).all(1)
+        figures.update(clear_margin=float(clear_margin), clear_samples=int(clear.sum()),
+                       top1_agreement_clear=float(agree[clear].mean()) if clear.any() else None,
+                       flipped_clear=int(np.count_nonzero(clear & ~agree)))
+    return figures

@@ -14,12 +14,30 @@ from optkit.core.registry import PassConfig, PassContext, cli
 from optkit.core.shapes import TensorSpec
 from optkit.core.text import first_line
 from optkit.measure.datasets import Dataset
-from optkit.measure.fidelity import compare_outputs
+from optkit.measure.fidelity import compare_outputs, step_errors
 from optkit.measure.inputs import synthesize
 from optkit.onnx.graph import all_nodes
 
-# int8 outputs (dequantized): how many quantization steps ONNX may differ by, where runtimes round differently.
-STEP_TOLERANCE = 2
+# int8 outputs (int8 dtype, or dequantized from int8): judged in quantization steps of the output, because the
+# int8 kernels of onnxruntime and TFLite round differently at every requantization and the differences grow
+# with depth. What int8 rounding explains was measured on plain tf2onnx (`tf2onnx.convert.from_tflite`), the
+# reference for how faithful a conversion can be, against the TFLite interpreter on the same inputs:
+#   - a MobileNetV2-like int8 CNN (96x96, 10 inverted-residual blocks, 1000 logits, full-integer quantization;
+#     tests/test_tflite_int8.py builds it): on 100 real ImageNet images median 0, p90 1, p99 1, max 3 steps,
+#     10% of elements off by one step, top-1 agreement 1.0; on random normal inputs median 0, p90 1, p99 2,
+#     max 3, agreement 0.98 (both flips on samples whose top class led by 4 steps or fewer);
+#   - issue 22's int8 MobileNetV2 from PyTorch (as reported there, not measured here): max 6 steps, top-1
+#     agreement 0.96 on 200 real images, the same as plain tf2onnx's;
+#   - trained_lstm_int8.tflite (plain tf2onnx cannot convert it; optkit's conversion, whose LSTM runs in float):
+#     on 1000 MNIST images median 0, p90 0, p99 0, max 8 steps of its softmax output, agreement 1.0.
+# optkit's own conversion of the CNN gives the same outputs as plain tf2onnx's on 99.998% of elements. So int8
+# rounding moves most elements by no step and a few by a handful; a wrong scale or layout moves most elements
+# by many steps, or one by dozens. The limits keep a margin over the measured figures:
+STEP_MEDIAN_MAX = 1      # median |error| in steps (measured: 0 everywhere)
+STEP_P90_MAX = 2         # 90th percentile (measured: at most 1); p90, not p99, so a few-element output is judged
+STEP_MAX = 32            # any single element (measured: at most 8)
+CLEAR_MARGIN = 8         # a sample's top class is clear when it leads the runner-up by more than this many steps
+CLEAR_AGREEMENT_MIN = 0.98   # top-1 agreement on the clear samples (measured: 1.0); under 50 of them, no flip
 
 # Default tolerances (atol, rtol) per output dtype: an element fails when |onnx - source| > atol + rtol * |source|.
 # Quantized outputs may move by one step where the runtimes round differently.
@@ -129,9 +147,8 @@ def validate(ref: list[np.ndarray], out: list[np.ndarray], names: list[str], dty
              steps: dict[str, float] | None = None) -> dict:
     """Compare ONNX outputs to the source framework's; raise ValidationError (exit 3) past tolerance.
 
-    `steps` gives the quantization step of outputs that are dequantized int8: their default atol is
-    STEP_TOLERANCE steps, and a sample whose top class stands clear of the runner-up by more than that must
-    keep it (top-1 agreement).
+    `steps` gives the quantization step of outputs that are dequantized int8; int8 / uint8 outputs have a step
+    of 1. Unless atol or rtol is given, those are judged in steps (`check_steps`) rather than by a float atol.
     """
     if len(ref) != len(out):
         raise ValidationError(f"the ONNX model has {len(out)} outputs but the {source} model has {len(ref)}")
@@ -147,11 +164,11 @@ def validate(ref: list[np.ndarray], out: list[np.ndarray], names: list[str], dty
     per = figures["outputs"]
     for name, r, o, dtype in zip(names, ref, out, dtypes):
         atol, rtol = tolerance(dtype, config.atol, config.rtol)
-        stepped = bool(steps and name in steps and config.atol is None)
-        if stepped:
-            atol, rtol = steps[name] * (STEP_TOLERANCE + 0.01), (0.0 if config.rtol is None else rtol)
-            per[name]["steps"] = steps[name]
-            _check_top1(name, r, o, atol, source, figures)
+        step = (steps or {}).get(name) or (1.0 if dtype in ("int8", "uint8") else None)
+        if step and config.atol is None and config.rtol is None:
+            per[name].update(steps=step, atol=STEP_MAX * step, rtol=0.0, dtype=dtype)
+            check_steps(name, r, o, step, source, figures)
+            continue
         a = r.astype(np.float64)
         b = o.astype(np.float64)
         diff = np.abs(a - b)
@@ -175,21 +192,33 @@ def validate(ref: list[np.ndarray], out: list[np.ndarray], names: list[str], dty
     return figures
 
 
-def _check_top1(name: str, ref: np.ndarray, out: np.ndarray, atol: float, source: str, figures: dict) -> None:
-    """Class scores (a last axis over 1) keep their top class wherever the source's is clear by over 2 atol."""
-    if ref.ndim < 2 or ref.shape[-1] < 2 or ref.shape != out.shape:
+def check_steps(name: str, ref: np.ndarray, out: np.ndarray, step: float, source: str, figures: dict) -> None:
+    """Judge a quantized output in quantization steps (limits and their measurement above): record the error
+    distribution and the top-1 agreement on clear samples in figures["outputs"][name]["step_error"], and raise
+    ValidationError (exit 3) when int8 rounding cannot explain them."""
+    q = step_errors(ref, out, step, CLEAR_MARGIN)
+    figures["outputs"][name]["step_error"] = q
+    if "median" not in q:
         return
-    r = ref.reshape(-1, ref.shape[-1]).astype(np.float64)
-    o = out.reshape(-1, out.shape[-1]).astype(np.float64)
-    top = np.sort(r, axis=1)
-    clear = (top[:, -1] - top[:, -2]) > 2 * atol
-    agree = r.argmax(1) == o.argmax(1)
-    figures["outputs"][name]["top1_agreement"] = float(agree.mean())
-    flipped = int(np.count_nonzero(clear & ~agree))
-    if flipped:
-        raise ValidationError(f"output {name!r}: {flipped} of {len(r)} samples change their top class although "
-                              f"the {source} model's is clear by over {2 * atol:.3g}; nothing written",
-                              details={"validation": figures})
+    dist = f"median {q['median']:.3g}, p90 {q['p90']:.3g}, p99 {q['p99']:.3g}, max {q['max']:.3g} steps of {step:.4g}"
+    why = ""
+    if q["median"] > STEP_MEDIAN_MAX:
+        why = f"most elements are off by more than {STEP_MEDIAN_MAX} step"
+    elif q["p90"] > STEP_P90_MAX:
+        why = f"over a tenth of the elements are off by more than {STEP_P90_MAX} steps"
+    elif q["max"] > STEP_MAX:
+        why = f"an element is off by more than {STEP_MAX} steps"
+    elif q.get("top1_agreement_clear") is not None:
+        n, flipped = q["clear_samples"], q["flipped_clear"]
+        allowed = int((1 - CLEAR_AGREEMENT_MIN) * n) if n >= 50 else 0
+        if flipped > allowed:
+            why = (f"{flipped} of {n} samples whose top class is clear by over {CLEAR_MARGIN} steps change it "
+                   f"(top-1 agreement {q['top1_agreement_clear']:.3f} there)")
+    if why:
+        raise ValidationError(
+            f"output {name!r} differs from the {source} model by more than int8 rounding explains: {why} ({dist}); "
+            f"a wrong scale, zero point or layout? nothing written (--atol / --rtol judge it by a float tolerance "
+            f"instead)", details={"validation": figures})
 
 
 def _num(x) -> str:
