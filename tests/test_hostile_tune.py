@@ -293,7 +293,7 @@ def test_a_recipes_slo_error_keeps_its_capitals():
 
     with pytest.raises(ConfigError) as e:
         build_config(get_pass("tune.onnx"), {"slo": ["p99<=1e400ms"]})
-    assert "slo: SLO 'p99<=1e400ms'" in e.value.message
+    assert "slo (--slo): SLO 'p99<=1e400ms'" in e.value.message
 
 
 def test_a_missing_mysql_driver_names_the_pip_package(work):
@@ -513,7 +513,7 @@ def test_without_a_budget_a_trial_is_stopped_at_the_stated_limit(work):
     assert p.rc == 3, p.err
     line = one_error_line(p)
     assert "no tune trial finished; the last: trial 2 stopped at the trial limit" in line and \
-        "s (probe, --trial-seconds and max(30 s, 10 x --trial-seconds) for set-up)" in line, line
+        "s (probe, trial_seconds (--trial-seconds) and max(30 s, 10 x trial_seconds) for set-up)" in line, line
     assert wall < 40, wall
     assert snapshot(work) == before
     usage = subprocess.run([sys.executable, "-m", "optkit", "tune", "--help"], cwd=ROOT, capture_output=True,
@@ -547,5 +547,5 @@ def test_a_space_with_only_oversubscribed_settings_is_refused_up_front(work):
                  "--space", f"threads={threads}", "-o", "b.json"], work)
     assert p.rc == 2, p.err
     line = one_error_line(p)
-    assert "every setting of this space starts more than" in line and "--space threads=1" in line, line
+    assert "every setting of this space starts more than" in line and "(--space) threads=1" in line, line
     assert snapshot(work) == before
