@@ -13,7 +13,13 @@ from optkit.onnx.graph import all_nodes
 
 # Ops onnxruntime's quantizers act on, per mode (what "nothing to quantize" is checked against).
 WEIGHT_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm", "Attention", "LSTM", "Gather", "EmbedLayerNormalization")
-DYNAMIC_OPS = ("Conv", "MatMul", "Attention", "LSTM", "Gather", "EmbedLayerNormalization")
+DYNAMIC_OPS = ("Conv", "MatMul", "Gemm", "Attention", "LSTM", "Gather", "EmbedLayerNormalization")
+# Dynamic INT8's two tiers of op types. FAST: what onnxruntime's integer kernels make faster on a CPU
+# (MatMulInteger, DynamicQuantizeLSTM, QAttention; Gemm is rewritten as MatMul first). SLOW: what dynamic INT8
+# makes smaller but rarely faster (ConvInteger is usually slower than float Conv; Gather: embedding tables).
+# The search tries FAST alone, then FAST + SLOW, only where the model has them.
+DYNAMIC_FAST = ("MatMul", "Attention", "LSTM", "EmbedLayerNormalization")
+DYNAMIC_SLOW = ("Conv", "Gather")
 STATIC_ANCHORS = ("Conv", "ConvTranspose", "MatMul", "Gemm")  # ops that carry weights in a static model
 # Gemm: rewritten to MatMul (+ Add) first (gemm_to_matmul); Gather: embedding tables (GatherBlockQuantized)
 INT4_OPS = ("MatMul", "Gemm", "Gather")
