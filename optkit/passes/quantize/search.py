@@ -75,6 +75,7 @@ class Quantizer:
         self.parent_accuracy: float | None = None
         self.budget = Budget.of(cfg)
         self.phases = {"build": 0.0, "score": 0.0, "time": 0.0}  # seconds spent in each phase of the search
+        self.nothing_faster: str | None = None  # dynamic: the one line saying no op here gets faster
 
     def __enter__(self) -> Quantizer:
         return self
@@ -269,9 +270,11 @@ class Quantizer:
         self.strategy.present = {op for op, k in counts.items() if k > 0}
         if not cfg.op_types_include and not self._dynamic_fast_ops():
             slow = [f"{op} x{counts[op]}" for op in qops.DYNAMIC_SLOW if counts.get(op)]
-            ctx.note(f"dynamic INT8: nothing in this model that it makes faster (no MatMul, Gemm, Attention or LSTM); "
-                     f"its {', '.join(slow)} can only get smaller" + (", and ConvInteger is usually slower than float "
-                                                                      "Conv" if counts.get("Conv") else ""))
+            self.nothing_faster = (f"dynamic INT8: nothing in this model that it makes faster (no MatMul, Gemm, "
+                                   f"Attention or LSTM); its {', '.join(slow)} can only get smaller"
+                                   + (", and ConvInteger is usually slower than float Conv" if counts.get("Conv") else ""))
+            ctx.note(self.nothing_faster)
+            log.info("%s", self.nothing_faster)
 
     def _dynamic_fast_ops(self) -> list[str]:
         return [op for op in qops.DYNAMIC_FAST if op in self.strategy.present and op not in self.cfg.op_types_exclude]
@@ -687,12 +690,20 @@ class Quantizer:
             return ValidationError(
                 f"{self.mode} quantization moved the outputs past the tolerance: {self._figures(best)}{of}; "
                 f"the model was not written. Rerun with fallback (--fallback) to keep the most sensitive nodes in float, "
-                f"or loosen tolerance (--tolerance)", details={"candidates": [c.public() for c in self.candidates]})
+                f"or loosen tolerance (--tolerance)" + self._static_instead(), details={"candidates": [c.public() for c in self.candidates]})
         dest = keep_rejected(best, aside_path(self.ctx), f"missed the {self.budget.kind} budget")
         return ValidationError(
             f"no {self.mode} candidate met the budget ({self.budget.kind} {self.budget.value:g}) after {len(tried)} tries; "
             f"the best ({best.settings.label()}, {len(best.float_nodes)} nodes in float: {self._figures(best)}) "
-            f"was kept as {dest}", details={"candidates": [c.public() for c in self.candidates], "rejected": str(dest)})
+            f"was kept as {dest}" + self._static_instead(), details={"candidates": [c.public() for c in self.candidates],
+                                                                     "rejected": str(dest)})
+
+    def _static_instead(self) -> str:
+        """Dynamic mode on a model it cannot make faster (Conv only): say so, and what suits it."""
+        if self.nothing_faster is None or "Conv" not in self.strategy.present:
+            return ""
+        return ("; nothing here gets faster in dynamic INT8 anyway (no MatMul, Gemm, Attention or LSTM; ConvInteger is "
+                "usually slower than float Conv): static INT8 (--mode static, with calibration data) suits this model")
 
 
 def _schedule(n: int, budget: int) -> list[int]:
