@@ -59,6 +59,8 @@ class Dynamic(Strategy):
         cfg = self.cfg
         if cfg.op_types_include:
             return [(None, ())]
+        if not self.present:  # no constant weight the tiers know: onnxruntime's defaults, as the user narrowed them
+            return [(tuple(op_types(cfg, "dynamic")) if cfg.op_types_exclude else None, ())]
         have = [op for op in qops.DYNAMIC_OPS if op in self.present and op not in cfg.op_types_exclude]
         fast = tuple(op for op in have if op in qops.DYNAMIC_FAST)
         slow = tuple(op for op in have if op in qops.DYNAMIC_SLOW)

@@ -263,11 +263,8 @@ class Quantizer:
                 onnx_io.save(model, self.prepared)
                 ctx.note(f"dynamic: rewrote {n} Gemm nodes as MatMul (+ Add) so their weights can be quantized "
                          "(onnxruntime's dynamic quantizer takes MatMul, not Gemm)")
-        model = onnx_io.load(self.prepared)
-        counts = graph.op_counts(model)
-        for node in qops.contrib_lookalikes(model):
-            counts[node.op_type] -= 1
-        self.strategy.present = {op for op, k in counts.items() if k > 0}
+        counts = qops.dynamic_ops(onnx_io.load(self.prepared))
+        self.strategy.present = set(counts)
         if not cfg.op_types_include and not self._dynamic_fast_ops():
             slow = [f"{op} x{counts[op]}" for op in qops.DYNAMIC_SLOW if counts.get(op)]
             self.nothing_faster = (f"dynamic INT8: nothing in this model that it makes faster (no MatMul, Gemm, "
