@@ -59,9 +59,10 @@ class Dynamic(Strategy):
         cfg = self.cfg
         if cfg.op_types_include:
             return [(None, ())]
-        if not self.present:  # no constant weight the tiers know: onnxruntime's defaults, as the user narrowed them
-            return [(tuple(op_types(cfg, "dynamic")) if cfg.op_types_exclude else None, ())]
         have = [op for op in qops.DYNAMIC_OPS if op in self.present and op not in cfg.op_types_exclude]
+        if not have:  # no constant weight the tiers know: onnxruntime's defaults, as the user narrowed them (an
+            # empty op_types_to_quantize would mean all of them to onnxruntime)
+            return [(tuple(op_types(cfg, "dynamic")) if cfg.op_types_exclude else None, ())]
         fast = tuple(op for op in have if op in qops.DYNAMIC_FAST)
         slow = tuple(op for op in have if op in qops.DYNAMIC_SLOW)
         tiers = [(fast, slow)] if fast else []
