@@ -304,8 +304,9 @@ def test_accuracy_budget_met_first_try(cli, samples, tmp_path):
 
 def test_dynamic_lstm_checked(cli, built, tmp_path):
     out = tmp_path / "lstm_q.onnx"
+    # --allow-slower: this LSTM is tiny (0.03 ms), its int8 kernels no faster; what is judged here is the check
     r = cli("quantize", built["lstm"], "-o", out, "--mode", "dynamic", "--eval-data",
-            built["dir"] / "lstm_data.npz", "--json")
+            built["dir"] / "lstm_data.npz", "--allow-slower", "--json")
     rep = _json(r)
     inp, res = _stages(rep)
     ops = {n.op_type for n in onnx.load(out).graph.node}

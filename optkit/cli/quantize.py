@@ -79,7 +79,8 @@ def run_and_explain(pass_name, model, output, config, *, as_json, **kwargs):
 
             common.console().print(Text("warning", "bold yellow"), f"the result is slower than its parent "
                                    f"(p50 {b:.3f} ms vs {a:.3f} ms): int8 kernels do not pay off on a model "
-                                   f"this small on this CPU; consider keeping it float or --mode fp16/dynamic")
+                                   f"this small on this CPU; consider keeping it float"
+                                   + "".join(f" or --mode {m}" for m in ("fp16", "dynamic") if not pass_name.endswith(m)))
     return report
 
 

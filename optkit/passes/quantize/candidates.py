@@ -19,12 +19,14 @@ class Settings:
     reduce_range: bool | None = None     # static, dynamic: 7-bit weights (u8s8 saturation on CPUs without VNNI)
     calibration: str | None = None       # static: "minmax", "percentile", "entropy"
     float_nodes: tuple[str, ...] = ()    # nodes kept in float (the node fallback)
+    op_types: tuple[str, ...] | None = None  # dynamic: the op types quantized (None: onnxruntime's defaults)
+    float_ops: tuple[str, ...] = ()      # dynamic: op types the model has that this point keeps float (e.g. Conv)
 
     def with_float(self, nodes) -> Settings:
         return replace(self, float_nodes=tuple(nodes))
 
     def label(self) -> str:
-        """Short, for tables: "QDQ u8 pc minmax", "dyn pc rr"."""
+        """Short, for tables: "QDQ u8 pc minmax", "pc rr", "pc Conv+Gather float"."""
         parts = []
         if self.format:
             parts.append("QDQ" if self.format == "qdq" else "QOp")
@@ -36,10 +38,14 @@ class Settings:
             parts.append("rr")
         if self.calibration:
             parts.append(self.calibration)
+        if self.float_ops:
+            parts.append("+".join(self.float_ops) + " float")
         return " ".join(parts) or "-"
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in self.__dict__.items() if v is not None and k != "float_nodes"}
+        d = {k: v for k, v in self.__dict__.items() if v is not None and k not in ("float_nodes", "op_types", "float_ops")}
+        if self.op_types is not None:
+            d |= {"op_types": list(self.op_types), "float_ops": list(self.float_ops)}
         return d | {"float_nodes": list(self.float_nodes)}
 
 

@@ -110,14 +110,14 @@ class QuantizeConfig(PassConfig):
     max_size_ratio: Optional[float] = Field(default=None, gt=0, description="Budget: output size / input size (e.g. "
                                                                             "0.3).",
                                             json_schema_extra=cli("--max-size-ratio", group="budgets"))
-    # A static INT8 model slower than its parent is an error (exit 3) unless allowed: p50 at batch 1 on one
+    # A static or dynamic INT8 model slower than its parent is an error (exit 3) unless allowed: p50 at batch 1 on one
     # thread must not exceed max_latency_ratio x the parent's beyond the timing noise (the 95% interval of the
     # paired ratio lies wholly above it); the 5% margin covers the lasting offset between two sessions
     max_latency_ratio: float = Field(default=1.05, gt=0,
-                                     description="Static INT8: slower means p50 (batch 1, 1 thread) above this x the "
+                                     description="Static/dynamic INT8: slower means p50 (batch 1, 1 thread) above this x the "
                                                  "parent's beyond the timing noise.",
                                      json_schema_extra=cli("--max-latency-ratio", group="budgets"))
-    allow_slower: bool = Field(default=False, description="Static INT8: write the result even when it is slower than "
+    allow_slower: bool = Field(default=False, description="Static/dynamic INT8: write the result even when it is slower than "
                                                           "its parent (otherwise exit 3, the model kept as "
                                                           ".REJECTED.onnx).",
                                json_schema_extra=cli("--allow-slower", group="budgets"))

@@ -65,22 +65,46 @@ class Strategy:
 
 
 class Dynamic(Strategy):
-    """Weights int8 ahead of time, activations quantized at run time: per-channel x reduce-range."""
+    """Weights int8 ahead of time, activations quantized at run time: op types x per-channel x reduce-range.
+    The op types: MatMul/attention/recurrent alone first (what int8 kernels make faster), then with Conv and
+    Gather too (smaller, but ConvInteger is usually slower than float Conv), each only where the model has them."""
 
     mode = "dynamic"
 
+    def __init__(self, cfg: QuantizeConfig, work: Path):
+        super().__init__(cfg, work)
+        self.present: set[str] = set()   # the op types of the prepared model, set by the search's preparation
+
+    def tiers(self) -> list[tuple[tuple[str, ...] | None, tuple[str, ...]]]:
+        """(op types to quantize, op types kept float) per tier; the user's op_types_include is one tier as given."""
+        cfg = self.cfg
+        if cfg.op_types_include:
+            return [(None, ())]
+        have = [op for op in qops.DYNAMIC_OPS if op in self.present and op not in cfg.op_types_exclude]
+        if not have:  # no constant weight the tiers know: onnxruntime's defaults, as the user narrowed them (an
+            # empty op_types_to_quantize would mean all of them to onnxruntime)
+            return [(tuple(op_types(cfg, "dynamic")) if cfg.op_types_exclude else None, ())]
+        fast = tuple(op for op in have if op in qops.DYNAMIC_FAST)
+        slow = tuple(op for op in have if op in qops.DYNAMIC_SLOW)
+        tiers = [(fast, slow)] if fast else []
+        if slow or not fast:
+            tiers.append((fast + slow, ()))
+        return tiers
+
     def space(self) -> list[Settings]:
         cfg = self.cfg
-        combos = itertools.product(self._choices(cfg.per_channel, [True, False]),
-                                   self._choices(cfg.reduce_range, [False, True]))
-        return [Settings(weight_type=cfg.weight_type, per_channel=pc, reduce_range=rr) for pc, rr in combos]
+        combos = list(itertools.product(self._choices(cfg.per_channel, [True, False]),
+                                        self._choices(cfg.reduce_range, [False, True])))
+        return [Settings(weight_type=cfg.weight_type, per_channel=pc, reduce_range=rr, op_types=ops, float_ops=floats)
+                for ops, floats in self.tiers() for pc, rr in combos]
 
     def build(self, prepared, settings, dest, calibration=None, exclude=()) -> None:
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
         cfg = self.cfg
         with contextlib.redirect_stdout(sys.stderr):  # onnxruntime prints progress; keep --json clean
-            quantize_dynamic(str(prepared), str(dest), op_types_to_quantize=op_types(cfg, "dynamic"),
+            ops = list(settings.op_types) if settings.op_types is not None else op_types(cfg, "dynamic")
+            quantize_dynamic(str(prepared), str(dest), op_types_to_quantize=ops,
                              per_channel=settings.per_channel, reduce_range=settings.reduce_range,
                              weight_type=QuantType.QInt8 if settings.weight_type == "int8" else QuantType.QUInt8,
                              nodes_to_quantize=cfg.nodes_include or None, nodes_to_exclude=list(exclude),
@@ -192,6 +216,8 @@ def op_types(cfg: QuantizeConfig, mode: str, fmt: str | None = None) -> list[str
         return None
     if cfg.op_types_include:
         base = list(cfg.op_types_include)
+        if mode == "dynamic" and "Gemm" in base and "MatMul" not in base:
+            base.append("MatMul")  # dynamic: Gemm nodes were rewritten as MatMul (onnxruntime's only integer GEMM)
     else:
         from onnxruntime.quantization.registry import IntegerOpsRegistry, QDQRegistry, QLinearOpsRegistry
 

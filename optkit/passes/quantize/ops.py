@@ -9,11 +9,17 @@ from typing import Any
 import numpy as np
 
 from optkit.measure.fidelity import compare_outputs
-from optkit.onnx.graph import all_nodes
+from optkit.onnx.graph import all_graphs, all_nodes
 
 # Ops onnxruntime's quantizers act on, per mode (what "nothing to quantize" is checked against).
 WEIGHT_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm", "Attention", "LSTM", "Gather", "EmbedLayerNormalization")
-DYNAMIC_OPS = ("Conv", "MatMul", "Attention", "LSTM", "Gather", "EmbedLayerNormalization")
+DYNAMIC_OPS = ("Conv", "MatMul", "Gemm", "Attention", "LSTM", "Gather", "EmbedLayerNormalization")
+# Dynamic INT8's two tiers of op types. FAST: what onnxruntime's integer kernels make faster on a CPU
+# (MatMulInteger, DynamicQuantizeLSTM, QAttention; Gemm is rewritten as MatMul first). SLOW: what dynamic INT8
+# makes smaller but rarely faster (ConvInteger is usually slower than float Conv; Gather: embedding tables).
+# The search tries FAST alone, then FAST + SLOW, only where the model has them.
+DYNAMIC_FAST = ("MatMul", "Attention", "LSTM", "EmbedLayerNormalization")
+DYNAMIC_SLOW = ("Conv", "Gather")
 STATIC_ANCHORS = ("Conv", "ConvTranspose", "MatMul", "Gemm")  # ops that carry weights in a static model
 # Gemm: rewritten to MatMul (+ Add) first (gemm_to_matmul); Gather: embedding tables (GatherBlockQuantized)
 INT4_OPS = ("MatMul", "Gemm", "Gather")
@@ -21,6 +27,26 @@ INT4_WEIGHT_INPUT = {"MatMul": 1, "Gemm": 1, "Gather": 0}  # which input carries
 # onnxruntime's quantizer registries key on the op type alone, and for these mean the com.microsoft contrib
 # ops: an ONNX-domain Attention (opset 23) became a QAttention that does not load. Such nodes stay float.
 CONTRIB_ONLY = ("Attention", "EmbedLayerNormalization")
+
+
+DYNAMIC_WEIGHT_INPUT = {"Conv": 1, "MatMul": 1, "Gather": 0}  # the input that must be a constant weight
+
+
+def dynamic_ops(model) -> dict[str, int]:
+    """The op types dynamic INT8 would quantize, with their counts: Conv, MatMul and Gather only where their
+    weight is a constant float (a Gather of activations, e.g. `y[:, -1]`, is not an embedding table; MatMul of two
+    activations stays float under MatMulConstBOnly); contrib look-alikes never."""
+    inits = {i.name for g in all_graphs(model.graph) for i in g.initializer if i.data_type == 1}
+    lookalikes = {id(n) for n in contrib_lookalikes(model)}
+    counts: dict[str, int] = {}
+    for n in all_nodes(model.graph):
+        if n.op_type not in DYNAMIC_OPS or id(n) in lookalikes:
+            continue
+        k = DYNAMIC_WEIGHT_INPUT.get(n.op_type)
+        if k is not None and (len(n.input) <= k or n.input[k] not in inits):
+            continue
+        counts[n.op_type] = counts.get(n.op_type, 0) + 1
+    return counts
 
 
 def contrib_lookalikes(model) -> list:

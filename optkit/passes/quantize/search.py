@@ -40,7 +40,7 @@ from optkit.passes.quantize import ops as qops
 from optkit.passes.quantize.budget import Budget
 from optkit.passes.quantize.candidates import Candidate, Settings, aside_path, keep_rejected
 from optkit.passes.quantize.config import LOWER_IS_BETTER, MIN_OPSET, QuantizeConfig
-from optkit.passes.quantize.engine import Int4, calibration_reader, contrib_excludes, strategy_for
+from optkit.passes.quantize.engine import Dynamic, Int4, calibration_reader, contrib_excludes, strategy_for
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,7 @@ class Quantizer:
         self.parent_accuracy: float | None = None
         self.budget = Budget.of(cfg)
         self.phases = {"build": 0.0, "score": 0.0, "time": 0.0}  # seconds spent in each phase of the search
+        self.nothing_faster: str | None = None  # dynamic: the one line saying no op here gets faster
 
     def __enter__(self) -> Quantizer:
         return self
@@ -245,7 +246,35 @@ class Quantizer:
                 shutil.copyfile(raw, self.prepared)
         else:
             shutil.copyfile(raw, self.prepared)
+        if isinstance(self.strategy, Dynamic):
+            self._prepare_dynamic()
         self.float_model = onnx_io.load(self.prepared)
+
+    def _prepare_dynamic(self) -> None:
+        """onnxruntime's dynamic quantizer has no integer Gemm: Linear layers exported as Gemm are rewritten as
+        MatMul [+ Add] (after pre-processing, whose optimizer would fuse them back) so their weights can be
+        quantized. Then the op types the search varies (Dynamic.tiers), and one line when the model holds nothing
+        that dynamic INT8 makes faster."""
+        cfg, ctx = self.cfg, self.ctx
+        if "Gemm" not in cfg.op_types_exclude and (not cfg.op_types_include or "Gemm" in cfg.op_types_include):
+            model = onnx_io.load(self.prepared)
+            n = qops.gemm_to_matmul(model, exclude=set(cfg.nodes_exclude))
+            if n:
+                onnx_io.save(model, self.prepared)
+                ctx.note(f"dynamic: rewrote {n} Gemm nodes as MatMul (+ Add) so their weights can be quantized "
+                         "(onnxruntime's dynamic quantizer takes MatMul, not Gemm)")
+        counts = qops.dynamic_ops(onnx_io.load(self.prepared))
+        self.strategy.present = set(counts)
+        if not cfg.op_types_include and not self._dynamic_fast_ops():
+            slow = [f"{op} x{counts[op]}" for op in qops.DYNAMIC_SLOW if counts.get(op)]
+            self.nothing_faster = (f"dynamic INT8: nothing in this model that it makes faster (no MatMul, Gemm, "
+                                   f"Attention or LSTM); its {', '.join(slow)} can only get smaller"
+                                   + (", and ConvInteger is usually slower than float Conv" if counts.get("Conv") else ""))
+            ctx.note(self.nothing_faster)
+            log.info("%s", self.nothing_faster)
+
+    def _dynamic_fast_ops(self) -> list[str]:
+        return [op for op in qops.DYNAMIC_FAST if op in self.strategy.present and op not in self.cfg.op_types_exclude]
 
     def _prepare_int4(self, model):
         """MatMulNBits takes MatMul only: Gemm layers (torch Linear on 2-D inputs, attention out_proj) are
@@ -467,10 +496,10 @@ class Quantizer:
     # ------------------------------------------------------------ choosing: size, speed
     def _finish(self, passing: list[Candidate]) -> Path:
         """Keep the fastest candidate that meets every budget (size included; Budget.pick breaks ties in the
-        noise for accuracy, then size); refuse (exit 3) a static INT8 result slower than its parent unless
-        allowed."""
+        noise for accuracy, then size); refuse (exit 3) a static or dynamic INT8 result slower than its parent
+        unless allowed."""
         pool = list(passing)
-        if self._speed_matters():
+        if self._speed_matters() and self.mode == "static":
             pool += self._slow_conv_variant(min(passing, key=lambda c: c.bytes))
         fits = [c for c in pool if self.budget.fits(c)]
         if not fits:
@@ -492,7 +521,7 @@ class Quantizer:
         return chosen.path
 
     def _speed_matters(self) -> bool:
-        return self.mode == "static" and self.cfg.target == "cpu" and self.cfg.measure_candidates
+        return self.mode in ("static", "dynamic") and self.cfg.target == "cpu" and self.cfg.measure_candidates
 
     def _slow_conv_variant(self, cand: Candidate) -> list[Candidate]:
         """Conv nodes with <= 4 input channels per group (the first conv of an image model, depthwise convs)
@@ -555,15 +584,38 @@ class Quantizer:
             verdict = f"faster than its FP32 parent, but not {cfg.max_latency_ratio:g}x as fast"
         else:
             verdict = "no faster than its FP32 parent (the same within the noise)"
-        msg = (f"static INT8 is {verdict} on this CPU: {figures} (limit {cfg.max_latency_ratio:g}x; candidates: "
-               f"{tried}); int8 kernels do not pay off here")
+        why, instead = (self._dynamic_hint(chosen) if self.mode == "dynamic"
+                        else ("int8 kernels do not pay off here", "or keep the model float"))
+        msg = (f"{self.mode} INT8 is {verdict} on this CPU: {figures} (limit {cfg.max_latency_ratio:g}x; candidates: "
+               f"{tried}); {why}")
         if cfg.allow_slower:
             self.ctx.warn(msg + "; written anyway (allow_slower / --allow-slower)")
             return
         dest = keep_rejected(chosen, aside_path(self.ctx), "slower than its parent")
         raise ValidationError(msg + f"; kept as {dest}. Set allow_slower (--allow-slower) to accept it (e.g. for size), "
-                              "or keep the model float", details={"candidates": [c.public() for c in self.candidates],
-                                                                 "rejected": str(dest)})
+                              f"{instead}", details={"candidates": [c.public() for c in self.candidates],
+                                                     "rejected": str(dest)})
+
+    def _dynamic_hint(self, chosen: Candidate) -> tuple[str, str]:
+        """Why a dynamic INT8 result is slower, and what would help instead (never dynamic mode itself)."""
+        ops = chosen.settings.op_types
+        conv = "Conv" in ops if ops is not None else "Conv" in self.strategy.present
+        fast = self._dynamic_fast_ops()
+        if conv:
+            why = "its Conv nodes run as ConvInteger, slower here than float Conv"
+            kept = [c for c in self.candidates if "Conv" in c.settings.float_ops]
+            timed = [c for c in kept if c.latency_ratio is not None]
+            if timed:
+                best = min(timed, key=lambda c: c.latency_ratio)
+                why += f"; they were tried float too ({best.settings.label()}: {best.latency_ratio:.2f}x)"
+            elif kept:
+                why += f"; they were tried float too, and that missed the budget ({self._figures(kept[0])[:200]})"
+            elif not fast:
+                why += f" (the model has no {', '.join(qops.DYNAMIC_FAST[:3])} to quantize alone)"
+            return why, ("or keep the model float; static INT8 (--mode static, with calibration data) runs Conv as "
+                         "QLinearConv, usually faster than float")
+        what = "/".join(op for op in (ops or fast) if op in qops.DYNAMIC_FAST) or "quantized"
+        return f"its {what} int8 kernels do not pay off at these sizes here", "or keep the model float"
 
     # ------------------------------------------------------------ telling the user
     def _figures(self, cand: Candidate) -> str:
@@ -621,12 +673,20 @@ class Quantizer:
             return ValidationError(
                 f"{self.mode} quantization moved the outputs past the tolerance: {self._figures(best)}{of}; "
                 f"the model was not written. Rerun with fallback (--fallback) to keep the most sensitive nodes in float, "
-                f"or loosen tolerance (--tolerance)", details={"candidates": [c.public() for c in self.candidates]})
+                f"or loosen tolerance (--tolerance)" + self._static_instead(), details={"candidates": [c.public() for c in self.candidates]})
         dest = keep_rejected(best, aside_path(self.ctx), f"missed the {self.budget.kind} budget")
         return ValidationError(
             f"no {self.mode} candidate met the budget ({self.budget.kind} {self.budget.value:g}) after {len(tried)} tries; "
             f"the best ({best.settings.label()}, {len(best.float_nodes)} nodes in float: {self._figures(best)}) "
-            f"was kept as {dest}", details={"candidates": [c.public() for c in self.candidates], "rejected": str(dest)})
+            f"was kept as {dest}" + self._static_instead(), details={"candidates": [c.public() for c in self.candidates],
+                                                                     "rejected": str(dest)})
+
+    def _static_instead(self) -> str:
+        """Dynamic mode on a model it cannot make faster (Conv only): say so, and what suits it."""
+        if self.nothing_faster is None or "Conv" not in self.strategy.present:
+            return ""
+        return ("; nothing here gets faster in dynamic INT8 anyway (no MatMul, Gemm, Attention or LSTM; ConvInteger is "
+                "usually slower than float Conv): static INT8 (--mode static, with calibration data) suits this model")
 
 
 def _schedule(n: int, budget: int) -> list[int]:
