@@ -70,7 +70,7 @@ def mobilenet_like_int8(dest: Path, x: np.ndarray, classes: int = 1000) -> None:
         h = L.BatchNormalization(momentum=0.0)(h)   # one training call sets the statistics from x
         return L.ReLU(6.0)(h) if act else h
 
-    inp = L.Input(x.shape[1:])
+    inp = L.Input(x.shape[1:], name="input_1")  # named: Keras numbers names per process (input_2 after another test)
     h = bn(L.Conv2D(16, 3, strides=2, padding="same", use_bias=False)(inp))
     cin = 16
     for filters, stride, reps in [(24, 2, 2), (32, 2, 3), (64, 2, 3), (96, 1, 2)]:
@@ -82,7 +82,7 @@ def mobilenet_like_int8(dest: Path, x: np.ndarray, classes: int = 1000) -> None:
             h = L.Add()([h, y]) if s == 1 and cin == filters else y
             cin = filters
     h = L.GlobalAveragePooling2D()(bn(L.Conv2D(320, 1, use_bias=False)(h)))
-    model = keras.Model(inp, L.Dense(classes)(h))
+    model = keras.Model(inp, L.Dense(classes, name="dense")(h))
     model(x, training=True)
     conv = tf.lite.TFLiteConverter.from_keras_model(model)
     conv.optimizations = [tf.lite.Optimize.DEFAULT]
