@@ -55,7 +55,7 @@ def refused(cli, work, *args, message: str, rc: int = 2):
 
 OUTPUT_COMMANDS = {
     "simplify": lambda out: ["simplify", CNN, "-o", out],
-    "quantize": lambda out: ["quantize", CNN, "--mode", "dynamic", "-o", out],
+    "quantize": lambda out: ["quantize", CNN, "--mode", "dynamic", "--allow-slower", "-o", out],
     "quantize-static": lambda out: ["quantize", CNN, "--calibration-data", CALIB, "-o", out],
     "bench-report": lambda out: ["bench", CNN, "--runs", "5", "--report", out],
     "eval-report": lambda out: ["eval", CNN, "--data", EVAL, "--report", out],

@@ -80,8 +80,9 @@ def test_quickstart_speedups_are_paired_and_agree_with_the_command(cli, tmp_path
 def test_command_recipe_and_python_api_give_the_same_figures(cli, tmp_path, samples):
     model, evald = samples / "torch_cnn.onnx", samples / "digits_eval_nchw.npz"
     # dynamic INT8 without the latency search: the same model whichever door (the search picks by timing)
+    # --allow-slower: dynamic INT8 of this 18 us CNN sits at 1.01-1.05x its parent, at the refusal line
     args = ["quantize", model, "-o", tmp_path / "cmd.onnx", "--mode", "dynamic", "--no-latency-search",
-            "--eval-data", evald, "--metric", "top1"]
+            "--allow-slower", "--eval-data", evald, "--metric", "top1"]
     printed = cli(*args, "--print-recipe")
     assert printed.rc == 0, printed.err
     recipe = tmp_path / "recipe.yaml"
@@ -93,7 +94,7 @@ def test_command_recipe_and_python_api_give_the_same_figures(cli, tmp_path, samp
     via_run = _api(f"report = optkit.run({str(recipe)!r}, workspace={str(tmp_path / 'api-runs')!r}, cache=False)",
                    tmp_path)
     via_pass = _api(f"report = optkit.run_pass('quantize.onnx-dynamic', {str(model)!r}, "
-                    f"{str(tmp_path / 'api.onnx')!r}, eval={str(evald)!r}, metric='top1', latency_search=False)",
+                    f"{str(tmp_path / 'api.onnx')!r}, eval={str(evald)!r}, metric='top1', latency_search=False, allow_slower=True)",
                     tmp_path)
     reports = {"command": json.loads(command.out), "recipe": json.loads(via_recipe.out), "optkit.run": via_run,
                "optkit.run_pass": via_pass}
