@@ -400,7 +400,7 @@ def test_calibration_data_mismatch(cli, samples, realcases, tmp_path):
 
 def test_already_quantized(cli, samples, tmp_path):
     first = tmp_path / "q.onnx"
-    _json(cli("quantize", samples / "torch_cnn.onnx", "-o", first, "--mode", "dynamic", "--json"))
+    _json(cli("quantize", samples / "torch_cnn.onnx", "-o", first, "--mode", "dynamic", "--allow-slower", "--json"))
     r = cli("quantize", first, "-o", tmp_path / "qq.onnx", "--mode", "dynamic")
     assert r.rc == 2
     assert "already quantized" in one_error_line(r)
