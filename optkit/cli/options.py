@@ -3,8 +3,6 @@ config (`given`), so the pass's pydantic Config holds every default; help texts 
 Only typer is imported here: `optkit --help` stays fast."""
 from __future__ import annotations
 
-from typing import Any
-
 import typer
 
 # Shared option declarations, so every command spells them the same way.
@@ -39,7 +37,3 @@ METRIC_OPTIONAL = typer.Option(None, "--metric", help=METRIC_HELP)
 LAYOUT = typer.Option(None, "--layout", help="Image folders: nchw or nhwc (default: nhwc for Keras, nchw for torch).")
 COLOR = typer.Option("rgb", "--color", help="Image folders: rgb, bgr or gray.")
 
-
-def given(**options: Any) -> dict[str, Any]:
-    """The options the user gave (None: not given, the pass's default applies)."""
-    return {k: v for k, v in options.items() if v is not None}
