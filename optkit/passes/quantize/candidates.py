@@ -18,6 +18,7 @@ class Settings:
     per_channel: bool | None = None      # static, dynamic
     reduce_range: bool | None = None     # static, dynamic: 7-bit weights (u8s8 saturation on CPUs without VNNI)
     calibration: str | None = None       # static: "minmax", "percentile", "entropy"
+    bias_correction: bool | None = None  # static: biases corrected for the weights' rounding (bias.py)
     float_nodes: tuple[str, ...] = ()    # nodes kept in float (the node fallback)
     op_types: tuple[str, ...] | None = None  # dynamic: the op types quantized (None: onnxruntime's defaults)
     float_ops: tuple[str, ...] = ()      # dynamic: op types the model has that this point keeps float (e.g. Conv)
@@ -38,6 +39,8 @@ class Settings:
             parts.append("rr")
         if self.calibration:
             parts.append(self.calibration)
+        if self.bias_correction:
+            parts.append("bc")
         if self.float_ops:
             parts.append("+".join(self.float_ops) + " float")
         return " ".join(parts) or "-"

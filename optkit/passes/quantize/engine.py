@@ -9,9 +9,11 @@ from __future__ import annotations
 import contextlib
 import itertools
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from optkit.onnx import io as onnx_io
+from optkit.passes.quantize import bias
 from optkit.passes.quantize import ops as qops
 from optkit.passes.quantize.candidates import Settings
 from optkit.passes.quantize.config import QuantizeConfig
@@ -118,6 +120,10 @@ class Static(Strategy):
 
     mode = "static"
 
+    def __init__(self, cfg: QuantizeConfig, work: Path):
+        super().__init__(cfg, work)
+        self._means = None   # per-channel means of the layers' float inputs, for bias correction
+
     def space(self) -> list[Settings]:
         cfg = self.cfg
         if cfg.target == "tensorrt":
@@ -137,12 +143,34 @@ class Static(Strategy):
         return space
 
     def slower_tier(self, best: list[Settings]) -> list[Settings]:
-        if self.cfg.target == "tensorrt" or "calibration_method" in self.cfg.model_fields_set:
+        """Bias correction of the best setting (no new calibration), then percentile and entropy calibration of
+        the best two (unless a method was given)."""
+        if self.cfg.target == "tensorrt":
             return []
-        return [Settings(**{**s.__dict__, "calibration": method}) for method in ("percentile", "entropy")
-                for s in best]
+        tier = [replace(s, bias_correction=True) for s in best[:1]]
+        if "calibration_method" not in self.cfg.model_fields_set:
+            tier += [replace(s, calibration=method) for method in ("percentile", "entropy") for s in best]
+        return tier
 
     def build(self, prepared, settings, dest, calibration=None, exclude=()) -> None:
+        if settings.bias_correction:
+            prepared = self._bias_corrected(prepared, settings, dest, calibration, exclude)
+        self._quantize(prepared, settings, dest, calibration, exclude)
+
+    def _bias_corrected(self, prepared, settings, dest, calibration, exclude) -> Path:
+        """The float model with its biases corrected for this setting's weight rounding: built once without the
+        correction to read the rounded weights back (bias.py)."""
+        model = onnx_io.load(prepared)
+        if self._means is None:
+            self._means = bias.input_means(model, calibration(), self.work / "bias-means.onnx")
+        self._quantize(prepared, replace(settings, bias_correction=None), dest, calibration, exclude)
+        if not bias.correct(model, onnx_io.load(dest), self._means):
+            raise ValueError("no Conv or Gemm layer with int8 weights to correct")
+        out = self.work / f"{Path(dest).stem}.bias-corrected.onnx"
+        onnx_io.save(model, out)
+        return out
+
+    def _quantize(self, prepared, settings, dest, calibration, exclude) -> None:
         from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
         cfg = self.cfg
