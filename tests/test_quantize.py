@@ -498,3 +498,17 @@ def test_weights_held_as_constant_nodes_are_quantized(cli, samples, tmp_path):
     rep = _json(r)
     assert any("Constant nodes into initializers" in n for n in rep["stages"][1]["notes"])
     assert out.stat().st_size <= 0.5 * src.stat().st_size
+
+
+def test_qoperator_twins_of_settings_that_missed_are_not_built(cli, samples, tmp_path):
+    """QOperator and QDQ run the same integer kernels: a QOperator setting whose QDQ twin missed the budget is
+    skipped (it cannot win); the slower tier tries bias correction before the costlier calibrations."""
+    r = cli("quantize", samples / "torch_cnn.onnx", "-o", tmp_path / "q.onnx", "--calibration-data",
+            samples / "digits_calib_nchw.npz", "--eval-data", samples / "digits_eval_nchw.npz",
+            "--max-fidelity-loss", "1e-9", "--json")
+    assert r.rc == 3 and not (tmp_path / "q.onnx").exists()
+    variants = [c["variant"] for c in json.loads(r.out)["candidates"]]
+    assert variants[:8] == [f"QDQ {a} {c}{rr} minmax" for a in ("u8", "s8") for c in ("pc", "pt")
+                            for rr in ("", " rr")]
+    assert not any(v.startswith("QOp") for v in variants)
+    assert variants[8].endswith("minmax bc") and "percentile" in variants[9]

@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -136,8 +137,25 @@ class Quantizer:
                     self.settings["stopped"] = (f"after {len(self.candidates)} candidates"
                                                 + (" (time budget)" if time.monotonic() > self.deadline else ""))
                 break
+            twin = self._twin_missed(settings)
+            if twin is not None:
+                self.settings.setdefault("skipped", []).append(
+                    {"variant": settings.label(), "why": f"the same arithmetic as candidate {twin.index} "
+                                                        f"({twin.settings.label()}), which missed the budget"})
+                log.info("skipped %s: its QDQ twin missed the budget", settings.label())
+                continue
             out.append(self._candidate(settings))
         return out
+
+    def _twin_missed(self, settings: Settings) -> Candidate | None:
+        """A QOperator setting whose QDQ twin (same types, channels, range, calibration, float nodes) was scored
+        and missed the budget: onnxruntime runs both on the same integer kernels, so the format changes speed,
+        not the outputs (on EfficientNet-Lite1 the twins' cosines agree to 1e-5), and it cannot win."""
+        if settings.format != "qoperator":
+            return None
+        twin = replace(settings, format="qdq")
+        return next((c for c in self.candidates if c.settings == twin and c.fidelity is not None and not c.passed),
+                    None)
 
     def _first_that_builds(self, space: list[Settings]) -> list[Candidate]:
         """Without the search: the first setting, or the next when onnxruntime cannot build it."""
@@ -653,6 +671,9 @@ class Quantizer:
         if len(sensitive) < len(cand.float_nodes):
             ctx.note(f"kept {len(cand.float_nodes) - len(sensitive)} small-channel Conv nodes in float (their int8 "
                      f"kernels were slower here): {', '.join(n for n in cand.float_nodes if n in slow)}")
+        if self.settings.get("skipped"):
+            ctx.note(f"skipped {len(self.settings['skipped'])} QOperator settings whose QDQ twin missed the budget "
+                     "(the same integer kernels: the format changes speed, not the outputs)")
         if self.settings.get("stopped"):
             ctx.note(f"the search stopped {self.settings['stopped']} (max_candidates / --max-candidates, time_budget / --time-budget)")
 
