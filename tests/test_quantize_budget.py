@@ -77,3 +77,46 @@ def test_size_and_latency_budgets_are_judged_in_one_place():
     assert b.fits(fits) and not b.fits(big) and not b.too_slow(fits)
     assert b.too_slow(_timed(2, ratio=1.2, ci=(1.1, 1.3)))
     assert not b.fallback and Budget.of(QuantizeConfig(mode="static", max_fidelity_loss=0.1)).fallback
+
+
+def _matmuls(path: Path, k: int) -> Path:
+    """x[n,64] -> k chained 64x64 MatMuls -> y: the cost grows with k."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.eye(64, dtype=np.float32), "w")
+    names = ["x"] + [f"h{i}" for i in range(k - 1)] + ["y"]
+    nodes = [helper.make_node("MatMul", [names[i], "w"], [names[i + 1]]) for i in range(k)]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 64])], [w])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def test_a_clearly_slower_candidate_is_not_scored_further(tmp_path):
+    """Screening: once a candidate met every budget, one whose screening run was CLEARLY_SLOWER times slower,
+    confirmed by interleaved repeats, cannot be chosen; one of about the same speed is scored on."""
+    import numpy as np
+
+    from optkit.core.artifact import Artifact
+    from optkit.core.registry import PassContext
+    from optkit.onnx import session as onnx_session
+    from optkit.passes.quantize.search import CLEARLY_SLOWER, Quantizer
+
+    fast, slow = _matmuls(tmp_path / "fast.onnx", 2), _matmuls(tmp_path / "slow.onnx", 400)
+    q = Quantizer(Artifact.load(str(fast)), QuantizeConfig(mode="static"), PassContext(output=tmp_path / "o.onnx"))
+    with q:
+        sess = onnx_session.session(fast)
+        q.specs = onnx_session.input_specs(sess, fast)
+        q.check_feeds = {"x": np.ones((256, 64), np.float32)}
+        winner = Candidate(index=0, settings=Settings(), path=fast, passed=True, screen_s=0.001)
+        q.candidates = [winner]
+        slower = Candidate(index=1, settings=Settings(), path=slow, screen_s=0.001 * CLEARLY_SLOWER * 10)
+        assert q._clearly_faster_winner(slower, onnx_session.session(slow)) is winner
+        # the screening run looked slow, but the repeats show the same speed: scored on
+        twin = Candidate(index=2, settings=Settings(), path=fast, screen_s=0.001 * CLEARLY_SLOWER * 10)
+        assert q._clearly_faster_winner(twin, onnx_session.session(fast)) is None
+        # nothing met the budgets yet: no verdict on speed
+        winner.passed = False
+        assert q._clearly_faster_winner(slower, onnx_session.session(slow)) is None

@@ -96,7 +96,8 @@ def print_candidates(cands, title: str) -> None:
     for c in cands:
         fid = c.get("fidelity") or {}
         verdict = "chosen" if c.get("chosen") else ("pass" if c.get("passed") else
-                                                    "screened" if c.get("screened_out") else "FAIL")
+                                                    "screened" if c.get("screened_out") else
+                                                    f"slower than #{c['slower_than']}" if "slower_than" in c else "FAIL")
         if c.get("error"):
             verdict = "error"
         if c.get("rejected_file"):

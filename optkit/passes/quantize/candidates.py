@@ -64,6 +64,8 @@ class Candidate:
     accuracy_drop: float | None = None
     checked_on: int = 0                 # samples the figures come from
     screened_out: bool = False          # failed the cheap check on a subset; never scored on the full set
+    screen_s: float | None = None       # seconds its screening run took (the subset, every core)
+    slower_than: int | None = None      # not scored further: clearly slower than this candidate, which passed
     p50_ms: float | None = None
     latency_ratio: float | None = None
     latency_ratio_ci95: list[float] | None = None
@@ -90,6 +92,8 @@ class Candidate:
                 d[key] = value
         if self.screened_out:
             d["screened_out"] = True
+        if self.slower_than is not None:
+            d["slower_than"] = self.slower_than
         if self.fidelity is not None:
             d["fidelity"] = {k: v for k, v in self.fidelity.items() if k != "outputs"}
             d["fidelity"]["outputs"] = {name: {k: v for k, v in o.items() if k in ("cosine", "max_abs_error",

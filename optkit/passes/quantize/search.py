@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from optkit.core.artifact import Artifact
-from optkit.core.batching import count, first_call, stack_samples, stackable, trim
+from optkit.core.batching import count, first_call, fixed_batch, stack_samples, stackable, trim
 from optkit.core.errors import UsageError, ValidationError
 from optkit.core.registry import PassContext, require_extra
 from optkit.core.text import first_line
@@ -51,6 +51,7 @@ TIMING_LIMIT_S = 14.0     # the timing of all candidates against the parent, ses
 TIMING_TRIALS = 8         # fresh sessions each; the race drops clearly slower candidates after trials 3 and 5
 SCORE_THREADS = None      # scoring uses every core: onnxruntime's CPU kernels split the work, not the sums,
                           # so the outputs are the same bit for bit as on one thread (checked on float, QDQ, QOp)
+CLEARLY_SLOWER = 1.5      # screening: this much slower than a candidate that met the budgets cannot be chosen
 TIMING_RUNS = 100         # calls of each model a trial at most (the time limit usually stops it first)
 
 
@@ -156,8 +157,8 @@ class Quantizer:
         if settings.format != "qoperator":
             return None
         twin = replace(settings, format="qdq")
-        return next((c for c in self.candidates if c.settings == twin and c.fidelity is not None and not c.passed),
-                    None)
+        return next((c for c in self.candidates if c.settings == twin and c.fidelity is not None and not c.passed
+                     and c.slower_than is None), None)  # a slower twin is no verdict: the format changes speed
 
     def _first_that_builds(self, space: list[Settings]) -> list[Candidate]:
         """Without the search: the first setting, or the next when onnxruntime cannot build it."""
@@ -430,12 +431,41 @@ class Quantizer:
         n = count(self.check_feeds)
         screen = min(self.cfg.screen_samples, n)
         if self.cfg.latency_search and 2 * screen <= n:  # cheap first: a subset, then the whole set
+            start = time.perf_counter()
             self._score_on(cand, sess, screen)
+            cand.screen_s = time.perf_counter() - start
             if not cand.error and self.budget.hopeless(cand):
                 cand.screened_out = True
                 return
+            winner = None if cand.error else self._clearly_faster_winner(cand, sess)
+            if winner is not None:
+                cand.slower_than = winner.index
+                return
         self._score_on(cand, sess, n)
         cand.passed = self.budget.meets(cand)
+
+    def _clearly_faster_winner(self, cand: Candidate, sess) -> Candidate | None:
+        """A candidate that met every budget and runs the check data CLEARLY_SLOWER times faster than `cand`: then
+        `cand` cannot be chosen and is not scored on the whole set (nor timed). Its screening run gives the first
+        hint; interleaved repeats of one call of each confirm it (one run on a shared machine can be slow)."""
+        if not self._speed_matters() or cand.screen_s is None:
+            return None
+        done = [c for c in self.candidates if c.passed and c.screen_s is not None and self.budget.fits(c)]
+        if not done:
+            return None
+        best = min(done, key=lambda c: c.screen_s)
+        if cand.screen_s < CLEARLY_SLOWER * best.screen_s:
+            return None
+        feeds = first_call(self.specs, self.check_feeds, fixed_batch(self.specs) or 8)
+        mine, theirs = [], []
+        try:
+            other = onnx_session.session(best.path, threads=SCORE_THREADS)
+            for _ in range(3):
+                mine.append(_call_seconds(sess, feeds))
+                theirs.append(_call_seconds(other, feeds))
+        except Exception:  # noqa: BLE001 - no verdict on speed: it is scored like any other
+            return None
+        return best if min(mine) >= CLEARLY_SLOWER * min(theirs) else None
 
     def _score_on(self, cand: Candidate, sess, n: int) -> None:
         feeds = {k: v[:n] for k, v in self.check_feeds.items()}
@@ -673,6 +703,11 @@ class Quantizer:
         if len(sensitive) < len(cand.float_nodes):
             ctx.note(f"kept {len(cand.float_nodes) - len(sensitive)} small-channel Conv nodes in float (their int8 "
                      f"kernels were slower here): {', '.join(n for n in cand.float_nodes if n in slow)}")
+        slow = [c for c in self.candidates if c.slower_than is not None]
+        if slow:
+            ctx.note(f"{len(slow)} candidates not scored on the whole set nor timed: on the screening subset they ran "
+                     f"at least {CLEARLY_SLOWER:g}x slower than one that met the budgets ("
+                     + ", ".join(f"{c.settings.label()}: slower than #{c.slower_than}" for c in slow) + ")")
         if self.settings.get("skipped"):
             ctx.note(f"skipped {len(self.settings['skipped'])} QOperator settings whose QDQ twin missed the budget "
                      "(the same integer kernels: the format changes speed, not the outputs)")
@@ -710,6 +745,12 @@ class Quantizer:
             return ""
         return ("; nothing here gets faster in dynamic INT8 anyway (no MatMul, Gemm, Attention or LSTM; ConvInteger is "
                 "usually slower than float Conv): static INT8 (--mode static, with calibration data) suits this model")
+
+
+def _call_seconds(sess, feeds: dict) -> float:
+    start = time.perf_counter()
+    sess.run(None, feeds)
+    return time.perf_counter() - start
 
 
 def _schedule(n: int, budget: int) -> list[int]:
