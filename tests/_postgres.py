@@ -68,7 +68,9 @@ class Postgres:
 
     def __init__(self):
         self.bin, self.prefix = bindir(), _runner()
-        self.folder = Path(tempfile.mkdtemp(prefix="optkit-pg-"))
+        # in /tmp: the postgres user must reach it (a root's TMPDIR may be closed to it), and a unix socket's
+        # path must stay under 108 bytes
+        self.folder = Path(tempfile.mkdtemp(prefix="optkit-pg-", dir="/tmp" if os.path.isdir("/tmp") else None))
         self.data, self.log = self.folder / "data", self.folder / "server.log"
         self.port = free_port()
         if os.geteuid() == 0:
@@ -79,8 +81,12 @@ class Postgres:
         pwfile.write_text(PASSWORD + "\n")
         if os.geteuid() == 0:
             os.chown(pwfile, pw.pw_uid, pw.pw_gid)
-        self._run("initdb", "-D", self.data, "-U", USER, f"--pwfile={pwfile}", "--auth=scram-sha-256", "-E", "UTF8",
-                  "--locale=C.UTF-8", "--no-sync", timeout=120)
+        try:
+            self._run("initdb", "-D", self.data, "-U", USER, f"--pwfile={pwfile}", "--auth=scram-sha-256", "-E",
+                      "UTF8", "--locale=C.UTF-8", "--no-sync", timeout=120)
+        except BaseException:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            raise
         pwfile.unlink()
 
     def _run(self, tool: str, *args, timeout: float = 60) -> subprocess.CompletedProcess:

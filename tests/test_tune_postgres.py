@@ -53,12 +53,27 @@ def _prelude(host: str | None = None, heartbeat: bool = False, machine: str | No
     return "\n".join(lines)
 
 
+STARTED: list[subprocess.Popen] = []  # workers this module started: none outlives its test
+
+
+@pytest.fixture(autouse=True)
+def _no_worker_left():
+    yield
+    while STARTED:
+        p = STARTED.pop()
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=30)
+
+
 def _start(args, cwd, prelude: str = "") -> subprocess.Popen:
     """One worker: the CLI in a process (and session) of its own."""
     code = f"import sys\n{prelude}\nsys.argv = ['optkit', *sys.argv[1:]]\nfrom optkit.cli.main import main\nmain()\n"
-    return subprocess.Popen([sys.executable, "-c", code, *map(str, args)], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"},
-                            start_new_session=True)
+    p = subprocess.Popen([sys.executable, "-c", code, *map(str, args)], cwd=cwd, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"},
+                         start_new_session=True)
+    STARTED.append(p)
+    return p
 
 
 def _run(args, cwd=ROOT, timeout=120) -> subprocess.CompletedProcess:
