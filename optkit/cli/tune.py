@@ -86,7 +86,10 @@ def register(app: typer.Typer) -> None:
 
         require_extra("tune", "optkit tune")
         if model is None or report == "-":
-            if model is not None or report != "-":
+            if model is not None:
+                raise UsageError("--report needs a FILE when tuning a MODEL (--report with no file and no MODEL "
+                                 "reads a study)")
+            if report != "-":
                 raise UsageError("optkit tune needs a MODEL to tune, or --report with no file and no MODEL to read "
                                  "a study (with storage (--storage) and study (--study))")
             return show_study(config, as_json)
@@ -135,8 +138,9 @@ def _print_study(r: dict) -> None:
               f"{r['duplicates']} reused, {r['failed']} failed, {r['running']} running), "
               f"objective {', '.join(r['objective'])}", markup=False, highlight=False)
     con.print(f"machine: {_kind_label(r['machine'])}", markup=False, highlight=False)
-    con.print("trials per worker: " + ", ".join(f"{w}: {n}" for w, n in r["workers"].items()), markup=False,
-              highlight=False)
+    if r["workers"]:
+        con.print("trials per worker: " + ", ".join(f"{w}: {n}" for w, n in r["workers"].items()), markup=False,
+                  highlight=False)
     best = r["best"]
     if best is None:
         con.print("best: none yet (no feasible finished trial)")
