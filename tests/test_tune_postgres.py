@@ -37,6 +37,7 @@ def pg():
     server = Postgres()
     try:
         server.start()
+        server.create_database("tune")  # one database, a study per test (a database each costs seconds)
         yield server
     finally:
         server.close()
@@ -86,10 +87,16 @@ def _tune(url: str, study: str, trials: int, *extra) -> list[str]:
 
 
 def _trials(url: str, study: str):
+    """The study's trials (not the bookkeeping ones), read through a storage closed again at once: the tests poll
+    this, and connections left to the garbage collector would fill the server's slots."""
     import optuna
 
-    return [t for t in optuna.load_study(study_name=study, storage=url).get_trials()
-            if not t.user_attrs.get("skipped")]
+    storage = optuna.storages.RDBStorage(url)
+    try:
+        return [t for t in optuna.load_study(study_name=study, storage=storage).get_trials()
+                if not t.user_attrs.get("skipped")]
+    finally:
+        storage.engine.dispose()
 
 
 def _finished(trials) -> list:
@@ -121,10 +128,11 @@ def _one_error(p, rc: int, word: str) -> str:
 def three_workers(pg, tmp_path_factory):
     """Three workers ("host-a", "host-b", "host-c"), started separately on one study of 9 trials."""
     work = tmp_path_factory.mktemp("three")
-    url = pg.create_database("three")
+    url = pg.url("tune")
     t0 = time.monotonic()
-    procs = [_start([*_tune(url, "shared", 9), "-o", f"w{i}.json"], work, _prelude(host=f"host-{c}"))
-             for i, c in enumerate("abc")]
+    # --confirm 2: the best two measured again, once for the study (by one worker), so all name the same best
+    procs = [_start([*_tune(url, "shared", 9), "--confirm", "2", "-o", f"w{i}.json"], work,
+                    _prelude(host=f"host-{c}")) for i, c in enumerate("abc")]
     outs = [p.communicate(timeout=300) for p in procs]
     wall = time.monotonic() - t0
     for p, (out, err) in zip(procs, outs):
@@ -140,7 +148,9 @@ def test_three_workers_run_exactly_the_trials_once_and_agree(three_workers):
     hosts = {t.user_attrs["worker"]["host"].split("/")[0] for t in finished}
     assert len(hosts) >= 2, hosts  # the trials were shared out
     bests = {_line(out, "best:") for out in three_workers["outs"]}
-    assert len(bests) == 1, bests  # every worker names the same best setting
+    assert len(bests) == 1, bests  # every worker names the same best setting, with the same interval
+    assert "measured again" in bests.pop()
+    assert sum("the best settings were measured again by host-" in out for out in three_workers["outs"]) == 2
     per = _line(three_workers["outs"][0], "trials per worker:")
     assert sum(int(part.rsplit(":", 1)[1]) for part in per.split(": ", 1)[1].split(", ")) == 9, per
     best = json.loads((three_workers["work"] / "w0.json").read_text())
@@ -152,7 +162,8 @@ def test_three_workers_run_exactly_the_trials_once_and_agree(three_workers):
 def test_the_report_reads_the_study_from_any_machine(three_workers):
     r = _run(["tune", "--storage", three_workers["url"], "--study", "shared", "--report"])
     assert r.returncode == 0, r.stderr
-    assert _line(r.stdout, "best:").startswith(_line(three_workers["outs"][0], "best:")[:-1].split(" (")[0])
+    label = _line(three_workers["outs"][0], "best:").split(";")[0]  # best: LABEL; measured again: ...
+    assert _line(r.stdout, "best:").startswith(label + " (") and "measured again by host-" in r.stdout, r.stdout
     assert "9 trials finished" in r.stdout and "host-a pid" in r.stdout + " ".join(three_workers["outs"])
     assert PASSWORD not in r.stdout + r.stderr
     j = _run(["tune", "--report", "--storage", three_workers["url"], "--study", "shared", "--json"])
@@ -176,9 +187,9 @@ def test_a_worker_on_another_kind_of_machine_is_refused(three_workers, tmp_path)
 
 
 def test_a_worker_killed_mid_trial_is_failed_by_its_heartbeat(pg, tmp_path):
-    url = pg.create_database("killed")
+    url = pg.url("tune")
     args = ["tune", CNN, "--trials", "7", "--trial-seconds", "0.5", "--confirm", "0", *SMALL,
-            "--storage", url, "--study", "k"]
+            "--storage", url, "--study", "killed"]
     procs = [_start([*args, "-o", f"w{c}.json"], tmp_path, _prelude(host=f"host-{c}", heartbeat=True))
              for c in "abc"]
     victim = procs[0]
@@ -186,7 +197,7 @@ def test_a_worker_killed_mid_trial_is_failed_by_its_heartbeat(pg, tmp_path):
     def running_on_a():
         try:
             return any(t.state.name == "RUNNING" and t.user_attrs.get("worker", {}).get("host") == "host-a/boot"
-                       and "setting" in t.user_attrs for t in _trials(url, "k"))
+                       and "setting" in t.user_attrs for t in _trials(url, "killed"))
         except Exception:  # noqa: BLE001 - the study is not there yet
             return False
 
@@ -201,7 +212,7 @@ def test_a_worker_killed_mid_trial_is_failed_by_its_heartbeat(pg, tmp_path):
         out, err = p.communicate(timeout=180)
         assert p.returncode == 0, err[-3000:]
         outs.append(out)
-    trials = _trials(url, "k")
+    trials = _trials(url, "killed")
     finished, failed = _finished(trials), [t for t in trials if t.state.name == "FAIL"]
     assert len(finished) == 7, [(t.number, t.state.name) for t in trials]  # the lost trial was run again
     _measured_once(finished)
@@ -214,13 +225,13 @@ def test_a_worker_killed_mid_trial_is_failed_by_its_heartbeat(pg, tmp_path):
 # ------------------------------------------------------------------ connection faults
 
 def test_the_server_stopped_mid_study_then_the_study_resumes(pg, tmp_path):
-    url = pg.create_database("stopped")
-    args = [*_tune(url, "s", 6), "--trial-seconds", "0.4"]
+    url = pg.url("tune")
+    args = [*_tune(url, "stopped", 6), "--trial-seconds", "0.4"]
     procs = [_start([*args, "-o", f"w{i}.json"], tmp_path) for i in range(2)]
 
     def mid_study():
         try:
-            states = [t.state.name for t in _trials(url, "s")]
+            states = [t.state.name for t in _trials(url, "stopped")]
         except Exception:  # noqa: BLE001 - not there yet
             return False
         return states.count("COMPLETE") >= 2 and "RUNNING" in states
@@ -239,7 +250,7 @@ def test_the_server_stopped_mid_study_then_the_study_resumes(pg, tmp_path):
         pg.start()
     r = _run([*args, "-o", "again.json", "--json"], cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    trials = _trials(url, "s")
+    trials = _trials(url, "stopped")
     finished = _finished(trials)
     assert len(finished) == 6, [(t.number, t.state.name) for t in trials]  # nothing counted twice
     _measured_once(finished)
@@ -274,16 +285,16 @@ def test_a_server_that_never_answers_is_given_up_at_the_stated_limit(tmp_path):
 
 
 def test_a_server_slow_to_start_is_waited_for(pg, tmp_path):
-    url = pg.create_database("late")
+    url = pg.url("tune")
     pg.stop("fast")
     try:
-        p = _start([*_tune(url, "s", 2), "--storage-wait", "40", "-o", "b.json"], tmp_path)
+        p = _start([*_tune(url, "late", 2), "--storage-wait", "40", "-o", "b.json"], tmp_path)
         time.sleep(3)
     finally:
         pg.start()
     out, err = p.communicate(timeout=120)
     assert p.returncode == 0, err[-3000:]
-    assert len(_finished(_trials(url, "s"))) == 2
+    assert len(_finished(_trials(url, "late"))) == 2
 
 
 # ------------------------------------------------------------------ the parts

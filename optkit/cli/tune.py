@@ -145,7 +145,10 @@ def _print_study(r: dict) -> None:
     if best is None:
         con.print("best: none yet (no feasible finished trial)")
     else:
-        con.print(f"best: {best['label']} ({figure} {num(best['figures'][figure])}, trial {best['trial']})",
+        conf = best.get("confirmed")
+        how = (f"; measured again by {best['confirmed_by']}: {num(conf['mean'])} (95% CI {num(conf['ci95'][0])}-"
+               f"{num(conf['ci95'][1])}) over {conf['rounds']} rounds") if conf else ""
+        con.print(f"best: {best['label']} ({figure} {num(best['figures'][figure])}, trial {best['trial']}){how}",
                   markup=False, highlight=False)
     for t in r["failed_trials"][-5:]:
         con.print(f"trial {t['number']} failed ({t['worker']}): {t['reason']}", style="dim", markup=False,

@@ -1186,7 +1186,8 @@ class Tuner:
         failed = [{"number": t.number, "label": Setting(**t.user_attrs["setting"]).label()
                    if "setting" in t.user_attrs else "", "reason": t.user_attrs.get("failed", STALE_REASON),
                    "worker": worker_label(t.user_attrs.get("worker"))}
-                  for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))]
+                  for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
+                  if not t.user_attrs.get("confirm")]  # a shared confirmation's bookkeeping trial is no trial
         if self.left_out_count:
             n = self.left_out_count
             self.notes.append(f"{n} setting{'s' if n > 1 else ''} left out unmeasured: their sessions start more "
@@ -1196,7 +1197,7 @@ class Tuner:
                 f"; every setting tried was left out, the last: {self.left_out_last}" if self.left_out_count else \
                 " (time budget too short?)"
             raise ValidationError(f"no tune trial finished{why}; nothing was written")
-        return self._result(trials, failed)
+        return self._result(trials, failed, study=study)
 
     def _search(self, study) -> None:
         """Trials until the study has `trials` of them, the budget's search part is spent, or trials keep
@@ -1300,7 +1301,7 @@ class Tuner:
                 except OSError as e:
                     log.debug("cannot remove %s: %s", p, e)
 
-    def _result(self, trials: list, failed: list[dict] | None = None) -> dict[str, Any]:
+    def _result(self, trials: list, failed: list[dict] | None = None, study=None) -> dict[str, Any]:
         rows = [{"number": t.number, "state": t.state.name.lower(), "setting": t.user_attrs["setting"],
                  "label": Setting(**t.user_attrs["setting"]).label(), "figures": t.user_attrs["figures"],
                  "feasible": all(v <= 0 for v in t.user_attrs.get("constraints", [])),
@@ -1311,7 +1312,9 @@ class Tuner:
         if not feasible:
             raise self._missed(rows)
         ranked = sorted(feasible, key=self._key)
-        confirmed = self._confirm(ranked[:self.cfg.confirm]) if self.cfg.confirm >= 1 else []
+        top = ranked[:self.cfg.confirm] if self.cfg.confirm >= 1 else []
+        shared = study is not None and len(workers_of(trials)) > 1
+        confirmed = (self._shared_confirm(study, top) if shared else self._confirm(top)) if top else []
         best = confirmed[0] if confirmed else {**ranked[0], "confirmed": None}
         ties = [c for c in confirmed[1:] if c["tie"]]
         _mark_pareto(rows)
@@ -1387,6 +1390,57 @@ class Tuner:
         for c in out:
             c_lo, c_hi = c["confirmed"]["ci95"]
             c["tie"] = c_lo <= hi and c_hi >= lo
+        return out
+
+    def _shared_confirm(self, study, top: list[dict]) -> list[dict]:
+        """The confirmation of a study several workers ran, done once and shared, so that every worker names the
+        same best: each asks a bookkeeping trial (skipped: never counted) marked with the settings to confirm;
+        the worker whose trial came first measures them again and keeps the outcome in its trial; the others
+        wait for it (a worker that dies is found by its heartbeat, and the next in line measures)."""
+        import optuna
+
+        S = optuna.trial.TrialState
+        key = hashlib.sha256(json.dumps([r["number"] for r in top]).encode()).hexdigest()[:16]
+        with interrupts.deferred():
+            trial = study.ask()
+            trial.set_user_attr("worker", self.worker)
+            trial.set_user_attr("skipped", True)
+            trial.set_user_attr("confirm", key)
+        told = False
+        try:
+            with _Heartbeat(study._storage, trial._trial_id):
+                while True:
+                    with interrupts.deferred():
+                        self._fail_stale(study)
+                        marked = [t for t in study.get_trials(deepcopy=False)
+                                  if t.user_attrs.get("confirm") == key and t._trial_id != trial._trial_id]
+                    done = next((t for t in marked if t.state != S.RUNNING and "confirmed" in t.user_attrs), None)
+                    if done is not None:
+                        out = done.user_attrs["confirmed"]
+                        self.notes.append(f"the best settings were measured again by "
+                                          f"{worker_label(done.user_attrs.get('worker'))} (trial {done.number})")
+                        break
+                    if not any(t.state == S.RUNNING and t._trial_id < trial._trial_id for t in marked):
+                        out = self._confirm(top)
+                        with interrupts.deferred():
+                            trial.set_user_attr("confirmed", json.loads(json.dumps(out)))
+                        break
+                    if self._left() <= POLL_S:
+                        self.notes.append("the best setting was not measured again: the time budget ran out while "
+                                          "another worker measured it")
+                        out = []
+                        break
+                    time.sleep(POLL_S)
+                with interrupts.deferred():
+                    study.tell(trial, state=S.PRUNED)
+                    told = True
+        finally:
+            if not told:
+                with interrupts.deferred():
+                    try:
+                        study.tell(trial, state=S.FAIL)
+                    except Exception as e:  # noqa: BLE001 - the storage itself failed: the first error goes on
+                        log.debug("could not mark trial %d failed: %s", trial.number, first_line(e))
         return out
 
     def _gates(self, figures: dict) -> list[str]:
@@ -1541,8 +1595,20 @@ def read_study(url: str, name: str | None, wait: float = 20.0) -> dict[str, Any]
     ranked = sorted((r for r in rows if r["state"] == "complete" and r["feasible"] and "duplicate_of" not in r
                      and r["figures"].get(figure) is not None),
                     key=lambda r: -r["figures"][figure] if direction == "maximize" else r["figures"][figure])
+    # the study's shared confirmation (Tuner._shared_confirm), the latest: its winner is the workers' best
+    confirmation = next((t for t in reversed(all_trials) if t.state != S.RUNNING and t.user_attrs.get("confirmed")),
+                        None)
+    if confirmation is not None:
+        won = confirmation.user_attrs["confirmed"][0]
+        best = {"setting": won["setting"], "label": won["label"], "figures": won["figures"], "trial": won["number"],
+                "confirmed": won["confirmed"],
+                "confirmed_by": worker_label(confirmation.user_attrs.get("worker"))}
+    else:
+        best = ({"setting": ranked[0]["setting"], "label": ranked[0]["label"], "figures": ranked[0]["figures"],
+                 "trial": ranked[0]["number"], "confirmed": None} if ranked else None)
     failed = [{"number": t.number, "worker": worker_label(t.user_attrs.get("worker")),
-               "reason": t.user_attrs.get("failed", STALE_REASON)} for t in all_trials if t.state == S.FAIL]
+               "reason": t.user_attrs.get("failed", STALE_REASON)} for t in all_trials
+              if t.state == S.FAIL and not t.user_attrs.get("confirm")]
     return {"storage": _redact(url), "study": name, "search": search, "objective": objective,
             "objective_figure": figure, "direction": direction,
             "machine": search.get("machine"),
@@ -1550,6 +1616,5 @@ def read_study(url: str, name: str | None, wait: float = 20.0) -> dict[str, Any]
             "duplicates": sum("duplicate_of" in r for r in rows), "failed": len(failed),
             "running": sum(1 for t in all_trials if t.state == S.RUNNING and not t.user_attrs.get("skipped")),
             "workers": workers_of(finished),
-            "best": ({"setting": ranked[0]["setting"], "label": ranked[0]["label"], "figures": ranked[0]["figures"],
-                      "trial": ranked[0]["number"]} if ranked else None),
+            "best": best,
             "rows": rows, "failed_trials": failed}
