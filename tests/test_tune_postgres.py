@@ -310,3 +310,14 @@ def test_storage_urls_are_shown_without_their_password(url, shown):
     from optkit.passes.tune import _redact
 
     assert _redact(url) == shown
+
+
+def test_a_stage_config_is_reported_without_a_storage_password():
+    """A recipe's tune stage names its storage in its config: the report and the logs show it masked."""
+    from optkit.core.text import redact_config
+
+    cfg = {"storage": f"postgresql://optkit:{PASSWORD}@db:5432/tune", "space": {"threads": [1, 2]},
+           "slo": ["p99<=20ms"], "study": "s", "trials": 4}
+    shown = redact_config(cfg)
+    assert PASSWORD not in json.dumps(shown) and shown["storage"] == "postgresql://optkit:***@db:5432/tune"
+    assert {k: v for k, v in shown.items() if k != "storage"} == {k: v for k, v in cfg.items() if k != "storage"}

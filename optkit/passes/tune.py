@@ -48,7 +48,7 @@ from optkit.core.errors import EXIT_PASS, DependencyError, OptkitError, UsageErr
 from optkit.core.formats import Format
 from optkit.core.isolate import TimedOut, run_isolated
 from optkit.core.registry import Pass, PassConfig, PassContext, cli, register
-from optkit.core.text import first_line
+from optkit.core.text import first_line, redact_url
 from optkit.measure.model import MeasureSettings, synthesized
 from optkit.measure.serving import PROBE_S, Setting, batch_feeds, measure_setting
 from optkit.measure.trials import t95
@@ -740,10 +740,8 @@ def _side_files(path: Path) -> list[Path]:
 
 
 def _redact(url: str) -> str:
-    """A storage URL fit to show: its password (user:PASSWORD@, to the last @, and a password= query argument)
-    replaced by ***."""
-    url = re.sub(r"//([^:/@]*):.*@", r"//\1:***@", url)
-    return re.sub(r"(?i)([?&;]password=)[^&;]*", r"\1***", url)
+    """A storage URL fit to show: its password masked (core.text.redact_url)."""
+    return redact_url(url)
 
 
 # ------------------------------------------------------------------------------------------------ workers
