@@ -109,12 +109,12 @@ def test_a_study_made_for_another_search_is_refused(cli, samples, tmp_path):
 
 @pytest.mark.parametrize("storage, codes", [
     ("sqlite:////no/such/folder/t.db", (2,)),
-    ("postgresql://nobody@127.0.0.1:1/none", (2, 4)),  # exit 4 when its driver is not installed
+    ("postgresql://nobody@127.0.0.1:1/none", (2, 4)),  # exit 4 when its driver is not installed; 2 after --storage-wait
     ("journal:/no/such/folder/t.log", (2,)),
     ("not-a-url", (2,)),
 ])
 def test_unreachable_storage_is_one_line(cli, samples, tmp_path, storage, codes):
-    r = cli("tune", samples / "torch_cnn.onnx", *FAST, "--trials", "2", "--storage", storage,
+    r = cli("tune", samples / "torch_cnn.onnx", *FAST, "--trials", "2", "--storage", storage, "--storage-wait", "1",
             "-o", tmp_path / "b.json")
     assert r.rc in codes, r.err
     line = one_error_line(r)

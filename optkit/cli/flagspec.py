@@ -299,6 +299,7 @@ PASSES = {
         {'key': 'space', 'flag': '--space', 'type': 'list', 'default': {}, 'required': False, 'optional': False, 'help': "A dimension's choices, e.g. batch=1,8,32 or threads=1,2 (repeatable; default: every dimension searched)."},
         {'key': 'storage', 'flag': '--storage', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': 'Optuna storage shared by workers: sqlite:///f.db, postgresql://..., mysql://... or journal:FILE (default: OUT.optkit-study.db beside -o, so a stopped tune resumes).'},
         {'key': 'study', 'flag': '--study', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': 'Study name (with --storage: the same name on every worker).'},
+        {'key': 'storage_wait', 'flag': '--storage-wait', 'type': 'float', 'default': 20.0, 'required': False, 'optional': False, 'min_open': 0, 'max': 3600, 'help': 'Seconds a database server may take to accept the first connection (refused, timed out, starting up): tried again every 0.5-4 s, each try bounded by 5 s; then exit 2 (default 20).'},
         {'key': 'seed', 'flag': '--seed', 'type': 'int', 'default': 0, 'required': False, 'optional': False, 'min': 0, 'help': 'Sampler seed.'},
         {'key': 'confirm', 'flag': '--confirm', 'type': 'int', 'default': 3, 'required': False, 'optional': False, 'min': 0, 'max': 20, 'help': 'Best settings measured again in 3 interleaved rounds to tell a win from noise (default 3; 1: the best only, for its 95% interval; 0: none).', 'group': 'measurement'},
     ],

@@ -133,8 +133,27 @@ def hoist_global_flags(argv: list[str]) -> list[str]:
     return flags + [a for a in argv[:end] if a not in GLOBAL_FLAGS] + argv[end:]
 
 
+# options whose value may be left out, and the value that then stands for it: `optkit tune --storage URL --study
+# NAME --report` reads a study (typer has no option with an optional value)
+OPTIONAL_VALUES = {("tune", "--report"): "-"}
+
+
+def optional_values(argv: list[str]) -> list[str]:
+    """`--report` given without a value (last, or before another option) gets the value that stands for none."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    command = next((a for a in argv[:end] if not a.startswith("-")), None)
+    out = list(argv)
+    for (name, option), value in OPTIONAL_VALUES.items():
+        if name != command:
+            continue
+        for i in reversed(range(end)):
+            if out[i] == option and (i + 1 >= end or (out[i + 1].startswith("-") and out[i + 1] != "-")):
+                out.insert(i + 1, value)
+    return out
+
+
 def main() -> None:
-    argv = hoist_global_flags(sys.argv[1:])
+    argv = optional_values(hoist_global_flags(sys.argv[1:]))
     if _fast_help(argv):
         sys.exit(0)
     verbose = sum(2 if a == "-vv" else 1 for a in argv if a in ("-v", "-vv", "--verbose"))

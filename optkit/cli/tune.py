@@ -1,4 +1,5 @@
-"""optkit tune MODEL [--data D] --objective throughput|latency|cost [--slo 'p99<=20ms'] [--max-memory 2GB]"""
+"""optkit tune MODEL [--data D] --objective throughput|latency|cost [--slo 'p99<=20ms'] [--max-memory 2GB];
+optkit tune --storage URL --study NAME --report: a shared study's results, from any machine, without measuring"""
 from __future__ import annotations
 
 import re
@@ -61,13 +62,16 @@ def register(app: typer.Typer) -> None:
     @app.command("tune")
     @flags.pass_options("tune.onnx")
     def tune_cmd(
-        model: str = typer.Argument(..., help="ONNX model."),
+        model: Optional[str] = typer.Argument(None, help="ONNX model (none with --report alone: read a study)."),
         data: Optional[str] = options.DATA,
         output: Optional[str] = typer.Option(None, "-o", "--output",
                                              help="Best settings JSON (default: MODEL_NAME.tune.json here)."),
         shape: Optional[list[str]] = options.SHAPE,
         value: Optional[list[str]] = options.VALUE,
-        report: Optional[str] = options.OUTPUT_REPORT,
+        report: Optional[str] = typer.Option(
+            None, "--report",  # given with no value, main.optional_values makes it "-"
+            help="Also write the JSON report to this file. --report with no file and no MODEL: print the results "
+                 "of the study that storage (--storage) and study (--study) name, measuring nothing."),
         as_json: bool = options.JSON,
         *,
         config: dict,
@@ -81,6 +85,14 @@ def register(app: typer.Typer) -> None:
         from optkit.passes.tune import Slo
 
         require_extra("tune", "optkit tune")
+        if model is None or report == "-":
+            if model is not None:
+                raise UsageError("--report needs a FILE when tuning a MODEL (--report with no file and no MODEL "
+                                 "reads a study)")
+            if report != "-":
+                raise UsageError("optkit tune needs a MODEL to tune, or --report with no file and no MODEL to read "
+                                 "a study (with storage (--storage) and study (--study))")
+            return show_study(config, as_json)
         for text in config.get("slo", []):
             Slo(text)  # its own line ("SLO 'p99<=x': ..."), before the config's
         output = output or f"{Path(model).stem}.tune.json"
@@ -97,6 +109,50 @@ def register(app: typer.Typer) -> None:
         cfg = build_config(get_pass("tune.onnx"), config, unknown="unknown option")
         settings = MeasureSettings(shapes=parse_shapes(shape), values=parse_values(value), seed=cfg.seed)
         run_tune(model, cfg, settings, data=data, output=Path(output), report_path=report, as_json=as_json)
+
+
+def show_study(config: dict, as_json: bool) -> None:
+    """`optkit tune --storage URL --study NAME --report`: the study's results as its storage holds them."""
+    from optkit.passes.tune import read_study
+
+    url = config.get("storage")
+    if not url:
+        raise UsageError("--report with no MODEL reads a study: give its storage (--storage URL) and study "
+                         "(--study NAME)")
+    wait = config.get("storage_wait", 20.0)
+    result = read_study(url, config.get("study"), wait=float(wait))
+    if as_json:
+        import json
+
+        common.print_json(json.dumps(result, indent=2))
+        return
+    _print_study(result)
+
+
+def _print_study(r: dict) -> None:
+    from optkit.passes.tune import _kind_label, num
+
+    con = common.console()
+    figure = r["objective_figure"]
+    con.print(f"study {r['study']} in {r['storage']}: {r['trials']} trials finished ({r['pruned']} pruned, "
+              f"{r['duplicates']} reused, {r['failed']} failed, {r['running']} running), "
+              f"objective {', '.join(r['objective'])}", markup=False, highlight=False)
+    con.print(f"machine: {_kind_label(r['machine'])}", markup=False, highlight=False)
+    if r["workers"]:
+        con.print("trials per worker: " + ", ".join(f"{w}: {n}" for w, n in r["workers"].items()), markup=False,
+                  highlight=False)
+    best = r["best"]
+    if best is None:
+        con.print("best: none yet (no feasible finished trial)")
+    else:
+        conf = best.get("confirmed")
+        how = (f"; measured again by {best['confirmed_by']}: {num(conf['mean'])} (95% CI {num(conf['ci95'][0])}-"
+               f"{num(conf['ci95'][1])}) over {conf['rounds']} rounds") if conf else ""
+        con.print(f"best: {best['label']} ({figure} {num(best['figures'][figure])}, trial {best['trial']}){how}",
+                  markup=False, highlight=False)
+    for t in r["failed_trials"][-5:]:
+        con.print(f"trial {t['number']} failed ({t['worker']}): {t['reason']}", style="dim", markup=False,
+                  highlight=False)
 
 
 def run_tune(model: str, cfg, settings, *, data: Optional[str], output: Path, report_path: Optional[str],
@@ -161,6 +217,9 @@ def _print(result: dict, notes: list[str]) -> None:
     how = (f"; measured again: {num(conf['mean'])} (95% CI {num(conf['ci95'][0])}-{num(conf['ci95'][1])}) "
            f"over {conf['rounds']} rounds") if conf else ""
     con.print(f"best: {best['label']}{how}")
+    if len(study.get("workers") or {}) > 1:
+        con.print("trials per worker: " + ", ".join(f"{w}: {n}" for w, n in study["workers"].items()),
+                  markup=False, highlight=False)
     for t in result["ties"]:
         con.print(f"tie (within the noise): {t['label']}")
     for t in result.get("failed_trials", [])[-5:]:

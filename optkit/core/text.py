@@ -9,6 +9,24 @@ _UNSAFE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a
 _MARKDOWN = re.compile(r"([\\`*_\[\]<>|!~])")
 
 
+def redact_url(url: str) -> str:
+    """A URL fit to show: its password (user:PASSWORD@, to the last @, and a password= query argument) replaced by
+    ***. Text with no such URL is returned as it is."""
+    url = re.sub(r"//([^:/@\s]*):.*@", r"//\1:***@", url)
+    return re.sub(r"(?i)([?&;]password=)[^&;\s]*", r"\1***", url)
+
+
+def redact_config(value):
+    """A pass's config as reports and logs show it: every string with a URL's password masked (redact_url)."""
+    if isinstance(value, dict):
+        return {k: redact_config(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact_config(v) for v in value]
+    if isinstance(value, str) and ("//" in value or "password=" in value.lower()):
+        return redact_url(value)
+    return value
+
+
 def printable(text: str) -> str:
     """`text` with control characters shown as escapes (`\x1b`), so a model, node or input name cannot move the
     cursor, recolour or retitle a terminal, or hide what a line says."""

@@ -48,7 +48,7 @@ from optkit.core.errors import EXIT_PASS, DependencyError, OptkitError, UsageErr
 from optkit.core.formats import Format
 from optkit.core.isolate import TimedOut, run_isolated
 from optkit.core.registry import Pass, PassConfig, PassContext, cli, register
-from optkit.core.text import first_line
+from optkit.core.text import first_line, redact_url
 from optkit.measure.model import MeasureSettings, synthesized
 from optkit.measure.serving import PROBE_S, Setting, batch_feeds, measure_setting
 from optkit.measure.trials import t95
@@ -67,6 +67,7 @@ BATCHES = (1, 2, 4, 8, 16, 32, 64)
 ROUNDS = 3  # confirmation rounds of the best settings
 STUDY_SUFFIX = ".optkit-study.db"  # the default study file beside -o: a name no user file has
 HEARTBEAT_S, GRACE_S = 5, 30  # a running trial's heartbeat; a trial silent for longer has lost its worker
+POLL_S = 0.5  # how often a worker looks again at another worker's running trial it waits for
 SETUP_S = 1.0  # a trial's child start, sessions and warm-up, before any trial has shown what it takes here
 # a trial's child is stopped after its probe, its timed seconds and max(TRIAL_MARGIN_S, 10 x the timed seconds)
 # for its start, sessions and warm-up (and at the time budget, when that comes first)
@@ -207,6 +208,11 @@ class TuneConfig(PassConfig):
                                 json_schema_extra=cli("--storage"))
     study: str | None = Field(default=None, description="Study name (with --storage: the same name on every "
                                                         "worker).", json_schema_extra=cli("--study"))
+    storage_wait: float = Field(default=20.0, gt=0, le=3600, allow_inf_nan=False,
+                                description="Seconds a database server may take to accept the first connection "
+                                            "(refused, timed out, starting up): tried again every 0.5-4 s, each try "
+                                            "bounded by 5 s; then exit 2 (default 20).",
+                                json_schema_extra=cli("--storage-wait"))
     seed: int = Field(default=0, ge=0, strict=True, description="Sampler seed.", json_schema_extra=cli("--seed"))
     # best settings measured again in ROUNDS interleaved rounds: ties, and the best's interval (1: the best
     # only, for its interval; 0: none)
@@ -400,8 +406,16 @@ def providers_here() -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------ storage
-DRIVERS = {"MySQLdb": "mysqlclient", "psycopg2": "psycopg2-binary", "pymysql": "PyMySQL", "psycopg": "psycopg",
-           "cx_Oracle": "oracledb", "pyodbc": "pyodbc"}  # module a database URL needs -> the pip package
+DRIVERS = {"MySQLdb": "mysqlclient", "psycopg2": "psycopg2-binary", "pymysql": "PyMySQL",
+           "psycopg": "'optkit[tune-db]' (psycopg 3)", "cx_Oracle": "oracledb",
+           "pyodbc": "pyodbc"}  # module a database URL needs -> the pip package
+CONNECT_TIMEOUT_S = 5  # one connection try to a database server (its driver's connect_timeout)
+# what a database server says while it is down, starting, stopping or full: worth trying again
+_TRANSIENT = re.compile(r"refused|timeout expired|timed out|starting up|shutting down|not yet accepting|recovery mode|"
+                        r"too many (clients|connections)|remaining connection slots|could not receive data|"
+                        r"server closed the connection|connection reset|no route to host|temporarily unavailable|"
+                        r"could not connect|can't connect|lost connection|consuming input failed|"
+                        r"terminating connection", re.I)
 
 
 def default_study_path(output: Path) -> Path:
@@ -553,12 +567,12 @@ def _sqlite_schema_problem(con: sqlite3.Connection) -> str | None:
                            lambda name: {row[1] for row in con.execute(f'PRAGMA table_info("{name}")')})
 
 
-def check_server_schema(url: str) -> None:
+def check_server_schema(url: str, wait: float | None = None) -> None:
     """Before Optuna creates its tables in a database server's database: it is empty or exactly an Optuna
     study's, as an SQLite file must be (its default schema; read only)."""
     import sqlalchemy
 
-    engine = sqlalchemy.create_engine(url)
+    engine = sqlalchemy.create_engine(url, **engine_kwargs(url, wait))
     def read() -> str | None:
         inspector = sqlalchemy.inspect(engine)
         tables, views = set(inspector.get_table_names()), set(inspector.get_view_names())
@@ -609,10 +623,11 @@ def check_storage_file(url: str) -> None:
         raise UsageError(f"{path} {problem}; optkit does not write into it: {hint}")
 
 
-def open_storage(url: str, stale_callback=None):
+def open_storage(url: str, stale_callback=None, wait: float = 20.0):
     """An Optuna storage: a database URL (sqlite:///file.db, postgresql://..., mysql://...) or journal:PATH (a
     journal file several processes can share). A database gets Optuna's heartbeat (HEARTBEAT_S, GRACE_S):
-    `stale_callback(study, trial)` hears of each trial failed because its worker went silent."""
+    `stale_callback(study, trial)` hears of each trial failed because its worker went silent. A database server
+    that does not accept a connection yet is tried again for up to `wait` seconds (connection_retries)."""
     import optuna
 
     try:
@@ -629,9 +644,14 @@ def open_storage(url: str, stale_callback=None):
         if "://" not in url:
             raise UsageError(f"cannot read storage {url!r}: give a database URL (sqlite:///tune.db, "
                              "postgresql://user@host/db) or journal:PATH")
-        if not is_sqlite(url):  # an SQLite file was checked before any work
-            check_server_schema(url)
-        return _rdb(url, stale_callback)
+        if is_sqlite(url):  # an SQLite file was checked before any work
+            return _rdb(url, stale_callback)
+
+        def connect():
+            check_server_schema(url, wait)
+            return _rdb(url, stale_callback, wait=wait)
+
+        return connection_retries(url, connect, wait)
     except (UsageError, DependencyError):
         raise
     except ImportError as e:  # a missing database driver (optuna wraps sqlalchemy's ModuleNotFoundError)
@@ -643,7 +663,7 @@ def open_storage(url: str, stale_callback=None):
         raise UsageError(f"cannot open tune storage {_redact(url)}: {_db_message(e)}") from None
 
 
-def _rdb(url: str, stale_callback=None, attempts: int = 5):
+def _rdb(url: str, stale_callback=None, attempts: int = 5, wait: float | None = None):
     """An RDB storage; workers starting together race to create its tables, so a clash is retried."""
     import optuna
     import sqlalchemy.exc
@@ -651,7 +671,7 @@ def _rdb(url: str, stale_callback=None, attempts: int = 5):
     def make():
         with warnings.catch_warnings():  # the heartbeat is "experimental" (there since Optuna 2.5)
             warnings.simplefilter("ignore")
-            return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True},
+            return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True, **engine_kwargs(url, wait)},
                                               heartbeat_interval=HEARTBEAT_S, grace_period=GRACE_S,
                                               heartbeat_stale_trial_callback=stale_callback)
 
@@ -665,13 +685,63 @@ def _rdb(url: str, stale_callback=None, attempts: int = 5):
     return make()
 
 
+STALE_REASON = "its worker's heartbeat stopped (failed by the heartbeat, not counted)"
+
+
+def engine_kwargs(url: str, wait: float | None = None) -> dict[str, Any]:
+    """A database server's connection bounded in time: its driver's connect_timeout (CONNECT_TIMEOUT_S) unless the
+    URL sets one. A server that accepts TCP and never answers would otherwise hold a worker forever."""
+    scheme = url.split(":", 1)[0].lower()
+    if not scheme.startswith(("postgresql", "postgres", "mysql", "mariadb")) or "connect_timeout" in url:
+        return {}
+    timeout = CONNECT_TIMEOUT_S if wait is None else max(2, min(CONNECT_TIMEOUT_S, math.ceil(wait)))
+    return {"connect_args": {"connect_timeout": timeout}}
+
+
+def transient(e: BaseException) -> bool:
+    """A database error that says the server is not there (yet): refused, timed out, starting or stopping, full.
+    A wrong password, a missing database or role is not: trying again changes nothing."""
+    import sqlalchemy.exc
+
+    if not isinstance(e, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError, ConnectionError,
+                          TimeoutError)):
+        return False
+    text = str(getattr(e, "orig", None) or e)
+    if re.search(r"password|authentication|does not exist|permission denied|access denied|no pg_hba", text, re.I):
+        return False
+    return bool(_TRANSIENT.search(text))
+
+
+def connection_retries(url: str, connect: Callable[[], Any], wait: float):
+    """`connect()` tried again while the server does not accept connections, with back-off (0.5 s doubling to
+    4 s), for at most `wait` seconds (each try bounded by its connect_timeout); then a UsageError that states the
+    limit, the tries and the server's last word."""
+    start, tries, pause = time.monotonic(), 0, 0.5
+    while True:
+        tries += 1
+        try:
+            return connect()
+        except Exception as e:  # noqa: BLE001 - sorted below: only a server that is not there is tried again
+            if not transient(e):
+                raise
+            left = wait - (time.monotonic() - start)
+            if left <= 0:
+                raise UsageError(f"tune storage {_redact(url)} did not accept a connection within {wait:g} s "
+                                 f"({tries} tr{'ies' if tries > 1 else 'y'}, the last: {_db_message(e)}); start the "
+                                 "database server, or give storage_wait (--storage-wait) more seconds") from None
+            log.info("tune storage %s: %s; trying again (%.0f s left)", _redact(url), _db_message(e), left)
+            time.sleep(min(pause, left))
+            pause = min(2 * pause, 4.0)
+
+
 def _side_files(path: Path) -> list[Path]:
     """A study file and the files SQLite (or a journal's lock) keeps beside it."""
     return [path, *(path.with_name(path.name + s) for s in ("-journal", "-wal", "-shm", ".lock"))]
 
 
 def _redact(url: str) -> str:
-    return re.sub(r"//([^:/@]+):[^@]*@", r"//\1:***@", url)
+    """A storage URL fit to show: its password masked (core.text.redact_url)."""
+    return redact_url(url)
 
 
 # ------------------------------------------------------------------------------------------------ workers
@@ -682,6 +752,35 @@ def _host() -> str:
     except OSError:
         boot = ""
     return f"{socket.gethostname()}/{boot}"
+
+
+def machine_kind() -> dict[str, Any]:
+    """What a trial's figures depend on besides the setting: the CPU (its model), how many cores this process may
+    use, the architecture. Part of a study's identity: figures measured on different kinds are never mixed."""
+    import platform
+
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "Model", "Hardware")):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"arch": platform.machine(), "cpu": cpu or platform.processor(), "cores": cores()}
+
+
+def _kind_label(kind: Any) -> str:
+    if not isinstance(kind, dict):
+        return "an unknown machine (a study made before optkit recorded the machine)"
+    return f"{kind.get('cpu') or '?'}, {kind.get('cores')} cores, {kind.get('arch')}"
+
+
+def worker_label(worker: Any) -> str:
+    """A worker as people read it: its host name and process id."""
+    if not isinstance(worker, dict):
+        return "(no worker)"
+    return f"{str(worker.get('host', '?')).split('/')[0]} pid {worker.get('pid', '?')}"
 
 
 def _this_worker() -> dict[str, Any]:
@@ -758,6 +857,7 @@ class Tuner:
             if self.own_file is not None and not os.path.lexists(self.own_file) else []
         self.deadline = time.monotonic() + cfg.time_budget if cfg.time_budget else math.inf
         self.storage = None
+        self.study_name = ""
         self.stale: list[int] = []        # trials of stopped workers this run marked failed
         self.overheads: list[float] = []  # seconds a measurement took beyond its timed part
         self.kept: str | None = None      # after a failure: what the study file still holds, to resume from
@@ -784,13 +884,17 @@ class Tuner:
         optuna.logging.set_verbosity(optuna.logging.DEBUG if log.isEnabledFor(logging.DEBUG) else optuna.logging.ERROR)
         asked = {"model_sha256": self.artifact.sha256, "space": self.space, "objective": self.cfg.objective,
                  "slo": self.cfg.slo, "max_memory_mb": self.cfg.max_memory_mb,
+                 # figures measured on another CPU are another search's: one study per kind of machine
+                 "machine": machine_kind(),
                  "inputs": {k: list(np.shape(v)) for k, v in self.feeds.items()},
                  # the values too: another --value, other data or seed is another search
                  "inputs_sha256": hashlib.sha256(b"".join(np.ascontiguousarray(self.feeds[k]).tobytes()
                                                           for k in sorted(self.feeds))).hexdigest()}
         digest = hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()[:10]
         name = self.cfg.study or f"optkit-tune-{Path(self.artifact.path).stem}-{digest}"
-        self.storage = storage = open_storage(self.storage_url, lambda study, t: self.stale.append(t.number))
+        self.study_name = name
+        self.storage = storage = open_storage(self.storage_url, lambda study, t: self.stale.append(t.number),
+                                              wait=self.cfg.storage_wait)
         # several workers of one study: each its own seed, so their first random settings differ
         seed = self.cfg.seed if self.cfg.storage is None else self.cfg.seed + os.getpid()
         with warnings.catch_warnings():  # multivariate and group are "experimental" (stable since Optuna 2.x)
@@ -818,6 +922,14 @@ class Tuner:
         elif stored != asked:
             differs = [k for k in asked if json.dumps(stored.get(k), sort_keys=True) !=
                        json.dumps(asked[k], sort_keys=True)]
+            if "machine" in differs:
+                others = [k for k in differs if k != "machine"]
+                raise UsageError(f"study {name!r} in {_redact(self.storage_url)} holds figures measured on another "
+                                 f"kind of machine ({_kind_label(stored.get('machine'))}; this one: "
+                                 f"{_kind_label(asked['machine'])})"
+                                 + (f", and its {', '.join(others)} differ too" if others else "")
+                                 + "; optkit does not mix figures from different machines: give each kind of machine "
+                                 "its own study (--study NAME-KIND)")
             raise UsageError(f"study {name!r} in {_redact(self.storage_url)} was made for a different search "
                              f"(its {', '.join(differs)} differ from this one's); name a new one with study (--study), or "
                              "ask for the same search")
@@ -859,6 +971,37 @@ class Tuner:
         S = optuna.trial.TrialState
         return sum(1 for t in study.get_trials(deepcopy=False, states=(S.COMPLETE, S.PRUNED, S.RUNNING))
                    if (before is None or t.number < before) and not t.user_attrs.get("skipped"))
+
+    def _running(self, study) -> int:
+        """Trials other workers are running now (counted toward `trials` until they finish or fail)."""
+        import optuna
+
+        return sum(1 for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+                   if not t.user_attrs.get("skipped"))
+
+    def _same_setting(self, study, trial, deadline: float):
+        """The trial that has measured, or is measuring, this trial's setting: a finished trial with its figures
+        (returned), or a running one with a lower id, which this worker waits for (POLL_S) so that two workers
+        never measure one setting at once. A lower trial still choosing its setting is waited for too (it may
+        choose this one). None: this trial measures it."""
+        import optuna
+
+        S = optuna.trial.TrialState
+        mine = trial.user_attrs["setting"]
+        while True:
+            with interrupts.deferred():
+                self._fail_stale(study)
+                trials = study.get_trials(deepcopy=False, states=(S.COMPLETE, S.PRUNED, S.RUNNING))
+            done = next((t for t in trials if t.state != S.RUNNING and t.user_attrs.get("setting") == mine
+                         and "figures" in t.user_attrs), None)
+            if done is not None:
+                return done
+            ahead = [t for t in trials if t.state == S.RUNNING and t._trial_id < trial._trial_id
+                     and not t.user_attrs.get("skipped") and t.user_attrs.get("setting", mine) == mine]
+            if not ahead or self._left(deadline) <= POLL_S:
+                return None
+            log.info("trial %d: waiting for trial %d (same setting, another worker)", trial.number, ahead[0].number)
+            time.sleep(POLL_S)
 
     # -------------------------------------------------------------- one trial
     def _trial_seconds_needed(self) -> float:
@@ -912,9 +1055,7 @@ class Tuner:
                         told = True
                         log.info("trial %d left out: %s", trial.number, self.left_out_last)
                         return "left-out"
-                    duplicate = next((t for t in study.get_trials(deepcopy=False, states=(S.COMPLETE, S.PRUNED))
-                                      if t.user_attrs.get("setting") == trial.user_attrs["setting"]
-                                      and "figures" in t.user_attrs), None)
+                duplicate = self._same_setting(study, trial, deadline)
                 if duplicate is not None:
                     figures = duplicate.user_attrs["figures"]
                 else:
@@ -996,10 +1137,22 @@ class Tuner:
             return self._run()
         except BaseException as e:
             self._after_failure()
+            cause = _database_error(e) if self.storage is not None else None
+            if cause is not None:
+                raise self._lost(cause) from None
             if self.kept and isinstance(e, OptkitError) and e.exit_code == EXIT_PASS:
                 e.message = f"{e.message}; {self.kept}"  # exit 3 with trials kept: say where they are
                 e.args = (e.message,)
             raise
+
+    def _lost(self, e: BaseException) -> UsageError:
+        """The storage failed mid-study (its server stopped, the network went): one line. The study stays in the
+        database: this worker's running trial is failed once the server is back (by its process here, by its
+        heartbeat elsewhere) and the same command resumes."""
+        return UsageError(f"lost the tune storage {_redact(self.storage_url)} mid-study ({_db_message(e)}); the "
+                          f"study {self.study_name!r} keeps its finished trials: run the same command to resume "
+                          "once the database is back (a trial this worker left running is failed then, not "
+                          "counted)")
 
     def _finished(self, study) -> list:
         import optuna
@@ -1029,8 +1182,10 @@ class Tuner:
             self.notes.append(f"{n} stale trial{'s' if n > 1 else ''} left running by a stopped worker marked "
                               "failed (not counted)")
         failed = [{"number": t.number, "label": Setting(**t.user_attrs["setting"]).label()
-                   if "setting" in t.user_attrs else "", "reason": t.user_attrs.get("failed", "failed")}
-                  for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))]
+                   if "setting" in t.user_attrs else "", "reason": t.user_attrs.get("failed", STALE_REASON),
+                   "worker": worker_label(t.user_attrs.get("worker"))}
+                  for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
+                  if not t.user_attrs.get("confirm")]  # a shared confirmation's bookkeeping trial is no trial
         if self.left_out_count:
             n = self.left_out_count
             self.notes.append(f"{n} setting{'s' if n > 1 else ''} left out unmeasured: their sessions start more "
@@ -1040,7 +1195,7 @@ class Tuner:
                 f"; every setting tried was left out, the last: {self.left_out_last}" if self.left_out_count else \
                 " (time budget too short?)"
             raise ValidationError(f"no tune trial finished{why}; nothing was written")
-        return self._result(trials, failed)
+        return self._result(trials, failed, study=study)
 
     def _search(self, study) -> None:
         """Trials until the study has `trials` of them, the budget's search part is spent, or trials keep
@@ -1050,11 +1205,23 @@ class Tuner:
             if self.cfg.time_budget and self.cfg.confirm else 0.0
         deadline = self.deadline - reserve
         timeouts = failures = left_out = 0
+        waited = 0.0
         while True:
             with interrupts.deferred():
                 self._fail_stale(study)
-                if self._counted(study) >= self.cfg.trials:
+                counted, running = self._counted(study), self._running(study)
+            if counted >= self.cfg.trials:
+                if not running:
+                    if waited >= 1:
+                        self.notes.append(f"waited {waited:.0f} s for other workers' last trials")
                     return
+                # other workers' trials make up the count: wait for them, as one that fails (or whose worker
+                # stops: its heartbeat) leaves a trial to run again, so that the study has exactly `trials`
+                if self._left(deadline) <= POLL_S:
+                    return
+                time.sleep(POLL_S)
+                waited += POLL_S
+                continue
             until = deadline
             if math.isfinite(deadline):
                 first = not self._finished(study)
@@ -1067,7 +1234,7 @@ class Tuner:
                     until = self.deadline  # no trial yet: the first may use the whole budget
             outcome = self._run_trial(study, until)
             if outcome == "full":
-                return
+                continue  # the loop's top waits for the others' running trials or ends
             if outcome == "left-out":
                 left_out += 1
                 self.left_out_count += 1
@@ -1132,7 +1299,7 @@ class Tuner:
                 except OSError as e:
                     log.debug("cannot remove %s: %s", p, e)
 
-    def _result(self, trials: list, failed: list[dict] | None = None) -> dict[str, Any]:
+    def _result(self, trials: list, failed: list[dict] | None = None, study=None) -> dict[str, Any]:
         rows = [{"number": t.number, "state": t.state.name.lower(), "setting": t.user_attrs["setting"],
                  "label": Setting(**t.user_attrs["setting"]).label(), "figures": t.user_attrs["figures"],
                  "feasible": all(v <= 0 for v in t.user_attrs.get("constraints", [])),
@@ -1143,7 +1310,9 @@ class Tuner:
         if not feasible:
             raise self._missed(rows)
         ranked = sorted(feasible, key=self._key)
-        confirmed = self._confirm(ranked[:self.cfg.confirm]) if self.cfg.confirm >= 1 else []
+        top = ranked[:self.cfg.confirm] if self.cfg.confirm >= 1 else []
+        shared = study is not None and len(workers_of(trials)) > 1
+        confirmed = (self._shared_confirm(study, top) if shared else self._confirm(top)) if top else []
         best = confirmed[0] if confirmed else {**ranked[0], "confirmed": None}
         ties = [c for c in confirmed[1:] if c["tie"]]
         _mark_pareto(rows)
@@ -1161,7 +1330,8 @@ class Tuner:
             "study": {"storage": _redact(self.storage_url), "name": self.study_name, "trials": len(rows),
                       "pruned": sum(r["state"] == "pruned" for r in rows),
                       "duplicates": sum("duplicate_of" in r for r in rows),
-                      "failed": len(failed), "stale": len(self.stale)},
+                      "failed": len(failed), "stale": len(self.stale),
+                      "workers": workers_of(trials), "machine": machine_kind()},
             "objective_figure": figure, "direction": direction,
             "trials": rows,
             "failed_trials": failed,
@@ -1220,6 +1390,57 @@ class Tuner:
             c["tie"] = c_lo <= hi and c_hi >= lo
         return out
 
+    def _shared_confirm(self, study, top: list[dict]) -> list[dict]:
+        """The confirmation of a study several workers ran, done once and shared, so that every worker names the
+        same best: each asks a bookkeeping trial (skipped: never counted) marked with the settings to confirm;
+        the worker whose trial came first measures them again and keeps the outcome in its trial; the others
+        wait for it (a worker that dies is found by its heartbeat, and the next in line measures)."""
+        import optuna
+
+        S = optuna.trial.TrialState
+        key = hashlib.sha256(json.dumps([r["number"] for r in top]).encode()).hexdigest()[:16]
+        with interrupts.deferred():
+            trial = study.ask()
+            trial.set_user_attr("worker", self.worker)
+            trial.set_user_attr("skipped", True)
+            trial.set_user_attr("confirm", key)
+        told = False
+        try:
+            with _Heartbeat(study._storage, trial._trial_id):
+                while True:
+                    with interrupts.deferred():
+                        self._fail_stale(study)
+                        marked = [t for t in study.get_trials(deepcopy=False)
+                                  if t.user_attrs.get("confirm") == key and t._trial_id != trial._trial_id]
+                    done = next((t for t in marked if t.state != S.RUNNING and "confirmed" in t.user_attrs), None)
+                    if done is not None:
+                        out = done.user_attrs["confirmed"]
+                        self.notes.append(f"the best settings were measured again by "
+                                          f"{worker_label(done.user_attrs.get('worker'))} (trial {done.number})")
+                        break
+                    if not any(t.state == S.RUNNING and t._trial_id < trial._trial_id for t in marked):
+                        out = self._confirm(top)
+                        with interrupts.deferred():
+                            trial.set_user_attr("confirmed", json.loads(json.dumps(out)))
+                        break
+                    if self._left() <= POLL_S:
+                        self.notes.append("the best setting was not measured again: the time budget ran out while "
+                                          "another worker measured it")
+                        out = []
+                        break
+                    time.sleep(POLL_S)
+                with interrupts.deferred():
+                    study.tell(trial, state=S.PRUNED)
+                    told = True
+        finally:
+            if not told:
+                with interrupts.deferred():
+                    try:
+                        study.tell(trial, state=S.FAIL)
+                    except Exception as e:  # noqa: BLE001 - the storage itself failed: the first error goes on
+                        log.debug("could not mark trial %d failed: %s", trial.number, first_line(e))
+        return out
+
     def _gates(self, figures: dict) -> list[str]:
         """Gates a recipe can keep: the SLOs, the memory limit, and throughput not more than 10% under the
         tuned figure."""
@@ -1242,6 +1463,32 @@ class Tuner:
         return ValidationError(f"no setting met {asked} in {len(measured)} trials; the closest: "
                                f"{closest['label']} ({_short(closest['figures'])})",
                                details={"trials": rows})
+
+
+def workers_of(trials: list) -> dict[str, int]:
+    """Finished trials per worker (host name and pid), most first: who ran the study's trials."""
+    counts: dict[str, int] = {}
+    for t in trials:
+        label = worker_label(t.user_attrs.get("worker"))
+        counts[label] = counts.get(label, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _database_error(e: BaseException) -> BaseException | None:
+    """The database's error under an Optuna storage error (SQLAlchemy's, or its driver's), following the chain
+    (Optuna wraps a failed commit in its StorageInternalError); None when the error is not the database's."""
+    try:
+        import sqlalchemy.exc
+    except ImportError:
+        return None
+    seen = 0
+    while e is not None and seen < 10:
+        if isinstance(e, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError,
+                          sqlalchemy.exc.DisconnectionError)) or (
+                isinstance(e, sqlalchemy.exc.DBAPIError) and getattr(e, "connection_invalidated", False)):
+            return e
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return None
 
 
 def _mark_pareto(rows: list[dict]) -> None:
@@ -1297,3 +1544,75 @@ class TuneOnnx(Pass):
                  f"({_short(result['best']['figures'])})")
         copy_model(artifact.path, ctx.output)
         return Artifact.load(str(ctx.output))
+
+
+# ------------------------------------------------------------------------------------------------ reading a study
+def read_study(url: str, name: str | None, wait: float = 20.0) -> dict[str, Any]:
+    """A study's results as its storage holds them, read from any machine without measuring: its search (the
+    model, objective, machine kind), the finished trials with their figures, the best feasible setting by the
+    search's figures, the trials per worker and the failed ones. `name` None: the storage's one study."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    if storage_file(url) is not None and not os.path.exists(storage_file(url)):
+        raise UsageError(f"tune storage {_redact(url)}: {storage_file(url)} does not exist")
+    storage = open_storage(url, wait=wait)
+    S = optuna.trial.TrialState
+    with interrupts.deferred():
+        try:
+            names = sorted(s.study_name for s in storage.get_all_studies())
+            if name is None:
+                if len(names) != 1:
+                    raise UsageError(f"tune storage {_redact(url)} holds {len(names)} studies"
+                                     + (f" ({', '.join(names[:10])})" if names else "")
+                                     + "; name one with study (--study)")
+                name = names[0]
+            if name not in names:
+                raise UsageError(f"no study {name!r} in tune storage {_redact(url)}"
+                                 + (f"; it holds {', '.join(names[:10])}" if names else "; it holds none"))
+            study = optuna.load_study(study_name=name, storage=storage)
+            all_trials = study.get_trials(deepcopy=False)
+        except OptkitError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the database failed under us
+            cause = _database_error(e)
+            if cause is not None:
+                raise UsageError(f"cannot read tune storage {_redact(url)}: {_db_message(cause)}") from None
+            raise
+    search = study.user_attrs.get("optkit") or {}
+    objective = search.get("objective") or ["throughput"]
+    figure, direction = OBJECTIVES.get(objective[0], OBJECTIVES["throughput"])
+    finished = [t for t in all_trials if t.state in (S.COMPLETE, S.PRUNED) and not t.user_attrs.get("skipped")
+                and "figures" in t.user_attrs]
+    rows = [{"number": t.number, "state": t.state.name.lower(), "setting": t.user_attrs.get("setting"),
+             "label": Setting(**t.user_attrs["setting"]).label() if "setting" in t.user_attrs else "",
+             "figures": t.user_attrs["figures"], "worker": worker_label(t.user_attrs.get("worker")),
+             "feasible": all(v <= 0 for v in t.user_attrs.get("constraints", [])),
+             **({"duplicate_of": t.user_attrs["duplicate_of"]} if "duplicate_of" in t.user_attrs else {})}
+            for t in finished]
+    ranked = sorted((r for r in rows if r["state"] == "complete" and r["feasible"] and "duplicate_of" not in r
+                     and r["figures"].get(figure) is not None),
+                    key=lambda r: -r["figures"][figure] if direction == "maximize" else r["figures"][figure])
+    # the study's shared confirmation (Tuner._shared_confirm), the latest: its winner is the workers' best
+    confirmation = next((t for t in reversed(all_trials) if t.state != S.RUNNING and t.user_attrs.get("confirmed")),
+                        None)
+    if confirmation is not None:
+        won = confirmation.user_attrs["confirmed"][0]
+        best = {"setting": won["setting"], "label": won["label"], "figures": won["figures"], "trial": won["number"],
+                "confirmed": won["confirmed"],
+                "confirmed_by": worker_label(confirmation.user_attrs.get("worker"))}
+    else:
+        best = ({"setting": ranked[0]["setting"], "label": ranked[0]["label"], "figures": ranked[0]["figures"],
+                 "trial": ranked[0]["number"], "confirmed": None} if ranked else None)
+    failed = [{"number": t.number, "worker": worker_label(t.user_attrs.get("worker")),
+               "reason": t.user_attrs.get("failed", STALE_REASON)} for t in all_trials
+              if t.state == S.FAIL and not t.user_attrs.get("confirm")]
+    return {"storage": _redact(url), "study": name, "search": search, "objective": objective,
+            "objective_figure": figure, "direction": direction,
+            "machine": search.get("machine"),
+            "trials": len(rows), "pruned": sum(r["state"] == "pruned" for r in rows),
+            "duplicates": sum("duplicate_of" in r for r in rows), "failed": len(failed),
+            "running": sum(1 for t in all_trials if t.state == S.RUNNING and not t.user_attrs.get("skipped")),
+            "workers": workers_of(finished),
+            "best": best,
+            "rows": rows, "failed_trials": failed}

@@ -11,6 +11,7 @@ from optkit.core.artifact import Artifact
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format, detect_format
 from optkit.core.registry import PassContext
+from optkit.core.text import redact_config
 from optkit.measure.datasets import load_dataset
 from optkit.measure.model import DataSpec, MeasureSettings, measure
 from optkit.measure.paired import change_against
@@ -178,7 +179,7 @@ def _compute_stage(ws, key, tmp, opts, name, cls, current, config, spec, r, data
     log.info("stage %s: cache %s (key %s)", name, "hit" if hit else "miss" if opts.use_cache else "off", key[:12])
     if hit is not None:
         result = StageResult(name=name, pass_name=cls.name, input=current, output=hit["artifact"],
-                             config=config, duration_s=hit["duration_s"],
+                             config=redact_config(config), duration_s=hit["duration_s"],
                              ctx=PassContext(output=tmp / stage_output_name(cls.produces),
                                              notes=list(hit["notes"]), warnings=list(hit["warnings"]),
                                              measurements=dict(hit["measurements"])),

@@ -12,6 +12,7 @@ from optkit.core.artifact import Artifact
 from optkit.core.atomic import check_output_path
 from optkit.core.errors import PassError
 from optkit.core.registry import PassContext, build_config, check_pass
+from optkit.core.text import redact_config
 from optkit.passes import get_pass
 
 log = logging.getLogger(__name__)
@@ -39,11 +40,12 @@ def run_pass(artifact: Artifact, pass_name: str, config: dict[str, Any], output:
     output = check_output_path(output, inputs=(artifact.path, artifact.meta.get("weights")))
     ctx = PassContext(output=output, **ctx_fields)
     log.info("pass %s: %s -> %s", pass_name, artifact.path, output)
-    log.debug("pass %s config: %s", pass_name, cfg.model_dump(mode="json"))
+    log.debug("pass %s config: %s", pass_name, redact_config(cfg.model_dump(mode="json")))
     start = time.perf_counter()
     result = cls().run(artifact, cfg, ctx)
     log.info("pass %s done in %.1f s", pass_name, time.perf_counter() - start)
     if not Path(result.path).exists():
         raise PassError(f"pass {pass_name} reported {result.path} but wrote nothing")
     return StageResult(name=pass_name, pass_name=pass_name, input=artifact, output=result,
-                       config=cfg.model_dump(mode="json"), duration_s=time.perf_counter() - start, ctx=ctx)
+                       config=redact_config(cfg.model_dump(mode="json")), duration_s=time.perf_counter() - start,
+                       ctx=ctx)
