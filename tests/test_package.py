@@ -8,7 +8,6 @@ import shutil
 import numpy as np
 import onnx
 import pytest
-from conftest import no_result_files, one_error_line
 from onnx import TensorProto, helper
 
 from optkit.core.artifact import Artifact
@@ -17,6 +16,8 @@ from optkit.package import triton
 from optkit.package.build import package
 from optkit.package.signature import read_signature
 from optkit.package.tuned import Tuned, defaults
+
+from conftest import no_result_files, one_error_line
 
 CNN = "sample_models/torch_cnn.onnx"
 
