@@ -91,13 +91,14 @@ def _server_dir() -> Path | None:
     return found[0].parents[1] if found else None
 
 
-def check_config(pbtxt: Path) -> dict:
+def check_config(*pbtxt: Path) -> dict | list[dict]:
     """Parse with tritonclient's model_config_pb2 in the tool folder's Python (optkit/package/triton_check.py)."""
     proc = subprocess.run([str(TOOL / "bin" / "python"), str(ROOT / "optkit" / "package" / "triton_check.py"),
-                           str(pbtxt)], capture_output=True, text=True, timeout=60)
+                           *map(str, pbtxt)], capture_output=True, text=True, timeout=60)
     if proc.returncode:
         raise ValueError(proc.stderr.strip())
-    return json.loads(proc.stdout)
+    out = [json.loads(line) for line in proc.stdout.splitlines()]
+    return out[0] if len(pbtxt) == 1 else out
 
 
 def proof_repository(package_repo: Path, dest: Path) -> Path:

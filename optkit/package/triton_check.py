@@ -1,7 +1,8 @@
 """Parse a config.pbtxt with Triton's ModelConfig (tritonclient's model_config_pb2) and print what it holds.
 
 Runs in any Python that has tritonclient (it imports nothing else of optkit), so the tests can check with
-the interpreter of a tool folder too:  python triton_check.py config.pbtxt  -> JSON on stdout, exit 1 on error.
+the interpreter of a tool folder too:  python triton_check.py A.pbtxt [B.pbtxt ...]  -> one JSON line per file on
+stdout, exit 1 with the parse error of the first that fails.
 """
 from __future__ import annotations
 
@@ -18,10 +19,11 @@ def parse(text: str) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        with open(sys.argv[1], encoding="utf-8") as f:
-            out = parse(f.read())
-    except Exception as e:  # the one line the caller shows
-        print(f"{type(e).__name__}: {e}", file=sys.stderr)
-        sys.exit(1)
-    print(json.dumps(out))
+    for name in sys.argv[1:]:
+        try:
+            with open(name, encoding="utf-8") as f:
+                out = parse(f.read())
+        except Exception as e:  # the one line the caller shows
+            print(f"{name}: {type(e).__name__}: {e}", file=sys.stderr)
+            sys.exit(1)
+        print(json.dumps(out))
