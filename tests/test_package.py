@@ -252,3 +252,53 @@ def test_an_unknown_file_in_a_model_folder_is_refused(tmp_path):
         package(CNN, target="triton", output=str(repo), name="cnn")
     with pytest.raises(UsageError, match="is a triton package, not mlflow"):
         package(CNN, target="mlflow", output=str(repo), name="cnn")
+
+
+def test_manifests_parse_hold_their_keys_and_the_measured_memory(tmp_path):
+    import yaml
+
+    from optkit.package import manifests
+
+    best = best_json(tmp_path / "best.json", CNN)
+    json_best = json.loads(open(best).read())
+    json_best["best"]["figures"]["memory_mb"] = 100.0
+    (tmp_path / "best.json").write_text(json.dumps(json_best))
+    res = package(CNN, target="triton", output=str(tmp_path / "repo"), name="cnn", tuned_path=best,
+                  manifests="kserve,seldon,kubedl", storage_uri="s3://b/models/")
+    docs = {k: yaml.safe_load((tmp_path / "repo" / "cnn" / "1" / "manifests" / f"{k}.yaml").read_text())
+            for k in manifests.KINDS}
+    for kind, doc in docs.items():
+        manifests.check(kind, doc)
+    assert docs["kserve"]["spec"]["predictor"]["model"]["modelFormat"] == {"name": "onnx"}
+    assert docs["kserve"]["spec"]["predictor"]["model"]["storageUri"] == "s3://b/models"
+    assert docs["kserve"]["spec"]["predictor"]["model"]["resources"]["requests"]["memory"] == "150Mi"
+    assert docs["seldon"]["spec"] == {"storageUri": "s3://b/models/cnn", "requirements": ["onnx"], "memory": "150Mi"}
+    assert docs["kubedl"]["kind"] == "ModelVersion" and docs["kubedl"]["spec"]["modelName"] == "cnn"
+    assert any("measured peak 100.0 MiB" in n and "50% margin" in n for n in res.notes)
+    with pytest.raises(UsageError, match="--manifests 'kserve,helm'"):
+        package(CNN, target="triton", output=str(tmp_path / "repo"), manifests="kserve,helm")
+    from optkit.core.errors import PassError
+
+    with pytest.raises(PassError, match="lacks spec.requirements"):
+        manifests.check("seldon", {"apiVersion": "x", "kind": "Model", "metadata": {"name": "a"},
+                                   "spec": {"storageUri": "s3://x"}})
+
+
+def test_a_failure_while_building_leaves_nothing(tmp_path, monkeypatch):
+    from optkit.package import lineage
+
+    repo = tmp_path / "repo"
+    package(CNN, target="triton", output=str(repo), name="cnn")
+    before = no_result_files(repo)
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(lineage, "file_hashes", boom)
+    with pytest.raises(KeyboardInterrupt):
+        package(CNN, target="triton", output=str(repo), name="cnn")
+    assert no_result_files(repo) == before and sorted(p.name for p in (repo / "cnn").iterdir()) == [
+        "1", "config.pbtxt", "optkit-versions.json"]
+    with pytest.raises(KeyboardInterrupt):
+        package(CNN, target="triton", output=str(tmp_path / "new"), name="cnn")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["repo"]

@@ -41,6 +41,12 @@ def register(app: typer.Typer) -> None:
         shape: Optional[list[str]] = options.SHAPE,
         queue_delay_us: Optional[int] = typer.Option(None, "--queue-delay-us", min=0,
                                                      help="Triton dynamic batching queue delay (default 100)."),
+        manifests: Optional[str] = typer.Option(None, "--manifests", help="Also write deployment manifests: "
+                                                                           "kserve,seldon,kubedl (comma-separated)."),
+        storage_uri: Optional[str] = typer.Option(None, "--storage-uri", help="Where the cluster reads REPO "
+                                                                              "(s3://..., gs://..., pvc://...)."),
+        memory_margin: Optional[float] = typer.Option(None, "--memory-margin",
+                                                      help="Margin on the measured peak memory (default 0.5 = 50%)."),
         as_json: bool = options.JSON,
     ) -> None:
         """Package MODEL for a server; the version is built aside and renamed into place."""
@@ -48,7 +54,8 @@ def register(app: typer.Typer) -> None:
         from optkit.package.build import package
 
         result = package(model, target=to, output=output, tuned_path=tuned, name=name, version=version, tag=tag,
-                         report_path=report, data=data, shapes=parse_shapes(shape), queue_delay_us=queue_delay_us)
+                         report_path=report, data=data, shapes=parse_shapes(shape), queue_delay_us=queue_delay_us,
+                         manifests=manifests, storage_uri=storage_uri, memory_margin=memory_margin)
         if as_json:
             common.print_json(json.dumps(result.__dict__, indent=2, default=str))
             return

@@ -33,7 +33,9 @@ class Result:
 
 def package(model: str, *, target: str, output: str, tuned_path: str | None = None, name: str | None = None,
             version: str = "auto", tag: str | None = None, report_path: str | None = None,
-            data: str | None = None, shapes: dict | None = None, queue_delay_us: int | None = None) -> Result:
+            data: str | None = None, shapes: dict | None = None, queue_delay_us: int | None = None,
+            manifests: str | None = None, storage_uri: str | None = None, memory_margin: float | None = None
+            ) -> Result:
     from optkit.core.artifact import Artifact, external_data_files
     from optkit.core.formats import Format
 
@@ -51,6 +53,12 @@ def package(model: str, *, target: str, output: str, tuned_path: str | None = No
                          f"(optkit convert {model} -o model.onnx)")
     name = repo.check_name(name or Path(model).stem.replace(" ", "_"))
     tag = repo.check_tag(tag)
+    from optkit.package import manifests as mf
+
+    kinds = mf.parse_kinds(manifests)
+    margin = mf.MARGIN if memory_margin is None else memory_margin
+    if not 0 <= margin <= 10:
+        raise UsageError(f"--memory-margin {memory_margin}: give a fraction between 0 and 10 (0.5 = 50%)")
     out = Path(output)
     for other in (model, tuned_path, report_path, data):
         if other and Path(other).exists() and (out.resolve() == Path(other).resolve()
@@ -62,8 +70,7 @@ def package(model: str, *, target: str, output: str, tuned_path: str | None = No
     sig = read_signature(model)
     tuned = load_tuned(tuned_path, artifact.sha256, model) if tuned_path else defaults()
     report = _load_report(report_path) if report_path else None
-    if report is not None:
-        lineage.chain_from_report(report, artifact.sha256)  # the report is about this model, else exit 2
+    measured = lineage.chain_from_report(report, artifact.sha256)[1] if report is not None else {}  # else exit 2
     notes = [] if tuned_path else ["no --tuned: default settings (1 CPU instance, batch 1, onnxruntime's own "
                                    "threads and optimisations); run `optkit tune` for measured ones"]
 
@@ -83,6 +90,17 @@ def package(model: str, *, target: str, output: str, tuned_path: str | None = No
 
         opts, providers, mapping, mnotes = mlf.settings(tuned, sig.batchable)
         notes = notes + mnotes
+
+    docs = {}
+    if kinds:
+        uri, uri_notes = mf.base_uri(storage_uri, out)
+        peak, peak_source = mf.peak_memory_mb(measured, tuned.figures)
+        docs, man_notes = mf.build(kinds, target=target, name=name, version=number, tag=tag, base_uri=uri,
+                                   peak_mb=peak, peak_source=peak_source, margin=margin,
+                                   threads=tuned.get("threads"), gpu=(tuned.get("provider") or "cpu") != "cpu",
+                                   local_dir=(out / name / str(number)).resolve())
+        docs = {kind: mf.render(kind, doc) for kind, doc in docs.items()}
+        notes = notes + man_notes + uri_notes
 
     # stage: the highest level that does not exist yet is built whole in a temporary folder beside it
     model_dir = out / name
@@ -111,6 +129,10 @@ def package(model: str, *, target: str, output: str, tuned_path: str | None = No
                 report_path=report_path, files={}, mapping=mapping, notes=notes)
             mlf.write(vdir, model, bool(externals), sig, opts, providers, {"optkit": meta_lineage})
         (vdir / lineage.REPORT_FILE).write_text(report_obj.to_json(), encoding="utf-8")
+        if docs:
+            (vdir / "manifests").mkdir()
+            for kind, text in docs.items():
+                (vdir / "manifests" / f"{kind}.yaml").write_text(text, encoding="utf-8")
         files_before = lineage.file_hashes(vdir)
         lin = lineage.build_lineage(artifact=artifact, target=target, name=name, version=number, tag=tag,
                                     tuned=tuned, report=report, report_path=report_path, files=files_before,
