@@ -115,7 +115,8 @@ def _print_version(con, number, tag, served, lin: dict) -> None:
     src = lin.get("source") or {}
     figures = []
     if lin.get("p50_ms") is not None:
-        figures.append(f"p50 {lin['p50_ms']:.4g} ms")
+        noise = f" ±{lin['p50_ci95_pct']:.0f}%" if isinstance(lin.get("p50_ci95_pct"), (int, float)) else ""
+        figures.append(f"p50 {lin['p50_ms']:.4g} ms{noise}")
     for k, v in (lin.get("accuracy") or {}).items():
         if k != "samples":
             figures.append(f"{k} {v:.4g}")
@@ -125,5 +126,9 @@ def _print_version(con, number, tag, served, lin: dict) -> None:
               highlight=False)
     con.print(f"      source {src.get('path')} ({(src.get('sha256') or '')[:12]}) -> "
               f"{' -> '.join(p for p in lin.get('passes', []) if p) or 'no passes recorded'}", highlight=False)
+    conf = lin.get("confirmed") or {}
+    if conf.get("mean") is not None and conf.get("ci95"):
+        figures.append(f"tuned {conf.get('figure')} {conf['mean']:.4g} (95% CI {conf['ci95'][0]:.4g}-"
+                       f"{conf['ci95'][1]:.4g}, {conf.get('rounds', '?')} rounds)")
     if figures:
         con.print("      " + ", ".join(figures), highlight=False)

@@ -80,6 +80,7 @@ def _lineage(vdir: Path) -> dict[str, Any]:
     return {"path": str(vdir), "source": data.get("source"), "model_sha256": (data.get("model") or {}).get("sha256"),
             "passes": [s.get("pass") or s.get("stage") for s in data.get("passes") or []],
             "tuned": (data.get("tuned") or {}).get("label"), "created": data.get("created"),
-            "p50_ms": lat.get("p50_ms"), "accuracy": {k: v for k, v in acc.items() if isinstance(v, (int, float))},
+            "confirmed": (data.get("tuned") or {}).get("confirmed"),
+            "p50_ms": lat.get("p50_ms"), "p50_ci95_pct": lat.get("ci95_pct"), "accuracy": {k: v for k, v in acc.items() if isinstance(v, (int, float))},
             "size_bytes": size.get("bytes"), "peak_mb": mem.get("peak_rss_mb") or mem.get("peak_mb"),
             "notes": data.get("notes", [])}
