@@ -113,3 +113,20 @@ def test_mlflow_models_serve_answers(packaged, tmp_path):
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(5)
         log.close()
+
+
+def test_registry_alias_follows_packaging_and_serve_version(tmp_path, cli):
+    from mlflow import MlflowClient
+
+    db = f"sqlite:///{tmp_path}/registry.db"
+    repo = tmp_path / "repo"
+    first = package(CNN, target="mlflow", output=str(repo), name="cnn", tag="v1.0", registry=db)
+    second = package(CNN, target="mlflow", output=str(repo), name="cnn", tag="v1.1", registry=db)
+    client = MlflowClient(tracking_uri=db, registry_uri=db)
+    assert client.get_model_version_by_alias("cnn", "served").source == str(Path(second.path).resolve())
+    assert any("alias served (models:/cnn@served)" in n for n in first.notes)
+    r = cli("package", "serve-version", repo / "cnn", "--tag", "v1.0", "--registry", db)
+    assert r.rc == 0, r.err
+    assert "serving version 1 (v1.0), was 2" in r.out and "alias served -> version 1 (was 2)" in r.out
+    assert client.get_model_version_by_alias("cnn", "served").source == str(Path(first.path).resolve())
+    assert len(client.search_model_versions("name='cnn'")) == 2  # nothing removed

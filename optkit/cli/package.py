@@ -47,6 +47,9 @@ def register(app: typer.Typer) -> None:
                                                                               "(s3://..., gs://..., pvc://...)."),
         memory_margin: Optional[float] = typer.Option(None, "--memory-margin",
                                                       help="Margin on the measured peak memory (default 0.5 = 50%)."),
+        registry: Optional[str] = typer.Option(None, "--registry", help="MLflow: also register the version in this "
+                                                                        "model registry (default: MLFLOW_REGISTRY_URI) "
+                                                                        "and point the alias 'served' at it."),
         as_json: bool = options.JSON,
     ) -> None:
         """Package MODEL for a server; the version is built aside and renamed into place."""
@@ -55,7 +58,8 @@ def register(app: typer.Typer) -> None:
 
         result = package(model, target=to, output=output, tuned_path=tuned, name=name, version=version, tag=tag,
                          report_path=report, data=data, shapes=parse_shapes(shape), queue_delay_us=queue_delay_us,
-                         manifests=manifests, storage_uri=storage_uri, memory_margin=memory_margin)
+                         manifests=manifests, storage_uri=storage_uri, memory_margin=memory_margin,
+                         registry=registry)
         if as_json:
             common.print_json(json.dumps(result.__dict__, indent=2, default=str))
             return
@@ -75,18 +79,24 @@ def register(app: typer.Typer) -> None:
         model_dir: str = typer.Argument(..., help="REPO/NAME, a model optkit packaged."),
         version: Optional[str] = typer.Option(None, "--version", help="The version number to serve."),
         tag: Optional[str] = typer.Option(None, "--tag", help="Serve the version with this tag instead."),
+        registry: Optional[str] = typer.Option(None, "--registry", help="MLflow: move the alias 'served' in this "
+                                                                        "model registry (default: MLFLOW_REGISTRY_URI)."),
         as_json: bool = options.JSON,
     ) -> None:
         """Serve another version (rollback or promote); no version is removed. Says what was served before."""
         from optkit.package.manage import serve_version
 
-        out = serve_version(model_dir, version, tag)
+        out = serve_version(model_dir, version, tag, registry)
         if as_json:
             common.print_json(json.dumps(out, indent=2))
             return
         tagged = f" ({out['tag']})" if out["tag"] else ""
         common.console().print(f"{out['model']}: serving version {out['served']}{tagged}, was {out['before']}; "
                                f"versions kept: {', '.join(map(str, out['versions']))}", highlight=False)
+        if out.get("registry"):
+            r = out["registry"]
+            common.console().print(f"registry {r['uri']}: alias {r['alias']} -> version {r['version']} "
+                                   f"(was {r['before']})", highlight=False)
 
     @pkg.command("inspect")
     def inspect_cmd(

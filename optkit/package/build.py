@@ -34,8 +34,8 @@ class Result:
 def package(model: str, *, target: str, output: str, tuned_path: str | None = None, name: str | None = None,
             version: str = "auto", tag: str | None = None, report_path: str | None = None,
             data: str | None = None, shapes: dict | None = None, queue_delay_us: int | None = None,
-            manifests: str | None = None, storage_uri: str | None = None, memory_margin: float | None = None
-            ) -> Result:
+            manifests: str | None = None, storage_uri: str | None = None, memory_margin: float | None = None,
+            registry: str | None = None) -> Result:
     from optkit.core.artifact import Artifact, external_data_files
     from optkit.core.formats import Format
 
@@ -45,6 +45,8 @@ def package(model: str, *, target: str, output: str, tuned_path: str | None = No
         from optkit.core.registry import require_extra
 
         require_extra("serve", "optkit package --to mlflow")
+    elif registry:
+        raise UsageError("--registry is for --to mlflow (a Triton repository serves by version_policy)")
     if not Path(model).exists():
         raise UsageError(f"model {model} does not exist")
     artifact = Artifact.load(model)
@@ -154,6 +156,18 @@ def package(model: str, *, target: str, output: str, tuned_path: str | None = No
         repo.commit(staged, dest, replace)
     finally:
         remove(staged)
+    from optkit.package import registry as reg
+
+    if target == "mlflow" and reg.uri(registry):
+        where = reg.uri(registry)
+        number_in_registry = reg.register(where, name, model_dir / str(number), number, tag)
+        index = repo.load_index(model_dir)
+        for v in index["versions"]:
+            if v["version"] == number:
+                v["registry"] = {"uri": where, "version": number_in_registry, "alias": reg.ALIAS}
+        repo.commit_index(model_dir, index)
+        notes.append(f"registered in {where} as {name} version {number_in_registry}, alias {reg.ALIAS} "
+                     f"(models:/{name}@{reg.ALIAS})")
     return Result(target=target, repo=str(out), name=name, version=number, path=str(model_dir / str(number)),
                   served_before=served_before, files=files_before, mapping=mapping, notes=notes, tag=tag)
 

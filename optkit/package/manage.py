@@ -9,7 +9,8 @@ from optkit.core.errors import UsageError
 from optkit.package import lineage, repo
 
 
-def serve_version(model_dir: str, version: str | None = None, tag: str | None = None) -> dict[str, Any]:
+def serve_version(model_dir: str, version: str | None = None, tag: str | None = None,
+                  registry: str | None = None) -> dict[str, Any]:
     """Serve version N (or the one tagged T): Triton's config.pbtxt gets that version's own config with
     `version_policy: specific`, the index records it; no version is deleted. Returns what changed."""
     d = Path(model_dir)
@@ -27,6 +28,20 @@ def serve_version(model_dir: str, version: str | None = None, tag: str | None = 
         if not own.is_file():
             raise UsageError(f"{own} is missing; version {number} cannot be served")
         replace[d / "config.pbtxt"] = own.read_text(encoding="utf-8")
+    out_registry = None
+    if index["target"] == "mlflow":
+        from optkit.package import registry as reg
+
+        where = reg.uri(registry)
+        if where:
+            entry = next(v for v in index["versions"] if v["version"] == number)
+            known = (entry.get("registry") or {}).get("version") if (entry.get("registry") or {}).get("uri") == where \
+                else None
+            now_served, was = reg.point_alias(where, index["name"], d / str(number), number, entry.get("tag"), known)
+            entry["registry"] = {"uri": where, "version": now_served, "alias": reg.ALIAS}
+            out_registry = {"uri": where, "alias": reg.ALIAS, "version": now_served, "before": was}
+    elif registry:
+        raise UsageError("--registry is for MLflow packages (a Triton repository serves by version_policy)")
     index["served"] = number
     index["history"].append({"time": repo.now(), "served": number, "before": before, "why": "serve-version"})
     replace[d / repo.INDEX] = repo.index_text(index)
@@ -40,7 +55,7 @@ def serve_version(model_dir: str, version: str | None = None, tag: str | None = 
                 tmp.unlink()
     tagged = next((v.get("tag") for v in index["versions"] if v["version"] == number), None)
     return {"model": str(d), "target": index["target"], "served": number, "tag": tagged, "before": before,
-            "versions": [v["version"] for v in index["versions"]]}
+            "versions": [v["version"] for v in index["versions"]], "registry": out_registry}
 
 
 def inspect(path: str) -> dict[str, Any]:

@@ -142,3 +142,13 @@ def commit(staged: Path, dest: Path, replace: dict[Path, str]) -> None:
         finally:
             if tmp.exists():
                 tmp.unlink()
+
+
+def commit_index(model_dir: Path, index: dict) -> None:
+    tmp = model_dir / f".{INDEX}.tmp-{os.getpid()}"
+    try:
+        tmp.write_text(index_text(index), encoding="utf-8")
+        os.replace(tmp, model_dir / INDEX)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
