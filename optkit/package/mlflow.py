@@ -70,6 +70,13 @@ def write(vdir: Path, model_path: str, has_external: bool, sig: Signature, opts:
     from mlflow.models import ModelSignature
     from mlflow.types.schema import Schema, TensorSpec
 
+    for t in sig.inputs + sig.outputs:
+        if t.numpy_dtype == "bfloat16":
+            from optkit.core.errors import UsageError
+
+            raise UsageError(f"{t.name!r} is bfloat16, which MLflow's TensorSpec (numpy) cannot describe; package it "
+                             "for Triton (TYPE_BF16) or cast it to float32 in the model")
+
     def spec(tensors):
         return Schema([TensorSpec(np.dtype(t.numpy_dtype), tuple(t.dims), t.name) for t in tensors])
 
