@@ -19,6 +19,16 @@ class PackageGroup(typer.core.TyperGroup):
             args = ["build", *args]
         return super().parse_args(ctx, args)
 
+    def format_help(self, ctx, formatter) -> None:
+        super().format_help(ctx, formatter)
+        build = self.commands.get("build")
+        if build is None:
+            return
+        sub = build.context_class(build, info_name="package", parent=ctx)
+        rows = [r for r in (p.get_help_record(sub) for p in build.get_params(sub)) if r]
+        with formatter.section("optkit package MODEL --to triton|mlflow -o REPO [OPTIONS]"):
+            formatter.write_dl(rows)
+
 
 def register(app: typer.Typer) -> None:
     pkg = typer.Typer(cls=PackageGroup, no_args_is_help=True, rich_markup_mode=None,
@@ -38,7 +48,9 @@ def register(app: typer.Typer) -> None:
         report: Optional[str] = typer.Option(None, "--report", help="The report.json of the run that made the model "
                                                                     "(its passes and measurements go in the lineage)."),
         data: Optional[str] = options.DATA,
-        shape: Optional[list[str]] = options.SHAPE,
+        shape: Optional[list[str]] = typer.Option(None, "--shape", help="Dims the warm-up needs where the model's "
+                                                                        "are dynamic: name=1x128 (repeatable; or the "
+                                                                        "--data .npz's samples)."),
         queue_delay_us: Optional[int] = typer.Option(None, "--queue-delay-us", min=0,
                                                      help="Triton dynamic batching queue delay (default 100)."),
         manifests: Optional[str] = typer.Option(None, "--manifests", help="Also write deployment manifests: "
