@@ -31,14 +31,18 @@ class PackageSpec(BaseModel):
 
 def check_specs(loaded) -> None:
     """Before any stage runs: each repository is new or optkit's, each name and tag valid (else exit 2)."""
+    from optkit.core.errors import UsageError
     from optkit.package import repo
 
-    for spec in loaded.recipe.package:
-        out = Path(loaded.resolve(spec.output))
-        name = repo.check_name(spec.name or loaded.name)
-        repo.check_tag(spec.tag)
-        index = repo.check_repo(out, name, spec.to)
-        repo.next_version(index, spec.version, spec.tag)
+    for i, spec in enumerate(loaded.recipe.package):
+        try:
+            out = Path(loaded.resolve(spec.output))
+            name = repo.check_name(spec.name or loaded.name)
+            repo.check_tag(spec.tag)
+            index = repo.check_repo(out, name, spec.to)
+            repo.next_version(index, spec.version, spec.tag)
+        except UsageError as e:  # the flags' names are those of the package: entry's keys
+            raise UsageError(f"recipe package[{i}] (output {spec.output}): {e.message}") from None
 
 
 def package_run(loaded, report, run_dir: Path) -> list:

@@ -63,6 +63,10 @@ def plan(loaded, baseline: str | None = None) -> list[dict[str, Any]]:
     """Validate a recipe (nothing runs) and return its plan: one row per stage."""
 
     resolved = validate(loaded, baseline=baseline, allow_missing=True)
+    if loaded.recipe.package:
+        from optkit.package.recipe import check_specs
+
+        check_specs(loaded)
     rows = [{"stage": "00-input", "pass": "-", "from": "-", "accepts": "-",
              "format": detect_format(loaded.resolve(loaded.recipe.model.path)).value, "config": {},
              "available": True, "missing": None}]
