@@ -53,7 +53,12 @@ def package(model: str, *, target: str, output: str, tuned_path: str | None = No
     if artifact.format != Format.ONNX:
         raise UsageError(f"{model} is {artifact.format.value}; package takes an ONNX model: convert it first "
                          f"(optkit convert {model} -o model.onnx)")
-    name = repo.check_name(name or Path(model).stem.replace(" ", "_"))
+    if name is None:  # from the file name, made a legal model name; a --name given is checked as it is
+        import re
+
+        name = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(model).stem).lstrip("._-")[:128] or "model"
+        name = f"m{name}" if name.isdigit() else name
+    name = repo.check_name(name)
     tag = repo.check_tag(tag)
     from optkit.package import manifests as mf
 
