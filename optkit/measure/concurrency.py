@@ -1,7 +1,9 @@
 """Throughput under load: N requests in flight from N threads, over one shared session or one session each.
 
 onnxruntime (and TFLite, TensorRT) release the GIL while a model runs, so Python threads keep N calls in
-flight. Each thread times its own calls; throughput is the samples all threads finished over the wall time.
+flight. Each thread times its own calls; throughput is the samples all threads finished over the wall time, and the
+percentiles carry their 95% bands (measure.latency.bands). The same loop times a served model
+(measure.remote: one keep-alive connection per request in flight).
 """
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import time
 import numpy as np
 
 from optkit.core.errors import UsageError
-from optkit.measure.latency import LIMIT_S
+from optkit.measure.latency import LIMIT_S, PERCENTILES, bands
 
 
 def measure_concurrency(sessions: list, feeds: dict[str, np.ndarray], *, concurrency: int, warmup: int = 10,
@@ -66,4 +68,6 @@ def measure_concurrency(sessions: list, feeds: dict[str, np.ndarray], *, concurr
             "throughput_per_s": calls * batch / wall if wall > 0 else None,
             "p50_ms": float(np.percentile(ms, 50)), "p90_ms": float(np.percentile(ms, 90)),
             "p99_ms": float(np.percentile(ms, 99)), "mean_ms": float(ms.mean()), "batch": batch,
-            "wall_s": wall}
+            "wall_s": wall,
+            # the percentiles' 95% bands, from the calls' order statistics as for latency one call at a time
+            "ci95": {k: v for k, v in bands(ms, batch).items() if k in PERCENTILES}}
