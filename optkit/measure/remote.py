@@ -12,6 +12,7 @@ after the JSON header) where the server lists `binary_tensor_data` among its ext
 """
 from __future__ import annotations
 
+import copy
 import http.client
 import json
 import math
@@ -195,8 +196,8 @@ class RemoteSession(Session):
         if status == 404 or status >= 500 and not _is_json(body):
             raise UsageError(f"{w.server} is not a KServe v2 server: GET /v2/health/ready answered {status}"
                              f"{_said(body)}")
-        if status != 200:
-            raise UsageError(f"{w.server} is not ready: GET /v2/health/ready answered {status}{_said(body)}")
+        # a server is ready only when all its models are (Triton's strict readiness): the named model decides
+        server_ready = "" if status == 200 else f"; nor is the server (GET /v2/health/ready answered {status})"
         status, _, body = self.request("GET", f"{w.prefix}/v2")
         meta = _json(body) if status == 200 else None
         self.server_meta = {k: meta.get(k) for k in ("name", "version", "extensions")} if isinstance(meta, dict) \
@@ -207,8 +208,8 @@ class RemoteSession(Session):
                 raise UsageError(f"{w.server} is not a KServe v2 server: GET {w.model_path}/ready answered 404"
                                  f"{_said(body)}")
             raise UsageError(f"model {w.name!r} at {w.server} is not ready (GET {w.model_path}/ready answered "
-                             f"{status}{_said(body)}): check the name, wait for it to load, or read the server's "
-                             "log")
+                             f"{status}{_said(body)}{server_ready}): check the name, wait for it to load, or read "
+                             "the server's log")
         status, _, body = self.request("GET", w.model_path)
         meta = _json(body)
         if status != 200 or not (isinstance(meta, dict) and isinstance(meta.get("inputs"), list)
@@ -237,7 +238,7 @@ class RemoteSession(Session):
         status, resp, data = self.request("POST", f"{self.where.model_path}/infer", body, headers)
         if status != 200:
             raise UsageError(f"{self.where.server} answered {status} to an inference request of "
-                             f"{self.where.name!r}{_said(data)}")
+                             f"{self.where.name!r}{_said(data)}", details={"status": status})
         return self._decode(resp, data)
 
     def _encoded(self, feeds: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
@@ -340,12 +341,41 @@ def _said(body: bytes) -> str:
     """': <the server's error>' from a v2 error body ({"error": ...}), else a short printable excerpt."""
     reply = _json(body)
     text = reply.get("error") if isinstance(reply, dict) and isinstance(reply.get("error"), str) else None
+    if text is not None and "\n" in text.strip():  # a server's traceback: its first line and the exception raised
+        lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+        raised = [line for line in lines[1:] if re.match(r"^[\w.]*(Error|Exception)\b[^:]*: \S", line)]
+        first = re.sub(r"\s*Traceback \(most recent call last\):.*", "", lines[0])
+        text = first + (f" ... {raised[-1]}" if raised else "")
+        return f": {text[:400]}"
     if text is None:
         text = body[:200].decode("utf-8", "replace")
         if "<" in text and re.search(r"<(!doctype|html|head|body)", text, re.I):
             return ": an HTML page"
     text = " ".join(text.split())[:200]
     return f": {text}" if text else ""
+
+
+class _Fatal(BaseException):
+    """Stops probing input shapes (measure.inputs.probe tries the next shape on any Exception)."""
+
+
+def _synthesized(session: RemoteSession, settings, synthesized) -> tuple[dict, dict]:
+    """measure.model.synthesized over HTTP: a shape the server refuses (a 4xx answer) tries the next rung, but a
+    failing server or model (5xx, a lost connection) stops at once with its own line."""
+    def run(feeds):
+        try:
+            return session.run(feeds)
+        except UsageError as e:
+            if not 400 <= e.details.get("status", 0) < 500:
+                raise _Fatal(e) from None
+            raise
+
+    probing = copy.copy(session)
+    probing.run = run
+    try:
+        return synthesized(probing, settings)
+    except _Fatal as fatal:
+        raise fatal.args[0] from None
 
 
 def measure_remote(url: str, settings, data=None) -> dict[str, Any]:
@@ -363,7 +393,7 @@ def measure_remote(url: str, settings, data=None) -> dict[str, Any]:
     try:
         result: dict[str, Any] = {"served": session.describe()}
         if data is None:
-            feeds, result["inputs"] = synthesized(session, settings)
+            feeds, result["inputs"] = _synthesized(session, settings, synthesized)
         else:
             ds = load_dataset(data.path, data.preprocess, data.labels).subset(data.max_samples, settings.seed)
             feeds = latency_feeds(session.inputs, ds.bind(session.inputs, stream=True), settings.batch, ds.source)
