@@ -198,6 +198,21 @@ def test_unreachable_and_not_v2_are_one_line_and_quick():
         web.server_close()
 
 
+def test_a_server_that_never_answers_is_bounded():
+    """A port that accepts connections and never answers: the checks give up after their timeout (10 s from the
+    CLI; 0.5 s here), one line."""
+    from optkit.core.errors import UsageError
+    from optkit.measure.remote import RemoteSession
+
+    with socket.socket() as mute:
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(4)
+        t0 = time.monotonic()
+        with pytest.raises(UsageError, match="did not answer GET /v2/health/ready within 0.5 s"):
+            RemoteSession.open_url(f"http://127.0.0.1:{mute.getsockname()[1]}/v2/models/m", check_timeout=0.5)
+        assert time.monotonic() - t0 < 5
+
+
 @pytest.mark.parametrize("args, says", [
     (("--threads", "2"), "--threads does not apply to --url"),
     (("--provider", "cpu", "--sessions", "per-thread"), "--provider, --sessions do not apply to --url"),

@@ -29,7 +29,8 @@ from optkit.core.text import first_line
 from optkit.runtimes.base import Session
 
 CONNECT_TIMEOUT_S = 3.0     # an unreachable host fails fast
-REQUEST_TIMEOUT_S = 60.0    # one inference, or one metadata request
+CHECK_TIMEOUT_S = 10.0      # each request of the checks before timing (health, readiness, metadata)
+REQUEST_TIMEOUT_S = 60.0    # one inference
 MAX_RESPONSE_BYTES = 1 << 30
 
 # KServe v2 datatypes -> numpy dtype names (BYTES: strings, fed as object arrays like onnxruntime's)
@@ -80,9 +81,10 @@ class RemoteSession(Session):
     provider = "http"
 
     def __init__(self, url: str, *, connect_timeout: float = CONNECT_TIMEOUT_S,
-                 timeout: float = REQUEST_TIMEOUT_S, binary: bool | None = None):
+                 check_timeout: float = CHECK_TIMEOUT_S, timeout: float = REQUEST_TIMEOUT_S,
+                 binary: bool | None = None):
         self.where = ServedModel(url)
-        self.connect_timeout, self.timeout = connect_timeout, timeout
+        self.connect_timeout, self.check_timeout, self.timeout = connect_timeout, check_timeout, timeout
         self._idle: list[http.client.HTTPConnection] = []   # list.pop / append are atomic under the GIL
         self._connections: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
@@ -129,9 +131,10 @@ class RemoteSession(Session):
             raise UsageError(f"cannot reach {self.where.server} ({e.strerror or first_line(e) or type(e).__name__})"
                              ": check --url and that the server is running") from None
         conn.sock.settimeout(self.timeout)
+        conn.sock_timeout = self.timeout
 
-    def request(self, method: str, path: str, body: bytes | None = None,
-                headers: dict[str, str] | None = None) -> tuple[int, http.client.HTTPResponse, bytes]:
+    def request(self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None,
+                timeout: float | None = None) -> tuple[int, http.client.HTTPResponse, bytes]:
         """(status, response, body) of one request over an idle keep-alive connection (one per request in
         flight; a connection the server closed while idle is reopened once). Unreachable: a UsageError."""
         try:
@@ -144,6 +147,10 @@ class RemoteSession(Session):
                 fresh = conn.sock is None
                 if fresh:
                     self._connect(conn)
+                wait = timeout or self.timeout
+                if conn.sock_timeout != wait:
+                    conn.sock.settimeout(wait)
+                    conn.sock_timeout = wait
                 try:
                     conn.request(method, path, body=body, headers=headers or {})
                     resp = conn.getresponse()
@@ -155,7 +162,7 @@ class RemoteSession(Session):
                                          f"({first_line(e) or type(e).__name__}): is it a KServe v2 server?") from None
                     continue
                 except TimeoutError:
-                    raise UsageError(f"{self.where.server} did not answer {method} {path} within {self.timeout:g} s"
+                    raise UsageError(f"{self.where.server} did not answer {method} {path} within {wait:g} s"
                                      ) from None
                 except (OSError, http.client.HTTPException) as e:
                     raise UsageError(f"{self.where.server} did not answer {method} {path} over HTTP "
@@ -192,17 +199,17 @@ class RemoteSession(Session):
     def check(self) -> None:
         """Server up and speaking v2, the model served and ready, its inputs and outputs read."""
         w = self.where
-        status, _, body = self.request("GET", f"{w.prefix}/v2/health/ready")
+        status, _, body = self.request("GET", f"{w.prefix}/v2/health/ready", timeout=self.check_timeout)
         if status == 404 or status >= 500 and not _is_json(body):
             raise UsageError(f"{w.server} is not a KServe v2 server: GET /v2/health/ready answered {status}"
                              f"{_said(body)}")
         # a server is ready only when all its models are (Triton's strict readiness): the named model decides
         server_ready = "" if status == 200 else f"; nor is the server (GET /v2/health/ready answered {status})"
-        status, _, body = self.request("GET", f"{w.prefix}/v2")
+        status, _, body = self.request("GET", f"{w.prefix}/v2", timeout=self.check_timeout)
         meta = _json(body) if status == 200 else None
         self.server_meta = {k: meta.get(k) for k in ("name", "version", "extensions")} if isinstance(meta, dict) \
             else {}
-        status, _, body = self.request("GET", f"{w.model_path}/ready")
+        status, _, body = self.request("GET", f"{w.model_path}/ready", timeout=self.check_timeout)
         if status != 200:
             if status == 404 and not _is_json(body):
                 raise UsageError(f"{w.server} is not a KServe v2 server: GET {w.model_path}/ready answered 404"
@@ -210,7 +217,7 @@ class RemoteSession(Session):
             raise UsageError(f"model {w.name!r} at {w.server} is not ready (GET {w.model_path}/ready answered "
                              f"{status}{_said(body)}{server_ready}): check the name, wait for it to load, or read "
                              "the server's log")
-        status, _, body = self.request("GET", w.model_path)
+        status, _, body = self.request("GET", w.model_path, timeout=self.check_timeout)
         meta = _json(body)
         if status != 200 or not (isinstance(meta, dict) and isinstance(meta.get("inputs"), list)
                                  and isinstance(meta.get("outputs"), list)):
@@ -260,8 +267,9 @@ class RemoteSession(Session):
                 t["data"] = [str(x) for x in arr.ravel()] if dtype == "BYTES" else arr.ravel().tolist()
             tensors.append(t)
         request: dict[str, Any] = {"inputs": tensors}
-        if self.binary:
-            request["outputs"] = [{"name": s.name, "parameters": {"binary_data": True}} for s in self.outputs]
+        wanted = [{"name": s.name, "parameters": {"binary_data": True}} for s in self.outputs if s.dtype != "string"]
+        if self.binary and wanted:
+            request["outputs"] = wanted + [{"name": s.name} for s in self.outputs if s.dtype == "string"]
         head = json.dumps(request, separators=(",", ":")).encode()
         headers = {"Content-Type": "application/json"}
         if self.binary:
