@@ -140,7 +140,7 @@ def test_served_outputs_are_the_models(server):
     """What comes back (JSON tensors and binary tensors alike) is what onnxruntime computes on the file."""
     import onnxruntime as ort
 
-    from optkit.measure.remote import RemoteSession
+    from optkit.runtimes.kserve import RemoteSession
 
     url, _ = server
     x = np.load(SAMPLES / "digits_eval_nchw.npz")["input"][:3].astype(np.float32)
@@ -202,7 +202,7 @@ def test_a_server_that_never_answers_is_bounded():
     """A port that accepts connections and never answers: the checks give up after their timeout (10 s from the
     CLI; 0.5 s here), one line."""
     from optkit.core.errors import UsageError
-    from optkit.measure.remote import RemoteSession
+    from optkit.runtimes.kserve import RemoteSession
 
     with socket.socket() as mute:
         mute.bind(("127.0.0.1", 0))

@@ -3,7 +3,7 @@
 onnxruntime (and TFLite, TensorRT) release the GIL while a model runs, so Python threads keep N calls in
 flight. Each thread times its own calls; throughput is the samples all threads finished over the wall time, and the
 percentiles carry their 95% bands (measure.latency.bands). The same loop times a served model
-(measure.remote: one keep-alive connection per request in flight).
+(measure.remote over runtimes.kserve: one keep-alive connection per request in flight).
 """
 from __future__ import annotations
 
