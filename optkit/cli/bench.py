@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = options.JSON,
     ) -> None:
         """Latency on the model's own runtime (p50/p90/p99, mean, std, throughput), memory, and with
-        --concurrency throughput under load."""
+        --concurrency throughput under load; with --url, of a model a KServe v2 server serves."""
         from optkit.measure.model import DataSpec, MeasureSettings
 
         if url is not None:

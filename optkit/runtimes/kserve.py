@@ -73,7 +73,7 @@ class ServedModel:
 
 
 class RemoteSession(Session):
-    """A served model behind the KServe v2 HTTP protocol. `open()` checks, quickly and before any timing, that
+    """A served model behind the KServe v2 HTTP protocol. `open_url()` checks, quickly and before any timing, that
     the server answers, speaks v2, serves the model and has it ready; each failure is one UsageError line."""
 
     runtime = "kserve-v2"
