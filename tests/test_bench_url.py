@@ -109,12 +109,13 @@ def test_served_figures_are_the_in_process_figures(server):
     lat, load = served["latency"], served["concurrency"]
     assert set(lat) == set(local["latency"]) and set(lat["ci95"]) == set(local["latency"]["ci95"])
     assert set(load) == set(local["concurrency"]) | {"connections"}
-    assert set(load["ci95"]) == set(local["concurrency"]["ci95"]) == {"p50_ms", "p90_ms", "p99_ms"}
+    assert set(load["ci95"]) == set(local["concurrency"]["ci95"]) == {"p50_ms", "p90_ms", "p99_ms", "throughput_per_s"}
     for figures in (lat, load):
         for key in ("p50_ms", "p90_ms", "p99_ms", "mean_ms", "throughput_per_s"):
             assert math.isfinite(figures[key]) and figures[key] > 0, (key, figures)
-        low, high = figures["ci95"]["p50_ms"]
-        assert low <= figures["p50_ms"] <= high
+        for key in ("p50_ms", "throughput_per_s"):
+            low, high = figures["ci95"][key]
+            assert low <= figures[key] <= high, (key, figures)
         assert figures["p50_ms"] <= figures["p90_ms"] <= figures["p99_ms"]
     assert lat["runs"] == 30 and load["calls"] == 60 and load["connections"] == 2 and lat["provider"] == "http"
     # HTTP and the server add time: the served p50 is above the in-process one, and under a second here
