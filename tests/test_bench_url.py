@@ -231,3 +231,52 @@ def test_no_model_and_no_url():
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_urls_name_the_model_the_v2_way():
+    from optkit.core.errors import UsageError
+    from optkit.runtimes.kserve import ServedModel
+
+    m = ServedModel("http://10.0.0.2:8000/v2/models/resnet")
+    assert (m.host, m.port, m.name, m.version, m.model_path) == ("10.0.0.2", 8000, "resnet", None, "/v2/models/resnet")
+    m = ServedModel("https://infer.example/kserve/ns/v2/models/bert/versions/3/")
+    assert (m.port, m.prefix, m.name, m.version) == (443, "/kserve/ns", "bert", "3")
+    assert m.server == "https://infer.example:443/kserve/ns"
+    for bad in ("127.0.0.1:8000/v2/models/m", "http://h:8000/v1/models/m:predict", "http://h:99999/v2/models/m",
+                "http:///v2/models/m", "http://h/v2/models/"):
+        with pytest.raises(UsageError, match="--url"):
+            ServedModel(bad)
+
+
+def test_answers_are_checked():
+    """A v2 answer is read as the server means it (nested JSON data, binary chunks after the header) and refused
+    when an output is missing, short or malformed."""
+    from optkit.core.errors import UsageError
+    from optkit.core.shapes import TensorSpec
+    from optkit.runtimes.kserve import RemoteSession
+
+    class Answer:
+        def __init__(self, header=None):
+            self.header = header
+
+        def getheader(self, name, default=None):
+            return self.header if name == "Inference-Header-Content-Length" else default
+
+    s = RemoteSession("http://127.0.0.1:9/v2/models/m")
+    s.outputs = [TensorSpec("y", [None, 2], "float32")]
+    (y,) = s._decode(Answer(), json.dumps({"outputs": [{"name": "y", "datatype": "FP32", "shape": [2, 2],
+                                                        "data": [[1, 2], [3, 4]]}]}).encode())
+    assert y.dtype == np.float32 and y.tolist() == [[1, 2], [3, 4]]
+    raw = np.arange(4, dtype="<f4").tobytes()
+    head = json.dumps({"outputs": [{"name": "y", "datatype": "FP32", "shape": [2, 2],
+                                    "parameters": {"binary_data_size": len(raw)}}]}).encode()
+    (y,) = s._decode(Answer(str(len(head))), head + raw)
+    assert y.tolist() == [[0, 1], [2, 3]]
+    for body, says in ((head + raw[:-4], "cut short"),
+                       (b'{"outputs": [{"name": "y", "datatype": "FP32", "shape": [2, 2], "data": [1, 2, 3]}]}',
+                        "3 values for shape"),
+                       (b'{"outputs": [{"name": "z", "datatype": "FP32", "shape": [1], "data": [1]}]}', "lacks output y"),
+                       (b'{"error": "boom"}', "not a v2 inference response"),
+                       (b'<html>', "not a v2 inference response")):
+        with pytest.raises(UsageError, match=says):
+            s._decode(Answer(str(len(head)) if body.startswith(head) else None), body)
