@@ -48,7 +48,7 @@ def _libdir() -> tuple[str | None, str | None]:
 
 
 @pytest.fixture(scope="module")
-def server():
+def server(tmp_path_factory):
     """(base URL, access token) of the PyTriton server; stopped (its whole process group) after the module."""
     why, libdir = _libdir()
     if why:
@@ -57,17 +57,19 @@ def server():
     # Triton's Python backend stub loads libpython3.x.so: the one of the Python that runs PyTriton, not another
     # of the same minor version the loader finds first (a stdlib/libpython mismatch fails its model set-up)
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, env.get("LD_LIBRARY_PATH", "")) if p)
-    proc = subprocess.Popen([str(SERVE_PYTHON), str(ROOT / "tests" / "v2_server.py"), str(MODEL)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                            env=env, start_new_session=True)
+    log = tmp_path_factory.mktemp("v2_server") / "server.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen([str(SERVE_PYTHON), str(ROOT / "tests" / "v2_server.py"), str(MODEL)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env,
+                                start_new_session=True)
     try:
-        port, token = _ready(proc)
+        port, token = _ready(proc, log)
         yield f"http://127.0.0.1:{port}", token
     finally:
         _stop(proc)
 
 
-def _ready(proc: subprocess.Popen) -> tuple[int, str]:
+def _ready(proc: subprocess.Popen, log: Path) -> tuple[int, str]:
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -79,17 +81,25 @@ def _ready(proc: subprocess.Popen) -> tuple[int, str]:
             if line.startswith("READY "):
                 _, port, token = line.split()
                 return int(port), token
-    raise AssertionError(f"the PyTriton server did not start within {START_TIMEOUT_S} s (exit {proc.poll()})")
+    tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+    raise AssertionError(f"the PyTriton server did not start within {START_TIMEOUT_S} s (exit {proc.poll()}); its "
+                         f"log ends:\n{tail}")
 
 
 def _stop(proc: subprocess.Popen) -> None:
+    """Close the server's stdin (it stops Triton, whose backend stubs then exit and free their shared memory);
+    what of the group this test started is still there 20 s later is killed."""
     try:
-        proc.stdin.close()  # the server stops when its stdin closes
+        proc.stdin.close()
         proc.wait(timeout=20)
     except subprocess.TimeoutExpired:
         pass
     finally:
-        try:  # tritonserver is the server's child: stop the group this test started
+        deadline = time.monotonic() + 20
+        try:
+            while time.monotonic() < deadline:
+                os.killpg(proc.pid, 0)   # ProcessLookupError once the whole group is gone
+                time.sleep(0.1)
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
