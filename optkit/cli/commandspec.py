@@ -4,7 +4,7 @@ The top-level commands in help order, with the text `optkit --help` shows, and t
 each (cli.main.LazyGroup imports a command's module only when it is used)."""
 COMMANDS = [
     ('inspect', 'Format, inputs/outputs with shapes and dtypes, opset, op histogram, parameters, size.'),
-    ('bench', "Latency on the model's own runtime (p50/p90/p99, mean, std, throughput), memory, and with\n--concurrency throughput under load."),
+    ('bench', "Latency on the model's own runtime (p50/p90/p99, mean, std, throughput), memory, and with\n--concurrency throughput under load; with --url, of a model a KServe v2 server serves."),
     ('eval', 'Accuracy on labelled data, and fidelity to a reference model.'),
     ('passes', 'Every registered pass (built-in and plugins), what it accepts and produces, and whether it can run here.'),
     ('convert', 'Convert a PyTorch or TensorFlow model to ONNX, validated against the source framework.'),
