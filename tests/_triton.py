@@ -6,10 +6,15 @@ The proof copies the package and swaps `backend: "onnxruntime"` for `backend: "p
 everything else as written (inputs, outputs, dims, max_batch_size, instance_group, dynamic_batching, the
 onnxruntime parameters, warm-up, version_policy); each version folder gets a model.py that runs that folder's
 model.onnx with onnxruntime inside the server, with the config's onnxruntime parameters applied.
+
+The one place the tests find that tool folder: tests/test_package_triton.py (tritonserver below) and
+tests/test_bench_url.py (PyTriton in tests/v2_server.py, run by PYTHON) both skip with `missing()` and start their
+server with `env()`, which puts the tool Python's libpython first on LD_LIBRARY_PATH.
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -21,8 +26,12 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 TOOL = ROOT / "tools" / "triton" / ".venv"
+PYTHON = TOOL / "bin" / "python"
+INSTALL = "python3 -m venv tools/triton/.venv && tools/triton/.venv/bin/pip install -r tools/triton/requirements.txt"
 
 MODEL_PY = '''\
 import json
@@ -70,16 +79,53 @@ class TritonPythonModel:
 '''
 
 
+@functools.cache
 def missing() -> str | None:
-    """None when the tool folder holds tritonserver, tritonclient and onnxruntime; else what to install."""
-    if not (TOOL / "bin" / "python").exists():
-        return ("nvidia-pytriton (tritonserver) and tritonclient are not installed in tools/triton/.venv: "
-                "run bash .ci/run, or python3 -m venv tools/triton/.venv && tools/triton/.venv/bin/pip install "
-                "-r tools/triton/requirements.txt")
+    """None when the tool folder's Python imports tritonserver (pytriton), tritonclient and onnxruntime; else what
+    is missing and how to install it (the skip reason of every test that needs the tool folder)."""
+    if not PYTHON.exists():
+        return (f"nvidia-pytriton (tritonserver) and tritonclient are not installed in tools/triton/.venv: "
+                f"run bash .ci/run, or {INSTALL}")
     if _server_dir() is None:
-        return "nvidia-pytriton is missing from tools/triton/.venv: tools/triton/.venv/bin/pip install -r " \
-               "tools/triton/requirements.txt"
+        return f"nvidia-pytriton is missing from tools/triton/.venv: {INSTALL}"
+    try:
+        _probe()
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        return f"{e}: {INSTALL}"
     return None
+
+
+def needs_tool() -> pytest.MarkDecorator:
+    """The mark of a test module that needs the tool folder: skipped loudly, with missing()'s line, without it."""
+    return pytest.mark.skipif(missing() is not None, reason=f"SKIPPED LOUDLY: {missing()}")
+
+
+def skip_unless_tool() -> None:
+    """The same skip, from inside a fixture (a module whose other tests need no server)."""
+    if missing() is not None:
+        pytest.skip(f"SKIPPED LOUDLY: {missing()}")
+
+
+@functools.cache
+def _probe() -> dict:
+    """The tool Python's version and libpython folder, once it has imported what the servers need."""
+    proc = subprocess.run([str(PYTHON), "-c", "import json, sys, sysconfig, pytriton, tritonclient, onnxruntime; "
+                           "print(json.dumps({'version': '%d.%d' % sys.version_info[:2], "
+                           "'libdir': sysconfig.get_config_var('LIBDIR') or ''}))"],
+                          capture_output=True, text=True, timeout=120)
+    if proc.returncode:
+        raise RuntimeError(f"tools/triton/.venv/bin/python cannot import pytriton, tritonclient and onnxruntime "
+                           f"({(proc.stderr.strip().splitlines() or ['?'])[-1]})")
+    return json.loads(proc.stdout)
+
+
+def env(*libs: Path) -> dict:
+    """os.environ for a Triton server of the tool folder, `libs` and the tool Python's libpython first on
+    LD_LIBRARY_PATH: Triton's Python backend stub loads libpython3.x.so, and it must be the one of the Python
+    whose standard library and site-packages it runs (pyenv's, say), not another of the same minor version the
+    loader finds first (Debian's /usr/lib/x86_64-linux-gnu: a stdlib/libpython mismatch fails the model's set-up)."""
+    path = [_probe()["libdir"], *map(str, libs), os.environ.get("LD_LIBRARY_PATH", "")]
+    return {**os.environ, "LD_LIBRARY_PATH": os.pathsep.join(p for p in path if p)}
 
 
 def _site() -> Path:
@@ -130,19 +176,18 @@ def tritonserver(repository: Path, workdir: Path, start_timeout: float = 40):
     for f in (server / "backends" / "python").iterdir():
         if f.is_file():
             shutil.copy(f, backends / f.name)
-    version = f"{os.sys.version_info.major}.{os.sys.version_info.minor}"
-    stub = server / "python_backend_stubs" / version / "triton_python_backend_stub"
+    # the stub of the tool Python's version: model.py runs that Python's numpy and onnxruntime
+    stub = server / "python_backend_stubs" / _probe()["version"] / "triton_python_backend_stub"
     shutil.copy(stub, backends / stub.name)
     http, grpc = _free_port(), _free_port()
-    env = {**os.environ, "LD_LIBRARY_PATH": f"{server.parent.parent / 'nvidia_pytriton.libs'}:"
-                                            f"{server / 'external_libs'}"}
     log = open(workdir / "tritonserver.log", "w")
     proc = subprocess.Popen(
         [str(server / "bin" / "tritonserver"), f"--model-repository={repository}",
          f"--backend-directory={workdir / 'backends'}", "--http-address=127.0.0.1", f"--http-port={http}",
          "--grpc-address=127.0.0.1", f"--grpc-port={grpc}", "--allow-metrics=false", "--exit-on-error=true",
          "--exit-timeout-secs=5", "--model-control-mode=none"],
-        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env=env(server.parent.parent / "nvidia_pytriton.libs", server / "external_libs"))
     url = f"http://127.0.0.1:{http}"
     try:
         deadline = time.monotonic() + start_timeout

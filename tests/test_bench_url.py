@@ -1,9 +1,10 @@
 """optkit bench --url: a served model timed through the KServe v2 HTTP protocol, against a real v2 server.
 
 The server is NVIDIA PyTriton (Triton Inference Server, its Python backend running the sample CNN with
-onnxruntime) on 127.0.0.1, started once for the module from .venv-serve (the `serve` extra, which .ci/run
-installs: it cannot share optkit's environment, see constraints-serve.txt) and always stopped. Tests that need
-no server (unreachable, not v2, refused flags) run everywhere.
+onnxruntime) on 127.0.0.1, started once for the module by the Python of the Triton tool folder
+tools/triton/.venv (tools/triton/requirements.txt, made by .ci/run; found, and skipped without, as the package's
+Triton tests do: tests/_triton.py) and always stopped. Tests that need no server (unreachable, not v2, refused
+flags) run everywhere.
 """
 from __future__ import annotations
 
@@ -22,46 +23,26 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import _triton
 import numpy as np
 import pytest
 
 from conftest import ROOT, SAMPLES, one_error_line, run_cli
 
-SERVE_PYTHON = Path(os.environ.get("OPTKIT_SERVE_PYTHON", ROOT / ".venv-serve" / "bin" / "python"))
 START_TIMEOUT_S = 90
 MODEL = SAMPLES / "torch_cnn.onnx"
 QUICK = ("--warmup", "3", "--runs", "30")
 
 
-def _libdir() -> tuple[str | None, str | None]:
-    """(why the server cannot run here, or None; the serving Python's library folder)."""
-    if not SERVE_PYTHON.exists():
-        return (f"nvidia-pytriton is not installed: no {SERVE_PYTHON} (make it with `python3 -m venv .venv-serve && "
-                ".venv-serve/bin/pip install -c constraints-serve.txt -e '.[serve]'`, as .ci/run does, or set "
-                "OPTKIT_SERVE_PYTHON)"), None
-    probe = subprocess.run([str(SERVE_PYTHON), "-c", "import pytriton, onnxruntime, sysconfig; "
-                            "print(sysconfig.get_config_var('LIBDIR') or '')"], capture_output=True, text=True,
-                           timeout=60)
-    if probe.returncode:
-        return f"nvidia-pytriton is not importable by {SERVE_PYTHON}: {probe.stderr.strip().splitlines()[-1:]}", None
-    return None, probe.stdout.strip()
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """(base URL, access token) of the PyTriton server; stopped (its whole process group) after the module."""
-    why, libdir = _libdir()
-    if why:
-        pytest.skip(why)
-    env = dict(os.environ)
-    # Triton's Python backend stub loads libpython3.x.so: the one of the Python that runs PyTriton, not another
-    # of the same minor version the loader finds first (a stdlib/libpython mismatch fails its model set-up)
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, env.get("LD_LIBRARY_PATH", "")) if p)
+    _triton.skip_unless_tool()
     log = tmp_path_factory.mktemp("v2_server") / "server.log"
     with open(log, "w") as err:
-        proc = subprocess.Popen([str(SERVE_PYTHON), str(ROOT / "tests" / "v2_server.py"), str(MODEL)],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen([str(_triton.PYTHON), str(ROOT / "tests" / "v2_server.py"), str(MODEL)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
+                                env=_triton.env(), start_new_session=True)
     try:
         port, token = _ready(proc, log)
         yield f"http://127.0.0.1:{port}", token

@@ -7,13 +7,13 @@ import json
 import numpy as np
 import onnxruntime as ort
 import pytest
-from _triton import check_config, infer, log_tail, missing, proof_repository, tritonserver
+from _triton import check_config, infer, log_tail, needs_tool, proof_repository, tritonserver
 from test_package import CNN, FIELDS, best_json, config_of
 
 from optkit.package.build import package
 from optkit.package.signature import read_signature
 
-pytestmark = pytest.mark.skipif(missing() is not None, reason=f"SKIPPED LOUDLY: {missing()}")
+pytestmark = needs_tool()
 
 
 @pytest.fixture(scope="module")

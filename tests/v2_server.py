@@ -1,14 +1,16 @@
 """A real KServe v2 server for tests/test_bench_url.py: NVIDIA PyTriton (Triton Inference Server with its Python
 backend) serving an ONNX model through onnxruntime on the CPU, on 127.0.0.1 only.
 
-    PYTHON_WITH_PYTRITON tests/v2_server.py MODEL.onnx
+    tools/triton/.venv/bin/python tests/v2_server.py MODEL.onnx
 
 Models: `cnn` (MODEL.onnx, its first input and output; the batch dim is Triton's), `spare` (the same, for a test
 to unload) and `broken` (every request fails, as a model that raises does). Prints `READY <http port> <token>`
 (the triton-access-token header of the repository API: load, unload) once all are ready, and stops when its stdin closes (the test ends, or dies) or after 300 s whatever happens.
 
-Runs in an environment of its own: PyTriton's tritonclient needs protobuf < 7, which TensorFlow's pin rules out
-in optkit's (see .ci/run). Not a test module: pytest collects test_*.py only.
+Runs in the Triton tool folder tools/triton/.venv (tools/triton/requirements.txt, made by .ci/run; the one the
+package's Triton tests use): PyTriton's tritonclient needs protobuf < 7, which TensorFlow's pin rules out in
+optkit's environment. Started by tests/test_bench_url.py with tests/_triton.py's env() (LD_LIBRARY_PATH).
+Not a test module: pytest collects test_*.py only.
 """
 from __future__ import annotations
 
