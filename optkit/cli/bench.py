@@ -13,7 +13,9 @@ from optkit.core.shapes import parse_shapes, parse_values
 def register(app: typer.Typer) -> None:
     @app.command("bench")
     def bench_cmd(
-        model: str = typer.Argument(..., help="Model file, SavedModel folder or file.py:factory."),
+        ctx: typer.Context,
+        model: Optional[str] = typer.Argument(None, help="Model file, SavedModel folder or file.py:factory (or "
+                                                         "--url for a served model)."),
         threads: Optional[int] = options.THREADS,
         batch: int = typer.Option(1, "--batch", min=1, help="Batch size (sets a dynamic first dim)."),
         warmup: int = typer.Option(10, "--warmup", min=0, help="Untimed runs first."),
@@ -26,6 +28,9 @@ def register(app: typer.Typer) -> None:
                                                        "and latency under load."),
         sessions: str = typer.Option("shared", "--sessions", help="Under --concurrency: shared (one session) or "
                                                                   "per-thread (one session per thread)."),
+        url: Optional[str] = typer.Option(None, "--url", help="Time a served model instead, through the KServe "
+                                                              "v2 HTTP protocol (Triton, MLServer, KServe): "
+                                                              "http://HOST:PORT/v2/models/NAME."),
         data: Optional[str] = options.DATA,
         shape: Optional[list[str]] = options.SHAPE,
         value: Optional[list[str]] = options.VALUE,
@@ -34,9 +39,16 @@ def register(app: typer.Typer) -> None:
         as_json: bool = options.JSON,
     ) -> None:
         """Latency on the model's own runtime (p50/p90/p99, mean, std, throughput), memory, and with
-        --concurrency throughput under load."""
+        --concurrency throughput under load; with --url, of a model a KServe v2 server serves."""
         from optkit.measure.model import DataSpec, MeasureSettings
 
+        if url is not None:
+            return _bench_url(ctx, model, url, warmup=warmup, runs=runs, duration=duration, batch=batch,
+                              concurrency=concurrency, data=data, shape=shape, value=value, report=report,
+                              as_json=as_json)
+        if model is None:
+            raise UsageError("give the MODEL to time (a file, SavedModel folder or file.py:factory), or --url for "
+                             "a served model")
         if sessions not in ("shared", "per-thread"):
             raise UsageError(f"--sessions {sessions!r}: give shared or per-thread")
         if sessions != "shared" and not concurrency:
@@ -50,3 +62,29 @@ def register(app: typer.Typer) -> None:
             artifact, settings, command=f"optkit bench {model}", latency=True,
             data=DataSpec(path=data) if data else None, report_path=report, as_json=as_json,
         )
+
+
+# flags about how optkit runs a model itself: a served model's server owns these
+NOT_FOR_URL = ("threads", "provider", "sessions", "weights")
+
+
+def _bench_url(ctx, model: Optional[str], url: str, *, warmup: int, runs: int, duration: Optional[float], batch: int,
+               concurrency: Optional[int], data: Optional[str], shape, value, report: Optional[str],
+               as_json: bool) -> None:
+    """optkit bench --url: the same figures as for a model file, timed through the server's v2 HTTP endpoint."""
+    from optkit.measure.model import DataSpec, MeasureSettings
+
+    if model is not None:
+        raise UsageError(f"give a MODEL or --url, not both: {model!r} would be timed in this process, --url on the "
+                         "server")
+    # typer may vendor click: compare the source by name, not with click's ParameterSource
+    given = [p for p in NOT_FOR_URL if getattr(ctx.get_parameter_source(p), "name", "DEFAULT") != "DEFAULT"]
+    if given:
+        flags = ", ".join(f"--{p}" for p in given)
+        raise UsageError(f"{flags} {'does' if len(given) == 1 else 'do'} not apply to --url: the server runs the "
+                         "model with its own settings (set them in its model configuration)")
+    common.guard_outputs({"--report": report}, [data] if data else [])
+    settings = MeasureSettings(batch=batch, warmup=warmup, runs=runs, duration=duration, shapes=parse_shapes(shape),
+                               values=parse_values(value), concurrency=concurrency)
+    common.measure_url_and_report(url, settings, command=f"optkit bench --url {url}",
+                                  data=DataSpec(path=data) if data else None, report_path=report, as_json=as_json)

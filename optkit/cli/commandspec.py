@@ -4,7 +4,7 @@ The top-level commands in help order, with the text `optkit --help` shows, and t
 each (cli.main.LazyGroup imports a command's module only when it is used)."""
 COMMANDS = [
     ('inspect', 'Format, inputs/outputs with shapes and dtypes, opset, op histogram, parameters, size.'),
-    ('bench', "Latency on the model's own runtime (p50/p90/p99, mean, std, throughput), memory, and with\n--concurrency throughput under load."),
+    ('bench', "Latency on the model's own runtime (p50/p90/p99, mean, std, throughput), memory, and with\n--concurrency throughput under load; with --url, of a model a KServe v2 server serves."),
     ('eval', 'Accuracy on labelled data, and fidelity to a reference model.'),
     ('passes', 'Every registered pass (built-in and plugins), what it accepts and produces, and whether it can run here.'),
     ('convert', 'Convert a PyTorch or TensorFlow model to ONNX, validated against the source framework.'),
@@ -18,7 +18,8 @@ COMMANDS = [
     ('run', 'Run a recipe: every stage, measured, cached and resumable; reports; exit 1 when a gate fails.'),
     ('gate', "Check gates on a report: exit 1 when one fails or cannot be judged (its figure's noise straddles the\nthreshold), with a table of every gate, its margin and its verdict (pass, FAIL, cannot judge)."),
     ('trt', 'TensorRT: build an engine from ONNX (needs an NVIDIA GPU), or check a model for TensorRT on any machine.'),
+    ('package', 'Package a model for a server (Triton repository, MLflow model) with its tuned settings, versions kept for rollback and its lineage: optkit package MODEL --to triton -o REPO.'),
     ('report', 'Render and compare reports.'),
     ('recipe', 'Write and check recipes.'),
 ]
-COMMAND_MODULES = {'inspect': 'inspect', 'bench': 'bench', 'eval': 'eval', 'passes': 'passes', 'convert': 'convert', 'simplify': 'simplify', 'quantize': 'quantize', 'prune': 'prune', 'qat': 'qat', 'tflite': 'tflite', 'trt': 'trt', 'tune': 'tune', 'profile': 'profile', 'run': 'run', 'gate': 'gate', 'report': 'report', 'recipe': 'recipe'}
+COMMAND_MODULES = {'inspect': 'inspect', 'bench': 'bench', 'eval': 'eval', 'passes': 'passes', 'convert': 'convert', 'simplify': 'simplify', 'quantize': 'quantize', 'prune': 'prune', 'qat': 'qat', 'tflite': 'tflite', 'trt': 'trt', 'tune': 'tune', 'profile': 'profile', 'package': 'package', 'run': 'run', 'gate': 'gate', 'report': 'report', 'recipe': 'recipe'}

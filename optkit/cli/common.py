@@ -177,6 +177,23 @@ def measure_and_report(artifact, settings, *, command: str, report_path: Optiona
     emit(Report(command=command, stages=[stage]), report_path, as_json)
 
 
+def measure_url_and_report(url: str, settings, *, command: str, data, report_path: Optional[str],
+                           as_json: bool) -> None:
+    """Measure the model served at `url` (KServe v2), wrap it as a one-stage report like measure_and_report's,
+    print it, save it if asked."""
+    from optkit.measure.remote import measure_remote
+    from optkit.report.build import inputs_note
+    from optkit.report.schema import ArtifactRef, Report, Stage
+
+    if report_path:
+        check_output_path(report_path)
+    measurements = measure_remote(url, settings, data)
+    stage = Stage(name="served", output=ArtifactRef(path=url, format="kserve-v2", sha256=""),
+                  measurements=measurements, notes=inputs_note(measurements))
+    stage.config = settings.model_dump(exclude_defaults=True) | {"url": url}
+    emit(Report(command=command, stages=[stage]), report_path, as_json)
+
+
 def emit(report, report_path: Optional[str], as_json: bool) -> None:
     """Save the report if asked, then print it as JSON or as tables."""
     from optkit.report.render import to_console

@@ -18,8 +18,8 @@ def register(app: typer.Typer) -> None:
 
     @report_app.command("compare")
     def compare_cmd(
-        a: str = typer.Argument(..., help="First report.json (A, e.g. the baseline)."),
-        b: str = typer.Argument(..., help="Second report.json (B, e.g. this change)."),
+        a: str = typer.Argument(..., help="First report.json (A, e.g. the baseline), or a package version folder."),
+        b: str = typer.Argument(..., help="Second report.json (B, e.g. this change), or a package version folder."),
         markdown: bool = typer.Option(False, "--markdown", help="Print Markdown instead of a table."),
         as_json: bool = options.JSON,
     ) -> None:
@@ -27,7 +27,7 @@ def register(app: typer.Typer) -> None:
         from optkit.report import compare as cmp
         from optkit.report.schema import Report
 
-        ra, rb = Report.load(a), Report.load(b)
+        ra, rb = Report.load(_report_file(a)), Report.load(_report_file(b))
         rows = cmp.compare(ra, rb)
         if as_json:
             common.print_json(json.dumps([{"stage": r["stage"], **r["raw"]} for r in rows], indent=2))
@@ -63,3 +63,18 @@ def register(app: typer.Typer) -> None:
             write_text(output, text if text.endswith("\n") else text + "\n")
         else:
             common.print_json(text)
+
+
+def _report_file(path: str) -> str:
+    """A report.json, or the report a package version folder (REPO/NAME/N) carries."""
+    from pathlib import Path
+
+    from optkit.package.lineage import REPORT_FILE
+
+    p = Path(path)
+    if p.is_dir():
+        if not (p / REPORT_FILE).is_file():
+            raise UsageError(f"{path} is a folder without {REPORT_FILE}; give a report.json or a package version "
+                             "folder (REPO/NAME/N)")
+        return str(p / REPORT_FILE)
+    return path

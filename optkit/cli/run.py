@@ -42,6 +42,12 @@ def register(app: typer.Typer) -> None:
                           command=f"optkit run {recipe}", progress=Progress(quiet=False))
         outcome = execute(loaded, opts)
         common.emit(outcome.report, None, as_json)
+        if not as_json:
+            for pkg in outcome.packages:
+                common.console().print(f"packaged: {pkg.target} {pkg.name} version {pkg.version} at {pkg.path}",
+                                       highlight=False)
+            if outcome.package_note:
+                common.console().print(outcome.package_note, highlight=False)
         bad = outcome.failed_gates
         if bad:
             from optkit.report.table import failed_gate

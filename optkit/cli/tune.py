@@ -176,7 +176,8 @@ def run_tune(model: str, cfg, settings, *, data: Optional[str], output: Path, re
         if tuner.kept:
             common.STATE.after_interrupt = f"nothing was written; {tuner.kept}"
         raise
-    best = {"model": artifact.path, **{k: v for k, v in result.items() if k != "trials"}}
+    best = {"model": artifact.path, "model_sha256": artifact.sha256,
+            **{k: v for k, v in result.items() if k != "trials"}}
     write_text(output, json.dumps(best, indent=2) + "\n")
     notes.append(f"best settings written to {output}")
     report = Report(command=f"optkit tune {model}", stages=[tune_stage(artifact, result, notes,

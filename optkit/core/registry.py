@@ -26,6 +26,7 @@ EXTRAS: dict[str, tuple[tuple[str, ...], str]] = {
     "quantize": (("onnxconverter_common",), "pip install 'optkit[quantize]'"),
     "tune": (("optuna",), "pip install 'optkit[tune]'"),
     "trt": (("tensorrt",), "pip install 'optkit[trt]' (needs an NVIDIA GPU and driver)"),
+    "serve": (("mlflow",), "pip install 'optkit[serve]'"),
 }
 
 

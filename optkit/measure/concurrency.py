@@ -1,17 +1,21 @@
 """Throughput under load: N requests in flight from N threads, over one shared session or one session each.
 
 onnxruntime (and TFLite, TensorRT) release the GIL while a model runs, so Python threads keep N calls in
-flight. Each thread times its own calls; throughput is the samples all threads finished over the wall time.
+flight. Each thread times its own calls; throughput is the samples all threads finished over the wall time, and the
+figures carry their 95% bands: the percentiles' from the calls (measure.latency.bands), the throughput's from
+the rates of equal spans of the wall time (throughput_band). The same loop times a served model
+(measure.remote over runtimes.kserve: one keep-alive connection per request in flight).
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 
 import numpy as np
 
 from optkit.core.errors import UsageError
-from optkit.measure.latency import LIMIT_S
+from optkit.measure.latency import LIMIT_S, PERCENTILES, bands
 
 
 def measure_concurrency(sessions: list, feeds: dict[str, np.ndarray], *, concurrency: int, warmup: int = 10,
@@ -28,13 +32,14 @@ def measure_concurrency(sessions: list, feeds: dict[str, np.ndarray], *, concurr
         for _ in range(warmup):
             s.run(feeds)
     times: list[list[float]] = [[] for _ in range(concurrency)]
+    ends: list[list[float]] = [[] for _ in range(concurrency)]
     errors: list[BaseException] = []
     start_gate = threading.Barrier(concurrency + 1)
     clock = time.perf_counter
 
     def worker(i: int) -> None:
         run = sessions[i % len(sessions)].run
-        own = times[i]
+        own, done = times[i], ends[i]
         start_gate.wait()
         began = clock()
         try:
@@ -43,6 +48,7 @@ def measure_concurrency(sessions: list, feeds: dict[str, np.ndarray], *, concurr
                 run(feeds)
                 now = clock()
                 own.append(now - t0)
+                done.append(now)
                 elapsed = now - began
                 if (duration is None and len(own) >= runs) or (duration is not None and elapsed >= duration) \
                         or elapsed >= limit_s:
@@ -66,4 +72,21 @@ def measure_concurrency(sessions: list, feeds: dict[str, np.ndarray], *, concurr
             "throughput_per_s": calls * batch / wall if wall > 0 else None,
             "p50_ms": float(np.percentile(ms, 50)), "p90_ms": float(np.percentile(ms, 90)),
             "p99_ms": float(np.percentile(ms, 99)), "mean_ms": float(ms.mean()), "batch": batch,
-            "wall_s": wall}
+            "wall_s": wall,
+            # the percentiles' 95% bands, from the calls' order statistics as for latency one call at a time
+            "ci95": {**{k: v for k, v in bands(ms, batch).items() if k in PERCENTILES},
+                     "throughput_per_s": throughput_band(np.concatenate(ends) - wall0, wall, batch)}}
+
+
+def throughput_band(ends_s: np.ndarray, wall: float, batch: int, windows: int = 10) -> list[float | None]:
+    """The 95% band of the throughput under load: the wall time cut in `windows` equal spans (fewer when there
+    are under 5 calls a span), the samples finished in each as a rate, and the normal interval of their mean,
+    which is the throughput itself. [None, None]: too few calls to tell (under 10)."""
+    k = min(windows, len(ends_s) // 5)
+    if k < 2 or wall <= 0:
+        return [None, None]
+    span = np.minimum((np.asarray(ends_s) / wall * k).astype(int).clip(0), k - 1)
+    rates = np.bincount(span, minlength=k) * batch / (wall / k)
+    mean = len(ends_s) * batch / wall   # the rates' mean, computed as the figure is
+    half = 1.96 * float(rates.std(ddof=1)) / math.sqrt(k)
+    return [max(mean - half, 0.0), mean + half]

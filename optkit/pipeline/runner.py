@@ -52,6 +52,8 @@ class RunOutcome:
     report: Any            # optkit.report.schema.Report
     run_dir: Path
     gate_results: list = field(default_factory=list)
+    packages: list = field(default_factory=list)   # optkit.package.build.Result, one per `package:` entry
+    package_note: str | None = None
 
     @property
     def failed_gates(self) -> list:
@@ -62,6 +64,10 @@ def plan(loaded, baseline: str | None = None) -> list[dict[str, Any]]:
     """Validate a recipe (nothing runs) and return its plan: one row per stage."""
 
     resolved = validate(loaded, baseline=baseline, allow_missing=True)
+    if loaded.recipe.package:
+        from optkit.package.recipe import check_specs
+
+        check_specs(loaded)
     rows = [{"stage": "00-input", "pass": "-", "from": "-", "accepts": "-",
              "format": detect_format(loaded.resolve(loaded.recipe.model.path)).value, "config": {},
              "available": True, "missing": None}]
@@ -83,6 +89,10 @@ def execute(loaded, opts: RunOptions | None = None) -> RunOutcome:
     progress = opts.progress or Progress(quiet=True)
     r = loaded.recipe
     resolved = validate(loaded, baseline=opts.baseline)
+    if r.package:
+        from optkit.package.recipe import check_specs
+
+        check_specs(loaded)  # a repository optkit may not write into fails the run before any stage
     baseline_path = opts.baseline or loaded.resolve(r.baseline)
     baseline = Report.load(baseline_path) if baseline_path else None
     gates = gates_of_recipe(loaded)
@@ -155,7 +165,14 @@ def execute(loaded, opts: RunOptions | None = None) -> RunOutcome:
     finally:
         run.release()
     progress.end_run(run)
-    return RunOutcome(report=report, run_dir=run.path, gate_results=list(report.gates))
+    outcome = RunOutcome(report=report, run_dir=run.path, gate_results=list(report.gates))
+    if r.package and outcome.failed_gates:
+        outcome.package_note = "not packaged: a gate failed"
+    elif r.package:
+        from optkit.package.recipe import package_run
+
+        outcome.packages = package_run(loaded, report, run.path)
+    return outcome
 
 
 def _input(run, loaded, source, data, progress):

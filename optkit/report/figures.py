@@ -182,6 +182,7 @@ class StageFigures:
     # under load: `concurrency` requests in flight over `sessions` sessions
     concurrency: int | None = None
     sessions: int | None = None
+    connections: int | None = None            # a served model (bench --url): one HTTP connection per request
     load_throughput_per_s: float | None = None
     load_p50_ms: float | None = None
     load_p99_ms: float | None = None
@@ -235,6 +236,7 @@ class StageFigures:
             outputs=_outputs(fid.d.get("outputs")),
             load_mb=mem.number("load_mb"), memory_mb=mem.number("peak_mb"),
             concurrency=conc.count("concurrency"), sessions=conc.count("sessions"),
+            connections=conc.count("connections"),
             load_throughput_per_s=conc.number("throughput_per_s"), load_p50_ms=conc.number("p50_ms"),
             load_p99_ms=conc.number("p99_ms"),
             **_tune(m.get("tune")),

@@ -58,8 +58,10 @@ def _cell(v, spec=".4f") -> str:
 
 
 def _load_line(f: StageFigures) -> str:
-    return (f"under load: {f.concurrency} requests in flight over {f.sessions} session"
-            f"{'s' if (f.sessions or 0) > 1 else ''}: {_cell(f.load_throughput_per_s, ',.1f')} samples/s, "
+    over = (f"{f.connections} connection{'s' if f.connections > 1 else ''}" if f.connections else
+            f"{f.sessions} session{'s' if (f.sessions or 0) > 1 else ''}")
+    return (f"under load: {f.concurrency} requests in flight over {over}: "
+            f"{_cell(f.load_throughput_per_s, ',.1f')} samples/s, "
             f"p50 {_cell(f.load_p50_ms)} ms, p99 {_cell(f.load_p99_ms)} ms")
 
 

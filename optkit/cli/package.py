@@ -1,0 +1,156 @@
+"""optkit package MODEL --to triton|mlflow -o REPO; optkit package serve-version REPO/NAME; optkit package inspect"""
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+
+from optkit.cli import common, options
+
+SUBCOMMANDS = ("serve-version", "inspect", "build")
+
+
+class PackageGroup(typer.core.TyperGroup):
+    """`optkit package MODEL ...` builds a package; `serve-version` and `inspect` are sub-commands."""
+
+    def parse_args(self, ctx, args):
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args = ["build", *args]
+        return super().parse_args(ctx, args)
+
+    def format_help(self, ctx, formatter) -> None:
+        super().format_help(ctx, formatter)
+        build = self.commands.get("build")
+        if build is None:
+            return
+        sub = build.context_class(build, info_name="package", parent=ctx)
+        rows = [r for r in (p.get_help_record(sub) for p in build.get_params(sub)) if r]
+        with formatter.section("optkit package MODEL --to triton|mlflow -o REPO [OPTIONS]"):
+            formatter.write_dl(rows)
+
+
+def register(app: typer.Typer) -> None:
+    pkg = typer.Typer(cls=PackageGroup, no_args_is_help=True, rich_markup_mode=None,
+                      help="Package a model for a server (Triton repository, MLflow model) with its tuned settings, "
+                           "versions kept for rollback and its lineage: optkit package MODEL --to triton -o REPO.")
+    app.add_typer(pkg, name="package")
+
+    @pkg.command("build", hidden=True)
+    def build_cmd(
+        model: str = typer.Argument(..., help="ONNX model."),
+        to: str = typer.Option(..., "--to", help="triton or mlflow."),
+        output: str = typer.Option(..., "-o", "--output", help="The repository folder (new, or one optkit made)."),
+        tuned: Optional[str] = typer.Option(None, "--tuned", help="best.json from `optkit tune` for this model."),
+        name: Optional[str] = typer.Option(None, "--name", help="Model name (default: the file's stem)."),
+        version: str = typer.Option("auto", "--version", help="auto (the next number) or N (must be new)."),
+        tag: Optional[str] = typer.Option(None, "--tag", help="A human tag recorded with the version, e.g. v1.1."),
+        report: Optional[str] = typer.Option(None, "--report", help="The report.json of the run that made the model "
+                                                                    "(its passes and measurements go in the lineage)."),
+        data: Optional[str] = options.DATA,
+        shape: Optional[list[str]] = typer.Option(None, "--shape", help="Dims the warm-up needs where the model's "
+                                                                        "are dynamic: name=1x128 (repeatable; or the "
+                                                                        "--data .npz's samples)."),
+        queue_delay_us: Optional[int] = typer.Option(None, "--queue-delay-us", min=0,
+                                                     help="Triton dynamic batching queue delay (default 100)."),
+        manifests: Optional[str] = typer.Option(None, "--manifests", help="Also write deployment manifests: "
+                                                                           "kserve,seldon,kubedl (comma-separated)."),
+        storage_uri: Optional[str] = typer.Option(None, "--storage-uri", help="Where the cluster reads REPO "
+                                                                              "(s3://..., gs://..., pvc://...)."),
+        memory_margin: Optional[float] = typer.Option(None, "--memory-margin",
+                                                      help="Margin on the measured peak memory (default 0.5 = 50%)."),
+        registry: Optional[str] = typer.Option(None, "--registry", help="MLflow: also register the version in this "
+                                                                        "model registry (default: MLFLOW_REGISTRY_URI) "
+                                                                        "and point the alias 'served' at it."),
+        as_json: bool = options.JSON,
+    ) -> None:
+        """Package MODEL for a server; the version is built aside and renamed into place."""
+        from optkit.core.shapes import parse_shapes
+        from optkit.package.build import package
+
+        result = package(model, target=to, output=output, tuned_path=tuned, name=name, version=version, tag=tag,
+                         report_path=report, data=data, shapes=parse_shapes(shape), queue_delay_us=queue_delay_us,
+                         manifests=manifests, storage_uri=storage_uri, memory_margin=memory_margin,
+                         registry=registry)
+        if as_json:
+            common.print_json(json.dumps(result.__dict__, indent=2, default=str))
+            return
+        con = common.console()
+        was = f" (served before: {result.served_before})" if result.served_before else ""
+        con.print(f"{result.target} package {result.name} version {result.version}"
+                  f"{' tag ' + result.tag if result.tag else ''} written to {result.path}; served now{was}")
+        for row in result.mapping:
+            where = row["field"] or "not expressible (see notes)"
+            con.print(f"  {row['setting']} = {row['value']} -> {where}" +
+                      (f" = {row['written']}" if row["field"] else ""), highlight=False)
+        for note in result.notes:
+            con.print(f"note: {note}", highlight=False)
+
+    @pkg.command("serve-version")
+    def serve_cmd(
+        model_dir: str = typer.Argument(..., help="REPO/NAME, a model optkit packaged."),
+        version: Optional[str] = typer.Option(None, "--version", help="The version number to serve."),
+        tag: Optional[str] = typer.Option(None, "--tag", help="Serve the version with this tag instead."),
+        registry: Optional[str] = typer.Option(None, "--registry", help="MLflow: move the alias 'served' in this "
+                                                                        "model registry (default: MLFLOW_REGISTRY_URI)."),
+        as_json: bool = options.JSON,
+    ) -> None:
+        """Serve another version (rollback or promote); no version is removed. Says what was served before."""
+        from optkit.package.manage import serve_version
+
+        out = serve_version(model_dir, version, tag, registry)
+        if as_json:
+            common.print_json(json.dumps(out, indent=2))
+            return
+        tagged = f" ({out['tag']})" if out["tag"] else ""
+        common.console().print(f"{out['model']}: serving version {out['served']}{tagged}, was {out['before']}; "
+                               f"versions kept: {', '.join(map(str, out['versions']))}", highlight=False)
+        if out.get("registry"):
+            r = out["registry"]
+            common.console().print(f"registry {r['uri']}: alias {r['alias']} -> version {r['version']} "
+                                   f"(was {r['before']})", highlight=False)
+
+    @pkg.command("inspect")
+    def inspect_cmd(
+        path: str = typer.Argument(..., help="A package repository, REPO/NAME or REPO/NAME/N."),
+        as_json: bool = options.JSON,
+    ) -> None:
+        """Versions, tags, which one is served, and each version's lineage (source, passes, figures)."""
+        from optkit.package.manage import inspect
+
+        out = inspect(path)
+        if as_json:
+            common.print_json(json.dumps(out, indent=2, default=str))
+            return
+        con = common.console()
+        for m in out.get("models", []):
+            con.print(f"{m['name']} ({m['target']}) at {m['path']}: served {m['served']}", highlight=False)
+            for v in m["versions"]:
+                _print_version(con, v["version"], v.get("tag"), v["served"], v.get("lineage") or {})
+        if "version" in out:
+            v = out["version"]
+            _print_version(con, None, None, None, v)
+
+
+def _print_version(con, number, tag, served, lin: dict) -> None:
+    head = f"  {'*' if served else ' '} {number}" if number is not None else f"  {lin.get('path')}"
+    src = lin.get("source") or {}
+    figures = []
+    if lin.get("p50_ms") is not None:
+        noise = f" ±{lin['p50_ci95_pct']:.0f}%" if isinstance(lin.get("p50_ci95_pct"), (int, float)) else ""
+        figures.append(f"p50 {lin['p50_ms']:.4g} ms{noise}")
+    for k, v in (lin.get("accuracy") or {}).items():
+        if k != "samples":
+            figures.append(f"{k} {v:.4g}")
+    if lin.get("size_bytes"):
+        figures.append(f"{lin['size_bytes']:,} bytes")
+    con.print(f"{head}{' ' + tag if tag else ''}  {lin.get('created', '')}  tuned: {lin.get('tuned') or '-'}",
+              highlight=False)
+    con.print(f"      source {src.get('path')} ({(src.get('sha256') or '')[:12]}) -> "
+              f"{' -> '.join(p for p in lin.get('passes', []) if p) or 'no passes recorded'}", highlight=False)
+    conf = lin.get("confirmed") or {}
+    if conf.get("mean") is not None and conf.get("ci95"):
+        figures.append(f"tuned {conf.get('figure')} {conf['mean']:.4g} (95% CI {conf['ci95'][0]:.4g}-"
+                       f"{conf['ci95'][1]:.4g}, {conf.get('rounds', '?')} rounds)")
+    if figures:
+        con.print("      " + ", ".join(figures), highlight=False)

@@ -1,0 +1,72 @@
+"""Figures of a model served over the KServe v2 HTTP protocol (`optkit bench --url`): the latency and
+concurrency loops of an in-process model, run over runtimes.kserve.RemoteSession."""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+
+from optkit.core.errors import UsageError
+from optkit.runtimes.kserve import RemoteSession
+
+
+class _Fatal(BaseException):
+    """Stops probing input shapes (measure.inputs.probe tries the next shape on any Exception)."""
+
+
+def _synthesized(session: RemoteSession, settings, synthesized) -> tuple[dict, dict]:
+    """measure.model.synthesized over HTTP: a shape the server refuses (a 4xx answer) tries the next rung, but a
+    failing server or model (5xx, a lost connection) stops at once with its own line."""
+    def run(feeds):
+        try:
+            return session.run(feeds)
+        except UsageError as e:
+            if not 400 <= e.details.get("status", 0) < 500:
+                raise _Fatal(e) from None
+            raise
+
+    probing = copy.copy(session)
+    probing.run = run
+    try:
+        return synthesized(probing, settings)
+    except _Fatal as fatal:
+        raise fatal.args[0] from None
+
+
+def measure_remote(url: str, settings, data=None) -> dict[str, Any]:
+    """Figures of the model served at `url`, of the same kind and shape as measure.model.measure's: latency
+    (p50/p90/p99 with their 95% bands, mean, std, throughput) one call at a time, and with
+    settings.concurrency the figures under load, one connection per thread. `settings` is a MeasureSettings
+    (provider, threads, sessions and onnxruntime options do not apply: the server owns them); `data` a DataSpec.
+    """
+    from optkit.measure.concurrency import measure_concurrency
+    from optkit.measure.datasets import load_dataset
+    from optkit.measure.latency import measure_latency
+    from optkit.measure.model import latency_feeds, synthesized
+
+    session = RemoteSession.open_url(url)
+    try:
+        result: dict[str, Any] = {"served": session.describe()}
+        if data is None:
+            feeds, result["inputs"] = _synthesized(session, settings, synthesized)
+        else:
+            ds = load_dataset(data.path, data.preprocess, data.labels).subset(data.max_samples, settings.seed)
+            feeds = latency_feeds(session.inputs, ds.bind(session.inputs, stream=True), settings.batch, ds.source)
+            result["inputs"] = {"source": ds.source, "samples": len(ds),
+                                "shapes": {k: list(np.shape(v)) for k, v in feeds.items()}, "dims": "from the data"}
+        session.check_feeds(feeds)
+        session.run(feeds)  # the server refuses these inputs: one line, before any timing
+        result["latency"] = measure_latency(session, feeds, warmup=settings.warmup, runs=settings.runs,
+                                            duration=settings.duration, batch=settings.batch)
+        if settings.concurrency:
+            session.connections(settings.concurrency)
+            load = measure_concurrency([session], feeds, concurrency=settings.concurrency, warmup=settings.warmup,
+                                       runs=settings.runs, duration=settings.duration, batch=settings.batch)
+            # the server owns its sessions; optkit holds one connection per request in flight
+            result["concurrency"] = load | {"sessions": None, "connections": settings.concurrency}
+        result["io"] = {"inputs": [s.to_dict() for s in session.inputs],
+                        "outputs": [s.to_dict() for s in session.outputs], "runtime": session.runtime}
+        return result
+    finally:
+        session.close()

@@ -1,0 +1,92 @@
+"""An MLflow model (`mlflow.onnx` flavor) for a package version: the tuned onnxruntime options in the flavor's
+providers and session options, TensorSpec signatures from the graph (an inferred one breaks predict) and the
+lineage in `metadata`. What MLflow's MLmodel cannot express is said, with what was written instead."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from optkit.package.signature import Signature
+from optkit.package.tuned import Tuned
+
+PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+             "tensorrt": ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]}
+# optkit's graph_optimization -> onnxruntime.GraphOptimizationLevel values MLflow's loader passes on
+GRAPH_LEVEL = {"disable": 0, "basic": 1, "extended": 2, "all": 99}
+
+
+def settings(tuned: Tuned, batchable: bool) -> tuple[dict, list[str], list[dict], list[str]]:
+    """(session options, providers, mapping rows, notes) for the flavor."""
+    s, mapping, notes = tuned.session, [], []
+    provider = tuned.get("provider") or "cpu"
+    providers = PROVIDERS.get(provider, PROVIDERS["cpu"])
+    mapping.append({"setting": "provider", "value": provider, "field": "flavors.onnx.providers",
+                    "written": providers})
+    opts: dict = {}
+    if tuned.get("threads"):
+        opts["intra_op_num_threads"] = int(tuned.get("threads"))
+        mapping.append({"setting": "threads", "value": tuned.get("threads"),
+                        "field": "onnx_session_options.intra_op_num_threads", "written": opts["intra_op_num_threads"]})
+    mode = s.get("execution_mode") or "sequential"
+    opts["execution_mode"] = mode
+    mapping.append({"setting": "session.execution_mode", "value": mode,
+                    "field": "onnx_session_options.execution_mode", "written": mode})
+    if mode == "parallel" and s.get("inter_op_threads"):
+        opts["inter_op_num_threads"] = int(s["inter_op_threads"])
+        mapping.append({"setting": "session.inter_op_threads", "value": s["inter_op_threads"],
+                        "field": "onnx_session_options.inter_op_num_threads", "written": opts["inter_op_num_threads"]})
+    level = s.get("graph_optimization") or "all"
+    opts["graph_optimization_level"] = GRAPH_LEVEL[level]
+    mapping.append({"setting": "session.graph_optimization", "value": level,
+                    "field": "onnx_session_options.graph_optimization_level", "written": GRAPH_LEVEL[level]})
+    if level == "disable":
+        notes.append("graph_optimization disable cannot be expressed: MLflow's loader applies "
+                     "graph_optimization_level only when it is not 0; wrote 0, which loads as onnxruntime's "
+                     "default (all)")
+    for key, what in (("cpu_mem_arena", "enable_cpu_mem_arena"), ("mem_pattern", "enable_mem_pattern")):
+        value = s.get(key, True)
+        mapping.append({"setting": f"session.{key}", "value": value, "field": None, "written": None})
+        if value is False:
+            notes.append(f"{key} off cannot be expressed: MLflow's onnx flavor has no {what}; not written "
+                         "(onnxruntime's default: on)")
+    for key in ("batch", "concurrency", "sessions"):
+        value = tuned.get(key)
+        mapping.append({"setting": key, "value": value, "field": None, "written": None})
+    if int(tuned.get("batch") or 1) > 1 or int(tuned.get("concurrency") or 1) > 1:
+        notes.append(f"batch {tuned.get('batch')}, {tuned.get('concurrency')} in flight "
+                     f"({tuned.get('sessions')} sessions) cannot be expressed in an MLmodel: MLflow runs each "
+                     "request as sent; batch on the client and set the server's workers (kept in metadata)")
+    return opts, providers, mapping, notes
+
+
+def write(vdir: Path, model_path: str, has_external: bool, sig: Signature, opts: dict, providers: list[str],
+          metadata: dict) -> None:
+    """Save the MLflow model into the (empty, existing) folder vdir."""
+    import mlflow
+    import mlflow.onnx
+    import numpy as np
+    import onnx
+    import onnxruntime
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import Schema, TensorSpec
+
+    for t in sig.inputs + sig.outputs:
+        if t.numpy_dtype == "bfloat16":
+            from optkit.core.errors import UsageError
+
+            raise UsageError(f"{t.name!r} is bfloat16, which MLflow's TensorSpec (numpy) cannot describe; package it "
+                             "for Triton (TYPE_BF16) or cast it to float32 in the model")
+
+    def spec(tensors):
+        return Schema([TensorSpec(np.dtype(t.numpy_dtype), tuple(t.dims), t.name) for t in tensors])
+
+    signature = ModelSignature(inputs=spec(sig.inputs), outputs=spec(sig.outputs))
+    staged = vdir / ".mlflow"
+    mlflow.onnx.save_model(
+        onnx.load(model_path), str(staged), signature=signature, onnx_execution_providers=providers,
+        onnx_session_options=opts, metadata=metadata, save_as_external_data=has_external,
+        pip_requirements=[f"onnx=={onnx.__version__}", f"onnxruntime=={onnxruntime.__version__}",
+                          f"mlflow-skinny=={mlflow.__version__}"])
+    for entry in staged.iterdir():
+        shutil.move(str(entry), str(vdir / entry.name))
+    staged.rmdir()

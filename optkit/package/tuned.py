@@ -1,0 +1,74 @@
+"""The tuned serving settings a package carries: from `optkit tune`'s best.json, checked to be for this model.
+
+Without best.json the defaults below are used, and the package says so (they are stated, not guessed).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from optkit.core.errors import UsageError
+
+# What a package gets without --tuned: one CPU instance, onnxruntime's own thread pools and optimisations,
+# batch 1, no dynamic batching.
+DEFAULTS = {"provider": "cpu", "threads": None, "batch": 1, "concurrency": 1, "sessions": "shared",
+            "session": {"inter_op_threads": None, "execution_mode": "sequential", "graph_optimization": "all",
+                        "cpu_mem_arena": True, "mem_pattern": True}}
+
+
+@dataclass
+class Tuned:
+    setting: dict[str, Any]
+    source: str | None = None            # the best.json path, None for the defaults
+    label: str = ""
+    figures: dict[str, Any] = field(default_factory=dict)
+    confirmed: dict[str, Any] | None = None
+    objective: list[str] = field(default_factory=list)
+
+    @property
+    def session(self) -> dict[str, Any]:
+        return {**DEFAULTS["session"], **(self.setting.get("session") or {})}
+
+    def get(self, key: str):
+        return self.setting.get(key, DEFAULTS.get(key))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def defaults() -> Tuned:
+    return Tuned(setting=json.loads(json.dumps(DEFAULTS)), label="defaults (no --tuned)")
+
+
+def load_tuned(path: str | Path, model_sha256: str, model_path: str) -> Tuned:
+    """best.json from `optkit tune`, for this model (its sha256), else exit 2."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"--tuned {path} does not exist") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UsageError(f"--tuned {path}: not a JSON file ({type(e).__name__}: {e})") from None
+    best = data.get("best") if isinstance(data, dict) else None
+    if not isinstance(best, dict) or not isinstance(best.get("setting"), dict):
+        raise UsageError(f"--tuned {path}: no best.setting; give the JSON `optkit tune -o` wrote")
+    sha = data.get("model_sha256")
+    if sha is None:  # an older best.json names its model by path only: that file must be this model
+        from optkit.core.artifact import Artifact
+
+        named = data.get("model")
+        try:
+            sha = Artifact.load(named).sha256 if named and Path(named).exists() else None
+        except Exception:
+            sha = None
+        if sha is None:
+            raise UsageError(f"--tuned {path} has no model_sha256 and its model {named!r} is not here to check; "
+                             "tune this model again with `optkit tune`")
+    if sha != model_sha256:
+        raise UsageError(f"--tuned {path} was made for another model (sha256 {sha[:12]}..., "
+                         f"{data.get('model')}), not {model_path} ({model_sha256[:12]}...); tune this model")
+    return Tuned(setting=best["setting"], source=str(path), label=best.get("label", ""),
+                 figures=best.get("figures") or {}, confirmed=best.get("confirmed"),
+                 objective=list(data.get("objective") or []))
