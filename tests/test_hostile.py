@@ -266,7 +266,7 @@ def test_sigint_during_run_says_how_to_resume(work, samples):
 
 @pytest.mark.parametrize("args, message", [
     (["bench", CNN, "--nope"], "no such option: --nope"),
-    (["bench"], "missing argument"),
+    (["bench"], "give the model to time"),
     (["bench", CNN, "--runs", "abc"], "invalid value for '--runs'"),
     (["bench", CNN, "--runs", "1e20"], "invalid value for '--runs'"),
     (["bench", CNN, "--runs", "0"], "--runs"),

@@ -48,7 +48,7 @@ def register(app: typer.Typer) -> None:
                               as_json=as_json)
         if model is None:
             raise UsageError("give the MODEL to time (a file, SavedModel folder or file.py:factory), or --url for "
-                             "a served model")
+                             "a served model; see optkit bench --help")
         if sessions not in ("shared", "per-thread"):
             raise UsageError(f"--sessions {sessions!r}: give shared or per-thread")
         if sessions != "shared" and not concurrency:

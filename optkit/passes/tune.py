@@ -663,7 +663,7 @@ def open_storage(url: str, stale_callback=None, wait: float = 20.0):
         raise UsageError(f"cannot open tune storage {_redact(url)}: {_db_message(e)}") from None
 
 
-def _rdb(url: str, stale_callback=None, attempts: int = 5, wait: float | None = None):
+def _rdb(url: str, stale_callback=None, attempts: int = 10, wait: float | None = None):
     """An RDB storage; workers starting together race to create its tables, so a clash is retried."""
     import optuna
     import sqlalchemy.exc
@@ -678,8 +678,10 @@ def _rdb(url: str, stale_callback=None, attempts: int = 5, wait: float | None = 
     for i in range(attempts - 1):
         try:
             return make()
-        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError) as e:
-            if not any(w in str(e) for w in ("locked", "UNIQUE", "already exists")):
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError, sqlalchemy.exc.ProgrammingError) as e:
+            # SQLite: "locked", "UNIQUE"; PostgreSQL: "relation ... already exists" (ProgrammingError),
+            # "duplicate key value" on its catalog (IntegrityError)
+            if not any(w in str(e) for w in ("locked", "UNIQUE", "already exists", "duplicate key")):
                 raise
             time.sleep(0.2 * (i + 1))
     return make()
