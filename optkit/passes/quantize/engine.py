@@ -143,11 +143,12 @@ class Static(Strategy):
         return space
 
     def slower_tier(self, best: list[Settings]) -> list[Settings]:
-        """Bias correction of the best setting (no new calibration), then percentile and entropy calibration of
-        the best two (unless a method was given)."""
+        """Bias correction of the best two settings (no new calibration; two, since the best by error alone may be
+        the slower activation type on this CPU, and timing decides), then percentile and entropy calibration of
+        the same two (unless a method was given)."""
         if self.cfg.target == "tensorrt":
             return []
-        tier = [replace(s, bias_correction=True) for s in best[:1]]
+        tier = [replace(s, bias_correction=True) for s in best]
         if "calibration_method" not in self.cfg.model_fields_set:
             tier += [replace(s, calibration=method) for method in ("percentile", "entropy") for s in best]
         return tier
