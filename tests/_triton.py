@@ -205,14 +205,19 @@ def tritonserver(repository: Path, workdir: Path, start_timeout: float = 40):
             raise TimeoutError(f"tritonserver not ready in {start_timeout} s: {log_tail(workdir)}")
         yield (url if ready else None), proc
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(5)
+        stop_group(proc)
         log.close()
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """Stop a server started in its own process group: SIGTERM, then SIGKILL after 10 s."""
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
 
 
 def log_tail(workdir: Path, n: int = 4000) -> str:

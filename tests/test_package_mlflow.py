@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
+from _triton import stop_group
 from test_package import CNN, _external_data_model, best_json
 
 from optkit.package.build import package
@@ -105,13 +105,7 @@ def test_mlflow_models_serve_answers(packaged, tmp_path):
         got = np.array(answer["predictions"]["logits"], np.float32)
         np.testing.assert_allclose(got, ort.InferenceSession(CNN).run(None, {"input": X})[0], rtol=1e-5, atol=1e-5)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(5)
+        stop_group(proc)
         log.close()
 
 
