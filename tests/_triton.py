@@ -8,8 +8,8 @@ onnxruntime parameters, warm-up, version_policy); each version folder gets a mod
 model.onnx with onnxruntime inside the server, with the config's onnxruntime parameters applied.
 
 The one place the tests find that tool folder: tests/test_package_triton.py (tritonserver below) and
-tests/test_bench_url.py (PyTriton in tests/v2_server.py, run by PYTHON) both skip with `missing()` and start their
-server with `env()`, which puts the tool Python's libpython first on LD_LIBRARY_PATH.
+tests/test_bench_url.py (bench --url against the same server) both skip with `missing()` and start their server
+with `tritonserver()`.
 """
 from __future__ import annotations
 
@@ -167,9 +167,12 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def tritonserver(repository: Path, workdir: Path, start_timeout: float = 40):
+def tritonserver(repository: Path, workdir: Path, start_timeout: float = 40, control: str = "none",
+                 options: tuple[str, ...] = ()):
     """Yield (base URL, process) once the server is ready, or (None, process) when it exited (refused the
-    repository); the server is stopped (and killed after 10 s) on every exit path."""
+    repository); the server is stopped (and killed after 10 s) on every exit path. `control` is Triton's
+    --model-control-mode ("explicit" loads every model at start and lets the repository API unload them);
+    `options` are more tritonserver flags."""
     server = _server_dir()
     backends = workdir / "backends" / "python"
     backends.mkdir(parents=True)
@@ -185,7 +188,8 @@ def tritonserver(repository: Path, workdir: Path, start_timeout: float = 40):
         [str(server / "bin" / "tritonserver"), f"--model-repository={repository}",
          f"--backend-directory={workdir / 'backends'}", "--http-address=127.0.0.1", f"--http-port={http}",
          "--grpc-address=127.0.0.1", f"--grpc-port={grpc}", "--allow-metrics=false", "--exit-on-error=true",
-         "--exit-timeout-secs=5", "--model-control-mode=none"],
+         "--exit-timeout-secs=5", f"--model-control-mode={control}",
+         *(["--load-model=*"] if control == "explicit" else []), *options],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         env=env(server.parent.parent / "nvidia_pytriton.libs", server / "external_libs"))
     url = f"http://127.0.0.1:{http}"

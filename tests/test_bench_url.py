@@ -1,9 +1,9 @@
 """optkit bench --url: a served model timed through the KServe v2 HTTP protocol, against a real v2 server.
 
-The server is NVIDIA PyTriton (Triton Inference Server, its Python backend running the sample CNN with
-onnxruntime) on 127.0.0.1, started once for the module by the Python of the Triton tool folder
-tools/triton/.venv (tools/triton/requirements.txt, made by .ci/run; found, and skipped without, as the package's
-Triton tests do: tests/_triton.py) and always stopped. Tests that need no server (unreachable, not v2, refused
+The server is a real tritonserver (Triton Inference Server, its Python backend running the sample CNN, packaged by
+optkit, with onnxruntime) on 127.0.0.1, started once for the module from the Triton tool folder tools/triton/.venv
+(tools/triton/requirements.txt, made by .ci/run; found, and skipped without, as the package's Triton tests do:
+tests/_triton.py) and always stopped. Tests that need no server (unreachable, not v2, refused
 flags) run everywhere.
 """
 from __future__ import annotations
@@ -12,79 +12,58 @@ import http.client
 import http.server
 import json
 import math
-import os
-import selectors
-import signal
+import secrets
 import socket
-import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import _triton
 import numpy as np
 import pytest
+from test_package import best_json
 
-from conftest import ROOT, SAMPLES, one_error_line, run_cli
+from optkit.package.build import package
 
-START_TIMEOUT_S = 90
+from conftest import SAMPLES, one_error_line, run_cli
+
+START_TIMEOUT_S = 60
 MODEL = SAMPLES / "torch_cnn.onnx"
 QUICK = ("--warmup", "3", "--runs", "30")
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """(base URL, access token) of the PyTriton server; stopped (its whole process group) after the module."""
+    """(base URL, access token) of a tritonserver serving `cnn` and `spare` (the sample CNN as `optkit package
+    --tuned` writes it, batches up to 8, run by the Python backend: tests/_triton.py) and `broken` (every request
+    fails, as a model that raises does; no warm-up, which would fail its loading); the repository API (load,
+    unload) asks for the token. Stopped after the module."""
     _triton.skip_unless_tool()
-    log = tmp_path_factory.mktemp("v2_server") / "server.log"
-    with open(log, "w") as err:
-        proc = subprocess.Popen([str(_triton.PYTHON), str(ROOT / "tests" / "v2_server.py"), str(MODEL)],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
-                                env=_triton.env(), start_new_session=True)
-    try:
-        port, token = _ready(proc, log)
-        yield f"http://127.0.0.1:{port}", token
-    finally:
-        _stop(proc)
+    tmp = tmp_path_factory.mktemp("v2_server")
+    best = best_json(tmp / "best.json", MODEL, batch=8)
+    for name in ("cnn", "spare", "broken"):
+        package(str(MODEL), target="triton", output=str(tmp / "package"), name=name, tuned_path=best)
+    repo = _triton.proof_repository(tmp / "package", tmp / "repo")
+    config = repo / "broken" / "config.pbtxt"
+    config.write_text("".join(line for line in config.read_text().splitlines(keepends=True)
+                              if not line.startswith("model_warmup")))
+    for version in config.parent.iterdir():
+        if version.is_dir():
+            (version / "model.py").write_text(BROKEN_PY)
+    token = secrets.token_urlsafe(16)
+    with _triton.tritonserver(repo, tmp, start_timeout=START_TIMEOUT_S, control="explicit",
+                              options=(f"--http-restricted-api=model-repository:triton-access-token={token}",)) \
+            as (url, _):
+        assert url, f"tritonserver refused the repository: {_triton.log_tail(tmp)}"
+        yield url, token
 
 
-def _ready(proc: subprocess.Popen, log: Path) -> tuple[int, str]:
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if sel.select(timeout=deadline - time.monotonic()):
-            line = proc.stdout.readline()
-            if not line:
-                break
-            if line.startswith("READY "):
-                _, port, token = line.split()
-                return int(port), token
-    tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-    raise AssertionError(f"the PyTriton server did not start within {START_TIMEOUT_S} s (exit {proc.poll()}); its "
-                         f"log ends:\n{tail}")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """Close the server's stdin (it stops Triton, whose backend stubs then exit and free their shared memory);
-    what of the group this test started is still there 20 s later is killed."""
-    try:
-        proc.stdin.close()
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        pass
-    finally:
-        deadline = time.monotonic() + 20
-        try:
-            while time.monotonic() < deadline:
-                os.killpg(proc.pid, 0)   # ProcessLookupError once the whole group is gone
-                time.sleep(0.1)
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=10)
+BROKEN_PY = """\
+class TritonPythonModel:
+    def execute(self, requests):
+        raise ValueError("this model always fails (a test of error responses)")
+"""
 
 
 def _json(result) -> dict:
