@@ -273,3 +273,33 @@ def test_a_latency_figure_recorded_as_null_fails_the_regression_gate():
     assert not r.passed and "NaN" in r.detail
     (r,) = evaluate(base, parse_gates(["latency_p50_ms <= 10"]))
     assert not r.passed and "NaN" in r.detail
+
+
+def _loaded(throughput, band):
+    conc = {"concurrency": 2, "sessions": 2, "throughput_per_s": throughput, "p50_ms": 1.0, "p99_ms": 2.0}
+    if band is not None:
+        conc["ci95"] = {"throughput_per_s": band}
+    return report(Stage(name="m", output=ArtifactRef(path="m.onnx", format="onnx", sha256="m"),
+                        measurements={"concurrency": conc}))
+
+
+@pytest.mark.parametrize("band, verdict", [
+    ([950.0, 1050.0], "pass"),           # the whole band over 900
+    ([850.0, 1150.0], "cannot judge"),   # the noise (±150) is wider than the margin (100)
+    (None, "cannot judge"),              # a report without the band: not judged as exact
+    ([None, None], "cannot judge"),      # too few calls to bound it
+])
+def test_throughput_under_load_is_judged_on_its_band(band, verdict):
+    (r,) = evaluate(_loaded(1000.0, band), parse_gates(["throughput >= 900"]))
+    assert r.verdict == verdict and r.passed == (verdict == "pass") and r.value == 1000.0, r.detail
+    assert "2 in flight" in r.detail
+
+
+def test_throughput_under_load_below_its_threshold_fails():
+    (r,) = evaluate(_loaded(800.0, [750.0, 850.0]), parse_gates(["throughput >= 900"]))
+    assert r.verdict == "fail" and "95% band 750 samples/s .. 850 samples/s" in r.detail
+
+
+def test_a_load_band_that_does_not_hold_its_figure_is_bad_input():
+    with pytest.raises(UsageError, match="ci95.throughput_per_s"):
+        evaluate(_loaded(1000.0, [10.0, 20.0]), parse_gates(["throughput >= 900"]))

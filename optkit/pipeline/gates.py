@@ -26,8 +26,8 @@ reference workload timed call by call in the same trial). The trials' spread is 
   normality of the trials. With one trial on a side there is no interval (old reports: the combined
   ci95 half-widths are used instead).
 
-Every gate on a figure that carries noise (the latency percentiles, normalised latency, throughput measured
-one call at a time, speedup, latency_regression_pct) is judged on the figure's 95% band, not on the point:
+Every gate on a figure that carries noise (the latency percentiles, normalised latency, throughput, speedup,
+latency_regression_pct) is judged on the figure's 95% band, not on the point:
 
 - pass: the whole band is on the right side of the threshold (`<=`: its upper end is under it; `>=`: its
   lower end is over it);
@@ -41,11 +41,13 @@ The band is the 95% interval of the figure: for latency_regression_pct the Mann-
 absolute latency figure the figure times the relative 95% half-width of the trials' mean (`ci95_pct`, two
 trials or more), else the band the runs themselves give (`latency.ci95`: for a percentile the distribution-free
 interval of order statistics, for the throughput the normal interval of the mean run time;
-optkit.measure.latency.bands), for speedup the two stages' half-widths combined. A noise-carrying figure with no
+optkit.measure.latency.bands), for the throughput under load (bench --concurrency, a recipe's
+measure.concurrency, bench --url) the normal interval of the rates of ten equal spans of the run
+(`concurrency.ci95`), for speedup the two stages' half-widths combined. A noise-carrying figure with no
 band at all (a report edited by hand, or written before optkit recorded bands) is not judged as exact: "cannot
 judge: the figure carries no noise band; measure it again with this optkit". A band end the runs do not bound
 (e.g. the p99 of fewer than 368 runs has no upper end) cannot be on the right side of a threshold either.
-Figures without a measured noise (size, accuracy, fidelity, memory, throughput under load) have a band of zero
+Figures without a measured noise (size, accuracy, fidelity, memory) have a band of zero
 width: plain pass or fail. A band or a latency that no measurement gives (negative, NaN, the wrong type, a band
 that does not hold its figure) is bad input (UsageError, exit 2), read by StageFigures.of(strict=True). A
 regression gate on an unchanged model stays a pass as long as the upper end of the interval is under the
@@ -242,6 +244,21 @@ def _latency_band(f: StageFigures, key: str, metric: str) -> tuple[float | Band 
     return band, f"95% band {shown} ({runs or '?'} runs)"
 
 
+def _load_band(f: StageFigures) -> tuple[Band | None, str]:
+    """The 95% band of the throughput under load (concurrency.ci95: the rates of ten equal spans of the run;
+    optkit.measure.concurrency.throughput_band) and a detail; None: the report carries no band."""
+    where = f"{f.concurrency} in flight"
+    b = f.load_ci95.get("throughput_per_s")
+    if b is None:
+        return None, where
+    lo, hi = b
+    why = "too few calls under load to bound the throughput (under 10): time more runs" if lo is None or hi is None else ""
+    band = Band(-math.inf if lo is None else lo, math.inf if hi is None else hi, why)
+    if why:
+        return band, f"{where}, no 95% band"
+    return band, f"{where}, 95% band {_q(lo, 'throughput')} .. {_q(hi, 'throughput')}"
+
+
 def _rel_band(f: StageFigures) -> float | None:
     """The relative 95% half-width of a stage's p50 (trials, else its runs' band; inf: a side is unbounded)."""
     rel = _noise_rel(f)
@@ -284,7 +301,7 @@ def _value(g: Gate, report: Report, baseline: Report | None) -> tuple[float | No
         return v, (None if rel is None else (v or 0) * rel), _ci_detail(f, True)
     if m == "throughput":
         if f.load_throughput_per_s is not None:
-            return f.load_throughput_per_s, 0.0, f"{f.concurrency} in flight"
+            return f.load_throughput_per_s, *_load_band(f)
         return (f.throughput_per_s, *_latency_band(f, "throughput_per_s", m))
     if m == "memory_mb":
         return f.memory_mb, 0.0, "peak RSS above the baseline"

@@ -186,6 +186,7 @@ class StageFigures:
     load_throughput_per_s: float | None = None
     load_p50_ms: float | None = None
     load_p99_ms: float | None = None
+    load_ci95: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)  # as ci95, under load
     # tune: the trials measured (complete, not a repeat of another) and the chosen one's number
     tune_trials: tuple[TrialPoint, ...] = ()
     tune_best: int | None = None
@@ -239,6 +240,7 @@ class StageFigures:
             connections=conc.count("connections"),
             load_throughput_per_s=conc.number("throughput_per_s"), load_p50_ms=conc.number("p50_ms"),
             load_p99_ms=conc.number("p99_ms"),
+            load_ci95=_bands(conc, {k: conc.number(k, nonneg=True) for k in BANDED}),
             **_tune(m.get("tune")),
         )
 
@@ -293,7 +295,8 @@ BANDED = ("p50_ms", "p90_ms", "p99_ms", "throughput_per_s")
 
 
 def _bands(lat: _Reader, values: dict[str, float | None]) -> dict[str, tuple[float | None, float | None]]:
-    """latency.ci95: {figure: [low, high]}, each end a number >= 0 or null (unbounded), holding the figure."""
+    """latency.ci95 (or concurrency.ci95): {figure: [low, high]}, each end a number >= 0 or null (unbounded),
+    holding the figure."""
     d = lat.d.get("ci95")
     if d is None:
         return {}
