@@ -302,3 +302,57 @@ def test_a_failure_while_building_leaves_nothing(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         package(CNN, target="triton", output=str(tmp_path / "new"), name="cnn")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["repo"]
+
+
+def test_a_scalar_input_is_served_as_one_element(tmp_path, realcases):
+    """silero_vad's sample rate `sr` is a scalar, which Triton serves in no model without batching: the package's
+    model.onnx takes it as [1] (a Reshape in front), computes what the source computes, and says so."""
+    import onnxruntime as ort
+
+    src = realcases / "silero_vad.onnx"
+    res = package(str(src), target="triton", output=str(tmp_path / "repo"), name="vad",
+                  shapes={"input": [1, 512], "state": [2, 1, 128]})
+    text = (tmp_path / "repo" / "vad" / "config.pbtxt").read_text()
+    assert '{ name: "sr" data_type: TYPE_INT64 dims: [ 1 ] }' in text and "max_batch_size: 0" in text
+    assert 'inputs { key: "sr" value: { data_type: TYPE_INT64 dims: [ 1 ] zero_data: true } }' in text
+    assert any("'sr' is a scalar" in n for n in res.notes)
+    served = tmp_path / "repo" / "vad" / "1" / "model.onnx"
+    assert [i.shape for i in ort.InferenceSession(str(served)).get_inputs()] == [[None, None], [2, None, 128], [1]]
+    rng = np.random.default_rng(0)
+    x = {"input": rng.standard_normal((1, 512)).astype(np.float32) * 0.1, "state": np.zeros((2, 1, 128), np.float32)}
+    want = ort.InferenceSession(str(src)).run(None, {**x, "sr": np.array(16000, np.int64)})
+    got = ort.InferenceSession(str(served)).run(None, {**x, "sr": np.array([16000], np.int64)})
+    assert all(np.array_equal(a, b) for a, b in zip(want, got))
+    lin = json.loads((tmp_path / "repo" / "vad" / "1" / "optkit-package.json").read_text())
+    assert lin["source"]["sha256"] == Artifact.load(str(src)).sha256 != lin["files"]["model.onnx"]
+
+
+def test_scalar_outputs_and_batched_vectors(tmp_path):
+    """A scalar output gets the same [1] (a Reshape at the end); with batching, a [batch] tensor is served as
+    dims [1] reshaped to [] (Triton's own way; no graph change)."""
+    import onnxruntime as ort
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
+    total = helper.make_tensor_value_info("total", TensorProto.FLOAT, [])
+    g = helper.make_graph([helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0)], "g", [x], [total])
+    scalar_out = tmp_path / "sum.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), scalar_out)
+    package(str(scalar_out), target="triton", output=str(tmp_path / "a"), name="sum")
+    assert '{ name: "total" data_type: TYPE_FP32 dims: [ 1 ] }' in (tmp_path / "a" / "sum" / "config.pbtxt").read_text()
+    (got,) = ort.InferenceSession(str(tmp_path / "a" / "sum" / "1" / "model.onnx")).run(None, {"x": np.ones(4, np.float32)})
+    assert got.shape == (1,) and got[0] == 4.0
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])
+    w = helper.make_tensor_value_info("w", TensorProto.FLOAT, ["N"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N"])
+    g = helper.make_graph([helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0, axes=[1]),
+                           helper.make_node("Mul", ["s", "w"], ["y"])], "g", [x, w], [y])
+    vec = tmp_path / "vec.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 12)]), vec)
+    package(str(vec), target="triton", output=str(tmp_path / "b"), name="vec",
+            tuned_path=best_json(tmp_path / "best.json", str(vec)))
+    text = (tmp_path / "b" / "vec" / "config.pbtxt").read_text()
+    assert "max_batch_size: 8" in text
+    for name in ("w", "y"):
+        assert f'{{ name: "{name}" data_type: TYPE_FP32 dims: [ 1 ] reshape: {{ shape: [ ] }} }}' in text
+    assert Artifact.load(str(tmp_path / "b" / "vec" / "1" / "model.onnx")).sha256 == Artifact.load(str(vec)).sha256

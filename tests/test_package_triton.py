@@ -93,3 +93,24 @@ def test_tritonserver_refuses_an_invalid_config(tmp_path, packaged, edit, why):
     with tritonserver(proof, tmp_path / "work") as (url, proc):
         assert url is None and proc.returncode != 0
     assert why.lower() in log_tail(tmp_path / "work", 20000).lower()
+
+
+def test_tritonserver_serves_a_voice_model_with_a_scalar_input(tmp_path, realcases):
+    """silero_vad (a scalar sample rate, a state tensor whose batch axis is not the first) as packaged, loaded and
+    answered by the real server like onnxruntime on the source file."""
+    src = realcases / "silero_vad.onnx"
+    package(str(src), target="triton", output=str(tmp_path / "repo"), name="vad",
+            shapes={"input": [1, 512], "state": [2, 1, 128]})
+    assert check_config(tmp_path / "repo" / "vad" / "config.pbtxt")["input"][2]["dims"] == ["1"]
+    proof = proof_repository(tmp_path / "repo", tmp_path / "proof")
+    rng = np.random.default_rng(1)
+    x = {"input": rng.standard_normal((1, 512)).astype(np.float32) * 0.1,
+         "state": rng.standard_normal((2, 1, 128)).astype(np.float32) * 0.1}
+    want = ort.InferenceSession(str(src)).run(None, {**x, "sr": np.array(16000, np.int64)})
+    with tritonserver(proof, tmp_path / "work") as (url, proc):
+        assert url, log_tail(tmp_path / "work")
+        out = infer(url, "vad", {**x, "sr": np.array([16000], np.int64)})
+    for name, w in zip(("output", "stateN"), want):
+        dtype, shape, data = out[name]
+        assert shape == list(w.shape)
+        np.testing.assert_allclose(np.array(data, np.float32).reshape(shape), w, rtol=1e-5, atol=1e-6)

@@ -11,7 +11,7 @@ from pathlib import Path
 from optkit.core.atomic import remove, tmp_prefix
 from optkit.core.errors import UsageError
 from optkit.package import lineage, repo
-from optkit.package.signature import read_signature, warmup_dims
+from optkit.package.signature import read_signature, signature_of, warmup_dims
 from optkit.package.tuned import defaults, load_tuned
 
 TARGETS = ("triton", "mlflow")
@@ -81,9 +81,13 @@ def package(model: str, *, target: str, output: str, tuned_path: str | None = No
     notes = [] if tuned_path else ["no --tuned: default settings (1 CPU instance, batch 1, onnxruntime's own "
                                    "threads and optimisations); run `optkit tune` for measured ones"]
 
+    lifted = None
     if target == "triton":
-        from optkit.package import triton
+        from optkit.package import scalars, triton
 
+        if any(scalars.scalars(sig)):
+            lifted, lift_notes = scalars.lift(model, sig)
+            sig, notes = signature_of(lifted, model), notes + lift_notes
         cfg_probe = int(tuned.get("batch") or 1) if sig.batchable else 0
         warm, warm_notes = warmup_dims(sig, cfg_probe > 0, shapes or {}, data)
         cfg = triton.build_config(name, sig, tuned, warm, number,
@@ -122,7 +126,12 @@ def package(model: str, *, target: str, output: str, tuned_path: str | None = No
             vdir = staged
         vdir.mkdir(parents=True, exist_ok=True)
         if target == "triton":
-            shutil.copyfile(model, vdir / "model.onnx")
+            if lifted is not None:
+                import onnx
+
+                onnx.save(lifted, str(vdir / "model.onnx"))
+            else:
+                shutil.copyfile(model, vdir / "model.onnx")
             for location, f in externals:
                 (vdir / location).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(f, vdir / location)

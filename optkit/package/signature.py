@@ -55,6 +55,11 @@ def read_signature(model: str | Path) -> Signature:
         proto = onnx.load(str(model), load_external_data=False)
     except Exception as e:
         raise UsageError(f"{model}: not a readable ONNX model ({type(e).__name__}: {e})") from None
+    return signature_of(proto, model)
+
+
+def signature_of(proto, model: str | Path) -> Signature:
+    """read_signature of a loaded ModelProto (`model` names it in errors)."""
     inits = {i.name for i in proto.graph.initializer}
     inputs = [_tensor(v, "input") for v in proto.graph.input if v.name not in inits]
     outputs = [_tensor(v, "output") for v in proto.graph.output]

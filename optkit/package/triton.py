@@ -49,7 +49,7 @@ def build_config(name: str, sig: Signature, tuned: Tuned, warmup: dict[str, list
     lines.append(f"version_policy: {{ specific: {{ versions: [{version}] }} }}")
     batching = cfg.max_batch_size > 0
     for role, tensors in (("input", sig.inputs), ("output", sig.outputs)):
-        items = [f"  {{ name: {_q(t.name)} data_type: {t.triton_type} dims: {_dims(sig.served_dims(t, batching))} }}"
+        items = [f"  {{ name: {_q(t.name)} data_type: {t.triton_type} {_served(sig.served_dims(t, batching))} }}"
                  for t in tensors]
         lines.append(f"{role} [\n" + ",\n".join(items) + "\n]")
 
@@ -105,7 +105,7 @@ def build_config(name: str, sig: Signature, tuned: Tuned, warmup: dict[str, list
 
     # warm-up with zero data of the served shapes
     inputs = " ".join(
-        f"inputs {{ key: {_q(t.name)} value: {{ data_type: {t.triton_type} dims: {_dims(warmup[t.name])} "
+        f"inputs {{ key: {_q(t.name)} value: {{ data_type: {t.triton_type} dims: {_dims(warmup[t.name] or [1])} "
         f"zero_data: true }} }}" for t in sig.inputs)
     lines.append(f"model_warmup [ {{ name: \"zeros\" batch_size: {1 if batching else 0} {inputs} }} ]")
     cfg.text = "\n".join(lines) + "\n"
@@ -114,6 +114,12 @@ def build_config(name: str, sig: Signature, tuned: Tuned, warmup: dict[str, list
 
 def _q(text: str) -> str:
     return json.dumps(text)  # a valid protobuf text-format string for any name (quotes, escapes)
+
+
+def _served(dims: list[int]) -> str:
+    """A tensor's dims field. Triton wants at least one dim: a scalar (a sample rate, a step count; or a
+    batched model's [batch] tensor) is served as dims [1] reshaped to the model's [], as Triton's docs do."""
+    return f"dims: {_dims(dims)}" if dims else "dims: [ 1 ] reshape: { shape: [ ] }"
 
 
 def _dims(dims: list[int]) -> str:
