@@ -303,6 +303,16 @@ def test_layout_detector_quantizes_or_refuses_cleanly(cli, realcases, page_image
         assert len(onnx.load(str(out)).graph.output) == 8
 
 
+def test_a_detectors_hopeless_dynamic_int8_is_refused_on_the_screening_subset(cli, realcases, tmp_path):
+    """No data: 32 synthesized inputs. Conv-only PicoDet's ConvInteger candidates are far past the fidelity budget
+    on their first 8 (a quarter), so none is scored on all 32, and the refusal says on how many it judged."""
+    r = cli("quantize", realcases / LAYOUT, "--mode", "dynamic", "-o", tmp_path / "q.onnx", "--max-candidates", "2")
+    assert r.rc == 3, r.err
+    line = one_error_line(r)
+    assert "on the 8 of 32 samples it was screened on" in line and "--mode static" in line, line
+    assert no_result_files(tmp_path) == []
+
+
 def test_a_dim_no_rung_fits_and_an_unknown_value(cli, tmp_path):
     """A model whose dynamic dim must be 7 (a Reshape to [-1, 7, 3]) runs on no ladder rung: one line naming
     the input and --shape; a --value for an input the model lacks is refused too."""

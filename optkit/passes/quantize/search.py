@@ -429,8 +429,8 @@ class Quantizer:
             cand.error = e.message
             return
         n = count(self.check_feeds)
-        screen = min(self.cfg.screen_samples, n)
-        if self.cfg.latency_search and 2 * screen <= n:  # cheap first: a subset, then the whole set
+        screen = self._screen_size(n)
+        if self.cfg.latency_search and screen:  # cheap first: a subset, then the whole set
             start = time.perf_counter()
             self._score_on(cand, sess, screen)
             cand.screen_s = time.perf_counter() - start
@@ -443,6 +443,15 @@ class Quantizer:
                 return
         self._score_on(cand, sess, n)
         cand.passed = self.budget.meets(cand)
+
+    def _screen_size(self, n: int) -> int:
+        """How many of the n check samples a candidate is screened on first (0: none). A fidelity loss past
+        twice its budget shows on a quarter of the set (8 samples at least: a conv-heavy model's dynamic INT8 on
+        32 synthesized inputs is refused after 8 each); an accuracy drop's noise margin is only useful on
+        screen_samples, on a set at least twice that."""
+        quarter = n if self.budget.on_accuracy else max(8, n // 4)
+        screen = min(self.cfg.screen_samples, quarter)
+        return screen if 2 * screen <= n else 0
 
     def _clearly_faster_winner(self, cand: Candidate, sess) -> Candidate | None:
         """A candidate that met every budget and runs the check data CLEARLY_SLOWER times faster than `cand`: then
@@ -679,6 +688,9 @@ class Quantizer:
             s += f" on {', '.join(self.checked)}"
         if cand.accuracy is not None:
             s += f", {self.cfg.metric} {cand.accuracy:.4f} (parent {self.parent_accuracy:.4f})"
+        n = count(self.check_feeds)
+        if cand.screened_out and cand.checked_on < n:
+            s += f" on the {cand.checked_on} of {n} samples it was screened on"
         return s + f"; budget: {self.budget}"
 
     def _say_chosen(self, cand: Candidate) -> None:
