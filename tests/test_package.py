@@ -141,6 +141,10 @@ def test_versions_tags_rollback_inspect_compare(cli, tmp_path):
     assert [(v["version"], v["tag"], v["served"]) for v in m["versions"]] == [(1, "v1.0", False), (2, "v1.1", True)]
     assert m["versions"][1]["lineage"]["tuned"] == "test setting"
     assert [h["served"] for h in m["history"]] == [1, 2, 1, 2]
+    plain = cli("inspect", repo, "--json")  # plain inspect on a package reads it as package inspect does
+    assert plain.rc == 0 and json.loads(plain.out) == json.loads(r.out), plain.err
+    r = cli("inspect", model / "2")
+    assert r.rc == 0 and "v1.1" not in r.err and "tuned: test setting" in r.out, r.err
     r = cli("report", "compare", model / "1", model / "2", "--json")
     assert r.rc == 0, r.err and json.loads(r.out)
 

@@ -7,18 +7,23 @@ from typing import Optional
 import typer
 
 from optkit.cli import common, options
+from optkit.cli.package import show
 from optkit.core.shapes import format_shape
 from optkit.core.text import printable
+from optkit.package.manage import is_package
 
 
 def register(app: typer.Typer) -> None:
     @app.command("inspect")
     def inspect_cmd(
-        model: str = typer.Argument(..., help="Model file, SavedModel folder or file.py:factory."),
+        model: str = typer.Argument(..., help="Model file, SavedModel folder or file.py:factory; or a package "
+                                              "that optkit package made (as optkit package inspect)."),
         weights: Optional[str] = options.WEIGHTS,
         as_json: bool = options.JSON,
     ) -> None:
         """Format, inputs/outputs with shapes and dtypes, opset, op histogram, parameters, size."""
+        if is_package(model):
+            return show(model, as_json)
         from optkit.measure.inspect import inspect_model
 
         info = inspect_model(common.load_artifact(model, weights))

@@ -116,20 +116,25 @@ def register(app: typer.Typer) -> None:
         as_json: bool = options.JSON,
     ) -> None:
         """Versions, tags, which one is served, and each version's lineage (source, passes, figures)."""
-        from optkit.package.manage import inspect
+        show(path, as_json)
 
-        out = inspect(path)
-        if as_json:
-            common.print_json(json.dumps(out, indent=2, default=str))
-            return
-        con = common.console()
-        for m in out.get("models", []):
-            con.print(f"{m['name']} ({m['target']}) at {m['path']}: served {m['served']}", highlight=False)
-            for v in m["versions"]:
-                _print_version(con, v["version"], v.get("tag"), v["served"], v.get("lineage") or {})
-        if "version" in out:
-            v = out["version"]
-            _print_version(con, None, None, None, v)
+
+def show(path: str, as_json: bool) -> None:
+    """`optkit package inspect PATH` (and `optkit inspect` on a package)."""
+    from optkit.package.manage import inspect
+
+    out = inspect(path)
+    if as_json:
+        common.print_json(json.dumps(out, indent=2, default=str))
+        return
+    con = common.console()
+    for m in out.get("models", []):
+        con.print(f"{m['name']} ({m['target']}) at {m['path']}: served {m['served']}", highlight=False)
+        for v in m["versions"]:
+            _print_version(con, v["version"], v.get("tag"), v["served"], v.get("lineage") or {})
+    if "version" in out:
+        v = out["version"]
+        _print_version(con, None, None, None, v)
 
 
 def _print_version(con, number, tag, served, lin: dict) -> None:

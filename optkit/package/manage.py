@@ -58,6 +58,16 @@ def serve_version(model_dir: str, version: str | None = None, tag: str | None = 
             "versions": [v["version"] for v in index["versions"]], "registry": out_registry}
 
 
+def is_package(path: str) -> bool:
+    """A folder optkit package made: a version (its lineage file), a model (its index) or a repository of them."""
+    p = Path(path)
+    if not p.is_dir():
+        return False
+    if (p / lineage.LINEAGE_FILE).is_file() or (p / repo.INDEX).is_file():
+        return True
+    return any((d / repo.INDEX).is_file() for d in p.iterdir() if d.is_dir())
+
+
 def inspect(path: str) -> dict[str, Any]:
     """A repository, a model folder or a version folder: its models, versions, tags, what is served, and each
     version's lineage summary."""
