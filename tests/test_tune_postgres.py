@@ -321,3 +321,17 @@ def test_a_stage_config_is_reported_without_a_storage_password():
     shown = redact_config(cfg)
     assert PASSWORD not in json.dumps(shown) and shown["storage"] == "postgresql://optkit:***@db:5432/tune"
     assert {k: v for k, v in shown.items() if k != "storage"} == {k: v for k, v in cfg.items() if k != "storage"}
+
+
+def test_the_report_on_an_empty_database_writes_nothing_there(pg):
+    """--report reads: on a database with no study it says so, and leaves no Optuna table behind."""
+    import sqlalchemy
+
+    url = pg.create_database("empty_report")
+    r = _run(["tune", "--storage", url, "--study", "s", "--report"])
+    assert "no study in tune storage" in _one_error(r, 2, "holds none")
+    engine = sqlalchemy.create_engine(url)
+    try:
+        assert sqlalchemy.inspect(engine).get_table_names() == []
+    finally:
+        engine.dispose()

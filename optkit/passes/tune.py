@@ -567,15 +567,19 @@ def _sqlite_schema_problem(con: sqlite3.Connection) -> str | None:
                            lambda name: {row[1] for row in con.execute(f'PRAGMA table_info("{name}")')})
 
 
-def check_server_schema(url: str, wait: float | None = None) -> None:
+def check_server_schema(url: str, wait: float | None = None) -> bool:
     """Before Optuna creates its tables in a database server's database: it is empty or exactly an Optuna
-    study's, as an SQLite file must be (its default schema; read only)."""
+    study's, as an SQLite file must be (its default schema; read only). True when it holds Optuna's tables."""
     import sqlalchemy
 
     engine = sqlalchemy.create_engine(url, **engine_kwargs(url, wait))
+    seen: set[str] = set()
+
     def read() -> str | None:
         inspector = sqlalchemy.inspect(engine)
         tables, views = set(inspector.get_table_names()), set(inspector.get_view_names())
+        seen.clear()
+        seen.update(tables)
         return _schema_problem(tables, views, lambda name: {c["name"] for c in inspector.get_columns(name)})
 
     try:
@@ -585,6 +589,7 @@ def check_server_schema(url: str, wait: float | None = None) -> None:
     if problem:
         raise UsageError(f"database {_redact(url)} {problem}; optkit does not write into it: give another "
                          "storage (--storage), a database of its own")
+    return "studies" in seen
 
 
 def check_storage_file(url: str) -> None:
@@ -623,11 +628,12 @@ def check_storage_file(url: str) -> None:
         raise UsageError(f"{path} {problem}; optkit does not write into it: {hint}")
 
 
-def open_storage(url: str, stale_callback=None, wait: float = 20.0):
+def open_storage(url: str, stale_callback=None, wait: float = 20.0, create: bool = True):
     """An Optuna storage: a database URL (sqlite:///file.db, postgresql://..., mysql://...) or journal:PATH (a
     journal file several processes can share). A database gets Optuna's heartbeat (HEARTBEAT_S, GRACE_S):
     `stale_callback(study, trial)` hears of each trial failed because its worker went silent. A database server
-    that does not accept a connection yet is tried again for up to `wait` seconds (connection_retries)."""
+    that does not accept a connection yet is tried again for up to `wait` seconds (connection_retries). Without
+    `create`, a server database that holds no Optuna tables is a UsageError (a reader writes nothing there)."""
     import optuna
 
     try:
@@ -648,7 +654,9 @@ def open_storage(url: str, stale_callback=None, wait: float = 20.0):
             return _rdb(url, stale_callback)
 
         def connect():
-            check_server_schema(url, wait)
+            if not check_server_schema(url, wait) and not create:
+                raise UsageError(f"no study in tune storage {_redact(url)}: the database holds none (no Optuna "
+                                 "tables); start a study there with optkit tune --storage")
             return _rdb(url, stale_callback, wait=wait)
 
         return connection_retries(url, connect, wait)
@@ -1558,7 +1566,7 @@ def read_study(url: str, name: str | None, wait: float = 20.0) -> dict[str, Any]
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     if storage_file(url) is not None and not os.path.exists(storage_file(url)):
         raise UsageError(f"tune storage {_redact(url)}: {storage_file(url)} does not exist")
-    storage = open_storage(url, wait=wait)
+    storage = open_storage(url, wait=wait, create=False)
     S = optuna.trial.TrialState
     with interrupts.deferred():
         try:
