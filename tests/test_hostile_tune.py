@@ -154,6 +154,29 @@ def test_interrupt_before_any_trial_leaves_no_study_file(work):
 
 # ------------------------------------------------------------------ 8: trials of a killed worker
 
+@pytest.mark.parametrize("storage", ["sqlite:///s.db", "journal:s.log"])
+def test_a_trial_whose_worker_died_before_naming_itself_is_failed_after_the_grace(tmp_path, monkeypatch, storage):
+    """A worker killed between asking for a trial and writing who it is leaves a RUNNING trial with no worker and
+    no heartbeat: Optuna never fails it, and later workers would wait for it forever (seen once in CI, a resume
+    that hung). It is failed once it is older than the grace period."""
+    import optuna
+
+    from optkit.passes import tune
+
+    monkeypatch.chdir(tmp_path)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study = optuna.create_study(storage=tune.open_storage(storage), study_name="s")
+    study.ask()  # and nothing more: no worker, no heartbeat, no setting
+    tuner = object.__new__(tune.Tuner)
+    tuner.stale = []
+    tuner._fail_stale(study)
+    assert [t.state.name for t in study.get_trials()] == ["RUNNING"]  # it may still be naming itself
+    monkeypatch.setattr(tune, "GRACE_S", 0.0)
+    time.sleep(0.05)
+    tuner._fail_stale(study)
+    assert [t.state.name for t in study.get_trials()] == ["FAIL"] and tuner.stale == [0]
+
+
 @pytest.mark.parametrize("storage", [None, "journal:study.log"])
 def test_a_resume_fails_the_trials_a_killed_worker_left_running(work, storage):
     args = ["tune", CNN, "--trials", "5", "--trial-seconds", "0.6", "--confirm", "0", *SMALL, "-o", "best.json"]

@@ -958,7 +958,11 @@ class Tuner:
         for t in study.get_trials(deepcopy=False, states=(RUNNING,)):
             worker = t.user_attrs.get("worker")
             alive = _worker_alive(worker)
-            if alive is None and not getattr(study._storage, "get_heartbeat_interval", lambda: None)():
+            # a journal has no heartbeat of Optuna's; on a database, a trial whose worker stopped between asking
+            # for it and naming itself has no heartbeat either (Optuna would never fail it, and every later worker
+            # would wait for it as "still choosing its setting")
+            if alive is None and (not isinstance(worker, dict)
+                                  or not getattr(study._storage, "get_heartbeat_interval", lambda: None)()):
                 beat = t.user_attrs.get("heartbeat")  # a journal: the trial's own heartbeat attribute
                 if not isinstance(beat, (int, float)) and t.datetime_start is not None:
                     beat = t.datetime_start.timestamp()
