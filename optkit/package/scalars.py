@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from optkit.core.errors import UsageError
+from optkit.onnx import graph
 from optkit.package.signature import Signature
 
 
@@ -24,7 +25,7 @@ def lift(model: str | Path, sig: Signature):
 
     ins, outs = scalars(sig)
     proto = onnx.load(str(model), load_external_data=False)
-    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), 0)
+    opset = graph.opset(proto)
     if opset < 5:
         raise UsageError(f"{model}: scalar tensors {', '.join(ins + outs)} need reshaping for Triton, which takes "
                          f"opset 5 or newer (the model's is {opset}): convert it to a newer opset first")
@@ -70,12 +71,11 @@ def lift(model: str | Path, sig: Signature):
 
 def _names(g) -> set[str]:
     """Every tensor and node name in the graph and its subgraphs."""
-    out = {v.name for v in (*g.input, *g.output, *g.value_info)} | {i.name for i in g.initializer}
-    for n in g.node:
-        out.update(n.input, n.output, [n.name])
-        for a in n.attribute:
-            for sub in (*([a.g] if a.HasField("g") else []), *a.graphs):
-                out |= _names(sub)
+    out: set[str] = set()
+    for sub in graph.all_graphs(g):
+        out |= {v.name for v in (*sub.input, *sub.output, *sub.value_info)} | {i.name for i in sub.initializer}
+        for n in sub.node:
+            out.update(n.input, n.output, [n.name])
     return out
 
 
@@ -86,10 +86,9 @@ def _rename(g, old: str, new: str, outputs: bool) -> None:
         n.input[:] = [new if x == old else x for x in n.input]
         if outputs:
             n.output[:] = [new if x == old else x for x in n.output]
-        for a in n.attribute:
-            for sub in (*([a.g] if a.HasField("g") else []), *a.graphs):
-                if old not in _declared(sub):
-                    _rename(sub, old, new, outputs=False)
+        for sub in graph.subgraphs(n):
+            if old not in _declared(sub):
+                _rename(sub, old, new, outputs=False)
     for v in g.value_info:
         if v.name == old:
             v.name = new

@@ -208,6 +208,11 @@ class Band:
     hi: float
     open: str = ""
 
+    @classmethod
+    def of(cls, lo: float | None, hi: float | None, why: str = "") -> Band:
+        """From a report's [low, high], where null is an end the measurement does not bound."""
+        return cls(-math.inf if lo is None else lo, math.inf if hi is None else hi, why)
+
 
 NO_BAND = "the figure carries no noise band; measure it again with this optkit"
 QUANTILES = {"p50_ms": 0.50, "p90_ms": 0.90, "p99_ms": 0.99}
@@ -239,7 +244,7 @@ def _latency_band(f: StageFigures, key: str, metric: str) -> tuple[float | Band 
         side = "upper" if hi is None else "lower"
         fewest = f"time at least {runs_to_bound(QUANTILES[key], side)} runs (--runs)" if key in QUANTILES else "time more runs"
         why = f"{runs or 'its'} runs do not bound {what} from {'above' if hi is None else 'below'}; {fewest}"
-    band = Band(-math.inf if lo is None else lo, math.inf if hi is None else hi, why)
+    band = Band.of(lo, hi, why)
     shown = f"{_q(lo, metric) if lo is not None else 'no lower end'} .. {_q(hi, metric) if hi is not None else 'no upper end'}"
     return band, f"95% band {shown} ({runs or '?'} runs)"
 
@@ -253,7 +258,7 @@ def _load_band(f: StageFigures) -> tuple[Band | None, str]:
         return None, where
     lo, hi = b
     why = "too few calls under load to bound the throughput (under 10): time more runs" if lo is None or hi is None else ""
-    band = Band(-math.inf if lo is None else lo, math.inf if hi is None else hi, why)
+    band = Band.of(lo, hi, why)
     if why:
         return band, f"{where}, no 95% band"
     return band, f"{where}, 95% band {_q(lo, 'throughput')} .. {_q(hi, 'throughput')}"

@@ -217,6 +217,7 @@ class StageFigures:
             acc.wrong("metric", metric, "a metric's name")
             metric = None
         lat_values = {k: lat.number(k, nonneg=True) for k in lat_keys}
+        load_values = {k: conc.number(k, nonneg=True) for k in BANDED}
         return cls(
             measured=frozenset(r.group for r in (size, lat, acc, fid, mem, conc) if r.d),
             **{f: size.number(k) for f, k in size_keys.items()},
@@ -238,9 +239,8 @@ class StageFigures:
             load_mb=mem.number("load_mb"), memory_mb=mem.number("peak_mb"),
             concurrency=conc.count("concurrency"), sessions=conc.count("sessions"),
             connections=conc.count("connections"),
-            load_throughput_per_s=conc.number("throughput_per_s"), load_p50_ms=conc.number("p50_ms"),
-            load_p99_ms=conc.number("p99_ms"),
-            load_ci95=_bands(conc, {k: conc.number(k, nonneg=True) for k in BANDED}),
+            load_throughput_per_s=load_values["throughput_per_s"], load_p50_ms=load_values["p50_ms"],
+            load_p99_ms=load_values["p99_ms"], load_ci95=_bands(conc, load_values),
             **_tune(m.get("tune")),
         )
 
