@@ -3,14 +3,15 @@ folder beside its destination, and rename it into place (nothing half-written, n
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from optkit.core.atomic import remove, tmp_prefix
+from optkit.core.atomic import _UMASK, remove
 from optkit.core.errors import UsageError
-from optkit.package import lineage, repo
+from optkit.package import lineage, repo, schemas
 from optkit.package.signature import read_signature, signature_of, warmup_dims
 from optkit.package.tuned import defaults, load_tuned
 
@@ -45,6 +46,10 @@ def package(model: str, *, target: str, output: str, tuned_path: str | None = No
         from optkit.core.registry import require_extra
 
         require_extra("serve", "optkit package --to mlflow")
+        from optkit.package import registry as reg
+
+        if reg.uri(registry):  # before anything is written: a database of someone else's is refused (exit 2)
+            reg.check(reg.uri(registry))
     elif registry:
         raise UsageError("--registry is for --to mlflow (a Triton repository serves by version_policy)")
     if not Path(model).exists():
@@ -71,59 +76,76 @@ def package(model: str, *, target: str, output: str, tuned_path: str | None = No
         if other and Path(other).exists() and (out.resolve() == Path(other).resolve()
                                                or out.resolve() in Path(other).resolve().parents):
             raise UsageError(f"-o {output} is or holds an input of this command ({other}); choose another folder")
-    index = repo.check_repo(out, name, target)
-    number = repo.next_version(index, version, tag)
+    repo.next_version(repo.check_repo(out, name, target), version, tag)  # refused early; chosen under the lock
     externals = external_data_files(model)
     sig = read_signature(model)
     tuned = load_tuned(tuned_path, artifact.sha256, model) if tuned_path else defaults()
     report = _load_report(report_path) if report_path else None
     measured = lineage.chain_from_report(report, artifact.sha256)[1] if report is not None else {}  # else exit 2
+    if report is not None:
+        schemas.check_measured(measured, f"--report {report_path}")
     notes = [] if tuned_path else ["no --tuned: default settings (1 CPU instance, batch 1, onnxruntime's own "
                                    "threads and optimisations); run `optkit tune` for measured ones"]
 
-    lifted = None
+    lifted, warm = None, {}
     if target == "triton":
-        from optkit.package import scalars, triton
+        from optkit.package import scalars
 
         if any(scalars.scalars(sig)):
             lifted, lift_notes = scalars.lift(model, sig)
             sig, notes = signature_of(lifted, model), notes + lift_notes
         cfg_probe = int(tuned.get("batch") or 1) if sig.batchable else 0
         warm, warm_notes = warmup_dims(sig, cfg_probe > 0, shapes or {}, data)
-        cfg = triton.build_config(name, sig, tuned, warm, number,
-                                  queue_delay_us=triton.QUEUE_DELAY_US if queue_delay_us is None else queue_delay_us)
-        parsed = triton.schema_check(cfg.text)
-        mapping, notes = cfg.mapping, notes + cfg.notes + warm_notes
-        notes.append("config.pbtxt parsed with Triton's ModelConfig (tritonclient)" if parsed is not None else
-                     "config.pbtxt not checked against Triton's ModelConfig: pip install tritonclient to check it")
+        notes = notes + warm_notes
     else:
         from optkit.package import mlflow as mlf
 
         opts, providers, mapping, mnotes = mlf.settings(tuned, sig.batchable)
         notes = notes + mnotes
 
-    docs = {}
-    if kinds:
-        uri, uri_notes = mf.base_uri(storage_uri, out)
-        peak, peak_source = mf.peak_memory_mb(measured, tuned.figures)
-        docs, man_notes = mf.build(kinds, target=target, name=name, version=number, tag=tag, base_uri=uri,
-                                   peak_mb=peak, peak_source=peak_source, margin=margin,
-                                   threads=tuned.get("threads"), gpu=(tuned.get("provider") or "cpu") != "cpu",
-                                   local_dir=(out / name / str(number)).resolve())
-        docs = {kind: mf.render(kind, doc) for kind, doc in docs.items()}
-        notes = notes + man_notes + uri_notes
+    with repo.writing(out, name, target) as index:  # the version is chosen and written under the model's lock
+        number = repo.next_version(index, version, tag)
+        if target == "triton":
+            from optkit.package import triton
 
-    # stage: the highest level that does not exist yet is built whole in a temporary folder beside it
+            cfg = triton.build_config(name, sig, tuned, warm, number, queue_delay_us=triton.QUEUE_DELAY_US
+                                      if queue_delay_us is None else queue_delay_us)
+            parsed = triton.schema_check(cfg.text)
+            mapping, notes = cfg.mapping, notes + cfg.notes
+            notes.append("config.pbtxt parsed with Triton's ModelConfig (tritonclient)" if parsed is not None else
+                         "config.pbtxt not checked against Triton's ModelConfig: pip install tritonclient to check "
+                         "it")
+        docs = {}
+        if kinds:
+            uri, uri_notes = mf.base_uri(storage_uri, out)
+            peak, peak_source = mf.peak_memory_mb(measured, tuned.figures)
+            docs, man_notes = mf.build(kinds, target=target, name=name, version=number, tag=tag, base_uri=uri,
+                                       peak_mb=peak, peak_source=peak_source, margin=margin,
+                                       threads=tuned.get("threads"), gpu=(tuned.get("provider") or "cpu") != "cpu",
+                                       local_dir=(out / name / str(number)).resolve())
+            docs = {kind: mf.render(kind, doc) for kind, doc in docs.items()}
+            notes = notes + man_notes + uri_notes
+        served_before, files_before = _write(
+            out, name, number, index, target=target, model=model, lifted=lifted, externals=externals,
+            cfg_text=cfg.text if target == "triton" else None, report=report, artifact=artifact, tuned=tuned,
+            report_path=report_path, mapping=mapping, notes=notes, docs=docs, tag=tag,
+            mlflow_args=(sig, opts, providers) if target == "mlflow" else None)
+        _register(registry, target, out / name, name, number, tag, notes)
+    return Result(target=target, repo=str(out), name=name, version=number, path=str(out / name / str(number)),
+                  served_before=served_before, files=files_before, mapping=mapping, notes=notes, tag=tag)
+
+
+def _write(out: Path, name: str, number: int, index: dict | None, *, target: str, model: str, lifted, externals,
+           cfg_text: str | None, report, artifact, tuned, report_path, mapping, notes, docs, tag,
+           mlflow_args) -> tuple[int | None, dict[str, str]]:
+    """Build the version aside and rename it into place (under the lock). The highest level that does not
+    exist yet is built whole in a temporary folder beside it. Returns (the version served before, file hashes)."""
     model_dir = out / name
     dest = out if not out.exists() else model_dir if not model_dir.exists() else model_dir / str(number)
-    staged = Path(tempfile.mkdtemp(prefix=tmp_prefix(dest), dir=dest.parent))
+    staged = Path(tempfile.mkdtemp(prefix=repo.temp_prefix(dest), dir=dest.parent))
     try:
-        if dest == out:
-            vdir = staged / name / str(number)
-        elif dest == model_dir:
-            vdir = staged / str(number)
-        else:
-            vdir = staged
+        os.chmod(staged, 0o777 & ~_UMASK)  # mkdtemp makes 0700 folders; a server may run as another user
+        vdir = staged / name / str(number) if dest == out else staged / str(number) if dest == model_dir else staged
         vdir.mkdir(parents=True, exist_ok=True)
         if target == "triton":
             if lifted is not None:
@@ -135,11 +157,12 @@ def package(model: str, *, target: str, output: str, tuned_path: str | None = No
             for location, f in externals:
                 (vdir / location).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(f, vdir / location)
-            (vdir / "config.pbtxt").write_text(cfg.text, encoding="utf-8")
+            (vdir / "config.pbtxt").write_text(cfg_text, encoding="utf-8")
         report_obj = report if report is not None else _size_report(artifact)
-        files_before = {}
-        meta_lineage = None
         if target == "mlflow":
+            from optkit.package import mlflow as mlf
+
+            sig, opts, providers = mlflow_args
             meta_lineage = lineage.build_lineage(
                 artifact=artifact, target=target, name=name, version=number, tag=tag, tuned=tuned, report=report,
                 report_path=report_path, files={}, mapping=mapping, notes=notes)
@@ -149,9 +172,9 @@ def package(model: str, *, target: str, output: str, tuned_path: str | None = No
             (vdir / "manifests").mkdir()
             for kind, text in docs.items():
                 (vdir / "manifests" / f"{kind}.yaml").write_text(text, encoding="utf-8")
-        files_before = lineage.file_hashes(vdir)
+        files = lineage.file_hashes(vdir)
         lin = lineage.build_lineage(artifact=artifact, target=target, name=name, version=number, tag=tag,
-                                    tuned=tuned, report=report, report_path=report_path, files=files_before,
+                                    tuned=tuned, report=report, report_path=report_path, files=files,
                                     mapping=mapping, notes=notes)
         (vdir / lineage.LINEAGE_FILE).write_text(json.dumps(lin, indent=2, default=str) + "\n", encoding="utf-8")
         index = index or repo.new_index(target, name)
@@ -161,29 +184,34 @@ def package(model: str, *, target: str, output: str, tuned_path: str | None = No
         if dest == model_dir / str(number):
             replace = {model_dir / repo.INDEX: repo.index_text(index)}
             if target == "triton":
-                replace[model_dir / "config.pbtxt"] = cfg.text
+                replace[model_dir / "config.pbtxt"] = cfg_text
         else:
             top = vdir.parent
             (top / repo.INDEX).write_text(repo.index_text(index), encoding="utf-8")
             if target == "triton":
-                (top / "config.pbtxt").write_text(cfg.text, encoding="utf-8")
+                (top / "config.pbtxt").write_text(cfg_text, encoding="utf-8")
         repo.commit(staged, dest, replace)
     finally:
         remove(staged)
+    return served_before, files
+
+
+def _register(registry: str | None, target: str, model_dir: Path, name: str, number: int, tag: str | None,
+              notes: list[str]) -> None:
+    """MLflow: register the new version where a registry is configured (under the lock: the index changes)."""
     from optkit.package import registry as reg
 
-    if target == "mlflow" and reg.uri(registry):
-        where = reg.uri(registry)
-        number_in_registry = reg.register(where, name, model_dir / str(number), number, tag)
-        index = repo.load_index(model_dir)
-        for v in index["versions"]:
-            if v["version"] == number:
-                v["registry"] = {"uri": where, "version": number_in_registry, "alias": reg.ALIAS}
-        repo.commit_index(model_dir, index)
-        notes.append(f"registered in {where} as {name} version {number_in_registry}, alias {reg.ALIAS} "
-                     f"(models:/{name}@{reg.ALIAS})")
-    return Result(target=target, repo=str(out), name=name, version=number, path=str(model_dir / str(number)),
-                  served_before=served_before, files=files_before, mapping=mapping, notes=notes, tag=tag)
+    where = reg.uri(registry) if target == "mlflow" else None
+    if not where:
+        return
+    number_in_registry = reg.register(where, name, model_dir / str(number), number, tag)
+    index = repo.load_index(model_dir)
+    for v in index["versions"]:
+        if v["version"] == number:
+            v["registry"] = {"uri": reg.shown(where), "version": number_in_registry, "alias": reg.ALIAS}
+    repo.commit_index(model_dir, index)
+    notes.append(f"registered in {reg.shown(where)} as {name} version {number_in_registry}, alias {reg.ALIAS} "
+                 f"(models:/{name}@{reg.ALIAS})")
 
 
 def _load_report(path: str):

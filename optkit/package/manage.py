@@ -1,61 +1,63 @@
 """Which version a package serves (rollback / promote) and what a repository holds (inspect)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from optkit.core.errors import UsageError
-from optkit.package import lineage, repo
+from optkit.package import lineage, repo, schemas
 
 
 def serve_version(model_dir: str, version: str | None = None, tag: str | None = None,
                   registry: str | None = None) -> dict[str, Any]:
     """Serve version N (or the one tagged T): Triton's config.pbtxt gets that version's own config with
-    `version_policy: specific`, the index records it; no version is deleted. Returns what changed."""
+    `version_policy: specific`, the index records it; no version is deleted. Returns what changed. Runs under
+    the model folder's lock, as packaging does."""
     d = Path(model_dir)
-    index = repo.load_index(d)
-    repo.check_repo(d.parent, d.name, index["target"])  # nothing foreign in it
-    number = repo.resolve_version(index, version, tag)
-    before = index.get("served")
-    replace = {}
-    if index["target"] == "triton":
-        from optkit.package.triton import served_version
+    with repo.serving(d) as index:  # read and checked again under the lock: nothing foreign, no link
+        number = repo.resolve_version(index, version, tag)
+        before = index.get("served")
+        replace = {}
+        if index["target"] == "triton":
+            from optkit.package.triton import served_version
 
-        current = (d / "config.pbtxt").read_text(encoding="utf-8")
-        before = served_version(current) or before
-        own = d / str(number) / "config.pbtxt"
-        if not own.is_file():
-            raise UsageError(f"{own} is missing; version {number} cannot be served")
-        replace[d / "config.pbtxt"] = own.read_text(encoding="utf-8")
-    out_registry = None
-    if index["target"] == "mlflow":
-        from optkit.package import registry as reg
+            current = schemas.read_bytes(d / "config.pbtxt", schemas.MAX_CONFIG_BYTES)
+            before = served_version(current.decode("utf-8", errors="replace")) or before
+            replace[d / "config.pbtxt"] = _own_config(d, index["name"], number)
+        out_registry = None
+        if index["target"] == "mlflow":
+            from optkit.package import registry as reg
 
-        where = reg.uri(registry)
-        if where:
-            entry = next(v for v in index["versions"] if v["version"] == number)
-            known = (entry.get("registry") or {}).get("version") if (entry.get("registry") or {}).get("uri") == where \
-                else None
-            now_served, was = reg.point_alias(where, index["name"], d / str(number), number, entry.get("tag"), known)
-            entry["registry"] = {"uri": where, "version": now_served, "alias": reg.ALIAS}
-            out_registry = {"uri": where, "alias": reg.ALIAS, "version": now_served, "before": was}
-    elif registry:
-        raise UsageError("--registry is for MLflow packages (a Triton repository serves by version_policy)")
-    index["served"] = number
-    index["history"].append({"time": repo.now(), "served": number, "before": before, "why": "serve-version"})
-    replace[d / repo.INDEX] = repo.index_text(index)
-    for path, text in replace.items():
-        tmp = path.with_name(f".{path.name}.tmp-serve")
-        try:
-            tmp.write_text(text, encoding="utf-8")
-            tmp.replace(path)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
+            where = reg.uri(registry)
+            if where:
+                entry = next(v for v in index["versions"] if v["version"] == number)
+                rec = entry.get("registry") or {}
+                known = rec.get("version") if rec.get("uri") in (where, reg.shown(where)) else None
+                now_served, was = reg.point_alias(where, index["name"], d / str(number), number, entry.get("tag"),
+                                                  known)
+                entry["registry"] = {"uri": reg.shown(where), "version": now_served, "alias": reg.ALIAS}
+                out_registry = {"uri": reg.shown(where), "alias": reg.ALIAS, "version": now_served, "before": was}
+        elif registry:
+            raise UsageError("--registry is for MLflow packages (a Triton repository serves by version_policy)")
+        index["served"] = number
+        index["history"].append({"time": repo.now(), "served": number, "before": before, "why": "serve-version"})
+        replace[d / repo.INDEX] = repo.index_text(index)
+        for path, text in replace.items():
+            repo.replace_text(path, text)
     tagged = next((v.get("tag") for v in index["versions"] if v["version"] == number), None)
     return {"model": str(d), "target": index["target"], "served": number, "tag": tagged, "before": before,
             "versions": [v["version"] for v in index["versions"]], "registry": out_registry}
+
+
+def _own_config(d: Path, name: str, number: int) -> str:
+    """Version N's config.pbtxt as optkit wrote it (its lineage records its sha256), else exit 2."""
+    vdir = d / str(number)
+    data, _ = schemas.load_lineage(vdir / lineage.LINEAGE_FILE)
+    if data["name"] != name or data["version"] != number:
+        raise UsageError(f"{vdir / lineage.LINEAGE_FILE}: key {'name' if data['name'] != name else 'version'}: "
+                         f"not this version's ({name} {number}); {schemas.LINEAGE_HINT}")
+    return schemas.check_config(vdir / "config.pbtxt", name=name, version=number,
+                                sha256=data["files"].get("config.pbtxt"))
 
 
 def is_package(path: str) -> bool:
@@ -96,16 +98,13 @@ def _model(d: Path) -> dict[str, Any]:
 
 
 def _lineage(vdir: Path) -> dict[str, Any]:
-    try:
-        data = json.loads((vdir / lineage.LINEAGE_FILE).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise UsageError(f"{vdir / lineage.LINEAGE_FILE}: unreadable ({type(e).__name__}: {e})") from None
-    measured = data.get("measured") or {}
+    data, _ = schemas.load_lineage(vdir / lineage.LINEAGE_FILE)
+    measured = data["measured"]
     lat, acc, size, mem = (measured.get(k) or {} for k in ("latency", "accuracy", "size", "memory"))
-    return {"path": str(vdir), "source": data.get("source"), "model_sha256": (data.get("model") or {}).get("sha256"),
-            "passes": [s.get("pass") or s.get("stage") for s in data.get("passes") or []],
-            "tuned": (data.get("tuned") or {}).get("label"), "created": data.get("created"),
-            "confirmed": (data.get("tuned") or {}).get("confirmed"),
-            "p50_ms": lat.get("p50_ms"), "p50_ci95_pct": lat.get("ci95_pct"), "accuracy": {k: v for k, v in acc.items() if isinstance(v, (int, float))},
+    return {"path": str(vdir), "source": data["source"], "model_sha256": data["model"]["sha256"],
+            "passes": [s.get("pass") or s["stage"] for s in data["passes"]],
+            "tuned": data["tuned"]["label"], "created": data["created"], "confirmed": data["tuned"].get("confirmed"),
+            "p50_ms": lat.get("p50_ms"), "p50_ci95_pct": lat.get("ci95_pct"),
+            "accuracy": {k: v for k, v in acc.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
             "size_bytes": size.get("bytes"), "peak_mb": mem.get("peak_rss_mb") or mem.get("peak_mb"),
-            "notes": data.get("notes", [])}
+            "notes": data["notes"]}

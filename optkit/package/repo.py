@@ -4,23 +4,39 @@
 optkit writes only into a repository it made: a folder that holds anything else is refused before any work.
 A new version is built in a temporary folder beside its destination and renamed into place; an existing
 version folder is never replaced or removed.
+
+Several packagers (and serve-version) may work on one repository at once: each holds an exclusive flock on the
+model folder (on the repository folder while the model is new, on its parent while the repository is) from its
+check to its index write, and reads the index again under it. A flock dies with its process, so a killed holder
+blocks nobody; the temporary folder it leaves carries its host and pid in its name and is cleared by the next
+holder once that process is gone.
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import re
+import socket
+import tempfile
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from optkit.core.atomic import _UMASK
 from optkit.core.errors import UsageError
+from optkit.package import schemas
 
 INDEX = "optkit-versions.json"
 SCHEMA = "optkit-versions/1"
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-TAG_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
+NAME_RE = schemas.NAME_RE
+TAG_RE = schemas.TAG_RE
 MODEL_LEVEL = {"triton": {INDEX, "config.pbtxt"}, "mlflow": {INDEX}}
+# optkit's temporaries: `.<dest>.tmp-<host>-<pid>-<random>` (folders being built, small files being replaced)
+TEMP_RE = re.compile(r"\.(?P<dest>.+)\.tmp-(?P<host>[0-9a-f]{8})-(?P<pid>\d{1,10})-[A-Za-z0-9_]+")
+OLD_TEMP_RE = re.compile(r"\.(.+)\.tmp-[A-Za-z0-9_]+")  # an optkit before this one: no owner recorded
 
 
 def now() -> str:
@@ -28,32 +44,92 @@ def now() -> str:
 
 
 def check_name(name: str) -> str:
-    if not NAME_RE.match(name) or name.isdigit():
+    if not NAME_RE.fullmatch(name) or name.isdigit():
         raise UsageError(f"--name {name!r}: use letters, digits, '_', '.', '-' (not all digits), at most 128")
     return name
 
 
 def check_tag(tag: str | None) -> str | None:
-    if tag is not None and not TAG_RE.match(tag):
+    if tag is not None and not TAG_RE.fullmatch(tag):
         raise UsageError(f"--tag {tag!r}: use letters, digits and '_', '.', '+', '-' (e.g. v1.1)")
     return tag
 
 
+def parse_version(asked: str) -> int:
+    """--version N: ASCII digits, 1 to 2**31-1 (Triton takes int64; a package keeps to int32 for every tool)."""
+    if not (asked.isascii() and asked.isdigit()) or not 1 <= int(asked) <= schemas.MAX_VERSION:
+        raise UsageError(f"--version {asked!r}: give auto or a whole number from 1 to {schemas.MAX_VERSION}")
+    return int(asked)
+
+
 def load_index(model_dir: Path) -> dict[str, Any]:
     p = model_dir / INDEX
+    if not p.exists() and not p.is_symlink():
+        raise UsageError(f"{model_dir} is not a model optkit packaged (no {INDEX}); name REPO/NAME")
+    return schemas.load_index(p)
+
+
+# ------------------------------------------------------------------ temporaries and their owners
+
+def host_id() -> str:
+    return hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+
+
+def temp_prefix(dest: Path) -> str:
+    """The name prefix of a temporary beside `dest`: its owner (host, pid) is in the name."""
+    return f".{dest.name[:180]}.tmp-{host_id()}-{os.getpid()}-"
+
+
+def temp_path(dest: Path) -> Path:
+    return dest.with_name(temp_prefix(dest) + "x")
+
+
+def _owner_alive(entry: Path, pid: int) -> bool:
+    """The process that made `entry` still runs (a pid reused by a younger process is not it)."""
+    import psutil
+
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"{model_dir} is not a model optkit packaged (no {INDEX}); name REPO/NAME") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UsageError(f"{p}: unreadable ({type(e).__name__}: {e})") from None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("versions"), list):
-        raise UsageError(f"{p} is not an optkit version index ({SCHEMA})")
-    return data
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return proc.create_time() <= entry.lstat().st_mtime + 1
+    except (psutil.NoSuchProcess, FileNotFoundError):
+        return False
+    except psutil.Error:
+        return True  # cannot tell: leave it
 
 
-def check_repo(repo: Path, name: str, target: str) -> dict[str, Any] | None:
-    """Refuse (exit 2) a repository holding what optkit did not create; the model's index, or None when new."""
+def is_temp(entry: Path) -> bool:
+    return TEMP_RE.fullmatch(entry.name) is not None and not entry.is_symlink() and (entry.is_dir() or
+                                                                                     entry.is_file())
+
+
+def is_stale(entry: Path) -> bool:
+    """An optkit temporary whose owner, on this host, is gone (killed midway)."""
+    m = TEMP_RE.fullmatch(entry.name)
+    return bool(m) and m["host"] == host_id() and not _owner_alive(entry, int(m["pid"]))
+
+
+def sweep(folder: Path, dest_name: str | None = None) -> None:
+    """Remove optkit's stale temporaries in `folder` (those for `dest_name` only, when given). Under the lock."""
+    from optkit.core.atomic import remove
+
+    for entry in folder.iterdir():
+        m = TEMP_RE.fullmatch(entry.name)
+        if m and (dest_name is None or m["dest"] == dest_name[:180]) and is_temp(entry) and is_stale(entry):
+            remove(entry)
+
+
+def _old_temp(folder: Path, entry: Path) -> UsageError:
+    return UsageError(f"{folder} holds {entry.name!r}, the temporary folder of an optkit package run that was killed "
+                      "(an older optkit, which recorded no owner); remove it (nothing was written)")
+
+
+# ------------------------------------------------------------------ what a repository may hold
+
+def check_repo(repo: Path, name: str, target: str, *, clean: bool = False) -> dict[str, Any] | None:
+    """Refuse (exit 2) a repository holding what optkit did not create; the model's index, or None when new.
+    `clean` (under the lock): clear optkit's stale temporaries first."""
     if repo.is_symlink() or (repo.exists() and not repo.is_dir()):
         raise UsageError(f"-o {repo} exists and is not a folder; name a new or optkit-made repository folder")
     if not repo.exists():
@@ -64,40 +140,138 @@ def check_repo(repo: Path, name: str, target: str) -> dict[str, Any] | None:
         return None
     if not os.access(repo, os.W_OK | os.X_OK):
         raise UsageError(f"-o {repo} is not writable")
+    if clean:
+        sweep(repo)
     for entry in sorted(repo.iterdir()):
-        if entry.is_symlink() or not entry.is_dir() or not (entry / INDEX).is_file():
+        if is_temp(entry):
+            continue
+        if entry.is_symlink() or not entry.is_dir() or not (entry / INDEX).is_file() or (entry / INDEX).is_symlink():
+            if OLD_TEMP_RE.fullmatch(entry.name) and entry.is_dir() and not entry.is_symlink():
+                raise _old_temp(repo, entry)
             raise UsageError(f"-o {repo} holds {entry.name!r}, which optkit did not create; give a new folder or "
                              "one optkit packaged into (nothing was written)")
     model_dir = repo / name
     if not model_dir.exists():
         return None
     index = load_index(model_dir)
-    if index.get("target") != target:
-        raise UsageError(f"{model_dir} is a {index.get('target')} package, not {target}; choose another -o or --name")
+    if index["target"] != target:
+        raise UsageError(f"{model_dir} is a {index['target']} package, not {target}; choose another -o or --name")
+    if clean:
+        sweep(model_dir)
     known = {str(v["version"]) for v in index["versions"]}
     for entry in sorted(model_dir.iterdir()):
         if entry.name in MODEL_LEVEL[target] and entry.is_file() and not entry.is_symlink():
             continue
         if entry.name in known and entry.is_dir() and not entry.is_symlink():
+            _no_links(entry)
             continue
+        if is_temp(entry):
+            continue
+        if entry.is_symlink():
+            raise UsageError(f"{entry} is a symbolic link; a package holds no links (a server would follow it): "
+                             "remove it (nothing was written)")
+        if OLD_TEMP_RE.fullmatch(entry.name) and entry.is_dir():
+            raise _old_temp(model_dir, entry)
         raise UsageError(f"{model_dir} holds {entry.name!r}, which optkit did not create; move it away "
                          "(nothing was written)")
     return index
 
 
+def _no_links(vdir: Path) -> None:
+    """A version folder holds folders and regular files only: no link (a server would serve what it points at),
+    no FIFO or device."""
+    for root, dirs, files in os.walk(vdir):
+        for n in dirs + files:
+            p = Path(root) / n
+            if p.is_symlink():
+                raise UsageError(f"{p} is a symbolic link; a package holds no links (a server would follow it): "
+                                 "remove it (nothing was written)")
+            if n in files and not p.is_file():
+                raise UsageError(f"{p} is not a regular file (a FIFO, socket or device); remove it "
+                                 "(nothing was written)")
+
+
+# ------------------------------------------------------------------ locks
+
+def _lock(folder: Path) -> int:
+    """An fd holding an exclusive flock on `folder` itself (no lock file: nothing is written for it)."""
+    import fcntl
+
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as e:
+        raise UsageError(f"cannot lock {folder}: {e.strerror or e}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _acquire(repo: Path, name: str) -> int:
+    """The lock guarding `repo/name`: the model folder's, else the repository's, else its parent's (while the
+    folder below it is new: whoever creates it holds the level above)."""
+    if not repo.exists():
+        fd = _lock(repo.parent)
+        if not repo.exists():
+            return fd
+        os.close(fd)
+    fd = _lock(repo)
+    if not (repo / name).exists():
+        return fd
+    try:
+        return _lock(repo / name)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def writing(repo: Path, name: str, target: str) -> Iterator[dict[str, Any] | None]:
+    """Hold the lock of `repo/name` and yield its index read again under it (None when new). The repository
+    is checked first without the lock, so a folder optkit did not make is refused before anything happens."""
+    check_repo(repo, name, target)
+    fd = _acquire(repo, name)
+    try:
+        if not repo.exists():
+            sweep(repo.parent, repo.name)
+        yield check_repo(repo, name, target, clean=True)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def serving(model_dir: Path) -> Iterator[dict[str, Any]]:
+    """Hold the model folder's lock (as a packager does) and yield its index, read and checked under it."""
+    load_index(model_dir)
+    if model_dir.is_symlink():
+        raise UsageError(f"{model_dir} is a symbolic link; name the model folder itself")
+    fd = _lock(model_dir)
+    try:
+        index = load_index(model_dir)
+        check_repo(model_dir.parent, model_dir.name, index["target"], clean=True)
+        yield index
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------------ versions
+
 def next_version(index: dict | None, asked: str, tag: str | None) -> int:
-    have = sorted(int(v["version"]) for v in (index or {}).get("versions", []))
-    if tag and any(v.get("tag") == tag for v in (index or {}).get("versions", [])):
-        raise UsageError(f"--tag {tag} is already version "
-                         f"{next(v['version'] for v in index['versions'] if v.get('tag') == tag)}; tags are unique")
+    versions = (index or {}).get("versions", [])
+    have = sorted(v["version"] for v in versions)
+    same = next((v["version"] for v in versions if tag and v.get("tag") == tag), None)
+    if same is not None:
+        raise UsageError(f"--tag {tag} is already version {same}; tags are unique")
     if asked == "auto":
+        if have and have[-1] >= schemas.MAX_VERSION:
+            raise UsageError(f"version {have[-1]} is the last a package takes; give --version N for a free number")
         return (have[-1] + 1) if have else 1
-    if not asked.isdigit() or int(asked) < 1 or int(asked) > 2 ** 31:
-        raise UsageError(f"--version {asked!r}: give auto or a positive integer")
-    if int(asked) in have:
-        raise UsageError(f"version {asked} exists; optkit never overwrites a version: use --version auto "
+    number = parse_version(asked)
+    if number in have:
+        raise UsageError(f"version {number} exists; optkit never overwrites a version: use --version auto "
                          f"(next: {(have[-1] + 1)}) or another number")
-    return int(asked)
+    return number
 
 
 def new_index(target: str, name: str) -> dict[str, Any]:
@@ -117,15 +291,30 @@ def add_version(index: dict, version: int, tag: str | None, model_sha256: str, l
 def resolve_version(index: dict, version: str | None, tag: str | None) -> int:
     if (version is None) == (tag is None):
         raise UsageError("give exactly one of --version N or --tag T")
+    number = parse_version(version) if version is not None else None
     for v in index["versions"]:
-        if (tag is not None and v.get("tag") == tag) or (version is not None and str(v["version"]) == str(version)):
-            return int(v["version"])
+        if (tag is not None and v.get("tag") == tag) or (number is not None and v["version"] == number):
+            return v["version"]
     have = ", ".join(f"{v['version']}" + (f" ({v['tag']})" if v.get("tag") else "") for v in index["versions"])
-    raise UsageError(f"no version {'tagged ' + tag if tag else version} in this package; it has {have}")
+    raise UsageError(f"no version {'tagged ' + tag if tag else number} in this package; it has {have}")
 
 
 def index_text(index: dict) -> str:
     return json.dumps(index, indent=2) + "\n"
+
+
+def replace_text(path: Path, text: str) -> None:
+    """Write `text` beside `path` (a temporary named after its owner) and rename it onto `path`."""
+    fd, name = tempfile.mkstemp(prefix=temp_prefix(path), dir=path.parent)
+    tmp = Path(name)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600 files
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
 
 
 def commit(staged: Path, dest: Path, replace: dict[Path, str]) -> None:
@@ -135,20 +324,8 @@ def commit(staged: Path, dest: Path, replace: dict[Path, str]) -> None:
     interrupts.check()
     os.rename(staged, dest)
     for path, text in replace.items():
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        try:
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, path)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
+        replace_text(path, text)
 
 
 def commit_index(model_dir: Path, index: dict) -> None:
-    tmp = model_dir / f".{INDEX}.tmp-{os.getpid()}"
-    try:
-        tmp.write_text(index_text(index), encoding="utf-8")
-        os.replace(tmp, model_dir / INDEX)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    replace_text(model_dir / INDEX, index_text(index))

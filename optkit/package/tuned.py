@@ -43,17 +43,14 @@ def defaults() -> Tuned:
 
 
 def load_tuned(path: str | Path, model_sha256: str, model_path: str) -> Tuned:
-    """best.json from `optkit tune`, for this model (its sha256), else exit 2."""
+    """best.json from `optkit tune`, for this model (its sha256), else exit 2; every value the package uses is
+    checked (types, bounds, finite numbers, no unknown setting) by its schema."""
+    from optkit.package import schemas
+
     p = Path(path)
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"--tuned {path} does not exist") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UsageError(f"--tuned {path}: not a JSON file ({type(e).__name__}: {e})") from None
-    best = data.get("best") if isinstance(data, dict) else None
-    if not isinstance(best, dict) or not isinstance(best.get("setting"), dict):
-        raise UsageError(f"--tuned {path}: no best.setting; give the JSON `optkit tune -o` wrote")
+    if not p.exists() and not p.is_symlink():
+        raise UsageError(f"--tuned {path} does not exist")
+    data, _ = schemas.load_tuned(p)
     sha = data.get("model_sha256")
     if sha is None:  # an older best.json names its model by path only: that file must be this model
         from optkit.core.artifact import Artifact
@@ -69,6 +66,7 @@ def load_tuned(path: str | Path, model_sha256: str, model_path: str) -> Tuned:
     if sha != model_sha256:
         raise UsageError(f"--tuned {path} was made for another model (sha256 {sha[:12]}..., "
                          f"{data.get('model')}), not {model_path} ({model_sha256[:12]}...); tune this model")
+    best = data["best"]
     return Tuned(setting=best["setting"], source=str(path), label=best.get("label", ""),
                  figures=best.get("figures") or {}, confirmed=best.get("confirmed"),
                  objective=list(data.get("objective") or []))

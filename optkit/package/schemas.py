@@ -1,0 +1,382 @@
+"""The files optkit reads back from a package repository, each through one validated schema: the version index
+(`optkit-versions.json`), a version's lineage (`optkit-package.json`), `optkit tune`'s best.json as package reads
+it, the report figures a package uses, and a version's `config.pbtxt`.
+
+They are user input (anyone may have edited them): strict types, finite numbers, bounds, no unknown keys where
+optkit wrote every key. A bad one is exit 2, one line naming the file and the key; readers get the plain dict back
+once it is valid.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import stat
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from optkit.core.errors import UsageError
+
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+TAG_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
+# Triton's versions are int64; a package keeps to a signed 32-bit int so every tool on the way can hold it
+MAX_VERSION = 2 ** 31 - 1
+MAX_MIB = float(2 ** 24)          # 16 TiB: no server has more memory than this
+MAX_MS = 1e9                      # a latency past 11 days is no figure
+MAX_FILE_BYTES = 64 << 20         # an index, lineage, best.json or config of optkit's is far smaller
+MAX_CONFIG_BYTES = 1 << 20
+
+Version = Annotated[int, Field(ge=1, le=MAX_VERSION)]
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")]
+Tag = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")]
+MiB = Annotated[float, Field(ge=0, le=MAX_MIB)]
+Ms = Annotated[float, Field(ge=0, le=MAX_MS)]
+Fraction = Annotated[float, Field(ge=0, le=1e6)]
+
+
+class Strict(BaseModel):
+    """Every key optkit writes, of its type; nothing else."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False, populate_by_name=True)
+
+
+class Open(BaseModel):
+    """The keys optkit uses, checked; other keys are kept (figures of other groups) but their numbers must be
+    finite."""
+
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _finite_extras(self):
+        for key, value in (self.model_extra or {}).items():
+            _finite(value, key)
+        return self
+
+
+def _finite(value: Any, key: str) -> None:
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        raise ValueError(f"{key} is {value}, not a finite number")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _finite(v, f"{key}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _finite(v, f"{key}.{i}")
+
+
+# ------------------------------------------------------------------ best.json (optkit tune -o) as package reads it
+
+class SessionSetting(Strict):
+    """onnxruntime session options, as optkit.onnx.session.OrtSettings (what tune searches)."""
+
+    inter_op_threads: Annotated[int, Field(ge=1, le=256)] | None = None
+    execution_mode: Literal["sequential", "parallel"] | None = None
+    graph_optimization: Literal["disable", "basic", "extended", "all"] | None = None
+    cpu_mem_arena: bool | None = None
+    mem_pattern: bool | None = None
+
+
+class TunedSetting(Strict):
+    """A serving setting, as optkit.measure.serving.Setting (what tune writes under best.setting)."""
+
+    provider: Literal["cpu", "cuda", "tensorrt"] = "cpu"
+    threads: Annotated[int, Field(ge=1, le=1024)] | None = None
+    batch: Annotated[int, Field(ge=1, le=65536)] = 1
+    concurrency: Annotated[int, Field(ge=1, le=1024)] = 1
+    sessions: Literal["shared", "per-thread"] = "shared"
+    session: SessionSetting = Field(default_factory=SessionSetting)
+
+
+class TunedFigures(Open):
+    """A setting's measured figures; memory_mb (peak RSS) sizes the manifests' memory request."""
+
+    memory_mb: MiB | None = None
+    load_mb: MiB | None = None
+    p50_ms: Ms | None = None
+    p90_ms: Ms | None = None
+    p99_ms: Ms | None = None
+    throughput_per_s: Annotated[float, Field(ge=0)] | None = None
+
+
+class Confirmed(Strict):
+    figure: str
+    mean: float
+    ci95: Annotated[list[float], Field(min_length=2, max_length=2)]
+    rounds: Annotated[int, Field(ge=1)] | None = None
+
+
+class Best(Strict):
+    setting: TunedSetting
+    label: str = ""
+    figures: TunedFigures = Field(default_factory=TunedFigures)
+    trial: Annotated[int, Field(ge=0)] | None = None
+    confirmed: Confirmed | None = None
+    confirmed_by: Any = None
+
+
+class TunedFile(Open):
+    """best.json: the model it was tuned for and the best setting; tune's other keys are not read here."""
+
+    model: str | None = None
+    model_sha256: Sha256 | None = None
+    objective: list[Literal["throughput", "latency", "cost"]] = Field(default_factory=list)
+    best: Best
+
+
+# ------------------------------------------------------------------ the report figures a package uses
+
+class MemoryFigures(Open):
+    peak_mb: MiB | None = None
+    baseline_mb: MiB | None = None
+    peak_rss_mb: MiB | None = None
+    load_mb: MiB | None = None
+
+
+class LatencyFigures(Open):
+    p50_ms: Ms | None = None
+    ci95_pct: Fraction | None = None
+
+
+class SizeFigures(Open):
+    bytes: Annotated[int, Field(ge=0)] | None = None
+
+
+class Figures(Open):
+    """A group of figures: any keys, every number finite."""
+
+
+class Measured(Open):
+    """A stage's measurements carried into the lineage: manifests read memory, inspect shows the rest."""
+
+    size: SizeFigures | None = None
+    latency: LatencyFigures | None = None
+    memory: MemoryFigures | None = None
+    accuracy: Figures | None = None
+    fidelity: Figures | None = None
+    latency_change: Figures | None = None
+
+
+# ------------------------------------------------------------------ optkit-versions.json
+
+class Registry(Open):
+    """Where an MLflow version was registered (optkit.package.registry)."""
+
+    uri: str
+    version: str | int
+    alias: str
+
+
+class VersionEntry(Strict):
+    version: Version
+    tag: Tag | None = None
+    created: str
+    model_sha256: Sha256
+    tuned: str
+    registry: Registry | None = None
+
+
+class HistoryEntry(Strict):
+    time: str
+    served: Version
+    before: Version | None = None
+    why: str
+
+
+class VersionIndex(Strict):
+    schema_: Literal["optkit-versions/1"] = Field(alias="schema")
+    target: Literal["triton", "mlflow"]
+    name: Name
+    versions: list[VersionEntry]
+    served: Version | None = None
+    history: list[HistoryEntry]
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        numbers = [v.version for v in self.versions]
+        if len(set(numbers)) != len(numbers):
+            raise ValueError("versions: a version is listed twice")
+        tags = [v.tag for v in self.versions if v.tag is not None]
+        if len(set(tags)) != len(tags):
+            raise ValueError("versions: a tag is given to two versions")
+        if self.served is not None and self.served not in numbers:
+            raise ValueError(f"served: version {self.served} is not among the versions")
+        return self
+
+
+# ------------------------------------------------------------------ optkit-package.json (a version's lineage)
+
+class FileRef(Strict):
+    path: str
+    sha256: str
+    format: str
+    parent: str | None = None
+    produced_by: str | None = None
+
+
+class PassRecord(Strict):
+    stage: str
+    pass_: str | None = Field(default=None, alias="pass")
+    config: dict[str, Any] | None = None
+    input: FileRef | None = None
+    output: FileRef
+    duration_s: Annotated[float, Field(ge=0)] | None = None
+    cached: bool | None = None
+
+
+class ReportRecord(Strict):
+    path: str | None = None
+    command: str
+    created: str
+
+
+class TunedRecord(Strict):
+    source: str | None = None
+    label: str
+    setting: TunedSetting
+    objective: list[str] = Field(default_factory=list)
+    figures: TunedFigures = Field(default_factory=TunedFigures)
+    confirmed: Confirmed | None = None
+
+
+class Lineage(Strict):
+    schema_: Literal["optkit-package/1"] = Field(alias="schema")
+    optkit: str
+    created: str
+    target: Literal["triton", "mlflow"]
+    name: Name
+    version: Version
+    tag: Tag | None = None
+    model: FileRef
+    source: FileRef
+    passes: list[PassRecord]
+    report: ReportRecord | None = None
+    measured: Measured
+    tuned: TunedRecord
+    mapping: list[dict[str, Any]] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    files: dict[str, Sha256]
+    machine: dict[str, Any] = Field(default_factory=dict)
+    versions: dict[str, Any] = Field(default_factory=dict)
+
+
+# ------------------------------------------------------------------ reading
+
+def read_bytes(path: Path, limit: int = MAX_FILE_BYTES) -> bytes:
+    """A regular file's bytes, never through a link nor from a FIFO or device; exit 2 otherwise."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise UsageError(f"{path} is missing; package the model again or restore it") from None
+    except OSError as e:
+        if path.is_symlink():
+            raise UsageError(f"{path} is a symbolic link; optkit reads only the files it wrote, not what a link "
+                             "points at: remove the link") from None
+        raise UsageError(f"cannot read {path}: {e.strerror or e}") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UsageError(f"{path} is not a regular file; optkit wrote a file there: remove it")
+        raw = f.read(limit + 1)
+    if len(raw) > limit:
+        raise UsageError(f"{path} is over {limit >> 10} KiB, larger than any file optkit writes there")
+    return raw
+
+
+def load(path: Path, schema: type[BaseModel], hint: str) -> tuple[dict, BaseModel]:
+    """(the JSON document, its validated model); exit 2 with one line naming the file and the key."""
+    raw = read_bytes(path)
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}: not UTF-8 text (byte {e.start}); {hint}") from None
+    except (ValueError, RecursionError) as e:
+        raise UsageError(f"{path}: not JSON ({str(e).splitlines()[0][:80]}); {hint}") from None
+    return data, validate(data, schema, path, hint)
+
+
+def validate(data: Any, schema: type[BaseModel], path: Path | str, hint: str) -> BaseModel:
+    try:
+        return schema.model_validate(data)
+    except ValidationError as e:
+        raise UsageError(f"{path}: {problem(e)}; {hint}") from None
+
+
+def problem(e: ValidationError) -> str:
+    """The first error of a validation: 'key a.b.0: what is wrong (got X)' on one line."""
+    err = e.errors(include_url=False)[0]
+    key = ".".join(str(p) for p in err["loc"])
+    msg = err["msg"].removeprefix("Value error, ")
+    got = ""
+    if err["type"] not in ("missing", "extra_forbidden") and "input" in err and not isinstance(err["input"], dict):
+        shown = repr(err["input"])
+        got = f" (got {shown if len(shown) <= 40 else shown[:37] + '...'})"
+    return f"{'key ' + key + ': ' if key else ''}{msg}{got}".replace("\n", " ")
+
+
+INDEX_HINT = "it is optkit's version index: restore it (or package into a new folder)"
+LINEAGE_HINT = "it is the lineage optkit wrote for this version: restore it or package the model again"
+TUNED_HINT = "give the JSON `optkit tune -o` wrote, unedited"
+
+
+def load_index(path: Path) -> dict:
+    return load(path, VersionIndex, INDEX_HINT)[0]
+
+
+def load_lineage(path: Path) -> tuple[dict, Lineage]:
+    return load(path, Lineage, LINEAGE_HINT)  # type: ignore[return-value]
+
+
+def load_tuned(path: Path) -> tuple[dict, TunedFile]:
+    return load(path, TunedFile, TUNED_HINT)  # type: ignore[return-value]
+
+
+def check_measured(figures: dict, where: str) -> dict:
+    """The report figures a package carries (memory for the manifests, latency and size for inspect)."""
+    validate(figures, Measured, where, "give the report of the run that made the model, unedited")
+    return figures
+
+
+def check_config(path: Path, *, name: str, version: int, sha256: str | None) -> str:
+    """A version's config.pbtxt, before it is served: the bytes optkit recorded in the lineage (sha256), UTF-8,
+    Triton's ModelConfig where tritonclient is installed, and optkit's own structure (its name, the version_policy
+    line serving this version)."""
+    raw = read_bytes(path, MAX_CONFIG_BYTES)
+    if sha256 is None:
+        raise UsageError(f"{path}: the version's lineage records no sha256 for it (files.config.pbtxt); "
+                         "package the model again")
+    if hashlib.sha256(raw).hexdigest() != sha256:
+        raise UsageError(f"{path} was edited after optkit packaged it (its sha256 is not the lineage's "
+                         "files.config.pbtxt); restore it or package the model again")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}: not UTF-8 text (byte {e.start}); package the model again") from None
+    lines = text.splitlines()
+    if f"name: {json.dumps(name)}" not in lines:
+        raise UsageError(f"{path}: key name: not {json.dumps(name)}, the model's name; package the model again")
+    from optkit.package.triton import served_version
+
+    if served_version(text) != version:
+        raise UsageError(f"{path}: key version_policy: does not serve version {version}; package the model again")
+    parse_config(text, path)
+    return text
+
+
+def parse_config(text: str, path: Path | str) -> dict | None:
+    """Triton's own ModelConfig parse where tritonclient is installed (None where it is not); exit 2 when it
+    fails."""
+    try:
+        from tritonclient.grpc import model_config_pb2  # noqa: F401
+    except Exception:  # noqa: BLE001 - not installed (or broken): the structural checks stand alone
+        return None
+    from optkit.package.triton_check import parse
+
+    try:
+        return parse(text)
+    except Exception as e:  # noqa: BLE001 - protobuf's ParseError and friends
+        raise UsageError(f"{path}: not a Triton ModelConfig ({str(e).splitlines()[0][:100]}); "
+                         "package the model again") from None
