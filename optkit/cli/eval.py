@@ -53,17 +53,8 @@ def register(app: typer.Typer) -> None:
 
 def _parse_preprocess(text: str) -> dict:
     """--preprocess: a YAML (or JSON) mapping with the keys of a recipe's `preprocess`, checked here."""
-    from pydantic import ValidationError
-
-    from optkit.measure.datasets import Preprocess
+    from optkit.measure.datasets import parse_preprocess
     from optkit.pipeline.recipe import _yaml_with_lines
 
     mapping, _ = _yaml_with_lines(text, "--preprocess")
-    if not isinstance(mapping, dict):
-        raise UsageError(f"--preprocess {text!r} is not a mapping; write e.g. '{{resize: 256, center_crop: 224}}'")
-    try:
-        return Preprocess(**mapping).model_dump(exclude_defaults=True)
-    except ValidationError as e:
-        err = e.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or "--preprocess"
-        raise UsageError(f"--preprocess {where}: {err['msg']} (keys: {', '.join(Preprocess.model_fields)})") from None
+    return parse_preprocess(mapping, "--preprocess").model_dump(exclude_defaults=True)

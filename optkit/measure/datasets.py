@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import csv
 import gzip
+import math
+import re
 import struct
 import zipfile
 from collections.abc import Callable
@@ -15,28 +17,138 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 
 from optkit.core.batching import batch_axis, layout, matches, mismatch, without_batch
 from optkit.core.errors import UsageError
+from optkit.core.registry import config_message
 
 LABELS = "labels"
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".ppm", ".pgm"}
 
 
+MAX_SIDE = 8192            # resize / center_crop: one side in pixels
+MAX_PIXELS = 1 << 26       # one image as resized or prepared: 64M pixels (768 MiB of float32 RGB)
+DTYPES = ("float32", "float16", "float64", "uint8", "int8", "uint16", "int16", "int32", "int64")
+
+
+def _number(v: Any, what: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"{v!r} is not a number; {what}")
+    if not math.isfinite(v):
+        raise ValueError(f"{v} is not a finite number; {what}")
+    return float(v)
+
+
+def _sides(v: Any) -> int | tuple[int, int] | None:
+    """resize / center_crop: one side, or [height, width]; whole pixels 1..MAX_SIDE."""
+    if v is None:
+        return None
+    items = list(v) if isinstance(v, (list, tuple)) else [v]
+    if isinstance(v, (list, tuple)) and len(items) != 2:
+        raise ValueError(f"{_short(v)} has {len(items)} items; give one side or [height, width]")
+    for x in items:
+        if isinstance(x, bool) or not isinstance(x, int):
+            raise ValueError(f"{_short(x)} is not a whole number of pixels; give 1 to {MAX_SIDE} or [height, width]")
+        if not 1 <= x <= MAX_SIDE:
+            raise ValueError(f"{x} is out of range: give 1 to {MAX_SIDE} pixels")
+    return items[0] if len(items) == 1 else (items[0], items[1])
+
+
+def _short(v: Any, n: int = 60) -> str:
+    text = repr(v)
+    return text if len(text) <= n else text[:n] + "..."
+
+
+def _clip(text: str, n: int = 200) -> str:
+    return text if len(text) <= n else text[:n] + "..."
+
+
+def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
+    return (v, v) if isinstance(v, int) else v
+
+
 class Preprocess(BaseModel):
-    """How to turn image files (or IDX images) into model inputs."""
+    """How to turn image files (or IDX images) into model inputs. Every value is checked here (a file or a
+    flag is user input): sides 1..MAX_SIDE with the crop inside the resize, finite numbers, std not 0,
+    mean/std one number or one per channel, dtype one numpy can cast to."""
 
     model_config = ConfigDict(extra="forbid")
     resize: int | tuple[int, int] | None = None   # shorter side, or (height, width)
     resample: Literal["nearest", "bilinear", "bicubic"] = "bilinear"   # PIL's filter for resize
     center_crop: int | tuple[int, int] | None = None
     scale: float = 1 / 255                        # multiply uint8 pixels by this
+    color: Literal["rgb", "bgr", "gray"] = "rgb"  # before mean/std: it sets how many channels they may name
     mean: float | list[float] | None = None       # after scaling: one number for every channel, or one each
     std: float | list[float] | None = None
-    color: Literal["rgb", "bgr", "gray"] = "rgb"
     layout: Literal["nchw", "nhwc"] = "nchw"
-    dtype: str = "float32"
+    dtype: Literal[DTYPES] = "float32"            # must be the model input's element type when given
+
+    @field_validator("resize", mode="before")
+    @classmethod
+    def _resize(cls, v: Any) -> Any:
+        return _sides(v)
+
+    @field_validator("center_crop", mode="before")
+    @classmethod
+    def _crop(cls, v: Any, info: ValidationInfo) -> Any:
+        crop, resize = _sides(v), info.data.get("resize")
+        if crop is None or resize is None:
+            return crop
+        (ch, cw), (rh, rw) = _pair(crop), _pair(resize)
+        # a shorter-side resize leaves the longer side at least as long: only the shorter side bounds a crop
+        fits = min(ch, cw) <= rh if isinstance(resize, int) else (ch <= rh and cw <= rw)
+        if not fits:
+            raise ValueError(f"{_short(v)} is larger than resize {_short(resize)}; crop inside the resized image")
+        return crop
+
+    @field_validator("scale", mode="before")
+    @classmethod
+    def _scale(cls, v: Any) -> float:
+        x = _number(v, "give the factor pixels are multiplied by, e.g. 0.00392 (1/255) or 1")
+        if x <= 0:
+            raise ValueError(f"{x:g} must be over 0 (pixels are multiplied by it)")
+        return x
+
+    @field_validator("mean", "std", mode="before")
+    @classmethod
+    def _per_channel(cls, v: Any, info: ValidationInfo) -> Any:
+        if v is None:
+            return None
+        channels = 1 if info.data.get("color") == "gray" else 3
+        items = list(v) if isinstance(v, (list, tuple)) else [v]
+        if isinstance(v, (list, tuple)) and len(items) not in (1, channels):
+            raise ValueError(f"{_short(v)} has {len(items)} values but the images have {channels} channel"
+                             f"{'s' if channels > 1 else ''} (color {info.data.get('color', 'rgb')}); give one "
+                             f"number or {channels}")
+        xs = [_number(x, "give one finite number or one per channel") for x in items]
+        if info.field_name == "std" and any(x == 0 for x in xs):
+            raise ValueError(f"{_short(v)} would divide pixels by 0; give a std other than 0")
+        return xs if isinstance(v, (list, tuple)) else xs[0]
+
+    @field_validator("dtype", mode="before")
+    @classmethod
+    def _dtype(cls, v: Any) -> Any:
+        if v not in DTYPES:
+            raise ValueError(f"{_short(v)} is not a dtype images can be given in; give the model input's type, "
+                             f"one of {', '.join(DTYPES)}")
+        return v
+
+
+def parse_preprocess(mapping: Any, where: str = "--preprocess") -> Preprocess:
+    """A preprocess from a mapping (a flag's YAML, the Python API): a bad key or value is a UsageError naming
+    it, e.g. "--preprocess std: 0 ..." (recipes check the same model as part of the recipe)."""
+    if isinstance(mapping, Preprocess):
+        return mapping
+    if not isinstance(mapping, dict):
+        raise UsageError(f"{where} {_short(mapping)} is not a mapping; write e.g. '{{resize: 256, center_crop: 224}}'")
+    try:
+        return Preprocess(**mapping)
+    except ValidationError as e:
+        err = e.errors()[0]
+        key = str(err["loc"][0])[:40] if err["loc"] else "value"
+        unknown = f"unknown key (keys: {', '.join(Preprocess.model_fields)})"
+        raise UsageError(f"{where} {key}: {config_message(err, unknown)}") from None
 
 
 CHUNK = 64  # samples read at a time when a lazy array is scanned whole
@@ -142,6 +254,7 @@ class Dataset:
     labels: np.ndarray | None = None
     source: str = ""
     classes: list[str] = field(default_factory=list)
+    dtype: str | None = None   # images prepared as this dtype (a preprocess's), which the model must take
 
     def __len__(self) -> int:
         return len(next(iter(self.arrays.values())))
@@ -154,7 +267,7 @@ class Dataset:
             return self
         idx = np.sort(np.random.default_rng(seed).choice(len(self), size=n, replace=False))
         return Dataset({k: v.take(idx) if isinstance(v, LazyArray) else v[idx] for k, v in self.arrays.items()},
-                       None if self.labels is None else self.labels[idx], self.source, self.classes)
+                       None if self.labels is None else self.labels[idx], self.source, self.classes, self.dtype)
 
     def bind(self, specs: list, stream: bool = False) -> dict[str, np.ndarray]:
         """The arrays keyed by the model's input names, cast to their dtypes and per-sample shapes.
@@ -184,11 +297,22 @@ class Dataset:
         bound = {}
         for s in specs:
             arr = named[s.name]
+            self._check_dtype(s)
+            if isinstance(arr, LazyArray):  # shape and dtype checked before any sample is read
+                _fit(np.empty((0, *arr.sample_shape), arr.dtype), s, self.source)
             if isinstance(arr, LazyArray) and stream:
                 bound[s.name] = arr.map(lambda chunk, s=s: _fit(chunk, s, self.source))
             else:
                 bound[s.name] = _fit(materialize(arr), s, self.source)
         return bound
+
+    def _check_dtype(self, spec) -> None:
+        """Images prepared as a dtype other than the default float32 are given as the model takes them, or
+        not at all: int8 pixels cast to a float input (or float16 ones) would score a model on other data."""
+        if self.dtype in (None, "float32") or self.dtype == spec.dtype:
+            return
+        raise UsageError(f"preprocess dtype {self.dtype} does not fit input {spec.name!r} of the model, which takes "
+                         f"{spec.dtype} ({self.source}); give dtype: {spec.dtype} or leave dtype out")
 
 
 def _fit(arr: np.ndarray, spec, source: str) -> np.ndarray:
@@ -227,6 +351,8 @@ def _fit(arr: np.ndarray, spec, source: str) -> np.ndarray:
         if np.issubdtype(arr.dtype, np.floating) and not np.issubdtype(dtype, np.floating) and dtype != np.bool_:
             if dtype.kind in "iu" and arr.size and not np.allclose(arr, np.round(arr)):
                 raise UsageError(f"data for input {spec.name!r} is float but the model expects {dtype.name}")
+            if dtype.kind in "iu" and arr.size:
+                _check_range(arr, dtype, f"data for input {spec.name!r} from {source}")
         with np.errstate(over="ignore"):
             cast = arr.astype(dtype)
         if dtype.kind == "f" and not np.isfinite(cast).all():  # finite at load, so the cast overflowed
@@ -234,6 +360,14 @@ def _fit(arr: np.ndarray, spec, source: str) -> np.ndarray:
                              f"{int(cast.size - np.count_nonzero(np.isfinite(cast)))} values overflow to Inf")
         arr = cast
     return arr
+
+
+def _check_range(arr: np.ndarray, dtype: np.dtype, what: str) -> None:
+    """Values cast to an integer type fit it (a cast would wrap them silently)."""
+    info = np.iinfo(dtype)
+    lo, hi = float(arr.min()), float(arr.max())
+    if lo < info.min or hi > info.max:
+        raise UsageError(f"{what} ranges {lo:g}..{hi:g}, outside {dtype.name} ({info.min}..{info.max})")
 
 
 def _size_one_targets(spec, k: int) -> list[list[int]]:
@@ -256,7 +390,7 @@ def load_dataset(spec: str | Path, preprocess: Preprocess | dict[str, Any] | Non
     `labels.csv` uses it.
     """
     path = Path(spec)
-    pre = preprocess if isinstance(preprocess, Preprocess) else Preprocess(**(preprocess or {}))
+    pre = parse_preprocess(preprocess or {}, "preprocess")
     if not path.exists():
         raise UsageError(f"data {path} not found")
     if path.is_dir():
@@ -408,12 +542,16 @@ def _idx_dataset(path: Path, labels: str | Path | None, pre: Preprocess) -> Data
         y = y.astype(np.int64)  # float labels stay float: _checked refuses NaN, the metric checks the values
     if y is not None and len(y) != len(images):
         raise UsageError(f"{labels} has {len(y)} labels for {len(images)} images")
+    for key in ("mean", "std"):
+        if np.size(getattr(pre, key)) > 1:
+            raise UsageError(f"preprocess {key}: {path} holds one-channel images; give one number, not "
+                             f"{np.size(getattr(pre, key))}")
     x = images.astype(np.float32) * pre.scale
     if pre.mean is not None:
         x = x - np.float32(np.ravel(pre.mean)[0])
     if pre.std is not None:
         x = x / np.float32(np.ravel(pre.std)[0])
-    return Dataset({"": x.astype(pre.dtype)}, y, str(path))
+    return Dataset({"": _as_dtype(x, pre.dtype, path)}, y, str(path), dtype=pre.dtype)
 
 
 def _image_folder(path: Path, pre: Preprocess, labels: str | Path | None = None) -> Dataset:
@@ -448,7 +586,7 @@ def _image_folder(path: Path, pre: Preprocess, labels: str | Path | None = None)
     shape = _prepared_shape(files, pre, path)
     return Dataset({"": LazyArray(lambda idx: _read_images(files, idx, pre, shape, path), len(files), shape,
                                   pre.dtype, checks=True)},
-                   np.array(ys, dtype=np.int64), str(path), classes)
+                   np.array(ys, dtype=np.int64), str(path), classes, pre.dtype)
 
 
 def _prepared_shape(files: list[Path], pre: Preprocess, folder: Path) -> tuple:
@@ -460,7 +598,7 @@ def _prepared_shape(files: list[Path], pre: Preprocess, folder: Path) -> tuple:
     for f in files:
         try:
             with Image.open(f) as im:
-                shapes.add(_geometry(im.size, pre))
+                shapes.add(_geometry(im.size, pre, f))
         except OSError as e:
             raise UsageError(f"cannot read image {f}: {e}") from None
     if len(shapes) > 1:
@@ -469,8 +607,9 @@ def _prepared_shape(files: list[Path], pre: Preprocess, folder: Path) -> tuple:
     return first.shape[1:]
 
 
-def _geometry(size: tuple[int, int], pre: Preprocess) -> tuple:
-    """The shape _prepare gives an image of `size` (width, height)."""
+def _geometry(size: tuple[int, int], pre: Preprocess, where) -> tuple:
+    """The shape _prepare gives an image of `size` (width, height); a crop larger than the (resized) image, or
+    an image of more than MAX_PIXELS on the way, is refused before any pixel is decoded."""
     w, h = size
     if pre.resize is not None:
         if isinstance(pre.resize, int):
@@ -478,8 +617,15 @@ def _geometry(size: tuple[int, int], pre: Preprocess) -> tuple:
             w, h = max(1, round(w * s)), max(1, round(h * s))
         else:
             h, w = pre.resize
+    if w * h > MAX_PIXELS:
+        raise UsageError(f"preprocess resize: {where} would be {w}x{h} pixels, more than {MAX_PIXELS:,}; "
+                         "give a smaller resize")
     if pre.center_crop is not None:
-        h, w = (pre.center_crop, pre.center_crop) if isinstance(pre.center_crop, int) else pre.center_crop
+        ch, cw = _pair(pre.center_crop)
+        if ch > h or cw > w:
+            raise UsageError(f"preprocess center_crop: {ch}x{cw} (height x width) is larger than {where}, {h}x{w} "
+                             f"{'once resized' if pre.resize is not None else '(set resize)'}; crop inside the image")
+        h, w = ch, cw
     c = 1 if pre.color == "gray" else 3
     return (c, h, w) if pre.layout == "nchw" else (h, w, c)
 
@@ -493,7 +639,7 @@ def _read_images(files: list[Path], idx: np.ndarray, pre: Preprocess, shape: tup
     for k, i in enumerate(idx):
         try:
             with Image.open(files[i]) as im:
-                x = _prepare(im, pre)
+                x = _prepare(im, pre, files[i])
         except OSError as e:
             raise UsageError(f"cannot read image {files[i]}: {e}") from None
         if out is None:  # filled in place: one batch of inputs in memory, not two
@@ -511,38 +657,78 @@ def _read_images(files: list[Path], idx: np.ndarray, pre: Preprocess, shape: tup
     return out
 
 
+MAX_LABELS_BYTES = 1 << 28   # a labels file: 256 MiB holds millions of rows
+MAX_LINE = 4096              # one row of a labels CSV or one line of a class list
+MAX_CLASS_INDEX = 2**63 - 1  # labels are int64
+_INDEX = re.compile(r"-?[0-9]+")
+
+
 def _read_labels_text(path: Path) -> str:
+    """A labels file's text; a file or a line longer than any labels file needs is refused."""
     if not path.is_file():
         raise UsageError(f"labels {path} not found")
     try:
-        return path.read_text(encoding="utf-8-sig")
+        if path.stat().st_size > MAX_LABELS_BYTES:
+            raise UsageError(f"labels {path} is {path.stat().st_size:,} bytes; a labels file is at most "
+                             f"{MAX_LABELS_BYTES:,}")
+        text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"cannot read labels {path} as text: {e}") from None
+    for n, line in enumerate(text.splitlines(), 1):
+        if len(line) > MAX_LINE:
+            raise UsageError(f"{path} line {n} is {len(line):,} characters long ({_short(line, 40)}); a line of a "
+                             f"labels file is at most {MAX_LINE:,}")
+    return text
 
 
 def _csv_labels(path: Path, folder: Path) -> tuple[list[Path], list[int]]:
     """(image files, class indices) from `file,class_index` rows; a first row whose index is not a number is
-    a header; further columns are ignored."""
-    rows = list(csv.reader(_read_labels_text(path).splitlines()))
+    a header; further columns are ignored. Each image once, inside the folder (symlinks resolved)."""
+    root = folder.resolve()
     files, ys, first = [], [], True
-    for line, row in enumerate(rows, 1):
-        row = [c.strip() for c in row]
+    seen: dict[Path, tuple[int, int]] = {}   # resolved image -> (line, class index)
+    for line, text in enumerate(_read_labels_text(path).splitlines(), 1):
+        def bad(msg: str, line=line, text=text) -> UsageError:
+            return UsageError(f"{path} line {line}: {msg} (row {_short(text, 200)})")
+
+        try:
+            row = [c.strip() for c in next(csv.reader([text]), [])]
+        except csv.Error as e:
+            raise bad(f"not a CSV row: {e}") from None
         if not any(row):
             continue
         header, first = first, False
         if len(row) < 2 or not row[0]:
-            raise UsageError(f"{path} line {line}: expected file,class_index, found {','.join(row)!r}")
-        try:
-            y = int(row[1])
-        except ValueError:
+            raise UsageError(f"{path} line {line}: expected file,class_index, found {_short(','.join(row))}")
+        if not _INDEX.fullmatch(row[1]):
             if header:
                 continue
-            raise UsageError(f"{path} line {line}: class index {row[1]!r} is not a whole number") from None
+            raise UsageError(f"{path} line {line}: class index {_short(row[1])} is not a whole number")
+        y = int(row[1])
         if y < 0:
             raise UsageError(f"{path} line {line}: class index {y} is negative")
+        if y > MAX_CLASS_INDEX:
+            raise bad(f"class index {_clip(row[1], 30)} is too large (at most {MAX_CLASS_INDEX}, and under the "
+                      "model's class count)")
         f = folder / row[0]
-        if not f.is_file():
-            raise UsageError(f"{path} line {line}: image {row[0]} not found in {folder}")
+        try:
+            real = f.resolve()
+            inside = not Path(row[0]).is_absolute() and real.is_relative_to(root)
+            found = f.is_file()
+        except (OSError, ValueError):
+            inside, found = True, False
+        if not inside:
+            how = "" if Path(row[0]).is_absolute() or ".." in Path(row[0]).parts else " (through a symlink)"
+            raise bad(f"image {_clip(row[0])} is outside {folder}{how}; rows name files inside the folder")
+        if not found:
+            raise UsageError(f"{path} line {line}: image {_clip(row[0])} not found in {folder}")
+        if real in seen:
+            was, y0 = seen[real]
+            raise bad(f"image {_clip(row[0])} is listed again (first on line {was}, class {y0}); list each image "
+                      "once" if y0 == y else
+                      f"image {_clip(row[0])} is under class {y} here but under class {y0} on line {was}; give each "
+                      "image one class")
+        seen[real] = (line, y)
         files.append(f)
         ys.append(y)
     if not files:
@@ -573,7 +759,7 @@ def _class_list(path: Path) -> tuple[list[str], dict[str, int]]:
     return lines, index
 
 
-def _prepare(im, pre: Preprocess) -> np.ndarray:
+def _prepare(im, pre: Preprocess, where) -> np.ndarray:
     from PIL import Image
 
     im = im.convert("L" if pre.color == "gray" else "RGB")
@@ -601,4 +787,21 @@ def _prepare(im, pre: Preprocess) -> np.ndarray:
         x = x / np.asarray(pre.std, dtype=np.float32)
     if pre.layout == "nchw":
         x = x.transpose(2, 0, 1)
-    return np.ascontiguousarray(x, dtype=pre.dtype)
+    return np.ascontiguousarray(_as_dtype(x, pre.dtype, where))
+
+
+def _as_dtype(x: np.ndarray, dtype: str, where) -> np.ndarray:
+    """Prepared pixels as the preprocess's dtype; an integer dtype takes whole values in its range only (a
+    cast would truncate 0..1 to 0 or wrap 200 to -56)."""
+    want = np.dtype(dtype)
+    if want.kind in "iu" and not np.isfinite(x).all():
+        raise UsageError(f"preprocess dtype {dtype}: pixels of {where} are not finite after mean and std; check std")
+    if want.kind in "iu" and x.size:
+        info = np.iinfo(want)
+        lo, hi = float(x.min()), float(x.max())
+        if not np.array_equal(x, np.round(x)) or lo < info.min or hi > info.max:
+            raise UsageError(f"preprocess dtype {dtype}: pixels of {where} after scale, mean and std range "
+                             f"{lo:g}..{hi:g}, not whole numbers in {info.min}..{info.max}; set scale, mean and "
+                             f"std to give them, or use a float dtype")
+    with np.errstate(over="ignore", invalid="ignore"):
+        return x.astype(want)
