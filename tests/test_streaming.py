@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import zipfile
 
 import numpy as np
@@ -30,14 +31,17 @@ def _tiny_model(path, side=SIDE, classes=10):
 
 
 def _folder(root, n: int):
-    """An image folder of n samples: 8 distinct PNGs, listed over and over by labels.csv."""
+    """An image folder of n samples: 8 distinct PNGs and hard links to them (a labels.csv lists each file
+    once), listed by labels.csv."""
     from PIL import Image
 
     root.mkdir()
     rng = np.random.default_rng(1)
     for i in range(8):
         Image.fromarray(rng.integers(0, 256, (SIDE, SIDE, 3), dtype=np.uint8)).save(root / f"{i}.png")
-    (root / "labels.csv").write_text("file,class_index\n" + "".join(f"{i % 8}.png,{i % 10}\n" for i in range(n)))
+    for i in range(8, n):
+        os.link(root / f"{i % 8}.png", root / f"{i}.png")
+    (root / "labels.csv").write_text("file,class_index\n" + "".join(f"{i}.png,{i % 10}\n" for i in range(n)))
     return root
 
 
