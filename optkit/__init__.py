@@ -6,18 +6,13 @@ through the recipe runner (optkit.pipeline.api). Names are imported lazily so `i
 from __future__ import annotations
 
 import importlib
-import os
-import sys
 
 __version__ = "0.1.0"
 
-# optkit sends nothing over the network. onnxruntime's Linux builds start Microsoft's telemetry (a session file
-# in $TMPDIR, a device id under ~/.cache, look-ups of the collector's host) when the library is imported, and
-# only this variable, set before that import, stops it; children inherit it. A caller that imported
-# onnxruntime first still gets its events switched off.
-os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
-if "onnxruntime" in sys.modules:
-    sys.modules["onnxruntime"].disable_telemetry_events()
+# optkit sends nothing over the network: every dependency's telemetry is off before it is imported
+from optkit.core.telemetry import switch_off as _switch_off  # noqa: E402
+
+_switch_off()
 
 _EXPORTS = {
     "Artifact": "optkit.core.artifact",
@@ -30,6 +25,11 @@ _EXPORTS = {
     "all_passes": "optkit.passes",
     "get_pass": "optkit.passes",
     "OptkitError": "optkit.core.errors",
+    "UsageError": "optkit.core.errors",
+    "PassError": "optkit.core.errors",
+    "ValidationError": "optkit.core.errors",
+    "DependencyError": "optkit.core.errors",
+    "GateFailed": "optkit.core.errors",
     "open_session": "optkit.runtimes.base",
     "measure": "optkit.measure.model",
     "MeasureSettings": "optkit.measure.model",

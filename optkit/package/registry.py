@@ -1,24 +1,154 @@
 """An MLflow model registry, when one is configured (`--registry URI` or MLFLOW_REGISTRY_URI): each MLflow package
 version is registered (source: its folder) and the alias `served` points at the version optkit serves, so
-`models:/NAME@served` follows packaging and serve-version. No registry: the index alone records it."""
+`models:/NAME@served` follows packaging and serve-version. No registry: the index alone records it.
+
+A registry that is a database (sqlite:///, postgresql://, mysql://, mssql://) is read before MLflow touches it
+(check): it must be empty or hold MLflow's tables and nothing else, as MLflow creates 30-odd tables in it. Its
+URI is shown and stored without its password (shown)."""
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
-from optkit.core.errors import PassError
+from optkit.core import dburl
+from optkit.core.errors import DependencyError, OptkitError, PassError, UsageError
+from optkit.core.text import redact, redact_url
 
 ALIAS = "served"
+DATABASES = ("sqlite", "postgresql", "postgres", "mysql", "mariadb", "mssql")  # MLflow's SQLAlchemy stores
+CONNECT_TIMEOUT_S = 10  # one connection to a database server (its driver's connect_timeout)
+_checked: set[str] = set()
 
 
 def uri(given: str | None) -> str | None:
     return given or os.environ.get("MLFLOW_REGISTRY_URI") or None
 
 
+def shown(registry: str) -> str:
+    """The registry URI as optkit prints and stores it: no password."""
+    return redact_url(registry)
+
+
+def _scheme(registry: str) -> str:
+    return registry.split(":", 1)[0].split("+", 1)[0].strip().lower() if "://" in registry else ""
+
+
+def check(registry: str) -> None:
+    """Before anything is written: a database registry is empty or MLflow's own (UsageError else; a wrong
+    password, a server that does not answer or a missing database too, at once). A file store or an MLflow
+    server (http, https, databricks) is MLflow's to judge."""
+    if registry in _checked or _scheme(registry) not in DATABASES:
+        return
+    if _scheme(registry) == "sqlite":
+        _check_sqlite(registry)
+    else:
+        _check_server(registry)
+    _checked.add(registry)
+
+
+def _check_sqlite(registry: str) -> None:
+    path = dburl.sqlite_file(registry, "registry")
+    if path is None:  # in memory
+        return
+    if not os.path.lexists(path):  # MLflow creates it; the folder must be there (MLflow would make it)
+        if not path.parent.is_dir():
+            raise UsageError(f"registry {shown(registry)}: the folder {path.parent} does not exist; create it or "
+                             "give another --registry")
+        return
+    if not path.is_file():
+        raise UsageError(f"registry {path} exists and is not a regular file; give another --registry")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(dburl.SQLITE_MAGIC))
+    except OSError as e:
+        raise UsageError(f"cannot read the registry {path}: {e.strerror or e}") from None
+    if not head:
+        return  # an empty file is an empty SQLite database
+    if head != dburl.SQLITE_MAGIC:
+        raise UsageError(f"registry {path} is not an SQLite database; give another --registry")
+    try:
+        problem = _problem(dburl.sqlite_readonly_engine(path))
+    except Exception as e:  # noqa: BLE001 - sqlite3's DatabaseError (a damaged file) and SQLAlchemy's wrappers
+        raise UsageError(f"cannot read the registry {path}: {dburl.db_message(e)}") from None
+    if problem:
+        raise UsageError(f"registry {path} {problem}; optkit does not write into it: give another --registry, "
+                         "a database of its own")
+
+
+def _check_server(registry: str) -> None:
+    try:
+        import sqlalchemy
+
+        kwargs = {} if _scheme(registry) == "mssql" or "connect_timeout" in registry else \
+            {"connect_args": {"connect_timeout": CONNECT_TIMEOUT_S}}
+        problem = _problem(sqlalchemy.create_engine(registry, poolclass=sqlalchemy.pool.NullPool, **kwargs))
+    except ImportError as e:  # a missing database driver
+        missing = getattr(e, "name", None) or ""
+        raise DependencyError(f"registry {_scheme(registry)}:// needs its database driver: pip install "
+                              f"{dburl.DRIVERS.get(missing, missing or 'its driver')}") from None
+    except OptkitError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a wrong password, no such database, no server: the user's URI
+        raise UsageError(f"cannot open the registry {shown(registry)}: {redact(dburl.db_message(e), registry)}"
+                         ) from None
+    if problem:
+        raise UsageError(f"registry {shown(registry)} {problem}; optkit does not write into it: give another "
+                         "--registry, a database of its own")
+
+
+def _problem(engine) -> str | None:
+    try:
+        tables, views, columns = dburl.read_schema(engine)
+        if not tables and not views:
+            return None
+        # older MLflow versions have fewer columns: MLflow itself asks for `mlflow db upgrade`
+        return dburl.foreign(tables, views, columns, _mlflow_schema(), "MLflow", "an MLflow registry", older=True)
+    finally:
+        engine.dispose()
+
+
+def _mlflow_schema() -> dict[str, set[str] | None]:
+    """MLflow's tables (tracking and registry: one schema, one alembic history) and their columns."""
+    import importlib
+
+    from mlflow.store.db.base_sql_model import Base
+
+    for module in ("tracking", "model_registry", "workspace"):  # each registers its tables in Base
+        importlib.import_module(f"mlflow.store.{module}.dbmodels.models")
+
+    schema: dict[str, set[str] | None] = {name: {c.name for c in t.columns} for name, t in Base.metadata.tables.items()}
+    return schema | {"alembic_version": {"version_num"}}
+
+
+def _quiet() -> None:
+    """MLflow's and alembic's INFO lines ("Creating initial MLflow database tables...") and MLflow's retries
+    off: a registry that fails, fails at once, in optkit's one line. --debug shows their warnings."""
+    from optkit.core.logs import debugging
+
+    level = logging.WARNING if debugging() else logging.ERROR
+    for name in ("mlflow", "alembic"):
+        logging.getLogger(name).setLevel(level)
+    try:
+        import mlflow.store.db.utils as db_utils
+
+        db_utils.MAX_RETRY_COUNT = 1  # it retries a failed connection 10 times over 100 s, whatever the cause
+    except ImportError:
+        pass
+
+
 def _client(registry: str):
+    check(registry)
     from mlflow import MlflowClient
 
+    _quiet()
     return MlflowClient(tracking_uri=registry, registry_uri=registry)
+
+
+def _refused(registry: str, e: BaseException) -> str:
+    """An MLflow or database error as a part of one line, without the registry's password."""
+    text = dburl.db_message(e) if getattr(e, "orig", None) is not None else (str(e).strip().splitlines() or [""])[0]
+    return redact(f"{type(e).__name__}: {text}", registry)
 
 
 def register(registry: str, name: str, version_dir: Path, number: int, tag: str | None) -> str:
@@ -35,29 +165,31 @@ def register(registry: str, name: str, version_dir: Path, number: int, tag: str 
         mv = client.create_model_version(name, source=str(version_dir.resolve()), tags=tags)
         client.set_registered_model_alias(name, ALIAS, mv.version)
         return str(mv.version)
-    except PassError:
+    except OptkitError:
         raise
-    except Exception as e:
-        raise PassError(f"version {number} is written at {version_dir}, but the registry {registry} refused it "
-                        f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); fix the registry and run "
-                        f"optkit package serve-version {version_dir.parent} --version {number} --registry ...") from None
+    except Exception as e:  # noqa: BLE001 - MLflow, SQLAlchemy and drivers raise many kinds
+        raise PassError(f"version {number} is written at {version_dir}, but the registry {shown(registry)} "
+                        f"refused it ({_refused(registry, e)}); fix the registry and run optkit package "
+                        f"serve-version {version_dir.parent} --version {number} --registry ...") from None
 
 
 def point_alias(registry: str, name: str, version_dir: Path, number: int, tag: str | None,
                 known: str | None) -> tuple[str, str | None]:
     """Point `served` at the registry version of package version `number` (registering it when it is not yet).
     Returns (the registry version now served, the one served before or None)."""
-    from mlflow.exceptions import MlflowException
+    try:
+        client = _client(registry)
+        from mlflow.exceptions import MlflowException
 
-    client = _client(registry)
-    try:
-        before = client.get_model_version_by_alias(name, ALIAS).version
-    except MlflowException:
-        before = None
-    if known is None:
-        return register(registry, name, version_dir, number, tag), before
-    try:
+        try:
+            before = client.get_model_version_by_alias(name, ALIAS).version
+        except MlflowException:
+            before = None
+        if known is None:
+            return register(registry, name, version_dir, number, tag), before
         client.set_registered_model_alias(name, ALIAS, known)
-    except MlflowException as e:
-        raise PassError(f"the registry {registry} refused the alias: {str(e).splitlines()[0]}") from None
-    return known, before
+        return known, before
+    except OptkitError:
+        raise
+    except Exception as e:  # noqa: BLE001 - MLflow, SQLAlchemy and drivers raise many kinds
+        raise PassError(f"the registry {shown(registry)} refused the alias ({_refused(registry, e)})") from None

@@ -7,10 +7,11 @@ first stops a setting that clearly misses the service-level objective (a pruned 
 SLO or the memory limit are infeasible: TPE learns from them through its constraints.
 
 The study lives in Optuna storage: by default an SQLite file of optkit's own beside the output
-(`best.optkit-study.db`), so an interrupted tune resumes; `--storage URL --study NAME` shares one study between
-machines (each runs the same command; together they run `trials` trials, and a setting already measured is not
-measured again). After the search, the best few settings are measured again in interleaved rounds: those whose
-interval overlaps the winner's are ties.
+(`best.optkit-study.db`; a recipe's tune.onnx stage: in its run folder, stage_study_path), so an interrupted
+tune resumes; `--storage URL --study NAME` shares one study between machines (each runs the same command;
+together they run `trials` trials, and a setting already measured is not measured again). After the search,
+the best few settings are measured again in interleaved rounds: those whose interval overlaps the winner's are
+ties.
 
 The search is optkit's own ask-and-tell loop, so an interrupt lands where optkit can handle it: Optuna's and the
 storage's calls run with Ctrl-C and SIGTERM deferred (core.interrupts.deferred), and a trial cut short is told
@@ -40,10 +41,10 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field, field_validator
 
-from optkit.core import interrupts
+from optkit.core import dburl, interrupts
 from optkit.core.artifact import Artifact
 from optkit.core.batching import first_call
-from optkit.core.cachedir import cache_dir
+from optkit.core.dburl import DRIVERS, is_sqlite  # noqa: F401 - tune's names
 from optkit.core.errors import EXIT_PASS, DependencyError, OptkitError, UsageError, ValidationError
 from optkit.core.formats import Format
 from optkit.core.isolate import TimedOut, run_isolated
@@ -406,9 +407,6 @@ def providers_here() -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------ storage
-DRIVERS = {"MySQLdb": "mysqlclient", "psycopg2": "psycopg2-binary", "pymysql": "PyMySQL",
-           "psycopg": "'optkit[tune-db]' (psycopg 3)", "cx_Oracle": "oracledb",
-           "pyodbc": "pyodbc"}  # module a database URL needs -> the pip package
 CONNECT_TIMEOUT_S = 5  # one connection try to a database server (its driver's connect_timeout)
 # what a database server says while it is down, starting, stopping or full: worth trying again
 _TRANSIENT = re.compile(r"refused|timeout expired|timed out|starting up|shutting down|not yet accepting|recovery mode|"
@@ -421,6 +419,17 @@ _TRANSIENT = re.compile(r"refused|timeout expired|timed out|starting up|shutting
 def default_study_path(output: Path) -> Path:
     """The default study file beside `-o`: best.json -> best.optkit-study.db (a name of optkit's own)."""
     return output.with_name(output.stem + STUDY_SUFFIX)
+
+
+def stage_study_path(ctx) -> Path:
+    """The default study of a tune.onnx stage: in a recipe's run folder beside the stage's folder
+    (runs/<recipe>/<run-id>/NN-<stage>.optkit-study.db, where a run stopped mid-tune resumes it), for run_pass
+    beside its output (OUT.optkit-study.db, as optkit tune keeps it); never in the user's cache. The runner
+    names that place as the context's `aside` (where a refused result is kept: NN-<stage>.REJECTED.onnx)."""
+    if ctx.aside is None:
+        return default_study_path(Path(ctx.output))
+    aside = Path(ctx.aside)
+    return aside.with_name(aside.stem.removesuffix(".REJECTED") + STUDY_SUFFIX)
 
 
 def sqlite_url(path: Path) -> str:
@@ -446,63 +455,11 @@ def storage_file(url: str) -> Path | None:
     return _sqlite_file(url)
 
 
-def is_sqlite(url: str) -> bool:
-    return url.split(":", 1)[0].strip().lower().startswith("sqlite") if ":" in url else False
-
-
 def _sqlite_file(url: str) -> Path | None:
-    try:
-        from sqlalchemy.engine import make_url
-
-        u = make_url(url)
-    except ImportError:
-        raise DependencyError("SQLite tune storage needs SQLAlchemy: pip install 'optkit[tune]'") from None
-    except Exception as e:  # noqa: BLE001 - sqlalchemy's ArgumentError and friends: the URL is malformed
-        raise UsageError(f"cannot read tune storage {_redact(url)} ({_db_message(e)}); write sqlite:///FILE.db"
-                         ) from None
-    if u.drivername not in ("sqlite", "sqlite+pysqlite"):
-        raise UsageError(f"tune storage {_redact(url)}: optkit opens SQLite through sqlite:/// (pysqlite) only; "
-                         "write sqlite:///FILE.db")
-    try:
-        with warnings.catch_warnings():  # a query argument the driver ignores: SQLAlchemy warns, the file stands
-            warnings.simplefilter("ignore")
-            args, kwargs = u.get_dialect()().create_connect_args(u)
-    except Exception as e:  # noqa: BLE001 - what SQLAlchemy cannot turn into a connection, Optuna cannot either
-        raise UsageError(f"cannot read tune storage {_redact(url)} ({_db_message(e)}); write sqlite:///FILE.db"
-                         ) from None
-    name = str(args[0]) if args else ""
-    if kwargs.get("uri") and name.startswith("file:"):
-        return _uri_file(name, url)
-    return None if name in ("", ":memory:") else Path(name).absolute()
+    return dburl.sqlite_file(url, "tune storage")
 
 
-def _uri_file(name: str, url: str) -> Path | None:
-    """The file of an SQLite URI filename (https://sqlite.org/uri.html): file:PATH or file://[localhost]/PATH,
-    percent-escapes decoded, the query and fragment apart; None for a database in memory."""
-    rest = name[len("file:"):].partition("#")[0]
-    path, _, query = rest.partition("?")
-    params = {k.lower(): v for k, v in urllib.parse.parse_qsl(query, keep_blank_values=True)}
-    if path.startswith("//"):
-        host, _, tail = path[2:].partition("/")
-        if host not in ("", "localhost"):
-            raise UsageError(f"tune storage {_redact(url)}: the SQLite URI names host {host!r}; SQLite opens local "
-                             "files only: write sqlite:///FILE.db")
-        path = "/" + tail
-    path = urllib.parse.unquote(path)
-    if params.get("mode", "").lower() == "memory" or params.get("vfs", "").lower() == "memdb" or \
-            path in ("", ":memory:"):
-        return None
-    return Path(path).absolute()
-
-
-def _db_message(e: BaseException) -> str:
-    """A database library's error as one line: the driver's own message, without SQLAlchemy's statement and
-    background link."""
-    inner = getattr(e, "orig", None)
-    text = first_line(inner) if isinstance(inner, BaseException) else first_line(e)
-    text = re.sub(r"^\([\w.]+\)\s*", "", text)
-    text = re.split(r"\s*\[SQL:|\s*\(Background on this error", text)[0]
-    return text.strip()[:200] or type(e).__name__
+_db_message = dburl.db_message
 
 
 def _optuna_schema() -> dict[str, set[str] | None]:
@@ -526,20 +483,13 @@ def _schema_problem(tables: set[str], others: set[str], columns: Callable[[str],
     if not tables and not others:
         return None
     schema = _optuna_schema()
-    foreign = sorted(others | (tables - set(schema)))
-
-    def shown(names: list[str]) -> str:
-        return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-
-    if foreign:
-        return f"is a database with tables of its own ({shown(foreign)}), not an Optuna study"
-    for name in sorted(tables):
-        if schema[name] is not None and columns(name) != schema[name]:
-            return f"has a table {name!r} whose columns are not Optuna's, not an Optuna study"
+    problem = dburl.foreign(tables, others, columns, schema, "Optuna", "an Optuna study")
+    if problem:
+        return problem
     missing = sorted(set(schema) - tables)
     if missing:  # PARTIAL: perhaps another worker is creating the study's tables right now
-        return (f"holds only some of an Optuna study's tables ({shown(sorted(tables))}; no {shown(missing)}), "
-                f"not a whole study{PARTIAL}")
+        return (f"holds only some of an Optuna study's tables ({dburl.shown(sorted(tables))}; "
+                f"no {dburl.shown(missing)}), not a whole study{PARTIAL}")
     return None
 
 
@@ -576,11 +526,10 @@ def check_server_schema(url: str, wait: float | None = None) -> bool:
     seen: set[str] = set()
 
     def read() -> str | None:
-        inspector = sqlalchemy.inspect(engine)
-        tables, views = set(inspector.get_table_names()), set(inspector.get_view_names())
+        tables, views, columns = dburl.read_schema(engine)
         seen.clear()
         seen.update(tables)
-        return _schema_problem(tables, views, lambda name: {c["name"] for c in inspector.get_columns(name)})
+        return _schema_problem(tables, views, columns)
 
     try:
         problem = _settled(read)
@@ -1547,11 +1496,8 @@ class TuneOnnx(Pass):
     def run(self, artifact: Artifact, config: TuneConfig, ctx: PassContext) -> Artifact:
         data = ctx.data.get("eval")  # real samples to time, when the recipe has them
         settings = MeasureSettings(shapes=ctx.shapes, values=ctx.values, seed=ctx.seed)
-        # in the cache folder: a recipe stopped mid-tune resumes its study on the next run
-        folder = cache_dir() / "tune"
-        folder.mkdir(parents=True, exist_ok=True)
-        tuner = Tuner(artifact, config, settings=settings, data=data,
-                      default_storage=folder / f"{artifact.sha256[:16]}.db", notes=ctx.notes)
+        tuner = Tuner(artifact, config, settings=settings, data=data, default_storage=stage_study_path(ctx),
+                      notes=ctx.notes)
         result = tuner.run()
         ctx.measurements["tune"] = result
         ctx.note(f"tuned for {', '.join(config.objective)}: {result['best']['label']} "
