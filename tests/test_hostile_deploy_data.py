@@ -160,17 +160,27 @@ def test_100_mb_line_is_refused(cli, tmp_path, setup):
     _refused(cli, tmp_path, setup, labels, PRE, "long.csv line 3 is 104,857,610 characters long", "at most 4,096")
 
 
-@pytest.mark.parametrize("row, words", [
-    ("red/1.png,1_0", "class index '1_0' is not a whole number"),
-    ('"red/1.png,7', "not a CSV row"),
+@pytest.mark.parametrize("rows, words", [
+    ("file,class_index\nred/0.png,7\nred/1.png,1_0\n", "line 3: class index '1_0' is not a whole number"),
+    ("file,class_index\nred/0.png,7\n\"red/1.png,7\n", "line 3: expected file,class_index"),
+    ("file,class_index\nred/0.png,7\nred/\x1b[31m1.png,7\n", "line 3: image red/\\x1b[31m1.png not found"),
+    ("red/0.png,seven\nred/1.png,7\n", "line 1: class index 'seven' is not a whole number"),  # no header
+    ("file,class_index\n" + "x" * 5000 + "\n", "line 2 is 5,000 characters long"),
 ])
-def test_odd_rows_are_refused(tmp_path, setup, row, words):
+def test_odd_rows_are_refused(tmp_path, setup, rows, words):
     _, folder, _ = setup
     labels = tmp_path / "odd.csv"
-    labels.write_text(f"file,class_index\nred/0.png,7\n{row}\n")
-    with pytest.raises(UsageError, match="line 3") as e:
+    labels.write_text(rows)
+    with pytest.raises(UsageError) as e:
         load_dataset(folder, {"resize": [8, 8]}, labels)
-    assert words in e.value.message or "line 3" in e.value.message
+    assert words in e.value.message and e.value.message.isprintable()
+
+
+def test_class_list_line_is_bounded(tmp_path, setup):
+    _, folder, _ = setup
+    (tmp_path / "classes.txt").write_text("red\ngreen\n" + "b" * 10_000 + "\n")
+    with pytest.raises(UsageError, match=r"classes.txt line 3 is 10,000 characters long"):
+        load_dataset(folder, {"resize": [8, 8]}, tmp_path / "classes.txt")
 
 
 def test_real_imagenet_labels_with_a_repeated_row(cli, realcases, tmp_path):

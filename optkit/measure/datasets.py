@@ -61,6 +61,8 @@ def _short(v: Any, n: int = 60) -> str:
 
 
 def _clip(text: str, n: int = 200) -> str:
+    """A name from a file, short and printable (a control character would break the one-line message)."""
+    text = text if text.isprintable() else repr(text)[1:-1]
     return text if len(text) <= n else text[:n] + "..."
 
 
@@ -146,7 +148,7 @@ def parse_preprocess(mapping: Any, where: str = "--preprocess") -> Preprocess:
         return Preprocess(**mapping)
     except ValidationError as e:
         err = e.errors()[0]
-        key = str(err["loc"][0])[:40] if err["loc"] else "value"
+        key = _clip(str(err["loc"][0]), 40) if err["loc"] else "value"
         unknown = f"unknown key (keys: {', '.join(Preprocess.model_fields)})"
         raise UsageError(f"{where} {key}: {config_message(err, unknown)}") from None
 
@@ -701,7 +703,7 @@ def _csv_labels(path: Path, folder: Path) -> tuple[list[Path], list[int]]:
         if len(row) < 2 or not row[0]:
             raise UsageError(f"{path} line {line}: expected file,class_index, found {_short(','.join(row))}")
         if not _INDEX.fullmatch(row[1]):
-            if header:
+            if header and not (folder / row[0]).is_file():  # a first row naming an image is no header
                 continue
             raise UsageError(f"{path} line {line}: class index {_short(row[1])} is not a whole number")
         y = int(row[1])
