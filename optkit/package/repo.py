@@ -145,8 +145,12 @@ def check_repo(repo: Path, name: str, target: str, *, clean: bool = False) -> di
     for entry in sorted(repo.iterdir()):
         if is_temp(entry):
             continue
-        if entry.is_symlink() or not entry.is_dir() or not (entry / INDEX).is_file() or (entry / INDEX).is_symlink():
-            if OLD_TEMP_RE.fullmatch(entry.name) and entry.is_dir() and not entry.is_symlink():
+        if entry.is_symlink() or (entry / INDEX).is_symlink():
+            link = entry if entry.is_symlink() else entry / INDEX
+            raise UsageError(f"{link} is a symbolic link; a package holds no links (a server would follow it): "
+                             "remove it (nothing was written)")
+        if not entry.is_dir() or not (entry / INDEX).is_file():
+            if OLD_TEMP_RE.fullmatch(entry.name) and entry.is_dir():
                 raise _old_temp(repo, entry)
             raise UsageError(f"-o {repo} holds {entry.name!r}, which optkit did not create; give a new folder or "
                              "one optkit packaged into (nothing was written)")
