@@ -220,10 +220,10 @@ def test_urls_name_the_model_the_v2_way():
 
 def test_answers_are_checked():
     """A v2 answer is read as the server means it (nested JSON data, binary chunks after the header) and refused
-    when an output is missing, short or malformed."""
-    from optkit.core.errors import UsageError
-    from optkit.core.shapes import TensorSpec
-    from optkit.runtimes.kserve import RemoteSession
+    when it is not v2 (exit 2) or not what the model's metadata declares: an output missing, short or another
+    (exit 3). tests/test_hostile_bench_url.py has the rest, against a fake server."""
+    from optkit.core.errors import PassError, UsageError
+    from optkit.runtimes.kserve import ModelMetadata, RemoteSession
 
     class Answer:
         def __init__(self, header=None):
@@ -233,20 +233,23 @@ def test_answers_are_checked():
             return self.header if name == "Inference-Header-Content-Length" else default
 
     s = RemoteSession("http://127.0.0.1:9/v2/models/m")
-    s.outputs = [TensorSpec("y", [None, 2], "float32")]
-    (y,) = s._decode(Answer(), json.dumps({"outputs": [{"name": "y", "datatype": "FP32", "shape": [2, 2],
-                                                        "data": [[1, 2], [3, 4]]}]}).encode())
+    s.meta = ModelMetadata.model_validate({"name": "m", "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1]}],
+                                           "outputs": [{"name": "y", "datatype": "FP32", "shape": [-1, 2]}]})
+    (y,) = s._decode(Answer(), json.dumps({"model_name": "m", "outputs": [
+        {"name": "y", "datatype": "FP32", "shape": [2, 2], "data": [[1, 2], [3, 4]]}]}).encode())
     assert y.dtype == np.float32 and y.tolist() == [[1, 2], [3, 4]]
     raw = np.arange(4, dtype="<f4").tobytes()
-    head = json.dumps({"outputs": [{"name": "y", "datatype": "FP32", "shape": [2, 2],
-                                    "parameters": {"binary_data_size": len(raw)}}]}).encode()
+    head = json.dumps({"model_name": "m", "outputs": [{"name": "y", "datatype": "FP32", "shape": [2, 2],
+                                                       "parameters": {"binary_data_size": len(raw)}}]}).encode()
     (y,) = s._decode(Answer(str(len(head))), head + raw)
     assert y.tolist() == [[0, 1], [2, 3]]
-    for body, says in ((head + raw[:-4], "cut short"),
-                       (b'{"outputs": [{"name": "y", "datatype": "FP32", "shape": [2, 2], "data": [1, 2, 3]}]}',
-                        "3 values for shape"),
-                       (b'{"outputs": [{"name": "z", "datatype": "FP32", "shape": [1], "data": [1]}]}', "lacks output y"),
-                       (b'{"error": "boom"}', "not a v2 inference response"),
-                       (b'<html>', "not a v2 inference response")):
-        with pytest.raises(UsageError, match=says):
+    for body, error, says in (
+            (head + raw[:-4], PassError, "cut short"),
+            (b'{"model_name": "m", "outputs": [{"name": "y", "datatype": "FP32", "shape": [2, 2], "data": [1, 2, 3]}]}',
+             PassError, "3 values for its shape"),
+            (b'{"model_name": "m", "outputs": [{"name": "z", "datatype": "FP32", "shape": [1], "data": [1]}]}',
+             PassError, "output 'z' is not an output the model declares"),
+            (b'{"error": "boom"}', UsageError, "not a v2 inference response"),
+            (b'<html>', UsageError, "not a v2 inference response")):
+        with pytest.raises(error, match=says):
             s._decode(Answer(str(len(head)) if body.startswith(head) else None), body)

@@ -8,6 +8,7 @@ import typer
 from optkit.cli import common, options
 from optkit.core.errors import UsageError
 from optkit.core.shapes import parse_shapes, parse_values
+from optkit.core.text import redact_url
 
 
 def register(app: typer.Typer) -> None:
@@ -30,7 +31,9 @@ def register(app: typer.Typer) -> None:
                                                                   "per-thread (one session per thread)."),
         url: Optional[str] = typer.Option(None, "--url", help="Time a served model instead, through the KServe "
                                                               "v2 HTTP protocol (Triton, MLServer, KServe): "
-                                                              "http://HOST:PORT/v2/models/NAME."),
+                                                              "http://HOST:PORT/v2/models/NAME. Each check "
+                                                              "request may take 10 s, each inference 60 s, each "
+                                                              "timing loop 120 s (or --duration)."),
         data: Optional[str] = options.DATA,
         shape: Optional[list[str]] = options.SHAPE,
         value: Optional[list[str]] = options.VALUE,
@@ -86,5 +89,5 @@ def _bench_url(ctx, model: Optional[str], url: str, *, warmup: int, runs: int, d
     common.guard_outputs({"--report": report}, [data] if data else [])
     settings = MeasureSettings(batch=batch, warmup=warmup, runs=runs, duration=duration, shapes=parse_shapes(shape),
                                values=parse_values(value), concurrency=concurrency)
-    common.measure_url_and_report(url, settings, command=f"optkit bench --url {url}",
+    common.measure_url_and_report(url, settings, command=f"optkit bench --url {redact_url(url)}",
                                   data=DataSpec(path=data) if data else None, report_path=report, as_json=as_json)

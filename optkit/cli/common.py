@@ -22,7 +22,7 @@ from optkit.core.errors import (
     EXIT_USAGE,
     OptkitError,
 )
-from optkit.core.text import first_line, printable
+from optkit.core.text import first_line, printable, redact_url
 
 
 @dataclass
@@ -94,7 +94,7 @@ def run_app(app, argv: Optional[list[str]] = None) -> int:
 
 
 def _fail(message: str, code: int) -> int:
-    text = printable(" ".join(str(message).split())) or "failed"
+    text = printable(redact_url(" ".join(str(message).split()))) or "failed"  # no password, whoever raised
     try:
         print(f"error: {text}", file=sys.stderr)
     except (BrokenPipeError, OSError):
@@ -188,9 +188,10 @@ def measure_url_and_report(url: str, settings, *, command: str, data, report_pat
     if report_path:
         check_output_path(report_path)
     measurements = measure_remote(url, settings, data)
-    stage = Stage(name="served", output=ArtifactRef(path=url, format="kserve-v2", sha256=""),
+    shown = redact_url(url)  # a password in the URL is never stored or printed
+    stage = Stage(name="served", output=ArtifactRef(path=shown, format="kserve-v2", sha256=""),
                   measurements=measurements, notes=inputs_note(measurements))
-    stage.config = settings.model_dump(exclude_defaults=True) | {"url": url}
+    stage.config = settings.model_dump(exclude_defaults=True) | {"url": shown}
     emit(Report(command=command, stages=[stage]), report_path, as_json)
 
 

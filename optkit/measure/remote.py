@@ -1,28 +1,52 @@
 """Figures of a model served over the KServe v2 HTTP protocol (`optkit bench --url`): the latency and
-concurrency loops of an in-process model, run over runtimes.kserve.RemoteSession."""
+concurrency loops of an in-process model, run over runtimes.kserve.RemoteSession.
+
+Time: each check request is bounded by kserve.CHECK_TIMEOUT_S and each inference by kserve.REQUEST_TIMEOUT_S,
+whole (a server sending a byte at a time gets no longer); each timing loop (warm-up, timed runs) stops after
+LOOP_LIMIT_S or --duration, whichever is longer, and says so (`time_limited`), as the local loops do after an
+hour; and all requests of a bench together have `bench_deadline_s(settings)`, past which the bench fails with
+one line (exit 2) naming the server and that deadline.
+"""
 from __future__ import annotations
 
 import copy
+import time
 from typing import Any
 
 import numpy as np
 
-from optkit.core.errors import UsageError
-from optkit.runtimes.kserve import RemoteSession
+from optkit.core.errors import OptkitError, UsageError
+from optkit.runtimes.kserve import CHECK_TIMEOUT_S, REQUEST_TIMEOUT_S, RemoteSession
+
+LOOP_LIMIT_S = 120.0   # a warm-up or timed loop over HTTP, unless --duration asks for longer
+CHECKS = 4             # requests before timing: server ready, server metadata, model ready, model metadata
 
 
 class _Fatal(BaseException):
     """Stops probing input shapes (measure.inputs.probe tries the next shape on any Exception)."""
 
 
+def loop_limit_s(settings) -> float:
+    return max(LOOP_LIMIT_S, settings.duration or 0.0)
+
+
+def bench_deadline_s(settings) -> float:
+    """All requests of a bench --url: the checks, the first inference, and for each timing (one call at a time,
+    then under --concurrency) its warm-up and timed loops, each with one inference that may start just before
+    the loop's limit."""
+    phases = 2 if settings.concurrency else 1
+    return CHECKS * CHECK_TIMEOUT_S + REQUEST_TIMEOUT_S + phases * 2 * (loop_limit_s(settings) + REQUEST_TIMEOUT_S)
+
+
 def _synthesized(session: RemoteSession, settings, synthesized) -> tuple[dict, dict]:
     """measure.model.synthesized over HTTP: a shape the server refuses (a 4xx answer) tries the next rung, but a
-    failing server or model (5xx, a lost connection) stops at once with its own line."""
+    failing server or model (5xx, a lost connection, an answer unlike the model's metadata) stops at once with
+    its own line."""
     def run(feeds):
         try:
             return session.run(feeds)
-        except UsageError as e:
-            if not 400 <= e.details.get("status", 0) < 500:
+        except OptkitError as e:
+            if not (isinstance(e, UsageError) and 400 <= e.details.get("status", 0) < 500):
                 raise _Fatal(e) from None
             raise
 
@@ -45,7 +69,9 @@ def measure_remote(url: str, settings, data=None) -> dict[str, Any]:
     from optkit.measure.latency import measure_latency
     from optkit.measure.model import latency_feeds, synthesized
 
-    session = RemoteSession.open_url(url)
+    total = bench_deadline_s(settings)
+    session = RemoteSession.open_url(url, deadline=time.monotonic() + total, deadline_s=total)
+    limit = loop_limit_s(settings)
     try:
         result: dict[str, Any] = {"served": session.describe()}
         if data is None:
@@ -58,11 +84,12 @@ def measure_remote(url: str, settings, data=None) -> dict[str, Any]:
         session.check_feeds(feeds)
         session.run(feeds)  # the server refuses these inputs: one line, before any timing
         result["latency"] = measure_latency(session, feeds, warmup=settings.warmup, runs=settings.runs,
-                                            duration=settings.duration, batch=settings.batch)
+                                            duration=settings.duration, batch=settings.batch, limit_s=limit)
         if settings.concurrency:
             session.connections(settings.concurrency)
             load = measure_concurrency([session], feeds, concurrency=settings.concurrency, warmup=settings.warmup,
-                                       runs=settings.runs, duration=settings.duration, batch=settings.batch)
+                                       runs=settings.runs, duration=settings.duration, batch=settings.batch,
+                                       limit_s=limit)
             # the server owns its sessions; optkit holds one connection per request in flight
             result["concurrency"] = load | {"sessions": None, "connections": settings.concurrency}
         result["io"] = {"inputs": [s.to_dict() for s in session.inputs],

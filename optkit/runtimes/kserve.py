@@ -4,8 +4,22 @@
 served model with the same loops and statistics as an in-process runtime (measure.latency,
 measure.concurrency), and its figures read the same way: p50/p90/p99 with their 95% bands, mean, throughput, and under load N requests in
 flight from N threads. Each thread keeps its own keep-alive connection. The request body of a feed is encoded
-once and re-sent (a load generator's inputs are ready before the clock starts); every response is checked:
-status 200, and each output the model declares back with as many values as its shape holds.
+once and re-sent (a load generator's inputs are ready before the clock starts).
+
+Everything the server says is input (DESIGN: files read back are input): its model metadata and every answer
+go through one schema each (`ModelMetadata`, `InferResponse`, pydantic, strict types). What a user or server
+gets from it:
+- an answer that is not v2 (not JSON, not an object, a key of the wrong type, data that is not numbers for a
+  numeric type, a negative dim), a server that cannot be reached, refuses (4xx/5xx), closes the connection or is
+  too slow: exit 2, one line naming the server, the request and the key, as for any bad input;
+- a v2 answer that is not what the model declares (an output missing, extra or twice, another datatype, rank or
+  static dim, a batch other than the request's, fewer or more values than its shape holds, binary sizes that do
+  not add up): exit 3 naming the output, as a pass whose output fails its check. A server that does no work would
+  otherwise be timed as a fast one. The values themselves (NaN included) are not judged.
+
+Time bounds are deadlines for a whole request (connect, send, every byte of the answer), not per socket read: a
+server sending a byte at a time cannot stretch a request past CHECK_TIMEOUT_S (each check before timing) or
+REQUEST_TIMEOUT_S (each inference); `deadline` (measure.remote sets it) bounds all requests of a bench together.
 
 Only the standard library is used (http.client). JSON tensors always; the binary tensor extension (raw bytes
 after the JSON header) where the server lists `binary_tensor_data` among its extensions.
@@ -13,24 +27,30 @@ after the JSON header) where the server lists `binary_tensor_data` among its ext
 from __future__ import annotations
 
 import http.client
+import io
 import json
 import math
 import re
 import threading
-from typing import Any
+import time
+from typing import Annotated, Any, Literal, Optional
 from urllib.parse import urlsplit
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from optkit.core.errors import UsageError
-from optkit.core.shapes import TensorSpec
-from optkit.core.text import first_line
+from optkit.core.errors import PassError, UsageError
+from optkit.core.shapes import MAX_ELEMENTS, TensorSpec, format_shape
+from optkit.core.text import first_line, printable, redact_url
 from optkit.runtimes.base import Session
 
 CONNECT_TIMEOUT_S = 3.0     # an unreachable host fails fast
-CHECK_TIMEOUT_S = 10.0      # each request of the checks before timing (health, readiness, metadata)
-REQUEST_TIMEOUT_S = 60.0    # one inference
+CHECK_TIMEOUT_S = 10.0      # each request of the checks before timing (health, readiness, metadata), whole
+REQUEST_TIMEOUT_S = 60.0    # one inference, whole
 MAX_RESPONSE_BYTES = 1 << 30
+MAX_JSON_VALUES = 1 << 24   # input values sent as JSON text (binary tensors carry up to MAX_ELEMENTS)
+MAX_RANK = 64               # numpy's
+READ_CHUNK = 1 << 20
 
 # KServe v2 datatypes -> numpy dtype names (BYTES: strings, fed as object arrays like onnxruntime's)
 V2_DTYPES = {"BOOL": "bool", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint32", "UINT64": "uint64",
@@ -41,22 +61,87 @@ NUMPY_TO_V2 = {v: k for k, v in V2_DTYPES.items()} | {"object": "BYTES", "str": 
 _URL = re.compile(r"^(?P<prefix>(?:/[^/]+)*?)/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/?$")
 
 
+# ---------------------------------------------------------------------- what a v2 server may answer
+V2Type = Literal["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32",
+                 "FP64", "BYTES", "BF16"]
+Name = Annotated[str, Field(min_length=1, max_length=1024)]
+
+
+class _Answer(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+
+class TensorMetadata(_Answer):
+    name: Name
+    datatype: V2Type
+    shape: Annotated[list[Annotated[int, Field(ge=-1)]], Field(max_length=MAX_RANK)]
+
+
+class ModelMetadata(_Answer):
+    """v2 model metadata: GET /v2/models/NAME[/versions/V]."""
+    name: Name
+    inputs: Annotated[list[TensorMetadata], Field(max_length=4096)]
+    outputs: Annotated[list[TensorMetadata], Field(max_length=4096)]
+
+
+class ServerMetadata(_Answer):
+    """v2 server metadata: GET /v2."""
+    name: Optional[str] = None
+    version: Optional[str] = None
+    extensions: list[str] = []
+
+
+class _Parameters(BaseModel):
+    model_config = ConfigDict(strict=True, extra="allow", frozen=True)
+    binary_data_size: Optional[Annotated[int, Field(ge=0)]] = None
+
+
+class OutputTensor(_Answer):
+    name: Name
+    datatype: V2Type
+    shape: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=MAX_RANK)]
+    data: Optional[list] = None
+    parameters: Optional[_Parameters] = None
+
+
+class InferResponse(_Answer):
+    """a v2 inference response: POST /v2/models/NAME/infer (its JSON part)."""
+    model_name: Name
+    model_version: Optional[str] = None
+    outputs: list[OutputTensor]
+
+
+def _parse(schema: type[_Answer], body: bytes, where: str):
+    """`body` read as `schema`; anything else is one UsageError line naming `where` and the key."""
+    what = f"{where} is not {schema.__doc__.split(':')[0]}"
+    reply = _json(body)
+    if not isinstance(reply, dict):
+        raise UsageError(f"{what} (a JSON object){_said(body)}")
+    try:
+        return schema.model_validate(reply)
+    except ValidationError as e:
+        err = e.errors()[0]
+        key = ".".join(str(p) for p in err["loc"]) or "(top)"
+        raise UsageError(f"{what}: {printable(key)[:120]}: {err['msg']}") from None
+
+
 class ServedModel:
     """Where a v2 model is served: scheme, host, port, path prefix, name and version, parsed from its URL."""
 
     def __init__(self, url: str):
         parts = urlsplit(url.strip())
+        shown = redact_url(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise UsageError(f"--url {url!r}: give the model's KServe v2 address, "
+            raise UsageError(f"--url {shown!r}: give the model's KServe v2 address, "
                              "http://HOST:PORT/v2/models/NAME")
         m = _URL.match(parts.path)
         if not m:
-            raise UsageError(f"--url {url!r}: the path must be /v2/models/NAME (or /v2/models/NAME/versions/V), "
+            raise UsageError(f"--url {shown!r}: the path must be /v2/models/NAME (or /v2/models/NAME/versions/V), "
                              "as the KServe v2 protocol names a model")
         try:
             port = parts.port
         except ValueError:
-            raise UsageError(f"--url {url!r}: the port is not a number from 1 to 65535") from None
+            raise UsageError(f"--url {shown!r}: the port is not a number from 1 to 65535") from None
         self.url = url.strip()
         self.https = parts.scheme == "https"
         self.host = parts.hostname
@@ -72,6 +157,49 @@ class ServedModel:
         return f"{'https' if self.https else 'http'}://{self.host}:{self.port}{self.prefix}"
 
 
+# ---------------------------------------------------------------------- connections with a deadline
+class _DeadlineReader(io.RawIOBase):
+    """A response's socket reads, each allowed only the time left before the request's deadline. It reads
+    through, and closes, the socket file http.client opened, which keeps the socket open until the response is
+    read (http.client closes its connection early when the answer ends with the connection)."""
+
+    def __init__(self, conn: _Deadlined, sock, file: io.BufferedReader):
+        self.conn, self.sock, self.file = conn, sock, file
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        left = self.conn.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("deadline passed")
+        self.sock.settimeout(left)
+        return self.file.raw.readinto(buf)
+
+    def close(self) -> None:
+        self.file.close()
+        super().close()
+
+
+class _Deadlined:
+    """http.client's connection whose responses are read against `deadline` (time.monotonic())."""
+
+    deadline = math.inf
+
+    def response_class(self, sock, *args, **kwargs) -> http.client.HTTPResponse:
+        resp = http.client.HTTPResponse(sock, *args, **kwargs)
+        resp.fp = io.BufferedReader(_DeadlineReader(self, sock, resp.fp))
+        return resp
+
+
+class _HTTP(_Deadlined, http.client.HTTPConnection):
+    pass
+
+
+class _HTTPS(_Deadlined, http.client.HTTPSConnection):
+    pass
+
+
 class RemoteSession(Session):
     """A served model behind the KServe v2 HTTP protocol. `open_url()` checks, quickly and before any timing, that
     the server answers, speaks v2, serves the model and has it ready; each failure is one UsageError line."""
@@ -81,21 +209,23 @@ class RemoteSession(Session):
 
     def __init__(self, url: str, *, connect_timeout: float = CONNECT_TIMEOUT_S,
                  check_timeout: float = CHECK_TIMEOUT_S, timeout: float = REQUEST_TIMEOUT_S,
-                 binary: bool | None = None):
+                 binary: bool | None = None, deadline: float = math.inf, deadline_s: float | None = None):
         self.where = ServedModel(url)
         self.connect_timeout, self.check_timeout, self.timeout = connect_timeout, check_timeout, timeout
-        self._idle: list[http.client.HTTPConnection] = []   # list.pop / append are atomic under the GIL
-        self._connections: list[http.client.HTTPConnection] = []
+        self.deadline, self.deadline_s = deadline, deadline_s   # all requests together (monotonic), its length
+        self._idle: list[_HTTP] = []   # list.pop / append are atomic under the GIL
+        self._connections: list[_HTTP] = []
         self._lock = threading.Lock()
-        self._body: tuple[dict, list, bytes, dict] | None = None   # (feeds, their arrays, body, headers)
+        self._body: tuple | None = None   # (feeds, their arrays, body, headers, batch)
         self.binary = binary
         self.server_meta: dict[str, Any] = {}
+        self.meta: ModelMetadata | None = None
         self.inputs: list[TensorSpec] = []
         self.outputs: list[TensorSpec] = []
 
     # ------------------------------------------------------------------ connections
-    def _new_connection(self) -> http.client.HTTPConnection:
-        cls = http.client.HTTPSConnection if self.where.https else http.client.HTTPConnection
+    def _new_connection(self) -> _HTTP:
+        cls = _HTTPS if self.where.https else _HTTP
         conn = cls(self.where.host, self.where.port, timeout=self.connect_timeout)
         with self._lock:
             self._connections.append(conn)
@@ -113,47 +243,53 @@ class RemoteSession(Session):
         try:
             for conn in opened:
                 if conn.sock is None:
+                    conn.deadline = min(time.monotonic() + self.connect_timeout, self.deadline)
                     self._connect(conn)
         finally:
             self._idle.extend(opened)
 
-    def _connect(self, conn: http.client.HTTPConnection) -> None:
-        conn.timeout = self.connect_timeout
+    def _connect(self, conn: _HTTP) -> None:
+        wait = min(self.connect_timeout, conn.deadline - time.monotonic())
+        if wait <= 0:
+            raise UsageError(self._late("a connection", self.connect_timeout, conn.deadline))
+        conn.timeout = wait
         try:
             conn.connect()                       # http.client sets TCP_NODELAY
         except TimeoutError:
             conn.close()
-            raise UsageError(f"{self.where.server} did not accept a connection within {self.connect_timeout:g} s: "
+            raise UsageError(f"{self.where.server} did not accept a connection within {wait:g} s: "
                              "check --url and that the server is up") from None
         except OSError as e:
             conn.close()
             raise UsageError(f"cannot reach {self.where.server} ({e.strerror or first_line(e) or type(e).__name__})"
                              ": check --url and that the server is running") from None
-        conn.sock.settimeout(self.timeout)
-        conn.sock_timeout = self.timeout
 
     def request(self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None,
                 timeout: float | None = None) -> tuple[int, http.client.HTTPResponse, bytes]:
         """(status, response, body) of one request over an idle keep-alive connection (one per request in
-        flight; a connection the server closed while idle is reopened once). Unreachable: a UsageError."""
+        flight; a connection the server closed while idle is reopened once), all of it within `timeout` (and
+        the session's deadline). Unreachable, too slow, too big: a UsageError."""
+        wait = timeout or self.timeout
+        deadline = min(time.monotonic() + wait, self.deadline)
         try:
             conn = self._idle.pop()
         except IndexError:
             conn = self._new_connection()
+        conn.deadline = deadline
         keep = False
         try:
             for attempt in (0, 1):
                 fresh = conn.sock is None
-                if fresh:
-                    self._connect(conn)
-                wait = timeout or self.timeout
-                if conn.sock_timeout != wait:
-                    conn.sock.settimeout(wait)
-                    conn.sock_timeout = wait
                 try:
+                    if fresh:
+                        self._connect(conn)
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError
+                    conn.sock.settimeout(left)   # sending; the answer is read by _DeadlineReader
                     conn.request(method, path, body=body, headers=headers or {})
                     resp = conn.getresponse()
-                    data = resp.read(MAX_RESPONSE_BYTES + 1)
+                    data = self._read(resp, path)
                 except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as e:
                     conn.close()
                     if fresh or attempt:
@@ -161,13 +297,10 @@ class RemoteSession(Session):
                                          f"({first_line(e) or type(e).__name__}): is it a KServe v2 server?") from None
                     continue
                 except TimeoutError:
-                    raise UsageError(f"{self.where.server} did not answer {method} {path} within {wait:g} s"
-                                     ) from None
+                    raise UsageError(self._late(f"{method} {path}", wait, deadline)) from None
                 except (OSError, http.client.HTTPException) as e:
                     raise UsageError(f"{self.where.server} did not answer {method} {path} over HTTP "
                                      f"({first_line(e) or type(e).__name__}): is it a KServe v2 server?") from None
-                if len(data) > MAX_RESPONSE_BYTES:
-                    raise UsageError(f"{self.where.server}{path} answered more than {MAX_RESPONSE_BYTES:,} bytes")
                 keep = not resp.will_close
                 return resp.status, resp, data
             raise AssertionError("unreachable")
@@ -177,6 +310,27 @@ class RemoteSession(Session):
             else:
                 conn.close()
                 self._idle.append(conn)   # reopened on its next use
+
+    def _late(self, what: str, wait: float, deadline: float) -> str:
+        if deadline >= self.deadline and self.deadline_s is not None:
+            return (f"{self.where.server} did not answer {what} before the bench's deadline ({self.deadline_s:g} s "
+                    "for all its requests, from --warmup, --runs or --duration and --concurrency)")
+        return f"{self.where.server} did not answer {what} within {wait:g} s"
+
+    def _read(self, resp: http.client.HTTPResponse, path: str) -> bytes:
+        """The whole body, at most MAX_RESPONSE_BYTES (a larger Content-Length is refused before reading)."""
+        too_big = UsageError(f"{self.where.server}{path} answered more than {MAX_RESPONSE_BYTES:,} bytes")
+        if resp.length is not None:
+            if resp.length > MAX_RESPONSE_BYTES:
+                raise too_big
+            return resp.read()
+        chunks, size = [], 0
+        while chunk := resp.read(READ_CHUNK):
+            size += len(chunk)
+            if size > MAX_RESPONSE_BYTES:
+                raise too_big
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     def close(self) -> None:
         with self._lock:
@@ -205,9 +359,8 @@ class RemoteSession(Session):
         # a server is ready only when all its models are (Triton's strict readiness): the named model decides
         server_ready = "" if status == 200 else f"; nor is the server (GET /v2/health/ready answered {status})"
         status, _, body = self.request("GET", f"{w.prefix}/v2", timeout=self.check_timeout)
-        meta = _json(body) if status == 200 else None
-        self.server_meta = {k: meta.get(k) for k in ("name", "version", "extensions")} if isinstance(meta, dict) \
-            else {}
+        if status == 200:
+            self.server_meta = _parse(ServerMetadata, body, f"{w.server}'s answer to GET {w.prefix}/v2").model_dump()
         status, _, body = self.request("GET", f"{w.model_path}/ready", timeout=self.check_timeout)
         if status != 200:
             if status == 404 and not _is_json(body):
@@ -217,43 +370,62 @@ class RemoteSession(Session):
                              f"{status}{_said(body)}{server_ready}): check the name, wait for it to load, or read "
                              "the server's log")
         status, _, body = self.request("GET", w.model_path, timeout=self.check_timeout)
-        meta = _json(body)
-        if status != 200 or not (isinstance(meta, dict) and isinstance(meta.get("inputs"), list)
-                                 and isinstance(meta.get("outputs"), list)):
+        if status != 200:
             raise UsageError(f"{w.server} is not a KServe v2 server: GET {w.model_path} did not answer v2 model "
                              f"metadata (a JSON object with inputs and outputs; it answered {status}{_said(body)})")
-        self.inputs = [_spec(t, "input", w) for t in meta["inputs"]]
-        self.outputs = [_spec(t, "output", w) for t in meta["outputs"]]
-        if not self.inputs:
-            raise UsageError(f"model {w.name!r} at {w.server} declares no inputs; optkit has nothing to send it")
+        self.meta = _parse(ModelMetadata, body, f"{w.server}'s answer to GET {w.model_path}")
+        self._check_metadata(self.meta)
+        self.inputs = [_spec(t) for t in self.meta.inputs]
+        self.outputs = [_spec(t) for t in self.meta.outputs]
         if self.binary is None:
             self.binary = "binary_tensor_data" in (self.server_meta.get("extensions") or [])
-        bf16 = [s.name for s in self.inputs if s.dtype == "BF16"]
-        if bf16:
-            raise UsageError(f"input {bf16[0]!r} of {w.name!r} is BF16, which optkit cannot send over v2 HTTP yet")
+
+    def _check_metadata(self, meta: ModelMetadata) -> None:
+        w = self.where
+        if not meta.inputs:
+            raise UsageError(f"model {w.name!r} at {w.server} declares no inputs; optkit has nothing to send it")
+        for kind, tensors in (("input", meta.inputs), ("output", meta.outputs)):
+            names = [t.name for t in tensors]
+            twice = next((n for n in names if names.count(n) > 1), None)
+            if twice is not None:
+                raise UsageError(f"model {w.name!r} at {w.server} declares {kind} {printable(twice)!r} twice")
+        for t in meta.inputs:
+            if t.datatype == "BF16":
+                raise UsageError(f"input {printable(t.name)!r} of {w.name!r} is BF16, which optkit cannot send over "
+                                 "v2 HTTP yet")
+            elements = math.prod(max(d, 1) for d in t.shape)
+            if elements > MAX_ELEMENTS:
+                raise UsageError(f"input {printable(t.name)!r} of {w.name!r} is declared {format_shape(t.shape)}: "
+                                 f"{elements:,} values, more than optkit sends ({MAX_ELEMENTS:,})")
 
     def describe(self) -> dict[str, Any]:
         """What the report says about the server and the protocol."""
-        return {"url": self.where.url, "model": self.where.name, "version": self.where.version,
+        return {"url": redact_url(self.where.url), "model": self.where.name, "version": self.where.version,
                 "server": self.server_meta.get("name"), "server_version": self.server_meta.get("version"),
                 "protocol": "kserve-v2 http, " + ("binary tensors" if self.binary else "json tensors")}
 
     # ------------------------------------------------------------------ inference
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        body, headers = self._encoded(feeds)
+        body, headers, batch = self._encoded(feeds)
         status, resp, data = self.request("POST", f"{self.where.model_path}/infer", body, headers)
         if status != 200:
             raise UsageError(f"{self.where.server} answered {status} to an inference request of "
                              f"{self.where.name!r}{_said(data)}", details={"status": status})
-        return self._decode(resp, data)
+        return self._decode(resp, data, batch)
 
-    def _encoded(self, feeds: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
+    def _encoded(self, feeds: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str], int | None]:
         cached = self._body
         if cached is not None and cached[0] is feeds and all(a is b for a, b in zip(cached[1], feeds.values())):
-            return cached[2], cached[3]
+            return cached[2], cached[3], cached[4]
+        arrays = {name: np.asarray(value) for name, value in feeds.items()}
+        values = sum(a.size for a in arrays.values())
+        most = MAX_ELEMENTS if self.binary else MAX_JSON_VALUES
+        if values > most:
+            raise UsageError(f"the inputs hold {values:,} values, more than optkit sends "
+                             f"{'in one request' if self.binary else 'as JSON tensors'} ({most:,}): give a smaller "
+                             "--batch or --shape")
         tensors, raw = [], []
-        for name, value in feeds.items():
-            arr = np.asarray(value)
+        for name, arr in arrays.items():
             dtype = NUMPY_TO_V2.get(arr.dtype.name if arr.dtype.kind != "U" else "str")
             if dtype is None:
                 raise UsageError(f"input {name!r} is {arr.dtype}, which the KServe v2 protocol has no type for")
@@ -274,69 +446,127 @@ class RemoteSession(Session):
         if self.binary:
             headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(head))}
         body = head + b"".join(raw)
-        self._body = (feeds, list(feeds.values()), body, headers)
-        return body, headers
+        batch = self._batch(arrays)
+        self._body = (feeds, list(feeds.values()), body, headers, batch)
+        return body, headers, batch
 
-    def _decode(self, resp: http.client.HTTPResponse, data: bytes) -> list[np.ndarray]:
-        where = f"{self.where.server}'s answer for {self.where.name!r}"
+    def _batch(self, arrays: dict[str, np.ndarray]) -> int | None:
+        """The request's batch where the metadata shows one: every input's first dim dynamic (-1, as a batching
+        server declares it) and all sent with the same first dim."""
+        if self.meta is None or not all(t.shape and t.shape[0] == -1 for t in self.meta.inputs):
+            return None
+        firsts = {a.shape[0] for a in arrays.values() if a.ndim}
+        return firsts.pop() if len(firsts) == 1 else None
+
+    def _decode(self, resp: http.client.HTTPResponse, data: bytes, batch: int | None = None) -> list[np.ndarray]:
+        where = f"{self.where.server}'s answer to POST {self.where.model_path}/infer"
         size = resp.getheader("Inference-Header-Content-Length")
-        try:
-            head_len = int(size) if size is not None else len(data)
-        except ValueError:
-            raise UsageError(f"{where}: Inference-Header-Content-Length {size!r} is not a number") from None
-        reply = _json(data[:head_len])
-        if not isinstance(reply, dict) or not isinstance(reply.get("outputs"), list):
-            raise UsageError(f"{where} is not a v2 inference response (a JSON object with outputs)")
+        head_len = len(data)
+        if size is not None:
+            if not (size.strip().isdigit() and int(size) <= len(data)):
+                raise UsageError(f"{where}: Inference-Header-Content-Length {printable(size)[:40]!r} is not a "
+                                 f"number of bytes from 0 to the {len(data):,} it sent")
+            head_len = int(size)
+        reply = _parse(InferResponse, data[:head_len], where)
         offset, got = head_len, {}
-        for t in reply["outputs"]:
-            if not isinstance(t, dict) or not isinstance(t.get("shape"), list) or t.get("datatype") not in V2_DTYPES:
-                raise UsageError(f"{where}: an output without a v2 name, shape and datatype")
-            count = math.prod(int(d) for d in t["shape"])
-            dtype = V2_DTYPES[t["datatype"]]
-            params = t.get("parameters") or {}
-            if "binary_data_size" in params:
-                n = int(params["binary_data_size"])
-                chunk, offset = data[offset:offset + n], offset + n
-                if len(chunk) != n or dtype == "string":
-                    raise UsageError(f"{where}: output {t.get('name')!r} is cut short")
-                arr = np.frombuffer(chunk, dtype=np.dtype(dtype).newbyteorder("<"))
+        for i, t in enumerate(reply.outputs):
+            if t.name in got:
+                raise self._wrong(t.name, "came back twice")
+            params = t.parameters.binary_data_size if t.parameters else None
+            if params is not None:
+                arr, offset = self._binary(t, data, offset, params)
             else:
-                values = t.get("data")
-                if not isinstance(values, list):
-                    raise UsageError(f"{where}: output {t.get('name')!r} carries no data")
-                arr = np.asarray(_flat(values), dtype=object if dtype == "string" else dtype)
+                arr = _values(t, f"{where}: outputs.{i}.data")
+            count = math.prod(t.shape)
             if arr.size != count:
-                raise UsageError(f"{where}: output {t.get('name')!r} has {arr.size} values for shape {t['shape']}")
-            got[t.get("name")] = arr.reshape(t["shape"])
-        missing = [s.name for s in self.outputs if s.name not in got]
-        if missing or not got:
-            raise UsageError(f"{where} lacks output {', '.join(missing) or '(none came back)'}")
-        return [got[s.name] for s in self.outputs] if self.outputs else list(got.values())
+                raise self._wrong(t.name, f"has {arr.size:,} values for its shape {format_shape(t.shape)}")
+            got[t.name] = (t, arr.reshape(t.shape))
+        if offset != len(data):
+            raise self._wrong(None, f"{len(data) - offset:,} bytes follow the outputs' binary data "
+                                    "(binary_data_size does not add up)")
+        self._check_answer({n: t for n, (t, _) in got.items()}, batch)
+        if self.meta is not None and self.meta.outputs:
+            return [got[t.name][1] for t in self.meta.outputs]
+        return [arr for _, arr in got.values()]
+
+    def _binary(self, t: OutputTensor, data: bytes, offset: int, size: int) -> tuple[np.ndarray, int]:
+        if t.datatype in ("BYTES", "BF16"):
+            dtype = np.dtype("<u2") if t.datatype == "BF16" else None
+        else:
+            dtype = np.dtype(V2_DTYPES[t.datatype]).newbyteorder("<")
+        if dtype is None or size != math.prod(t.shape) * dtype.itemsize:
+            raise self._wrong(t.name, f"is {size:,} bytes of binary data for {t.datatype} {format_shape(t.shape)}")
+        if offset + size > len(data):
+            raise self._wrong(t.name, f"is cut short: {size:,} bytes of binary data declared, "
+                                      f"{max(len(data) - offset, 0):,} sent")
+        return np.frombuffer(data, dtype=dtype, count=math.prod(t.shape), offset=offset), offset + size
+
+    def _check_answer(self, got: dict[str, OutputTensor], batch: int | None) -> None:
+        """The answer against the model's metadata: every declared output once, nothing else, its datatype,
+        rank and static dims, and a batch dim (dynamic first dims) equal to the request's."""
+        if not got:
+            raise self._wrong(None, "holds no output")
+        declared = {t.name: t for t in self.meta.outputs} if self.meta is not None else {}
+        if not declared:
+            return
+        extra = next((n for n in got if n not in declared), None)
+        if extra is not None:
+            raise self._wrong(extra, "is not an output the model declares "
+                                     f"({', '.join(printable(n) for n in declared)})")
+        for name, want in declared.items():
+            t = got.get(name)
+            if t is None:
+                raise self._wrong(name, "is missing")
+            if t.datatype != want.datatype:
+                raise self._wrong(name, f"came back {t.datatype}; the model declares {want.datatype}")
+            if len(t.shape) != len(want.shape) or any(w > 0 and d != w for d, w in zip(t.shape, want.shape)):
+                raise self._wrong(name, f"came back with shape {format_shape(t.shape)}; the model declares "
+                                        f"{format_shape(want.shape)}")
+            if batch is not None and want.shape and want.shape[0] == -1 and t.shape[0] != batch:
+                raise self._wrong(name, f"came back with batch {t.shape[0]} (shape {format_shape(t.shape)}) for "
+                                        f"a request of batch {batch}")
+
+    def _wrong(self, output: str | None, what: str) -> PassError:
+        subject = f"output {printable(output)[:200]!r}" if output is not None else "the answer"
+        return PassError(f"{self.where.server}'s answer for {self.where.name!r}: {subject} {what}: the served "
+                         "model does not answer as its metadata declares")
 
 
-def _spec(t: Any, kind: str, where: ServedModel) -> TensorSpec:
-    if not (isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("shape"), list)
-            and isinstance(t.get("datatype"), str)):
-        raise UsageError(f"{where.server} is not a KServe v2 server: an {kind} of {where.name!r} in its metadata "
-                         "lacks a name, shape or datatype")
-    if t["datatype"] not in V2_DTYPES and t["datatype"] != "BF16":
-        raise UsageError(f"{kind} {t['name']!r} of {where.name!r} has datatype {t['datatype']!r}, not a KServe v2 "
-                         "type")
-    shape = [d if isinstance(d, int) and d > 0 else None for d in t["shape"]]
-    return TensorSpec(t["name"], shape, V2_DTYPES.get(t["datatype"], t["datatype"]))
+def _spec(t: TensorMetadata) -> TensorSpec:
+    shape = [d if d > 0 else None for d in t.shape]
+    return TensorSpec(t.name, shape, V2_DTYPES.get(t.datatype, t.datatype))
 
 
-def _flat(values: list) -> list:
-    """v2 JSON data may be nested row-major lists; flatten them."""
-    if values and isinstance(values[0], list):
-        return [x for v in values for x in _flat(v)]
-    return values
+# JSON data of each datatype: the kinds of numpy array it may read as (np.array of the data, unconverted)
+_KINDS = {"BOOL": "b", "BYTES": "U", "FP16": "fiu", "FP32": "fiu", "FP64": "fiu", "BF16": "fiu"}
+
+
+def _values(t: OutputTensor, where: str) -> np.ndarray:
+    """An output's JSON data (flat, or nested row-major lists) as an array of its datatype; data that is not of
+    that type (strings, null, objects for a number; ragged lists; a number out of an integer type's range) is a
+    UsageError naming the key."""
+    if t.data is None:
+        raise UsageError(f"{where}: missing (no data and no binary_data_size); it is not a KServe v2 answer")
+    try:
+        arr = np.array(t.data)
+    except (ValueError, RecursionError):
+        raise UsageError(f"{where}: ragged lists; it is not a KServe v2 answer") from None
+    kinds = _KINDS.get(t.datatype, "iu")
+    ok = arr.size == 0 or arr.dtype.kind in kinds
+    if ok and arr.size and t.datatype in V2_DTYPES and kinds == "iu":
+        info = np.iinfo(V2_DTYPES[t.datatype])
+        ok = info.min <= arr.min() and arr.max() <= info.max
+    if not ok:
+        raise UsageError(f"{where}: not {t.datatype} values (read as {arr.dtype}); it is not a KServe v2 answer")
+    if t.datatype == "BYTES":
+        return arr.astype(object).ravel()
+    return arr.astype(V2_DTYPES.get(t.datatype, "float32")).ravel()
 
 
 def _json(body: bytes) -> Any:
     try:
         return json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None
 
 
@@ -353,10 +583,10 @@ def _said(body: bytes) -> str:
         raised = [line for line in lines[1:] if re.match(r"^[\w.]*(Error|Exception)\b[^:]*: \S", line)]
         first = re.sub(r"\s*Traceback \(most recent call last\):.*", "", lines[0])
         text = first + (f" ... {raised[-1]}" if raised else "")
-        return f": {text[:400]}"
+        return f": {printable(text[:400])}"
     if text is None:
         text = body[:200].decode("utf-8", "replace")
         if "<" in text and re.search(r"<(!doctype|html|head|body)", text, re.I):
             return ": an HTML page"
     text = " ".join(text.split())[:200]
-    return f": {text}" if text else ""
+    return f": {printable(text)}" if text else ""
