@@ -129,6 +129,9 @@ def _quiet() -> None:
     level = logging.WARNING if debugging() else logging.ERROR
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(level)
+    # an MLflow server that is down: one retry and 30 s a request, not 7 retries of 120 s (a user's own stand)
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
     try:
         import mlflow.store.db.utils as db_utils
 
