@@ -226,6 +226,9 @@ def test_bad_preprocess_values_exit_2_naming_the_key(cli, tmp_path, setup, pre, 
     ({"resize": [8, 8, 8]}, "preprocess resize: [8, 8, 8] has 3 items"),
     ({"resize": 8.5}, "preprocess resize: 8.5 is not a whole number"),
     ({"mean": [1, True, 3]}, "preprocess mean: true is not a number"),
+    ({"mean": 10**400}, "preprocess mean: 1000000"),
+    ({1: 2}, "preprocess 1: keys should be strings"),
+    ([1, 2], "preprocess [1, 2] is not a mapping"),
 ])
 def test_python_api_gives_the_same_usage_errors(setup, mapping, words):
     _, folder, labels = setup

@@ -35,9 +35,13 @@ DTYPES = ("float32", "float16", "float64", "uint8", "int8", "uint16", "int16", "
 def _number(v: Any, what: str) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ValueError(f"{v!r} is not a number; {what}")
-    if not math.isfinite(v):
-        raise ValueError(f"{v} is not a finite number; {what}")
-    return float(v)
+    try:
+        x = float(v)
+    except OverflowError:  # an int past float's range
+        x = math.inf
+    if not math.isfinite(x):
+        raise ValueError(f"{_short(v)} is not a finite number; {what}")
+    return x
 
 
 def _sides(v: Any) -> int | tuple[int, int] | None:
@@ -73,7 +77,7 @@ def _pair(v: int | tuple[int, int]) -> tuple[int, int]:
 class Preprocess(BaseModel):
     """How to turn image files (or IDX images) into model inputs. Every value is checked here (a file or a
     flag is user input): sides 1..MAX_SIDE with the crop inside the resize, finite numbers, std not 0,
-    mean/std one number or one per channel, dtype one numpy can cast to."""
+    mean/std one number or one per channel, dtype one of DTYPES (and the model input's: Dataset.bind)."""
 
     model_config = ConfigDict(extra="forbid")
     resize: int | tuple[int, int] | None = None   # shorter side, or (height, width)
@@ -145,7 +149,7 @@ def parse_preprocess(mapping: Any, where: str = "--preprocess") -> Preprocess:
     if not isinstance(mapping, dict):
         raise UsageError(f"{where} {_short(mapping)} is not a mapping; write e.g. '{{resize: 256, center_crop: 224}}'")
     try:
-        return Preprocess(**mapping)
+        return Preprocess.model_validate(mapping)
     except ValidationError as e:
         err = e.errors()[0]
         key = _clip(str(err["loc"][0]), 40) if err["loc"] else "value"
