@@ -313,3 +313,23 @@ def test_a_copied_folder_scores_like_the_original(cli, tmp_path, setup):
     r = _eval(cli, model, copy, labels)
     assert r.rc == 0, r.err
     assert _top1(r) == 1.0 and json.loads(r.out)["stages"][0]["measurements"]["accuracy"]["samples"] == 9
+
+
+def _idx(path, arr):
+    import struct
+
+    path.write_bytes(struct.pack(">HBB", 0, 0x08, arr.ndim) + struct.pack(f">{arr.ndim}I", *arr.shape) +
+                     arr.astype(np.uint8).tobytes())
+    return path
+
+
+@pytest.mark.parametrize("pre, words", [
+    ({"mean": [0.1, 0.2, 0.3]}, "preprocess mean: "),
+    ({"scale": 1, "dtype": "int8"}, "preprocess dtype int8: pixels of"),
+])
+def test_idx_images_take_the_same_checks(tmp_path, pre, words):
+    images = _idx(tmp_path / "t-images-idx3-ubyte", np.full((2, 4, 4), 200))
+    _idx(tmp_path / "t-labels-idx1-ubyte", np.array([1, 2]))
+    with pytest.raises(UsageError, match=words):
+        load_dataset(images, pre)
+    assert load_dataset(images, {"scale": 1, "dtype": "uint8"}).arrays[""].dtype == np.uint8
