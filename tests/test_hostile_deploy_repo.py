@@ -427,3 +427,19 @@ def test_a_live_packagers_staging_folder_is_left(work):
 def test_an_older_optkits_staging_folder_is_named(work):
     (work / "repo" / "cnn" / ".2.tmp-abcd1234").mkdir()
     refused(work, *READERS["package"], names=(".2.tmp-abcd1234", "killed"))
+
+
+def test_a_version_folder_the_index_does_not_list_is_named(work):
+    shutil.copytree(work / "repo" / "cnn" / "2", work / "repo" / "cnn" / "7")
+    refused(work, *READERS["package"], names=("'7'", "does not list"))
+
+
+def test_an_edited_served_config_does_not_reach_the_history(work):
+    top = work / "repo" / "cnn" / "config.pbtxt"
+    top.write_text(top.read_text().replace("versions: [2]", "versions: [99999999999]"))
+    r = run_cli(*READERS["serve-version"], cwd=work)
+    assert r.rc == 0, r.err
+    history = json.loads((work / "repo" / "cnn" / "optkit-versions.json").read_text())["history"]
+    assert history[-1]["before"] == 2
+    r = run_cli("package", "inspect", "repo", cwd=work)
+    assert r.rc == 0, r.err

@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from optkit.cli import common, options
+from optkit.core.text import printable
 
 SUBCOMMANDS = ("serve-version", "inspect", "build")
 
@@ -129,7 +130,7 @@ def show(path: str, as_json: bool) -> None:
         return
     con = common.console()
     for m in out.get("models", []):
-        con.print(f"{m['name']} ({m['target']}) at {m['path']}: served {m['served']}", highlight=False)
+        con.print(f"{m['name']} ({m['target']}) at {printable(m['path'])}: served {m['served']}", highlight=False)
         for v in m["versions"]:
             _print_version(con, v["version"], v.get("tag"), v["served"], v.get("lineage") or {})
     if "version" in out:
@@ -138,7 +139,7 @@ def show(path: str, as_json: bool) -> None:
 
 
 def _print_version(con, number, tag, served, lin: dict) -> None:
-    head = f"  {'*' if served else ' '} {number}" if number is not None else f"  {lin.get('path')}"
+    head = f"  {'*' if served else ' '} {number}" if number is not None else f"  {printable(lin.get('path'))}"
     src = lin.get("source") or {}
     figures = []
     if lin.get("p50_ms") is not None:
@@ -149,13 +150,15 @@ def _print_version(con, number, tag, served, lin: dict) -> None:
             figures.append(f"{k} {v:.4g}")
     if lin.get("size_bytes"):
         figures.append(f"{lin['size_bytes']:,} bytes")
-    con.print(f"{head}{' ' + tag if tag else ''}  {lin.get('created', '')}  tuned: {lin.get('tuned') or '-'}",
+    con.print(f"{head}{' ' + tag if tag else ''}  {printable(lin.get('created', ''))}  "
+              f"tuned: {printable(lin.get('tuned') or '-')}",
               highlight=False)
-    con.print(f"      source {src.get('path')} ({(src.get('sha256') or '')[:12]}) -> "
-              f"{' -> '.join(p for p in lin.get('passes', []) if p) or 'no passes recorded'}", highlight=False)
+    passes = " -> ".join(printable(p) for p in lin.get("passes", []) if p) or "no passes recorded"
+    con.print(f"      source {printable(src.get('path'))} ({printable((src.get('sha256') or '')[:12])}) -> {passes}",
+              highlight=False)
     conf = lin.get("confirmed") or {}
     if conf.get("mean") is not None and conf.get("ci95"):
-        figures.append(f"tuned {conf.get('figure')} {conf['mean']:.4g} (95% CI {conf['ci95'][0]:.4g}-"
+        figures.append(f"tuned {printable(conf.get('figure'))} {conf['mean']:.4g} (95% CI {conf['ci95'][0]:.4g}-"
                        f"{conf['ci95'][1]:.4g}, {conf.get('rounds', '?')} rounds)")
     if figures:
         con.print("      " + ", ".join(figures), highlight=False)

@@ -22,7 +22,9 @@ def serve_version(model_dir: str, version: str | None = None, tag: str | None = 
             from optkit.package.triton import served_version
 
             current = schemas.read_bytes(d / "config.pbtxt", schemas.MAX_CONFIG_BYTES)
-            before = served_version(current.decode("utf-8", errors="replace")) or before
+            # the served config is replaced; what it served counts only when it is one of the versions
+            was = served_version(current.decode("utf-8", errors="replace"))
+            before = was if was in {v["version"] for v in index["versions"]} else before
             replace[d / "config.pbtxt"] = _own_config(d, index["name"], number)
         out_registry = None
         if index["target"] == "mlflow":

@@ -176,6 +176,9 @@ def check_repo(repo: Path, name: str, target: str, *, clean: bool = False) -> di
                              "remove it (nothing was written)")
         if OLD_TEMP_RE.fullmatch(entry.name) and entry.is_dir():
             raise _old_temp(model_dir, entry)
+        if entry.name.isascii() and entry.name.isdigit() and (entry / "optkit-package.json").is_file():
+            raise UsageError(f"{model_dir} holds version folder {entry.name!r}, which {INDEX} does not list (a "
+                             "packager killed as it finished?); move it away (nothing was written)")
         raise UsageError(f"{model_dir} holds {entry.name!r}, which optkit did not create; move it away "
                          "(nothing was written)")
     return index

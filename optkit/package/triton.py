@@ -130,14 +130,14 @@ def with_version(text: str, version: int) -> str:
     """The same config serving another version (rollback/promote)."""
     import re
 
-    return re.sub(r"version_policy: \{ specific: \{ versions: \[\d+\] \} \}",
+    return re.sub(r"version_policy: \{ specific: \{ versions: \[[0-9]+\] \} \}",
                   f"version_policy: {{ specific: {{ versions: [{version}] }} }}", text, count=1)
 
 
 def served_version(text: str) -> int | None:
     import re
 
-    found = re.search(r"version_policy: \{ specific: \{ versions: \[(\d+)\] \} \}", text)
+    found = re.search(r"version_policy: \{ specific: \{ versions: \[([0-9]{1,10})\] \} \}", text)
     return int(found[1]) if found else None
 
 
