@@ -23,8 +23,10 @@ OFF = {
 
 
 def switch_off() -> None:
-    """Set OFF in the environment; a library imported before optkit is told too, where it can be."""
-    os.environ.update(OFF)
+    """Set OFF in the environment (a variable the user set is theirs: 0 opts back in); a library imported
+    before optkit is told too, where it can be."""
+    for name, value in OFF.items():
+        os.environ.setdefault(name, value)
     if "onnxruntime" in sys.modules:
         sys.modules["onnxruntime"].disable_telemetry_events()
     client = sys.modules.get("mlflow.telemetry.client")
