@@ -233,14 +233,14 @@ def test_binary_answers_add_up(v2, tmp_path, answer, rc, says):
     (_with_output(data=[None, None]), "outputs.0.data: not FP32 values"),
     (_with_output(data=[[0.5, 0.5], [0.5]]), "outputs.0.data: ragged lists"),
     (_with_output(data=[{"v": 1}, 2]), "outputs.0.data: not FP32 values"),
-    (_with_output(data="0.5 0.5"), "outputs.0.data: Input should be a valid list"),
+    (_with_output(data="0.5 0.5"), "outputs.0.data: Input should be a valid array"),
     (_with_output(data=None), "outputs.0.data: missing (no data and no binary_data_size)"),
     (_with_output(shape=[1.5, 2]), "outputs.0.shape.0: Input should be a valid integer"),
     (_with_output(shape=[-1, 2]), "outputs.0.shape.0: Input should be greater than or equal to 0"),
     (_with_output(shape=[True, 2]), "outputs.0.shape.0: Input should be a valid integer"),
     (_with_output(datatype="FLOAT"), "outputs.0.datatype: Input should be 'BOOL'"),
     (_with_output(name=7), "outputs.0.name: Input should be a valid string"),
-    (lambda request: {"model_name": "m", "outputs": {"y": [0.5, 0.5]}}, "outputs: Input should be a valid list"),
+    (lambda request: {"model_name": "m", "outputs": {"y": [0.5, 0.5]}}, "outputs: Input should be a valid array"),
     (lambda request: {"outputs": good_answer(request)["outputs"]}, "model_name: Field required"),
     (lambda request: [good_answer(request)], "is not a v2 inference response (a JSON object)"),
     (lambda request: b"<html><body>hello</body></html>", "is not a v2 inference response (a JSON object): an HTML"),
@@ -287,8 +287,8 @@ def test_a_huge_content_length_is_refused_before_reading(v2, tmp_path):
      "inputs.0.shape.0: Input should be greater than or equal to -1"),
     ({**METADATA, "inputs": [{"name": "x", "datatype": "FLOAT", "shape": [1, 3]}]},
      "inputs.0.datatype: Input should be 'BOOL'"),
-    ({**METADATA, "inputs": {"x": [1, 3]}}, "inputs: Input should be a valid list"),
-    ({**METADATA, "outputs": None}, "outputs: Input should be a valid list"),
+    ({**METADATA, "inputs": {"x": [1, 3]}}, "inputs: Input should be a valid array"),
+    ({**METADATA, "outputs": None}, "outputs: Input should be a valid array"),
     ({**METADATA, "inputs": METADATA["inputs"] * 2}, "declares input 'x' twice"),
     ({**METADATA, "inputs": []}, "declares no inputs"),
     ([METADATA], "is not v2 model metadata (a JSON object)"),
@@ -385,3 +385,13 @@ def test_bench_against_a_slow_ready_check_stops_in_seconds(v2, tmp_path):
     r = run_cli("bench", "--url", f"{url}/v2/models/m", "--runs", "20", timeout=120)
     assert r.rc == 2 and "did not answer GET /v2/health/ready within 10 s" in one_error_line(r), r.err
     assert time.monotonic() - t0 < 30
+
+
+def test_inputs_too_big_to_send_are_exit_2(v2, tmp_path):
+    """JSON tensors carry at most 2^24 values per request: more is refused before any inference is sent."""
+    url, fake = v2
+    fake.metadata = {**METADATA, "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, -1]}]}
+    r = _bench(url, tmp_path, "--shape", "5000x4000")
+    assert r.rc == 2 and "the inputs hold 20,000,000 values, more than optkit sends as JSON tensors" \
+        in one_error_line(r), r.err
+    assert not any(req.startswith("POST") for req in fake.requests)

@@ -113,15 +113,14 @@ class InferResponse(_Answer):
 
 def _parse(schema: type[_Answer], body: bytes, where: str):
     """`body` read as `schema`; anything else is one UsageError line naming `where` and the key."""
-    what = f"{where} is not {schema.__doc__.split(':')[0]}"
-    reply = _json(body)
-    if not isinstance(reply, dict):
-        raise UsageError(f"{what} (a JSON object){_said(body)}")
     try:
-        return schema.model_validate(reply)
+        return schema.model_validate_json(body)   # JSON NaN and Infinity read as floats, as json.loads reads them
     except ValidationError as e:
         err = e.errors()[0]
-        key = ".".join(str(p) for p in err["loc"]) or "(top)"
+        what = f"{where} is not {schema.__doc__.split(':')[0]}"
+        if not err["loc"]:   # not JSON, or not an object
+            raise UsageError(f"{what} (a JSON object){_said(body)}") from None
+        key = ".".join(str(p) for p in err["loc"])
         raise UsageError(f"{what}: {printable(key)[:120]}: {err['msg']}") from None
 
 
@@ -220,6 +219,7 @@ class RemoteSession(Session):
         self.binary = binary
         self.server_meta: dict[str, Any] = {}
         self.meta: ModelMetadata | None = None
+        self._accepted: set[tuple] = set()   # signatures of answers that matched the metadata
         self.inputs: list[TensorSpec] = []
         self.outputs: list[TensorSpec] = []
 
@@ -506,6 +506,9 @@ class RemoteSession(Session):
         rank and static dims, and a batch dim (dynamic first dims) equal to the request's."""
         if not got:
             raise self._wrong(None, "holds no output")
+        signature = (batch, *((n, t.datatype, *t.shape) for n, t in got.items()))
+        if signature in self._accepted:   # the timed loops get the same answer each call: checked once
+            return
         declared = {t.name: t for t in self.meta.outputs} if self.meta is not None else {}
         if not declared:
             return
@@ -525,6 +528,8 @@ class RemoteSession(Session):
             if batch is not None and want.shape and want.shape[0] == -1 and t.shape[0] != batch:
                 raise self._wrong(name, f"came back with batch {t.shape[0]} (shape {format_shape(t.shape)}) for "
                                         f"a request of batch {batch}")
+        if len(self._accepted) < 64:
+            self._accepted.add(signature)
 
     def _wrong(self, output: str | None, what: str) -> PassError:
         subject = f"output {printable(output)[:200]!r}" if output is not None else "the answer"
