@@ -31,10 +31,12 @@ def bench_report(tmp_path_factory, samples):
 
 
 def noisy(bench: dict, tmp_path, *, p99: float, noise: float, name: str = "report.json"):
-    """The bench report with its latency measured in 5 trials, p99 `p99` ms and a 95% band of ±`noise` ms."""
+    """The bench report with its latency measured in 5 trials, p99 `p99` ms and a 95% band of ±`noise` ms (the
+    trials' and the runs' own: a p99 is judged on its own band, never on the p50's alone)."""
     d = json.loads(json.dumps(bench))
     lat = d["stages"][-1]["measurements"]["latency"]
     lat.update(p99_ms=p99, trials=5, ci95_pct=100 * noise / p99)
+    lat["ci95"]["p99_ms"] = [max(p99 - noise, 0.0), p99 + noise]
     path = tmp_path / name
     path.write_text(json.dumps(d))
     return path
@@ -61,7 +63,7 @@ def test_a_band_wholly_under_the_threshold_passes(cli, tmp_path, bench_report):
     r = cli("gate", path, "latency_p99_ms <= 100", "--json")
     assert r.rc == 0, r.err
     (g,) = json.loads(r.out)
-    assert g["passed"] and "noise ±62 ms" in g["detail"] and not g["detail"].startswith("cannot judge")
+    assert g["passed"] and "95% band 0 ms .. 84.6 ms" in g["detail"] and not g["detail"].startswith("cannot judge")
 
 
 def test_a_band_wholly_over_the_threshold_fails(cli, tmp_path, bench_report):
@@ -84,6 +86,9 @@ def test_a_band_wholly_over_the_threshold_fails(cli, tmp_path, bench_report):
 def stage(name, *, p50=10.0, ci=None, norm=None, trials=None, throughput=None):
     lat = {"p50_ms": p50, "p90_ms": p50 * 1.2, "p99_ms": p50 * 1.5, "ci95_pct": ci, "trials": 5,
            "throughput_per_s": throughput if throughput is not None else 1000 / p50}
+    if ci is not None:  # the runs' own bands, as wide as the trials' spread: p90, p99 and throughput are judged on them
+        lat["ci95"] = {k: [max(lat[k] * (1 - ci / 100), 0.0), lat[k] * (1 + ci / 100)]
+                       for k in ("p90_ms", "p99_ms", "throughput_per_s")}
     if norm is not None:
         lat.update(normalized=norm, normalized_ci95_pct=ci)
     if trials is not None:
@@ -301,13 +306,15 @@ def test_a_paired_interval_that_does_not_hold_its_ratio_is_bad_input():
 
 
 def test_a_run_report_with_trials_is_judged_as_before():
-    """optkit run's figures (latency_trials: the trials' ci95_pct) keep their verdicts: the trials' band comes
-    first, also in a report that carries the runs' band as well."""
-    for extra in ({}, {"ci95": {"p50_ms": [9.99, 10.01], "p99_ms": [14.0, None]}}):
+    """optkit run's figures (latency_trials: the trials' ci95_pct) keep their p50 verdicts: the trials' band
+    comes first, also in a report that carries the runs' band as well. The p99 is judged on its own band (issue
+    29): the runs' band with no upper end cannot be judged under a threshold, whatever the trials' p50 spread."""
+    for extra, p99 in (({}, ("pass", "fail")),
+                       ({"ci95": {"p50_ms": [9.99, 10.01], "p99_ms": [14.0, None]}}, ("cannot judge", "cannot judge"))):
         rep = Report(command="t", stages=[stage("m", p50=10.0, ci=20.0, norm=0.5)])
         rep.stages[0].measurements["latency"].update(extra)
         assert judge(rep, "latency_p50_ms <= 11") == "cannot judge" and judge(rep, "latency_p50_ms <= 13") == "pass"
-        assert judge(rep, "latency_p99_ms <= 19") == "pass" and judge(rep, "latency_p99_ms >= 19") == "fail"
+        assert (judge(rep, "latency_p99_ms <= 19"), judge(rep, "latency_p99_ms >= 19")) == p99
     # one trial of a new run: no trials' band, the runs' band judges it
     rep = Report(command="t", stages=[stage("m", p50=10.0, ci=None)])
     rep.stages[0].measurements["latency"].update(runs=100, ci95={"p50_ms": [9.5, 10.5], "p99_ms": [14.0, None]})

@@ -38,10 +38,12 @@ latency_regression_pct) is judged on the figure's 95% band, not on the point:
   runner").
 
 The band is the 95% interval of the figure: for latency_regression_pct the Mann-Whitney interval above, for an
-absolute latency figure the figure times the relative 95% half-width of the trials' mean (`ci95_pct`, two
-trials or more), else the band the runs themselves give (`latency.ci95`: for a percentile the distribution-free
-interval of order statistics, for the throughput the normal interval of the mean run time;
-optkit.measure.latency.bands), for the throughput under load (bench --concurrency, a recipe's
+absolute p50 the figure times the relative 95% half-width of the trials' mean (`ci95_pct`, two trials or more),
+else the band the runs themselves give (`latency.ci95`: for a percentile the distribution-free interval of order
+statistics, for the throughput the normal interval of the mean run time; optkit.measure.latency.bands); the
+p90, p99 and throughput are judged on their own runs' band only (widened to the trials' relative spread where
+that is wider), never on the p50's: a tune stage's p99 of 100 runs has no upper end, and `latency_p99_ms <= 40`
+cannot be judged however steady the trials' p50s; for the throughput under load (bench --concurrency, a recipe's
 measure.concurrency, bench --url) the normal interval of the rates of ten equal spans of the run
 (`concurrency.ci95`), for speedup the two stages' half-widths combined. A noise-carrying figure with no
 band at all (a report edited by hand, or written before optkit recorded bands) is not judged as exact: "cannot
@@ -225,15 +227,18 @@ def _noise_rel(f: StageFigures, normalized: bool = False) -> float | None:
 
 
 def _latency_band(f: StageFigures, key: str, metric: str) -> tuple[float | Band | None, str]:
-    """The 95% band of a latency figure (p50_ms, p90_ms, p99_ms, throughput_per_s) and a detail: the trials'
-    half-width when there are trials (as before), else the runs' own band, else None (no band)."""
+    """The 95% band of a latency figure (p50_ms, p90_ms, p99_ms, throughput_per_s) and a detail. The trials'
+    half-width (ci95_pct) is that of their p50s: it is the p50's band. Every other figure is judged on its own
+    band, that of the runs (latency.ci95), widened to the trials' relative spread where that is wider (a machine
+    that drifts between trials moves every percentile); a figure without a band of its own has none (None),
+    whatever the p50's: 100 runs do not bound a p99 from above, however steady their p50."""
     v = getattr(f, key)
     rel = _noise_rel(f)
-    if rel is not None:
+    if rel is not None and key == "p50_ms":
         return (v or 0) * rel, _ci_detail(f)
     b = f.ci95.get(key)
     if b is None:
-        return None, ""
+        return None, "" if rel is None else f"{_ci_detail(f)} is the p50's band, not this figure's"
     lo, hi = b
     runs = int(f.runs) if f.runs is not None and math.isfinite(f.runs) else None
     what = f"the {round(100 * QUANTILES[key])}th percentile" if key in QUANTILES else "the throughput"
@@ -246,7 +251,11 @@ def _latency_band(f: StageFigures, key: str, metric: str) -> tuple[float | Band 
         why = f"{runs or 'its'} runs do not bound {what} from {'above' if hi is None else 'below'}; {fewest}"
     band = Band.of(lo, hi, why)
     shown = f"{_q(lo, metric) if lo is not None else 'no lower end'} .. {_q(hi, metric) if hi is not None else 'no upper end'}"
-    return band, f"95% band {shown} ({runs or '?'} runs)"
+    detail = f"95% band {shown} ({runs or '?'} runs)"
+    if rel is not None and v is not None and math.isfinite(v):
+        band = Band(min(band.lo, v * (1 - rel)), max(band.hi, v * (1 + rel)), band.open)
+        detail += f", p50 {_ci_detail(f)}"
+    return band, detail
 
 
 def _load_band(f: StageFigures) -> tuple[Band | None, str]:
