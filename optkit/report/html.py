@@ -1,9 +1,12 @@
-"""A self-contained HTML report: no CDN, no script, no network; plots are inline SVG."""
+"""A self-contained HTML report: no CDN, no script, no network; plots are inline SVG. Every text from the
+report (model, stage, gate and note text, machine and version strings) goes through _text: control characters
+shown as escapes (`\x1b`, as the console and Markdown show them) and HTML escaped."""
 from __future__ import annotations
 
 import math
 from html import escape
 
+from optkit.core.text import printable
 from optkit.report.figures import StageFigures, finite
 from optkit.report.schema import Report, Stage
 from optkit.report.table import columns, gate_rows, stage_rows
@@ -26,6 +29,11 @@ th{background:#f5f6f8;font-weight:600} td.l,th.l{text-align:left}
 ul.notes{font-size:13px;color:#444} .warn{color:#9a6700}
 svg text{font-family:inherit}
 """
+
+
+def _text(value) -> str:
+    """Text from a report, fit for HTML: printable (no control byte, no bidi override) and escaped."""
+    return escape(printable(str(value)))
 
 
 def _ticks(lo: float, hi: float, n: int = 4) -> list[float]:
@@ -54,7 +62,7 @@ def bar_chart(title: str, labels: list[str], values: list, unit: str, errors: li
     ticks = _ticks(0, min(hi * 1.1, limit) if limit is not None and hi <= limit else hi * 1.1)
     top_v = ticks[-1] or 1
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
-             f'aria-label="{escape(title)}">']
+             f'aria-label="{_text(title)}">']
     for t in ticks:
         y = top + ph - ph * t / top_v
         parts.append(f'<line x1="{left}" x2="{left + pw}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>')
@@ -71,7 +79,7 @@ def bar_chart(title: str, labels: list[str], values: list, unit: str, errors: li
             h = ph * v / top_v
             color = PALETTE[i % len(PALETTE)]
             parts.append(f'<rect x="{x:.1f}" y="{top + ph - h:.1f}" width="{bw:.1f}" height="{h:.1f}" fill="{color}">'
-                         f'<title>{escape(lab)}: {v:.4g} {escape(unit)}</title></rect>')
+                         f'<title>{_text(lab)}: {v:.4g} {_text(unit)}</title></rect>')
             e = (errors or [None] * n)[i]
             if e:
                 y1, y2 = top + ph - ph * (v + e) / top_v, top + ph - ph * max(v - e, 0) / top_v
@@ -80,14 +88,14 @@ def bar_chart(title: str, labels: list[str], values: list, unit: str, errors: li
                     parts.append(f'<line x1="{cx - 4:.1f}" x2="{cx + 4:.1f}" y1="{yy:.1f}" y2="{yy:.1f}" stroke="#222"/>')
             parts.append(f'<text x="{cx:.1f}" y="{top + ph - h - 3:.1f}" font-size="10" text-anchor="middle">{v:.3g}</text>')
         short = lab if len(lab) <= 14 else lab[:13] + "…"
-        parts.append(f'<text x="{cx:.1f}" y="{top + ph + 14}" font-size="10" text-anchor="middle">{escape(short)}</text>')
+        parts.append(f'<text x="{cx:.1f}" y="{top + ph + 14}" font-size="10" text-anchor="middle">{_text(short)}</text>')
     parts.append(f'<line x1="{left}" x2="{left + pw}" y1="{top + ph}" y2="{top + ph}" stroke="#999"/>')
     parts.append(f'<text x="{left + pw / 2}" y="{height - 8}" font-size="11" text-anchor="middle" fill="#444">'
-                 f'{escape(unit)}</text>')
+                 f'{_text(unit)}</text>')
     parts.append("</svg>")
     if not present:
         return ""
-    return f'<div class="plot"><h3>{escape(title)}</h3>{"".join(parts)}</div>'
+    return f'<div class="plot"><h3>{_text(title)}</h3>{"".join(parts)}</div>'
 
 
 def _grid(xt: list[float], yt: list[float], sx, sy, left: float, top: float, pw: float, ph: float) -> list[str]:
@@ -106,9 +114,9 @@ def _grid(xt: list[float], yt: list[float], sx, sy, left: float, top: float, pw:
 def _labels(x: str, y: str, left: float, top: float, pw: float, ph: float, height: float) -> list[str]:
     """A plot's axis titles."""
     return [f'<text x="{left + pw / 2}" y="{height - 6}" font-size="11" text-anchor="middle" fill="#444">'
-            f'{escape(x)}</text>',
+            f'{_text(x)}</text>',
             f'<text transform="translate(14 {top + ph / 2}) rotate(-90)" font-size="11" text-anchor="middle" '
-            f'fill="#444">{escape(y)}</text>']
+            f'fill="#444">{_text(y)}</text>']
 
 
 def scatter(stages: list[Stage], width: int = 520, height: int = 300) -> str:
@@ -140,9 +148,9 @@ def scatter(stages: list[Stage], width: int = 520, height: int = 300) -> str:
         r = 5 + 17 * ((size or 0) / smax) ** 0.5
         color = PALETTE[i % len(PALETTE)]
         out.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="{r:.1f}" fill="{color}" fill-opacity="0.55" '
-                   f'stroke="{color}"><title>{escape(name)}: {x:.4g} ms, {y:.4f}, '
+                   f'stroke="{color}"><title>{_text(name)}: {x:.4g} ms, {y:.4f}, '
                    f'{(size or 0):.3g} MB</title></circle>')
-        out.append(f'<text x="{sx(x) + r + 3:.1f}" y="{sy(y) + 4:.1f}" font-size="11">{escape(name)}</text>')
+        out.append(f'<text x="{sx(x) + r + 3:.1f}" y="{sy(y) + 4:.1f}" font-size="11">{_text(name)}</text>')
     out += _labels("p50 latency (ms)", "accuracy", left, top, pw, ph, height)
     out.append("</svg>")
     return ('<div class="plot"><h3>Accuracy vs latency (marker area: size)</h3>' + "".join(out) + "</div>")
@@ -175,14 +183,14 @@ def pareto(stage: Stage, width: int = 520, height: int = 320) -> str:
         color = PALETTE[1] if on_front else (PALETTE[0] if ok else PALETTE[3])
         fill = color if ok else "none"
         out.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="4" fill="{fill}" fill-opacity="0.7" '
-                   f'stroke="{color}"><title>trial {number}: {escape(label)}; p50 {x:.4g} ms, {y:,.1f} samples/s'
+                   f'stroke="{color}"><title>trial {number}: {_text(label)}; p50 {x:.4g} ms, {y:,.1f} samples/s'
                    f'{"" if ok else " (misses the SLO)"}</title></circle>')
         if number == best:
             out.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="9" fill="none" stroke="#222" '
                        f'stroke-width="1.5"/>')
     out += _labels("p50 latency per request (ms)", "throughput (samples/s)", left, top, pw, ph, height)
     out.append("</svg>")
-    return (f'<div class="plot"><h3>{escape(stage.name)}: throughput vs latency per trial (line: Pareto front; '
+    return (f'<div class="plot"><h3>{_text(stage.name)}: throughput vs latency per trial (line: Pareto front; '
             f'ringed: chosen; hollow: misses the SLO)</h3>' + "".join(out) + "</div>")
 
 
@@ -192,10 +200,10 @@ def to_html(report: Report) -> str:
     rows = stage_rows(report)
     h = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
          '<meta name="viewport" content="width=device-width, initial-scale=1">',
-         f"<title>optkit: {escape(report.command or 'report')}</title><style>{CSS}</style></head><body>",
-         f"<h1>optkit report</h1><div class=\"meta\">{escape(report.command)} &middot; {escape(report.created)}"]
+         f"<title>optkit: {_text(report.command or 'report')}</title><style>{CSS}</style></head><body>",
+         f"<h1>optkit report</h1><div class=\"meta\">{_text(report.command)} &middot; {_text(report.created)}"]
     if report.run:
-        h.append(f" &middot; run {escape(str(report.run.get('run_id')))}")
+        h.append(f" &middot; run {_text(str(report.run.get('run_id')))}")
     h.append("</div>")
     if report.gates:
         bad = [g for g in report.gates if not g.passed]
@@ -205,20 +213,20 @@ def to_html(report: Report) -> str:
     h.append("<h2>Stages</h2><table><tr>")
     left = ("stage", "format")
     cols = columns(report)
-    h += [f'<th class="{"l" if c in left else ""}">{escape(c)}</th>' for c in cols]
+    h += [f'<th class="{"l" if c in left else ""}">{_text(c)}</th>' for c in cols]
     h.append('<th>noise</th><th class="l">pass</th><th>time</th></tr>')
     figures = [StageFigures.of(s) for s in stages]
     for s, f, row in zip(stages, figures, rows):
         noise = f"±{f.ci95_pct:.1f}%" if f.ci95_pct is not None else "-"
-        h.append("<tr>" + "".join(f'<td class="{"l" if c in left else ""}">{escape(row[c])}</td>' for c in cols)
-                 + f"<td>{noise}</td><td class=\"l\">{escape(s.pass_name or '-')}</td>"
+        h.append("<tr>" + "".join(f'<td class="{"l" if c in left else ""}">{_text(row[c])}</td>' for c in cols)
+                 + f"<td>{noise}</td><td class=\"l\">{_text(s.pass_name or '-')}</td>"
                  + f"<td>{s.duration_s:.2f}s</td></tr>")
     h.append("</table>")
     notes = [(s.name, n, False) for s in stages for n in s.notes] + \
             [(s.name, w, True) for s in stages for w in s.warnings]
     if notes:
         h.append('<ul class="notes">' + "".join(
-            f'<li class="{"warn" if w else ""}"><b>{escape(n)}</b>: {escape(t)}</li>' for n, t, w in notes) + "</ul>")
+            f'<li class="{"warn" if w else ""}"><b>{_text(n)}</b>: {_text(t)}</li>' for n, t, w in notes) + "</ul>")
     h.append('<h2>Plots</h2><div class="plots">')
     h.append(bar_chart("Size per stage", names, [f.size_mb for f in figures], "MB"))
     errs = [f.p50_ms * f.ci95_pct / 100 if f.p50_ms is not None and f.ci95_pct else None for f in figures]
@@ -233,17 +241,17 @@ def to_html(report: Report) -> str:
         h.append('<h2>Gates</h2><table><tr><th class="l">gate</th><th class="l">stage</th><th>value</th>'
                  '<th>threshold</th><th>margin</th><th class="l">verdict</th><th class="l">detail</th></tr>')
         for g, row in zip(report.gates, gate_rows(report)):
-            word = "FAIL" if g.verdict == "fail" else escape(g.verdict)
+            word = "FAIL" if g.verdict == "fail" else _text(g.verdict)
             v = '<span class="pass">pass</span>' if g.passed else f'<span class="fail">{word}</span>'
-            h.append(f'<tr><td class="l">{escape(row["gate"])}</td><td class="l">{escape(g.stage)}</td>'
-                     f'<td>{escape(row["value"])}</td><td>{escape(row["threshold"])}</td>'
-                     f'<td>{escape(row["margin"])}</td><td class="l">{v}</td>'
-                     f'<td class="l">{escape(g.detail)}</td></tr>')
+            h.append(f'<tr><td class="l">{_text(row["gate"])}</td><td class="l">{_text(g.stage)}</td>'
+                     f'<td>{_text(row["value"])}</td><td>{_text(row["threshold"])}</td>'
+                     f'<td>{_text(row["margin"])}</td><td class="l">{v}</td>'
+                     f'<td class="l">{_text(g.detail)}</td></tr>')
         h.append("</table>")
     m = report.machine
-    versions = ", ".join(f"{escape(k)} {escape(v)}" for k, v in report.versions.items())
-    h.append(f'<h2>Machine</h2><div class="meta">{escape(str(m.get("processor", "")))}, {m.get("cpu_count")} cores, '
-             f'{escape(str(m.get("system", "")))} {escape(str(m.get("machine", "")))}, Python {escape(str(m.get("python", "")))}'
+    versions = ", ".join(f"{_text(k)} {_text(v)}" for k, v in report.versions.items())
+    h.append(f'<h2>Machine</h2><div class="meta">{_text(str(m.get("processor", "")))}, {_text(m.get("cpu_count"))} cores, '
+             f'{_text(str(m.get("system", "")))} {_text(str(m.get("machine", "")))}, Python {_text(str(m.get("python", "")))}'
              f"<br>{versions}</div>")
     h.append("</body></html>\n")
     return "\n".join(x for x in h if x)
