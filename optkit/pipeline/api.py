@@ -6,10 +6,12 @@
     report.stages[-1].measurements["latency_change"]          # the ratio against the input, with its interval
 
 Both return the run's Report (optkit.report.schema). A gate that fails is in `report.gates` (`g.verdict`); the
-API raises only for what the command line exits 2, 3 or 4 on (UsageError, PassError, DependencyError).
+API raises only for what the command line exits 2, 3 or 4 on (UsageError, PassError, DependencyError): an
+argument of the wrong kind (None for a path, a file as the workspace) is a UsageError naming the argument.
 """
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -25,9 +27,32 @@ from optkit.pipeline.runner import RunOptions, execute
 from optkit.report.schema import Report
 
 
+def _path(name: str, value: Any, *, optional: bool = False) -> Path | None:
+    """An argument that names a file: a str or os.PathLike (None where `optional`), else a UsageError."""
+    if value is None and optional:
+        return None
+    if isinstance(value, (str, os.PathLike)) and not isinstance(value, bytes) and str(value).strip():
+        return Path(value)
+    raise UsageError(f"{name}: give a path (a str or pathlib.Path), not {_shown(value)}")
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise UsageError(f"{name}: give True or False, not {_shown(value)}")
+    return value
+
+
+def _shown(value: Any) -> str:
+    return "None" if value is None else f"{type(value).__name__} {value!r:.60}"
+
+
 def run(recipe: str | Path | dict, *, workspace: str | Path = "runs", cache: bool = True, resume: bool = True,
         baseline: str | Path | None = None) -> Report:
     """Run a recipe (a YAML file, or the same mapping as a dict) exactly as `optkit run` does."""
+    if not isinstance(recipe, dict):
+        _path("recipe", recipe)  # a YAML file, or the mapping itself
+    workspace, baseline = _path("workspace", workspace), _path("baseline", baseline, optional=True)
+    cache, resume = _flag("cache", cache), _flag("resume", resume)
     loaded = from_dict(recipe) if isinstance(recipe, dict) else load_recipe(recipe)
     opts = RunOptions(workspace=Path(workspace), use_cache=cache, resume=resume,
                       baseline=None if baseline is None else str(baseline),
@@ -42,6 +67,16 @@ def run_pass(pass_name: str, model: str | Path, output: str | Path, *, weights: 
     """One pass on `model`, written to `output`, measured against its input: the one-stage recipe a command's
     `--print-recipe` prints, run by the recipe runner in a scratch workspace. `config` is the pass's Config
     (the recipe's `config:`), `measure` the recipe's `measure:` section."""
+    if not isinstance(pass_name, str) or not pass_name:
+        raise UsageError(f"pass_name: give a pass's name (optkit passes lists them), not {_shown(pass_name)}")
+    model, output = _path("model", model), _path("output", output)
+    weights, calibration, eval, labels, train = (
+        _path(k, v, optional=True) for k, v in (("weights", weights), ("calibration", calibration), ("eval", eval),
+                                                  ("labels", labels), ("train", train)))
+    if metric is not None and not isinstance(metric, str):
+        raise UsageError(f"metric: give a metric's name (top1, ...), not {_shown(metric)}")
+    if measure is not None and not isinstance(measure, dict):
+        raise UsageError(f"measure: give the recipe's measure section as a dict, not {_shown(measure)}")
     check_output_path(output, inputs=[model, weights, calibration, eval, labels, train])
     if metric is not None and eval is None:
         raise UsageError("metric needs evaluation data: give eval=PATH")

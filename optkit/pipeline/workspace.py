@@ -48,6 +48,7 @@ class Workspace:
         if os.path.dirname(inside) != base or recipe_name.startswith("."):
             raise UsageError(f"recipe name {recipe_name!r} is not a plain folder name inside {self.root}; "
                              "use letters, digits, '.', '_' and '-'")
+        _check_root(self.root)
 
     # ------------------------------------------------------------ runs
     def open_run(self, loaded, *, resume: bool = True) -> Run:
@@ -266,6 +267,16 @@ class Run:
         if self._lock is not None:
             os.close(self._lock)
             self._lock = None
+
+
+def _check_root(root: Path) -> None:
+    """The workspace is a folder, or a path whose nearest existing part is one (it is created then)."""
+    for part in (root, *root.absolute().parents):
+        if part.is_dir():
+            return
+        if os.path.lexists(part):
+            what = "" if part == root else f": {part} "
+            raise UsageError(f"workspace {root}{what or ' '}is not a folder; give a folder for runs (default runs/)")
 
 
 def _try_lock(folder: Path) -> int | None:
