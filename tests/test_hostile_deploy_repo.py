@@ -127,11 +127,18 @@ def test_best_json_of_the_wrong_shape_is_refused(work, doc, key):
     refused(work, "package", CNN, "--to", "triton", "-o", "new", "--tuned", "best.json", names=("best.json", key))
 
 
-def test_best_json_through_a_link_is_refused(work):
+def test_best_json_the_user_names_through_a_link_is_read(work):
+    """--tuned names a file of the user's: a link to it is as good as the file (a package holds no links)."""
     best_json(work).rename(work / "real.json")
     (work / "best.json").symlink_to("real.json")
+    r = run_cli("package", CNN, "--to", "triton", "-o", "new", "--tuned", "best.json", cwd=work)
+    assert r.rc == 0, r.err
+
+
+def test_best_json_that_is_a_fifo_is_refused(work):
+    os.mkfifo(work / "best.json")
     refused(work, "package", CNN, "--to", "triton", "-o", "new", "--tuned", "best.json",
-            names=("best.json", "symbolic link"))
+            names=("best.json", "not a regular file"))
 
 
 def test_a_tuned_setting_within_bounds_is_packaged_as_written(work):
@@ -443,3 +450,16 @@ def test_an_edited_served_config_does_not_reach_the_history(work):
     assert history[-1]["before"] == 2
     r = run_cli("package", "inspect", "repo", cwd=work)
     assert r.rc == 0, r.err
+
+
+def test_a_linked_lineage_is_refused(work):
+    lin = work / "repo" / "cnn" / "1" / "optkit-package.json"
+    lin.rename(work / "lineage.json")
+    lin.symlink_to(work / "lineage.json")
+    for command in ("serve-version", "package-inspect", "inspect"):
+        refused(work, *READERS[command], names=("optkit-package.json", "symbolic link"))
+
+
+def test_serve_version_refuses_a_served_config_that_is_not_text(work):
+    (work / "repo" / "cnn" / "config.pbtxt").write_bytes(b"\xff\xfe")
+    refused(work, *READERS["serve-version"], names=("cnn/config.pbtxt", "not UTF-8"))

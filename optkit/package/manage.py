@@ -22,8 +22,13 @@ def serve_version(model_dir: str, version: str | None = None, tag: str | None = 
             from optkit.package.triton import served_version
 
             current = schemas.read_bytes(d / "config.pbtxt", schemas.MAX_CONFIG_BYTES)
+            try:
+                text = current.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise UsageError(f"{d / 'config.pbtxt'}: not UTF-8 text (byte {e.start}), so not the config optkit "
+                                 f"wrote; restore it (a copy of {d}/N/config.pbtxt of the version served)") from None
             # the served config is replaced; what it served counts only when it is one of the versions
-            was = served_version(current.decode("utf-8", errors="replace"))
+            was = served_version(text)
             before = was if was in {v["version"] for v in index["versions"]} else before
             replace[d / "config.pbtxt"] = _own_config(d, index["name"], number)
         out_registry = None

@@ -265,11 +265,12 @@ class Lineage(Strict):
 
 # ------------------------------------------------------------------ reading
 
-def read_bytes(path: Path, limit: int = MAX_FILE_BYTES) -> bytes:
-    """A regular file's bytes, never through a link nor from a FIFO or device; exit 2 otherwise."""
+def read_bytes(path: Path, limit: int = MAX_FILE_BYTES, *, links: bool = False) -> bytes:
+    """A regular file's bytes, never from a FIFO or device, nor through a link unless `links` (a file the user
+    named, not one inside a package); exit 2 otherwise."""
     path = Path(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (0 if links else os.O_NOFOLLOW))
     except FileNotFoundError:
         raise UsageError(f"{path} is missing; package the model again or restore it") from None
     except OSError as e:
@@ -286,9 +287,9 @@ def read_bytes(path: Path, limit: int = MAX_FILE_BYTES) -> bytes:
     return raw
 
 
-def load(path: Path, schema: type[BaseModel], hint: str) -> tuple[dict, BaseModel]:
+def load(path: Path, schema: type[BaseModel], hint: str, *, links: bool = False) -> tuple[dict, BaseModel]:
     """(the JSON document, its validated model); exit 2 with one line naming the file and the key."""
-    raw = read_bytes(path)
+    raw = read_bytes(path, links=links)
     try:
         data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
@@ -331,7 +332,7 @@ def load_lineage(path: Path) -> tuple[dict, Lineage]:
 
 
 def load_tuned(path: Path) -> tuple[dict, TunedFile]:
-    return load(path, TunedFile, TUNED_HINT)  # type: ignore[return-value]
+    return load(path, TunedFile, TUNED_HINT, links=True)  # type: ignore[return-value]
 
 
 def check_measured(figures: dict, where: str) -> dict:
