@@ -319,18 +319,16 @@ class RemoteSession(Session):
 
     def _read(self, resp: http.client.HTTPResponse, path: str) -> bytes:
         """The whole body, at most MAX_RESPONSE_BYTES (a larger Content-Length is refused before reading)."""
-        too_big = UsageError(f"{self.where.server}{path} answered more than {MAX_RESPONSE_BYTES:,} bytes")
-        if resp.length is not None:
-            if resp.length > MAX_RESPONSE_BYTES:
-                raise too_big
+        if resp.length is not None and resp.length <= MAX_RESPONSE_BYTES:
             return resp.read()
         chunks, size = [], 0
-        while chunk := resp.read(READ_CHUNK):
+        while size <= MAX_RESPONSE_BYTES and resp.length is None:
+            chunk = resp.read(READ_CHUNK)
+            if not chunk:
+                return b"".join(chunks)
             size += len(chunk)
-            if size > MAX_RESPONSE_BYTES:
-                raise too_big
             chunks.append(chunk)
-        return b"".join(chunks)
+        raise UsageError(f"{self.where.server}{path} answered more than {MAX_RESPONSE_BYTES:,} bytes")
 
     def close(self) -> None:
         with self._lock:
