@@ -68,6 +68,8 @@ def package(model: str, *, target: str, output: str, tuned_path: str | None = No
     from optkit.package import manifests as mf
 
     kinds = mf.parse_kinds(manifests)
+    if kinds and storage_uri:
+        mf.check_storage_uri(storage_uri)
     margin = mf.MARGIN if memory_margin is None else memory_margin
     if not 0 <= margin <= 10:
         raise UsageError(f"--memory-margin {memory_margin}: give a fraction between 0 and 10 (0.5 = 50%)")

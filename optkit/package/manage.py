@@ -16,6 +16,7 @@ def serve_version(model_dir: str, version: str | None = None, tag: str | None = 
     d = Path(model_dir)
     with repo.serving(d) as index:  # read and checked again under the lock: nothing foreign, no link
         number = repo.resolve_version(index, version, tag)
+        _verify_files(d, index["name"], number)
         before = index.get("served")
         replace = {}
         if index["target"] == "triton":
@@ -56,6 +57,28 @@ def serve_version(model_dir: str, version: str | None = None, tag: str | None = 
             "versions": [v["version"] for v in index["versions"]], "registry": out_registry}
 
 
+def _verify_files(d: Path, name: str, number: int) -> None:
+    """Every file version N's lineage records is there with the bytes optkit wrote (a server would load a damaged
+    or replaced model.onnx as it stands), else exit 2 naming it."""
+    from optkit.core.artifact import path_sha256
+
+    vdir = d / str(number)
+    data, _ = schemas.load_lineage(vdir / lineage.LINEAGE_FILE)
+    if data["name"] != name or data["version"] != number:
+        raise UsageError(f"{vdir / lineage.LINEAGE_FILE}: key {'name' if data['name'] != name else 'version'}: "
+                         f"not this version's ({name} {number}); {schemas.LINEAGE_HINT}")
+    for rel, digest in data["files"].items():
+        p = vdir / rel
+        if Path(rel).is_absolute() or ".." in Path(rel).parts or not rel:
+            raise UsageError(f"{vdir / lineage.LINEAGE_FILE}: key files.{rel}: not a file of the version folder; "
+                             f"{schemas.LINEAGE_HINT}")
+        if p.is_symlink() or not p.is_file():
+            raise UsageError(f"{p} is missing (the lineage lists it); restore it or package the model again")
+        if path_sha256(p) != digest:
+            raise UsageError(f"{p} was edited after optkit packaged it (its sha256 is not the lineage's "
+                             f"files.{rel}); restore it or package the model again")
+
+
 def _own_config(d: Path, name: str, number: int) -> str:
     """Version N's config.pbtxt as optkit wrote it (its lineage records its sha256), else exit 2."""
     vdir = d / str(number)
@@ -80,6 +103,12 @@ def is_package(path: str) -> bool:
 def inspect(path: str) -> dict[str, Any]:
     """A repository, a model folder or a version folder: its models, versions, tags, what is served, and each
     version's lineage summary."""
+    from optkit.core.text import redact_config
+
+    return redact_config(_inspect(path))  # a hand-edited file's password is not shown either
+
+
+def _inspect(path: str) -> dict[str, Any]:
     p = Path(path)
     if not p.is_dir():
         raise UsageError(f"{path} is not a folder; give a package repository, REPO/NAME or REPO/NAME/N")

@@ -121,7 +121,32 @@ def render(kind: str, doc: dict) -> str:
 def base_uri(given: str | None, repo: Path) -> tuple[str, list[str]]:
     """The repository's URI as a server reads it: --storage-uri, else this machine's path (said)."""
     if given:
-        return given.rstrip("/"), []
+        return check_storage_uri(given).rstrip("/"), []
     local = repo.resolve()
     return f"file://{local}", [f"storageUri is this machine's path file://{local}: upload the repository and give "
                                "--storage-uri s3://... (or gs://, pvc://) for a cluster"]
+
+
+def check_storage_uri(given: str) -> str:
+    """--storage-uri goes into every manifest as written, with the model's name after it: a URL with no
+    credential in it (a cluster takes those from a Secret), no query or fragment (the name would land inside
+    them), no space or control character (exit 2 otherwise)."""
+    import urllib.parse
+
+    from optkit.core.text import redact_url
+
+    bare = re.split(r"[?#]", given, maxsplit=1)[0]
+    shown = redact_url(bare) + ("?..." if bare != given else "")  # a query may hold a signature: not shown
+    try:
+        parts = urllib.parse.urlsplit(given)
+    except ValueError as e:
+        raise UsageError(f"--storage-uri {shown!r} is not a URL ({e}); give s3://BUCKET/PATH, gs://... or pvc://..."
+                         ) from None
+    if redact_url(given) != given or "@" in parts.netloc:
+        raise UsageError(f"--storage-uri {shown!r} carries a credential, which would be written into every "
+                         "manifest; give the URI without it (the cluster reads credentials from a Secret)")
+    if not parts.scheme or not parts.netloc or parts.query or parts.fragment or "?" in given or "#" in given \
+            or any(c.isspace() or not c.isprintable() for c in given):
+        raise UsageError(f"--storage-uri {shown!r}: give SCHEME://BUCKET/PATH (s3://, gs://, pvc://...) with no "
+                         "query, fragment or space")
+    return given

@@ -38,13 +38,39 @@ def check(registry: str) -> None:
     """Before anything is written: a database registry is empty or MLflow's own (UsageError else; a wrong
     password, a server that does not answer or a missing database too, at once). A file store or an MLflow
     server (http, https, databricks) is MLflow's to judge."""
-    if registry in _checked or _scheme(registry) not in DATABASES:
+    if registry in _checked:
+        return
+    if _file_store(registry) and not _file_store_allowed():
+        raise UsageError(f"registry {shown(registry)} names a folder, MLflow's file store, which this MLflow refuses "
+                         "(maintenance mode); give sqlite:///FILE.db, postgresql://... or an MLflow server URL "
+                         "(or set MLFLOW_ALLOW_FILE_STORE=true)")
+    if _scheme(registry) not in DATABASES:
         return
     if _scheme(registry) == "sqlite":
         _check_sqlite(registry)
     else:
         _check_server(registry)
     _checked.add(registry)
+
+
+def _file_store(registry: str) -> bool:
+    """A registry MLflow keeps in a folder: a path or a file:// URI (`databricks`, `databricks-uc` and `uc`, with
+    or without a profile, are no paths)."""
+    if "://" in registry:
+        return _scheme(registry) == "file"
+    return registry.split(":", 1)[0].strip().lower() not in ("databricks", "databricks-uc", "uc")
+
+
+def _file_store_allowed() -> bool:
+    """MLflow's own switch for its file store (MLFLOW_ALLOW_FILE_STORE), read as MLflow reads it."""
+    try:
+        from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE
+    except ImportError:  # an MLflow without the switch takes a file store
+        return True
+    try:
+        return bool(MLFLOW_ALLOW_FILE_STORE.get())
+    except Exception:  # noqa: BLE001 - a value MLflow cannot read: MLflow will say so
+        return True
 
 
 def _check_sqlite(registry: str) -> None:
@@ -103,9 +129,43 @@ def _problem(engine) -> str | None:
         if not tables and not views:
             return None
         # older MLflow versions have fewer columns: MLflow itself asks for `mlflow db upgrade`
-        return dburl.foreign(tables, views, columns, _mlflow_schema(), "MLflow", "an MLflow registry", older=True)
+        return dburl.foreign(tables, views, columns, _mlflow_schema(), "MLflow", "an MLflow registry", older=True) \
+            or _not_migrated_by_mlflow(engine, tables)
     finally:
         engine.dispose()
+
+
+def _not_migrated_by_mlflow(engine, tables: set[str]) -> str | None:
+    """A database whose tables only bear MLflow's names (a user's `tags (key, value)`: a subset of MLflow's
+    columns, as an older MLflow's would be) is MLflow's only where alembic_version holds one of MLflow's own
+    schema revisions; MLflow would add its tables to anything else."""
+    import sqlalchemy
+
+    if not tables:
+        return None
+    found: list[str] = []
+    if "alembic_version" in tables:
+        with engine.connect() as con:
+            found = [str(r[0]) for r in con.execute(sqlalchemy.text("SELECT version_num FROM alembic_version"))]
+    if len(found) != 1 or found[0] not in _mlflow_revisions():
+        return (f"has tables named like MLflow's ({dburl.shown(sorted(tables))}) but no MLflow schema revision in "
+                "alembic_version, so it is not an MLflow registry")
+    return None
+
+
+def _mlflow_revisions() -> set[str]:
+    """The alembic revisions of MLflow's database schema (its db_migrations/versions scripts)."""
+    import importlib.util
+    import re
+
+    spec = importlib.util.find_spec("mlflow.store.db_migrations")
+    folder = Path(next(iter(spec.submodule_search_locations or []), "")) / "versions" if spec else None
+    revisions: set[str] = set()
+    for script in sorted(folder.glob("*.py")) if folder and folder.is_dir() else []:
+        m = re.search(r"^revision\s*(?::\s*str\s*)?=\s*[\"']([0-9A-Za-z_]+)[\"']", script.read_text(encoding="utf-8"), re.M)
+        if m:
+            revisions.add(m[1])
+    return revisions
 
 
 def _mlflow_schema() -> dict[str, set[str] | None]:

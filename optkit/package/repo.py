@@ -45,21 +45,28 @@ def now() -> str:
 
 def check_name(name: str) -> str:
     if not NAME_RE.fullmatch(name) or name.isdigit():
-        raise UsageError(f"--name {name!r}: use letters, digits, '_', '.', '-' (not all digits), at most 128")
+        raise UsageError(f"--name {_shown(name)}: use letters, digits, '_', '.', '-' (not all digits), at most 128")
     return name
 
 
 def check_tag(tag: str | None) -> str | None:
     if tag is not None and not TAG_RE.fullmatch(tag):
-        raise UsageError(f"--tag {tag!r}: use letters, digits and '_', '.', '+', '-' (e.g. v1.1)")
+        raise UsageError(f"--tag {_shown(tag)}: use letters, digits and '_', '.', '+', '-' (e.g. v1.1)")
     return tag
 
 
 def parse_version(asked: str) -> int:
     """--version N: ASCII digits, 1 to 2**31-1 (Triton takes int64; a package keeps to int32 for every tool)."""
-    if not (asked.isascii() and asked.isdigit()) or not 1 <= int(asked) <= schemas.MAX_VERSION:
-        raise UsageError(f"--version {asked!r}: give auto or a whole number from 1 to {schemas.MAX_VERSION}")
-    return int(asked)
+    digits = asked.lstrip("0") or "0"  # int() refuses a string of over 4,300 digits: '000...1' too
+    if not (asked.isascii() and asked.isdigit()) or len(digits) > 10 or not 1 <= int(digits) <= schemas.MAX_VERSION:
+        raise UsageError(f"--version {_shown(asked)}: give auto or a whole number from 1 to {schemas.MAX_VERSION}")
+    return int(digits)
+
+
+def _shown(value: str) -> str:
+    """A value the user gave, for an error line: quoted, escaped, at most ~60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def load_index(model_dir: Path) -> dict[str, Any]:
@@ -130,11 +137,15 @@ def _old_temp(folder: Path, entry: Path) -> UsageError:
 def check_repo(repo: Path, name: str, target: str, *, clean: bool = False) -> dict[str, Any] | None:
     """Refuse (exit 2) a repository holding what optkit did not create; the model's index, or None when new.
     `clean` (under the lock): clear optkit's stale temporaries first."""
-    if repo.is_symlink() or (repo.exists() and not repo.is_dir()):
+    if repo.is_symlink():
+        raise UsageError(f"{repo} is a symbolic link; a package holds no links (a server would follow it): name "
+                         "the repository folder itself")
+    if repo.exists() and not repo.is_dir():
         raise UsageError(f"-o {repo} exists and is not a folder; name a new or optkit-made repository folder")
     if not repo.exists():
         if not repo.parent.is_dir():
-            raise UsageError(f"-o {repo}: its parent folder {repo.parent} does not exist; create it first")
+            raise UsageError(f"-o {repo}: {repo.parent} " + ("is not a folder; choose another -o" if
+                             os.path.lexists(repo.parent) else "does not exist; create it first"))
         if not os.access(repo.parent, os.W_OK | os.X_OK):
             raise UsageError(f"-o {repo}: folder {repo.parent} is not writable")
         return None
@@ -299,6 +310,7 @@ def resolve_version(index: dict, version: str | None, tag: str | None) -> int:
     if (version is None) == (tag is None):
         raise UsageError("give exactly one of --version N or --tag T")
     number = parse_version(version) if version is not None else None
+    check_tag(tag)
     for v in index["versions"]:
         if (tag is not None and v.get("tag") == tag) or (number is not None and v["version"] == number):
             return v["version"]

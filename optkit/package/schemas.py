@@ -102,16 +102,25 @@ class TunedFigures(Open):
     throughput_per_s: Annotated[float, Field(ge=0)] | None = None
 
 
+Label = Annotated[str, Field(pattern=r"^[^\x00-\x1f\x7f]{0,512}$")]  # a setting's label: one short line
+
+
 class Confirmed(Strict):
-    figure: str
+    figure: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.]{1,64}$")]
     mean: float
     ci95: Annotated[list[float], Field(min_length=2, max_length=2)]
-    rounds: Annotated[int, Field(ge=1)] | None = None
+    rounds: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+
+    @model_validator(mode="after")
+    def _band(self):
+        if self.ci95[0] > self.ci95[1]:
+            raise ValueError(f"ci95: its low end {self.ci95[0]} is above its high end {self.ci95[1]}")
+        return self
 
 
 class Best(Strict):
     setting: TunedSetting
-    label: str = ""
+    label: Label = ""
     figures: TunedFigures = Field(default_factory=TunedFigures)
     trial: Annotated[int, Field(ge=0)] | None = None
     confirmed: Confirmed | None = None
@@ -162,12 +171,20 @@ class Measured(Open):
 
 # ------------------------------------------------------------------ optkit-versions.json
 
-class Registry(Open):
-    """Where an MLflow version was registered (optkit.package.registry)."""
+class Registry(Strict):
+    """Where an MLflow version was registered (optkit.package.registry): the URI as shown, without a password."""
 
     uri: str
     version: str | int
     alias: str
+
+    @model_validator(mode="after")
+    def _no_secret(self):
+        from optkit.core.text import redact_url
+
+        if redact_url(self.uri) != self.uri:
+            raise ValueError("uri: holds a password or token; optkit stores a registry URI without it")
+        return self
 
 
 class VersionEntry(Strict):
@@ -175,7 +192,7 @@ class VersionEntry(Strict):
     tag: Tag | None = None
     created: str
     model_sha256: Sha256
-    tuned: str
+    tuned: Label
     registry: Registry | None = None
 
 
@@ -235,7 +252,7 @@ class ReportRecord(Strict):
 
 class TunedRecord(Strict):
     source: str | None = None
-    label: str
+    label: Label
     setting: TunedSetting
     objective: list[str] = Field(default_factory=list)
     figures: TunedFigures = Field(default_factory=TunedFigures)
