@@ -26,6 +26,7 @@ after the JSON header) where the server lists `binary_tensor_data` among its ext
 """
 from __future__ import annotations
 
+import base64
 import http.client
 import io
 import json
@@ -34,7 +35,7 @@ import re
 import threading
 import time
 from typing import Annotated, Any, Literal, Optional
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -119,6 +120,9 @@ def _parse(schema: type[_Answer], body: bytes, where: str):
         err = e.errors()[0]
         what = f"{where} is not {schema.__doc__.split(':')[0]}"
         if not err["loc"]:   # not JSON, or not an object
+            if "recursion limit" in str(err.get("msg", "")):
+                raise UsageError(f"{what} (a JSON object): it nests lists or objects deeper than any v2 answer "
+                                 "(the JSON parser's recursion limit)") from None
             raise UsageError(f"{what} (a JSON object){_said(body)}") from None
         key = ".".join(str(p) for p in err["loc"])
         raise UsageError(f"{what}: {printable(key)[:120]}: {err['msg']}") from None
@@ -141,6 +145,15 @@ class ServedModel:
             port = parts.port
         except ValueError:
             raise UsageError(f"--url {shown!r}: the port is not a number from 1 to 65535") from None
+        if parts.query:
+            bare = redact_url(parts._replace(query="", fragment="").geturl())   # a query may hold any secret
+            raise UsageError(f"--url {bare + '?...'!r}: optkit sends no query string (a token in it would never "
+                             "reach the server); for HTTP basic auth put user:password@ before the host")
+        # user:password@ in the URL: sent as HTTP basic auth on every request, as curl does (never shown)
+        self.auth: str | None = None
+        if parts.username is not None:
+            token = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+            self.auth = "Basic " + base64.b64encode(token).decode("ascii")
         self.url = url.strip()
         self.https = parts.scheme == "https"
         self.host = parts.hostname
@@ -287,7 +300,10 @@ class RemoteSession(Session):
                     if left <= 0:
                         raise TimeoutError
                     conn.sock.settimeout(left)   # sending; the answer is read by _DeadlineReader
-                    conn.request(method, path, body=body, headers=headers or {})
+                    sent = dict(headers or {})
+                    if self.where.auth:
+                        sent["Authorization"] = self.where.auth
+                    conn.request(method, path, body=body, headers=sent)
                     resp = conn.getresponse()
                     data = self._read(resp, path)
                 except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as e:
@@ -302,6 +318,7 @@ class RemoteSession(Session):
                     raise UsageError(f"{self.where.server} did not answer {method} {path} over HTTP "
                                      f"({first_line(e) or type(e).__name__}): is it a KServe v2 server?") from None
                 keep = not resp.will_close
+                self._refused(method, path, resp, data)
                 return resp.status, resp, data
             raise AssertionError("unreachable")
         finally:
@@ -310,6 +327,31 @@ class RemoteSession(Session):
             else:
                 conn.close()
                 self._idle.append(conn)   # reopened on its next use
+
+    def _refused(self, method: str, path: str, resp: http.client.HTTPResponse, data: bytes) -> None:
+        """A redirect, a refusal for want of credentials, or a compressed answer: one UsageError line saying so
+        (not "model not ready", not a shape to probe). optkit follows no redirect (it would leave the address
+        the user gave, possibly for another host) and asks for no compression."""
+        status, what = resp.status, f"{method} {path}"
+        server = self.where.server
+        if 300 <= status < 400:
+            to = resp.getheader("Location")
+            to = f" to {printable(redact_url(to))[:200]}" if to else ""
+            raise UsageError(f"{server} redirected {what} ({status}){to}: optkit follows no redirect; give the "
+                             "address the model is served at in --url")
+        if status in (401, 407):
+            asks = resp.getheader("Proxy-Authenticate" if status == 407 else "WWW-Authenticate")
+            asks = f" ({printable(asks)[:80]})" if asks else ""
+            hint = ("the user and password in --url were sent and not accepted" if self.where.auth else
+                    "put user:password@ before the host in --url (HTTP basic auth)")
+            raise UsageError(f"{server} refused {what} with {status}: it asks for credentials{asks}; {hint}")
+        if status == 403:
+            raise UsageError(f"{server} refused {what} with 403 Forbidden{_said(data)}: this client may not use "
+                             f"it{' with the credentials in --url' if self.where.auth else ''}")
+        coding = (resp.getheader("Content-Encoding") or "identity").strip().lower()
+        if coding != "identity" and data:
+            raise UsageError(f"{server} answered {what} with Content-Encoding {printable(coding)[:40]!r}, which "
+                             "optkit did not ask for (it sends no Accept-Encoding): is it a KServe v2 server?")
 
     def _late(self, what: str, wait: float, deadline: float) -> str:
         if deadline >= self.deadline and self.deadline_s is not None:
@@ -588,7 +630,12 @@ def _said(body: bytes) -> str:
         text = first + (f" ... {raised[-1]}" if raised else "")
         return f": {printable(text[:400])}"
     if text is None:
-        text = body[:200].decode("utf-8", "replace")
+        try:
+            text = body[:200].decode("utf-8")
+        except UnicodeDecodeError as e:
+            if e.start < min(len(body), 200) - 3:   # not a character cut at the excerpt's end
+                return f": {len(body):,} bytes that are not UTF-8 text"
+            text = body[:e.start].decode("utf-8")
         if "<" in text and re.search(r"<(!doctype|html|head|body)", text, re.I):
             return ": an HTML page"
     text = " ".join(text.split())[:200]
