@@ -654,7 +654,6 @@ def test_stored_gates_that_are_not_gates_are_a_usage_error(work, real_report):
 def test_renderers_survive_non_finite_figures(work, real_report):
     def edit(rep):
         rep["stages"][1]["measurements"]["accuracy"]["top1"] = float("inf")
-        rep["stages"][1]["measurements"]["latency"]["ci95_pct"] = float("nan")
         rep["stages"][0]["measurements"]["latency"]["p50_ms"] = None
 
     _hostile_report(work, real_report, edit)
@@ -663,6 +662,11 @@ def test_renderers_survive_non_finite_figures(work, real_report):
         assert r.rc == 0 and "Traceback" not in r.err, (fmt, r.err)
     r = cli(work, "report", "compare", "rep.json", "rep.json")
     assert r.rc == 0, r.err
+    # a NaN noise band is no measurement's (figures.py): every reader refuses it, naming file and key
+    _hostile_report(work, real_report, lambda rep: rep["stages"][1]["measurements"]["latency"].__setitem__(
+        "ci95_pct", float("nan")))
+    r = cli(work, "report", "render", "rep.json")
+    assert r.rc == 2 and "rep.json" in r.err and "latency.ci95_pct" in r.err and "Traceback" not in r.err, r.err
 
 
 def test_gzip_size_counts_external_data(tmp_path):

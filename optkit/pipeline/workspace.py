@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import sys
 import time
 from collections.abc import Iterator
@@ -207,9 +208,12 @@ class Run:
             if d.exists():
                 remove(d)
             return None, None
+        raw = _read_small(f)
         try:
-            stage = Stage.model_validate_json(f.read_text())
-        except ValueError:
+            if raw is None:
+                raise ValueError(f"{f} is not a readable report")
+            stage = Stage.model_validate_json(raw)
+        except (ValueError, RecursionError):
             remove(d)
             return None, None
         ok = (expect_input is None or (stage.input is not None and stage.input.sha256 == expect_input))
@@ -347,11 +351,39 @@ def _checked_entry(entry: Any, entry_dir: Path, key: str):
         return None
 
 
-def _read_json(p: Path) -> dict | None:
+_MAX_STATE_BYTES = 64 << 20  # run.json, entry.json and a stage's report.json are a few KB
+
+
+def _read_small(p: Path) -> bytes | None:
+    """The bytes of a regular file of at most _MAX_STATE_BYTES; None for anything else (a FIFO, which would
+    block the open, a device, a folder, a huge or unreadable file): the workspace's own files read back."""
     try:
-        return json.loads(p.read_text())
-    except (OSError, ValueError):
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
         return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_STATE_BYTES:
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            raw = f.read(_MAX_STATE_BYTES + 1)
+        return raw if len(raw) <= _MAX_STATE_BYTES else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _read_json(p: Path) -> dict | None:
+    """A JSON object from the workspace's bookkeeping, or None when it is not one (damaged, edited, too deep)."""
+    raw = _read_small(p)
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _file_sha(path: str | None) -> str | None:

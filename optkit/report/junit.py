@@ -1,10 +1,21 @@
 """JUnit XML: one test case per gate, so CI systems show each gate as a test."""
 from __future__ import annotations
 
-from xml.sax.saxutils import escape, quoteattr
+from xml.sax import saxutils
 
+from optkit.core.text import printable
 from optkit.report.schema import Report
 from optkit.report.table import gate_rows
+
+
+def escape(text: str) -> str:
+    """Text from a report for an XML element: printable first (a control byte is not allowed in XML 1.0, so one
+    in a gate, stage or command made the whole file unreadable to CI; a bidi override hides what it says)."""
+    return saxutils.escape(printable(text))
+
+
+def quoteattr(text: str) -> str:
+    return saxutils.quoteattr(printable(text))
 
 
 def to_junit(report: Report, suite: str = "optkit.pipeline.gates") -> str:

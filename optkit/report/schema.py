@@ -89,10 +89,14 @@ class Report(BaseModel):
         p = Path(path)
         if p.is_dir():
             raise UsageError(f"report {p} is a folder; name its report.json")
-        if not p.is_file():
+        if not p.exists():
             raise UsageError(f"report {p} not found")
+        if not p.is_file():  # a FIFO would block the read, a device never end
+            raise UsageError(f"report {p} is not a regular file; name a report.json")
         try:
             with open(p, "rb") as f:
+                if os.fstat(f.fileno()).st_size > MAX_REPORT_BYTES:
+                    raise UsageError(f"{p} is over {MAX_REPORT_BYTES >> 20} MB; not an optkit report")
                 raw = f.read(MAX_REPORT_BYTES + 1)
             if len(raw) > MAX_REPORT_BYTES:
                 raise UsageError(f"{p} is over {MAX_REPORT_BYTES >> 20} MB; not an optkit report")
@@ -101,11 +105,14 @@ class Report(BaseModel):
             raise UsageError(f"cannot read report {p}: {e.strerror or e}") from None
         except ValueError as e:  # also bad UTF-8
             raise UsageError(f"{p} is not an optkit report: not valid JSON ({first_line(e)})") from None
+        except RecursionError:
+            raise UsageError(f"{p} is not an optkit report: its JSON is nested too deep") from None
         # a report is what optkit writes: the tool, a schema version and at least the input stage
         if not isinstance(data, dict) or data.get("tool") != "optkit" or "schema_version" not in data:
             raise UsageError(f"{p} is not an optkit report (no \"tool\": \"optkit\" and \"schema_version\")")
         if not isinstance(data.get("stages"), list) or not data["stages"]:
             raise UsageError(f"{p} is not a complete optkit report: it has no stages")
+        _check_magnitudes(data, p)
         _check_figures(data, p)
         try:
             report = cls.model_validate(data)
@@ -115,6 +122,14 @@ class Report(BaseModel):
             raise UsageError(f"{p} is not an optkit report: {what}") from None
         if report.schema_version.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
             raise UsageError(f"{p} has report schema {report.schema_version}; this optkit reads {SCHEMA_VERSION}")
+        # every reader (gate, --baseline, render, compare, package --report) gets figures no measurement could
+        # give refused here, naming the file: a band that is inverted, negative, NaN or does not hold its figure
+        from optkit.report.figures import StageFigures
+        for i, stage in enumerate(report.stages):
+            try:
+                StageFigures.of(stage, strict=True)
+            except UsageError as e:
+                raise UsageError(f"{p} is not an optkit report: stages.{i} {e}") from None
         return report
 
 
@@ -127,6 +142,24 @@ _NUMBERS = {
     "fidelity": ("cosine", "top1_agreement", "max_abs_error", "mean_abs_error"),
 }
 _LISTS = ("trial_p50_ms", "trial_low_ms", "trial_normalized")
+
+
+_FLOAT_MAX = sys.float_info.max
+
+
+def _check_magnitudes(data: Any, p: Path) -> None:
+    """Refuse (exit 2) an integer past float's range anywhere in a report (JSON allows 10**400; every figure is
+    read as a float somewhere), naming its key, before anything converts it."""
+    stack: list[tuple[Any, str]] = [(data, "")]
+    while stack:
+        v, where = stack.pop()
+        if isinstance(v, dict):
+            stack.extend((x, f"{where}.{k}" if where else str(k)) for k, x in v.items())
+        elif isinstance(v, list):
+            stack.extend((x, f"{where}.{i}") for i, x in enumerate(v))
+        elif isinstance(v, int) and not isinstance(v, bool) and not -_FLOAT_MAX <= v <= _FLOAT_MAX:
+            raise UsageError(f"{p} is not an optkit report: {where or 'the document'} is an integer of "
+                             f"{len(str(abs(v)))} digits, past any figure's range")
 
 
 def _check_figures(data: dict, p: Path) -> None:
