@@ -167,3 +167,14 @@ def test_junit_from_a_report_with_control_bytes_is_well_formed_xml(bench, tmp_pa
     assert r.rc == 0, r.err
     xml.dom.minidom.parseString(r.out)     # a control byte made the file unreadable to every CI system
     assert not any(c in r.out for c in "\x1b\x07\x00\x0b\u202e\u2066")
+
+
+def test_a_huge_stage_name_is_refused_before_renderers_repeat_it_per_note(bench, tmp_path):
+    d = copy.deepcopy(bench)
+    d["stages"][-1]["name"] = "N" * 5_000_000
+    d["stages"][-1]["notes"] = ["x"] * 10_000          # html and Markdown repeat the name beside each: 50 GB
+    p = tmp_path / "huge.json"
+    p.write_text(json.dumps(d))
+    r = run_cli("report", "render", p, "--format", "html", "-o", tmp_path / "out.html", timeout=60)
+    assert r.rc == 2 and "stages.0.name" in one_error_line(r) and str(p) in r.err
+    assert not (tmp_path / "out.html").exists()

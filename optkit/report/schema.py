@@ -18,6 +18,7 @@ from optkit.core.text import first_line
 
 SCHEMA_VERSION = "1.0"
 MAX_REPORT_BYTES = 256 << 20
+MAX_STAGE_NAME = 1024  # a recipe's stage names have at most 100 characters
 TRACKED = ("optkit", "numpy", "onnx", "onnxruntime", "onnxruntime-gpu", "torch", "onnxscript", "tensorflow",
            "tf-keras", "tensorflow-model-optimization", "tf2onnx", "onnxslim", "onnxsim",
            "onnxconverter-common", "tensorrt")
@@ -126,6 +127,9 @@ class Report(BaseModel):
         # give refused here, naming the file: a band that is inverted, negative, NaN or does not hold its figure
         from optkit.report.figures import StageFigures
         for i, stage in enumerate(report.stages):
+            if len(stage.name) > MAX_STAGE_NAME:  # renderers repeat it beside every note: 5 MB x 10,000 notes
+                raise UsageError(f"{p} is not an optkit report: stages.{i}.name is {len(stage.name):,} characters "
+                                 f"long; a stage name has at most {MAX_STAGE_NAME}")
             try:
                 StageFigures.of(stage, strict=True)
             except UsageError as e:
