@@ -178,3 +178,21 @@ def test_a_huge_stage_name_is_refused_before_renderers_repeat_it_per_note(bench,
     r = run_cli("report", "render", p, "--format", "html", "-o", tmp_path / "out.html", timeout=60)
     assert r.rc == 2 and "stages.0.name" in one_error_line(r) and str(p) in r.err
     assert not (tmp_path / "out.html").exists()
+
+
+# ------------------------------------------------------------------ the API: a path with a NUL character
+@pytest.mark.parametrize("call, words", [
+    (lambda optkit, m: optkit.run_pass("simplify.onnx", "m\x00.onnx", "o.onnx"), "model:"),
+    (lambda optkit, m: optkit.run_pass("simplify.onnx", m, "o\x00.onnx"), "output:"),
+    (lambda optkit, m: optkit.run_pass("simplify.onnx", m, "o.onnx", calibration="c\x00.npz"), "calibration:"),
+    (lambda optkit, m: optkit.run({"version": 1, "name": "r", "model": {"path": str(m)},
+                                   "stages": [{"pass": "simplify.onnx"}]}, workspace="w\x00s"), "workspace:"),
+])
+def test_api_path_with_a_nul_is_a_usage_error_not_a_bare_valueerror(tmp_path, samples, monkeypatch, call, words):
+    import optkit
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError, match="NUL") as e:     # was ValueError: embedded null byte
+        call(optkit, samples / "torch_cnn.onnx")
+    assert str(e.value).startswith(words) and "\n" not in str(e.value)
+    assert list(tmp_path.iterdir()) == []

@@ -32,6 +32,8 @@ def _path(name: str, value: Any, *, optional: bool = False) -> Path | None:
     if value is None and optional:
         return None
     if isinstance(value, (str, os.PathLike)) and not isinstance(value, bytes) and str(value).strip():
+        if "\x00" in str(value):  # no file has one; os calls raise a bare ValueError on it
+            raise UsageError(f"{name}: {str(value)!r:.80} holds a NUL character; no file's path has one")
         return Path(value)
     raise UsageError(f"{name}: give a path (a str or pathlib.Path), not {_shown(value)}")
 
