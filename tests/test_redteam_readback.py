@@ -196,3 +196,13 @@ def test_api_path_with_a_nul_is_a_usage_error_not_a_bare_valueerror(tmp_path, sa
         call(optkit, samples / "torch_cnn.onnx")
     assert str(e.value).startswith(words) and "\n" not in str(e.value)
     assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------ tune: a journal storage that is no file
+def test_tune_journal_storage_that_is_a_fifo_is_exit_2_not_a_hang(tmp_path, samples):
+    fifo = tmp_path / "j.fifo"
+    os.mkfifo(fifo)
+    r = run_cli("tune", samples / "torch_cnn.onnx", "--trials", "2", "--trial-seconds", "0.1", "--confirm", "0",
+                "-o", tmp_path / "best.json", "--storage", f"journal:{fifo}", timeout=60)   # hung for ever
+    assert r.rc == 2 and "not a regular file" in one_error_line(r)
+    assert not (tmp_path / "best.json").exists()

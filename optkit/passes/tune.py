@@ -592,6 +592,9 @@ def open_storage(url: str, stale_callback=None, wait: float = 20.0, create: bool
             path = url[len("journal:"):]
             if not path or not Path(path).parent.is_dir():
                 raise UsageError(f"journal storage {url!r}: the folder of {path or '(no path)'} does not exist")
+            if os.path.exists(path) and not Path(path).is_file():  # a FIFO blocked Optuna's read for ever
+                raise UsageError(f"journal storage {path} exists and is not a regular file; give another storage "
+                                 "(--storage)")
             try:
                 return optuna.storages.JournalStorage(JournalFileBackend(path))
             except (json.JSONDecodeError, UnicodeDecodeError):
