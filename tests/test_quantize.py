@@ -494,7 +494,8 @@ def test_weights_held_as_constant_nodes_are_quantized(cli, samples, tmp_path):
     src = tmp_path / "constants.onnx"
     onnx.save(m, str(src))
     out = tmp_path / "q.onnx"
-    r = cli("quantize", src, "--mode", "dynamic", "-o", out, "--json")
+    # --allow-slower: the subject is the weights; on an AMX/VNNI CPU this small model's dynamic INT8 is 1.09x
+    r = cli("quantize", src, "--mode", "dynamic", "-o", out, "--json", "--allow-slower")
     rep = _json(r)
     assert any("Constant nodes into initializers" in n for n in rep["stages"][1]["notes"])
     assert out.stat().st_size <= 0.5 * src.stat().st_size

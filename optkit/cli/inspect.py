@@ -10,7 +10,6 @@ from optkit.cli import common, options
 from optkit.cli.package import show
 from optkit.core.shapes import format_shape
 from optkit.core.text import printable
-from optkit.package.manage import is_package
 
 
 def register(app: typer.Typer) -> None:
@@ -22,6 +21,8 @@ def register(app: typer.Typer) -> None:
         as_json: bool = options.JSON,
     ) -> None:
         """Format, inputs/outputs with shapes and dtypes, opset, op histogram, parameters, size."""
+        from optkit.package.manage import is_package  # here: its schemas import pydantic, which --help must not
+
         if is_package(model):
             return show(model, as_json)
         from optkit.measure.inspect import inspect_model
