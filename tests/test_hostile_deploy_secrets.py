@@ -77,6 +77,13 @@ def test_a_new_sqlite_registry_is_not_created_when_packaging_fails(tmp_path):
     assert no_result_files(tmp_path) == [] and not (tmp_path / "sub").exists()
 
 
+def test_an_mlflow_server_that_does_not_answer_is_refused_before_anything_is_written(tmp_path):
+    """Was exit 3 after the version was on disk; now the server is asked first (any answer will do)."""
+    r = _package(tmp_path, f"http://alice:S3cret@127.0.0.1:{free_port()}/")
+    assert r.rc == 2 and "cannot reach the registry http://alice:***@" in one_error_line(r), r.err
+    assert "S3cret" not in r.out + r.err and not (tmp_path / "m").exists()
+
+
 @pytest.mark.slow
 def test_an_empty_file_and_mlflows_own_database_are_used(tmp_path):
     (tmp_path / "reg.db").write_bytes(b"")

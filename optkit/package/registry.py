@@ -44,6 +44,8 @@ def check(registry: str) -> None:
         raise UsageError(f"registry {shown(registry)} names a folder, MLflow's file store, which this MLflow refuses "
                          "(maintenance mode); give sqlite:///FILE.db, postgresql://... or an MLflow server URL "
                          "(or set MLFLOW_ALLOW_FILE_STORE=true)")
+    if _scheme(registry) in ("http", "https"):
+        _check_reachable(registry)
     if _scheme(registry) not in DATABASES:
         return
     if _scheme(registry) == "sqlite":
@@ -51,6 +53,26 @@ def check(registry: str) -> None:
     else:
         _check_server(registry)
     _checked.add(registry)
+
+
+def _check_reachable(registry: str) -> None:
+    """An MLflow server answers at all (any HTTP status; no redirect followed): else exit 2 before a version is
+    written, instead of a version on disk that the registry never heard of."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(registry)
+    kind = http.client.HTTPSConnection if parts.scheme.lower() == "https" else http.client.HTTPConnection
+    try:
+        conn = kind(parts.hostname or "", parts.port, timeout=CONNECT_TIMEOUT_S)
+        try:
+            conn.request("GET", (parts.path.rstrip("/") or "") + "/health")
+            conn.getresponse().read(1024)
+        finally:
+            conn.close()
+    except (OSError, ValueError, http.client.HTTPException) as e:
+        raise UsageError(f"cannot reach the registry {shown(registry)} ({redact(dburl.db_message(e), registry)}); "
+                         "start the MLflow server or give another --registry (nothing was written)") from None
 
 
 def _file_store(registry: str) -> bool:
