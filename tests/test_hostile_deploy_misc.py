@@ -368,3 +368,13 @@ def test_report_html_escapes_markup_in_names():
     html = to_html(rep)
     assert "<img" not in html and "&lt;img src=x" in html
     assert not re.search(r"<script", html, re.I) and np.isfinite(len(html))
+
+
+@pytest.mark.parametrize("raw", ["[" * 100_000, '{"cluster": {}, "task": {"type": "worker", "index": "x"}}', "[1]"])
+def test_a_damaged_tf_config_is_one_usage_error(monkeypatch, raw):
+    from optkit.core.errors import UsageError
+    from optkit.passes.training.distributed import tf_config
+
+    monkeypatch.setenv("TF_CONFIG", raw)
+    with pytest.raises(UsageError, match="TF_CONFIG is not valid JSON"):
+        tf_config()

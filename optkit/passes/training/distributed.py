@@ -42,7 +42,7 @@ def tf_config() -> dict | None:
     try:
         cfg = json.loads(raw)
         cfg["cluster"], cfg["task"]["type"], int(cfg["task"]["index"])
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):  # RecursionError: JSON nested too deep
         raise UsageError("TF_CONFIG is not valid JSON of the form "
                          '{"cluster": {"worker": ["host:port", ...]}, "task": {"type": "worker", "index": 0}}') from None
     return cfg
