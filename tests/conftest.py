@@ -59,3 +59,18 @@ def one_error_line(result: Result) -> str:
 def no_result_files(folder: Path) -> list[str]:
     """Files in `folder` (recursively) — used to check that a failed run left nothing behind."""
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+
+
+@pytest.fixture
+def fresh_home_and_tmp(tmp_path_factory, monkeypatch):
+    """Every command of the test runs with a HOME and a TMPDIR of its own, which must be as empty afterwards as
+    before: optkit writes only what it was asked to (onnxruntime's `.ses` session-id file aside)."""
+    tmp_path_factory.getbasetemp()  # pytest's own folders stay where they are
+    home, tmp = tmp_path_factory.mktemp("home"), tmp_path_factory.mktemp("tmpdir")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    for var in ("XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "OPTKIT_CACHE_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    yield home, tmp
+    left = sorted(str(p) for d in (home, tmp) for p in d.rglob("*") if p.name != ".ses")
+    assert left == [], f"left in HOME or TMPDIR: {left[:5]}"

@@ -22,6 +22,9 @@ import pytest
 
 from conftest import no_result_files, one_error_line, run_cli
 
+# issue 29: every command here leaves HOME and TMPDIR as it found them
+pytestmark = pytest.mark.usefixtures("fresh_home_and_tmp")
+
 QUICK = ("--warmup", "1", "--runs", "3")
 METADATA = {"name": "m", "versions": ["1"], "platform": "fake",
             "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 3]}],

@@ -18,6 +18,9 @@ from optkit.measure.datasets import load_dataset
 
 from conftest import no_result_files, one_error_line
 
+# issue 29: every command here leaves HOME and TMPDIR as it found them
+pytestmark = pytest.mark.usefixtures("fresh_home_and_tmp")
+
 # red images are class 7, green 3, blue 9 of a 10-class model
 COLORS = {"red": ((250, 10, 10), 7), "green": ((10, 250, 10), 3), "blue": ((10, 10, 250), 9)}
 CLASSES = 10

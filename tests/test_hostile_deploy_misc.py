@@ -26,6 +26,9 @@ from optkit.report.schema import ArtifactRef, GateResult, Report, Stage
 
 from conftest import one_error_line, run_cli
 
+# issue 29: every command here leaves HOME and TMPDIR as it found them
+pytestmark = pytest.mark.usefixtures("fresh_home_and_tmp")
+
 
 def snapshot(folder: Path) -> dict[str, str]:
     """Every file under `folder` with its sha256: what a command may not change."""

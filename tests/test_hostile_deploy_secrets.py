@@ -16,6 +16,9 @@ from _postgres import PASSWORD, Postgres, free_port, why_not
 
 from conftest import SAMPLES, no_result_files, one_error_line, run_cli
 
+# issue 29: every command here leaves HOME and TMPDIR as it found them
+pytestmark = pytest.mark.usefixtures("fresh_home_and_tmp")
+
 CNN = SAMPLES / "torch_cnn.onnx"
 
 

@@ -15,6 +15,9 @@ import pytest
 
 from conftest import SAMPLES, one_error_line, run_cli
 
+# issue 29: every command here leaves HOME and TMPDIR as it found them
+pytestmark = pytest.mark.usefixtures("fresh_home_and_tmp")
+
 CNN = "cnn.onnx"
 SECRET = "Sekr1tPW"
 

@@ -18,6 +18,9 @@ from optkit.report.schema import Report
 
 from conftest import one_error_line, run_cli
 
+# issue 29: every command here leaves HOME and TMPDIR as it found them
+pytestmark = pytest.mark.usefixtures("fresh_home_and_tmp")
+
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory, samples) -> dict:

@@ -28,6 +28,9 @@ from test_hostile_bench_url import METADATA, fake_server, good_answer
 
 from conftest import no_result_files, one_error_line, run_cli
 
+# issue 29: every command here leaves HOME and TMPDIR as it found them
+pytestmark = pytest.mark.usefixtures("fresh_home_and_tmp")
+
 QUICK = ("--warmup", "1", "--runs", "3")
 
 
