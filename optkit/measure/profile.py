@@ -14,8 +14,9 @@ hand, in the same process with the same session options (calibrate_overhead: a c
 plain and profiled), and taken off each kernel event (floored at 0); the raw figures are kept beside the
 corrected ones (`raw_ms`, `total_raw_ms`, `profiler_overhead_us_per_kernel`). Inside an If, Loop or Scan node
 the profiler also spends a few us between the subgraph's kernels (writing each event), which would count as
-the node's own time: that is taken off it too, per kernel run inside (self_times; `profiler_gap_us_per_kernel`
-is the calibrated figure, used for a node that holds a single kernel run).
+the node's own time: that is taken off it too, per kernel run and per subgraph run inside (each run of an If's
+branch, a Loop's or a Scan's body records an executor event; self_times; `profiler_gap_us_per_kernel` is the
+calibrated figure, used for a node that holds a single kernel run).
 
 Bounds: onnxruntime keeps every event in memory until the profile ends and writes about 600 bytes of JSON per
 kernel run, so a profiled session records at most EVENT_BUDGET kernel runs (the graph's nodes x its calls,
@@ -192,26 +193,36 @@ def _is_call(e: dict) -> bool:
     return e.get("cat") == "Session" and e.get("name") == "model_run"
 
 
+def _is_executor(e: dict) -> bool:
+    """A graph's run by an executor ("SequentialExecutor::Execute"): one per call, and one per run of a subgraph
+    (an If's branch, a Loop's or Scan's iteration)."""
+    return e.get("cat") == "Session" and "Executor" in str(e.get("name", ""))
+
+
 def _slim(e: dict) -> dict:
-    """A kernel event with only what summarize uses (onnxruntime's args hold a dozen memory figures)."""
+    """A kernel (or executor) event with only what summarize uses (onnxruntime's args hold a dozen memory
+    figures); an executor event is marked `executor`."""
     args = e.get("args") or {}
-    return {"name": e.get("name", ""), "ts": e["ts"], "dur": e.get("dur", 0), "pid": e.get("pid"),
-            "tid": e.get("tid"), "args": {k: args[k] for k in ("op_name", "provider", "node_index") if k in args}}
+    slim = {"name": e.get("name", ""), "ts": e["ts"], "dur": e.get("dur", 0), "pid": e.get("pid"),
+              "tid": e.get("tid"), "args": {k: args[k] for k in ("op_name", "provider", "node_index") if k in args}}
+    if _is_executor(e):
+        slim["executor"] = True
+    return slim
 
 
 def iter_calls(events: Iterable[tuple[dict, str | None]]) -> Iterator[tuple[dict | None, list[dict], list]]:
-    """(the call's model_run event, its kernel events, (setup, text) of every event since the previous call), call
-    by call in the order onnxruntime wrote them: a call's kernels come before its model_run event, which carries
-    its start and duration; `setup` is true for a session-level event outside any call (loading, initialization).
-    A kernel outside every call (before its start, or after its end) is dropped; events after the last call
-    come last with no call."""
+    """(the call's model_run event, its kernel events and executor events (marked `executor`: self_times counts
+    them), (setup, text) of every event since the previous call), call by call in the order onnxruntime wrote
+    them: a call's kernels come before its model_run event, which carries its start and duration; `setup` is
+    true for a session-level event outside any call (loading, initialization). A kernel outside every call
+    (before its start, or after its end) is dropped; events after the last call come last with no call."""
     pending: list[dict] = []
     texts: list[tuple[bool, str]] = []
     for e, text in events:
         if text is not None:
             name = str(e.get("name", ""))
             texts.append((e.get("cat") == "Session" and name != "model_run" and "Executor" not in name, text))
-        if _is_kernel(e):
+        if _is_kernel(e) or (_is_executor(e) and "ts" in e):
             pending.append(_slim(e))
         elif _is_call(e):
             start, end = e["ts"], e["ts"] + e.get("dur", 0)
@@ -334,7 +345,8 @@ def calibrate_overhead(threads: int | None = None) -> dict[str, float]:
             path = Path(sess.end_profiling())
             del sess
             # each call's span and its kernels' durations
-            recorded = [(float(call.get("dur", 0)), [float(k.get("dur", 0)) for k in kernels])
+            recorded = [(float(call.get("dur", 0)),
+                         [float(k.get("dur", 0)) for k in kernels if not k.get("executor")])
                         for call, kernels, _ in iter_calls((e, None) for e, _ in iter_events(path)) if call][warm:]
             durs = [d for _, d in recorded if d]
             nodes = float(np.median([len(d) for d in durs])) if durs else 0  # CAL_NODES unless a pass fused some
@@ -441,29 +453,39 @@ def summarize_stream(events: Iterable[tuple[dict, str | None]], skip: int = 0, o
 
 
 def self_times(kernels: list[dict], gap_us: float = 0.0):
-    """(event, its own time in us, the profiler's gaps in it in us): a control-flow node (If, Loop, Scan) is
-    timed around the kernels of its subgraphs, which have events of their own; their time is taken off it so
-    nothing counts twice. What the profiler spends between those kernels (recording each event: a few us that
-    no plain run spends) also lies in the node's span: per kernel run inside, the median gap between them in
-    this very call, or `gap_us` (calibrate_overhead) for a node that holds a single kernel run. Left in, a Loop
-    of 100 iterations of 3 cheap kernels read 0.6 ms in a call whose p50 is 0.08 ms."""
-    own = {id(e): float(e.get("dur", 0)) for e in kernels}
+    """(event, its own time in us, the profiler's gaps in it in us) for each kernel event of `kernels` (executor
+    events, marked `executor`, are counted, not returned): a control-flow node (If, Loop, Scan) is timed around
+    the kernels of its subgraphs, which have events of their own; their time is taken off it so nothing counts
+    twice. What the profiler spends recording events inside it (a few us each that no plain run spends) also lies
+    in the node's span: one gap per kernel run inside and one per run of a subgraph (each records an executor
+    event too), a gap being the median between those kernels in this very call, or `gap_us` (calibrate_overhead)
+    where it holds a single kernel run or none. Left in, a Loop of 100 iterations of 3 cheap kernels read 0.6 ms
+    in a call whose p50 is 0.08 ms, and an If holding one cheap kernel read 1.7 us where a plain run spends 0.6."""
+    own = {id(e): float(e.get("dur", 0)) for e in kernels if not e.get("executor")}
     children: dict[int, list[dict]] = defaultdict(list)
-    stacks: dict = defaultdict(list)
-    for e in sorted(kernels, key=lambda e: (e["ts"], -e.get("dur", 0))):
+    runs: dict[int, int] = defaultdict(int)  # subgraph runs (executor events) inside a kernel
+    stacks: dict = defaultdict(list)  # per thread, the kernels that hold the event at hand
+    # by start, the longer first; at a tie an executor event first (a graph's run holds its nodes)
+    for e in sorted(kernels, key=lambda e: (e["ts"], -e.get("dur", 0), not e.get("executor"))):
         stack = stacks[(e.get("pid"), e.get("tid"))]
         end = e["ts"] + e.get("dur", 0)
         while stack and stack[-1]["ts"] + stack[-1].get("dur", 0) + 1 < end:  # 1 us: rounding
             stack.pop()
+        if e.get("executor"):
+            if stack:
+                runs[id(stack[-1])] += 1
+            continue
         if stack:
             own[id(stack[-1])] -= float(e.get("dur", 0))
             children[id(stack[-1])].append(e)
         stack.append(e)
     gaps = dict.fromkeys(own, 0.0)
-    for parent, inner in children.items():
+    for parent in set(children) | set(runs):
+        inner = children[parent]
         between = [b["ts"] - a["ts"] - a.get("dur", 0) for a, b in zip(inner, inner[1:])]
-        gaps[parent] = len(inner) * (max(float(np.median(between)), 0.0) if between else gap_us)
-    return [(e, max(own[id(e)], 0.0), gaps[id(e)]) for e in kernels]
+        gap = max(float(np.median(between)), 0.0) if between else gap_us
+        gaps[parent] = (len(inner) + runs[parent]) * gap
+    return [(e, max(own[id(e)], 0.0), gaps[id(e)]) for e in kernels if not e.get("executor")]
 
 
 def _stem(name: str) -> str:
