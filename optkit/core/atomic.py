@@ -113,7 +113,7 @@ def atomic_path(dest: str | os.PathLike, *, directory: bool = False) -> Iterator
         fd, name = tempfile.mkstemp(prefix=prefix, dir=dest.parent, suffix=dest.suffix[:20])
         os.close(fd)
         tmp = Path(name)
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600 files; give results normal permissions
+        normal_mode(tmp)
     try:
         yield tmp
         interrupts.check()  # a library may have swallowed Ctrl-C: never commit a result after one
@@ -124,6 +124,12 @@ def atomic_path(dest: str | os.PathLike, *, directory: bool = False) -> Iterator
             os.replace(tmp, dest)
     finally:
         remove(tmp)
+
+
+def normal_mode(path: Path) -> None:
+    """The permissions the user's umask gives a new file or folder: mkstemp makes 0600 files and mkdtemp 0700
+    folders, which a result (or a package a server reads as another user) must not keep."""
+    os.chmod(path, (0o777 if Path(path).is_dir() else 0o666) & ~_UMASK)
 
 
 def remove(path: Path) -> None:

@@ -3,13 +3,12 @@ folder beside its destination, and rename it into place (nothing half-written, n
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from optkit.core.atomic import _UMASK, remove
+from optkit.core.atomic import normal_mode, remove
 from optkit.core.errors import UsageError
 from optkit.package import lineage, repo, schemas
 from optkit.package.signature import read_signature, signature_of, warmup_dims
@@ -146,7 +145,7 @@ def _write(out: Path, name: str, number: int, index: dict | None, *, target: str
     dest = out if not out.exists() else model_dir if not model_dir.exists() else model_dir / str(number)
     staged = Path(tempfile.mkdtemp(prefix=repo.temp_prefix(dest), dir=dest.parent))
     try:
-        os.chmod(staged, 0o777 & ~_UMASK)  # mkdtemp makes 0700 folders; a server may run as another user
+        normal_mode(staged)  # a server may run as another user
         vdir = staged / name / str(number) if dest == out else staged / str(number) if dest == model_dir else staged
         vdir.mkdir(parents=True, exist_ok=True)
         if target == "triton":

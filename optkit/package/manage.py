@@ -16,7 +16,8 @@ def serve_version(model_dir: str, version: str | None = None, tag: str | None = 
     d = Path(model_dir)
     with repo.serving(d) as index:  # read and checked again under the lock: nothing foreign, no link
         number = repo.resolve_version(index, version, tag)
-        _verify_files(d, index["name"], number)
+        recorded = _version_lineage(d, index["name"], number)
+        _verify_files(d / str(number), recorded)
         before = index.get("served")
         replace = {}
         if index["target"] == "triton":
@@ -31,7 +32,9 @@ def serve_version(model_dir: str, version: str | None = None, tag: str | None = 
             # the served config is replaced; what it served counts only when it is one of the versions
             was = served_version(text)
             before = was if was in {v["version"] for v in index["versions"]} else before
-            replace[d / "config.pbtxt"] = _own_config(d, index["name"], number)
+            replace[d / "config.pbtxt"] = schemas.check_config(d / str(number) / "config.pbtxt", name=index["name"],
+                                                               version=number,
+                                                               sha256=recorded["files"].get("config.pbtxt"))
         out_registry = None
         if index["target"] == "mlflow":
             from optkit.package import registry as reg
@@ -57,17 +60,22 @@ def serve_version(model_dir: str, version: str | None = None, tag: str | None = 
             "versions": [v["version"] for v in index["versions"]], "registry": out_registry}
 
 
-def _verify_files(d: Path, name: str, number: int) -> None:
-    """Every file version N's lineage records is there with the bytes optkit wrote (a server would load a damaged
-    or replaced model.onnx as it stands), else exit 2 naming it."""
+def _version_lineage(d: Path, name: str, number: int) -> dict:
+    """Version N's lineage, read through its schema, and it is this version's, else exit 2."""
+    path = d / str(number) / lineage.LINEAGE_FILE
+    data, _ = schemas.load_lineage(path)
+    if data["name"] != name or data["version"] != number:
+        raise UsageError(f"{path}: key {'name' if data['name'] != name else 'version'}: "
+                         f"not this version's ({name} {number}); {schemas.LINEAGE_HINT}")
+    return data
+
+
+def _verify_files(vdir: Path, recorded: dict) -> None:
+    """Every file the version's lineage records is there with the bytes optkit wrote (a server would load a
+    damaged or replaced model.onnx as it stands), else exit 2 naming it."""
     from optkit.core.artifact import path_sha256
 
-    vdir = d / str(number)
-    data, _ = schemas.load_lineage(vdir / lineage.LINEAGE_FILE)
-    if data["name"] != name or data["version"] != number:
-        raise UsageError(f"{vdir / lineage.LINEAGE_FILE}: key {'name' if data['name'] != name else 'version'}: "
-                         f"not this version's ({name} {number}); {schemas.LINEAGE_HINT}")
-    for rel, digest in data["files"].items():
+    for rel, digest in recorded["files"].items():
         p = vdir / rel
         if Path(rel).is_absolute() or ".." in Path(rel).parts or not rel:
             raise UsageError(f"{vdir / lineage.LINEAGE_FILE}: key files.{rel}: not a file of the version folder; "
@@ -77,17 +85,6 @@ def _verify_files(d: Path, name: str, number: int) -> None:
         if path_sha256(p) != digest:
             raise UsageError(f"{p} was edited after optkit packaged it (its sha256 is not the lineage's "
                              f"files.{rel}); restore it or package the model again")
-
-
-def _own_config(d: Path, name: str, number: int) -> str:
-    """Version N's config.pbtxt as optkit wrote it (its lineage records its sha256), else exit 2."""
-    vdir = d / str(number)
-    data, _ = schemas.load_lineage(vdir / lineage.LINEAGE_FILE)
-    if data["name"] != name or data["version"] != number:
-        raise UsageError(f"{vdir / lineage.LINEAGE_FILE}: key {'name' if data['name'] != name else 'version'}: "
-                         f"not this version's ({name} {number}); {schemas.LINEAGE_HINT}")
-    return schemas.check_config(vdir / "config.pbtxt", name=name, version=number,
-                                sha256=data["files"].get("config.pbtxt"))
 
 
 def is_package(path: str) -> bool:

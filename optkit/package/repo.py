@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from optkit.core.atomic import _UMASK
+from optkit.core.atomic import normal_mode
 from optkit.core.errors import UsageError
 from optkit.package import schemas
 
@@ -329,7 +329,7 @@ def replace_text(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600 files
+        normal_mode(tmp)
         os.replace(tmp, path)
     finally:
         if tmp.exists():

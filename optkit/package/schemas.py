@@ -387,14 +387,10 @@ def check_config(path: Path, *, name: str, version: int, sha256: str | None) -> 
 def parse_config(text: str, path: Path | str) -> dict | None:
     """Triton's own ModelConfig parse where tritonclient is installed (None where it is not); exit 2 when it
     fails."""
-    try:
-        from tritonclient.grpc import model_config_pb2  # noqa: F401
-    except Exception:  # noqa: BLE001 - not installed (or broken): the structural checks stand alone
-        return None
-    from optkit.package.triton_check import parse
+    from optkit.package.triton_check import parse_if_installed
 
     try:
-        return parse(text)
+        return parse_if_installed(text)
     except Exception as e:  # noqa: BLE001 - protobuf's ParseError and friends
         raise UsageError(f"{path}: not a Triton ModelConfig ({str(e).splitlines()[0][:100]}); "
                          "package the model again") from None

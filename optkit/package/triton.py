@@ -144,14 +144,10 @@ def served_version(text: str) -> int | None:
 def schema_check(text: str) -> dict | None:
     """Parse with Triton's own ModelConfig (tritonclient's model_config_pb2) where tritonclient is installed:
     the inputs/outputs as parsed; None when it is not installed. A parse error is exit 3 (optkit's bug)."""
-    try:
-        from tritonclient.grpc import model_config_pb2  # noqa: F401
-    except Exception:
-        return None
     from optkit.core.errors import PassError
-    from optkit.package.triton_check import parse
+    from optkit.package.triton_check import parse_if_installed
 
     try:
-        return parse(text)
+        return parse_if_installed(text)
     except Exception as e:
         raise PassError(f"the generated config.pbtxt does not parse as Triton's ModelConfig: {e}") from None

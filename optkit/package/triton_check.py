@@ -18,6 +18,15 @@ def parse(text: str) -> dict:
     return json_format.MessageToDict(cfg, preserving_proto_field_name=True)
 
 
+def parse_if_installed(text: str) -> dict | None:
+    """parse(text) where tritonclient is installed; None where it is not (a parse error raises)."""
+    try:
+        from tritonclient.grpc import model_config_pb2  # noqa: F401
+    except Exception:  # noqa: BLE001 - not installed (or broken): nothing to check with
+        return None
+    return parse(text)
+
+
 if __name__ == "__main__":
     for name in sys.argv[1:]:
         try:
