@@ -3,6 +3,7 @@ the file an SQLite URL really opens, a database library's error as one line, and
 before the dependency creates its tables, so that optkit never adds them to someone's own database."""
 from __future__ import annotations
 
+import os
 import re
 import urllib.parse
 import warnings
@@ -68,6 +69,24 @@ def _uri_file(name: str, url: str, what: str) -> Path | None:
             path in ("", ":memory:"):
         return None
     return Path(path).absolute()
+
+
+def has_sqlite_data(path: Path, what: str, hint: str) -> bool:
+    """Whether the SQLite file at `path` holds a database to read (a missing or empty file holds none, and SQLite
+    makes an empty one a database); a path that is no regular file, or not SQLite, is exit 2 (`what`: "the
+    registry", "the tune study file"; `hint`: what to do)."""
+    if not os.path.lexists(path):
+        return False
+    if not path.is_file():
+        raise UsageError(f"{what} {path} exists and is not a regular file; {hint}")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(SQLITE_MAGIC))
+    except OSError as e:
+        raise UsageError(f"cannot read {what} {path}: {e.strerror or e}") from None
+    if head and head != SQLITE_MAGIC:
+        raise UsageError(f"{what} {path} exists and is not an SQLite database; {hint}")
+    return bool(head)
 
 
 def db_message(e: BaseException) -> str:

@@ -104,17 +104,8 @@ def _check_sqlite(registry: str) -> None:
             raise UsageError(f"registry {shown(registry)}: the folder {path.parent} does not exist; create it or "
                              "give another --registry")
         return
-    if not path.is_file():
-        raise UsageError(f"registry {path} exists and is not a regular file; give another --registry")
-    try:
-        with open(path, "rb") as f:
-            head = f.read(len(dburl.SQLITE_MAGIC))
-    except OSError as e:
-        raise UsageError(f"cannot read the registry {path}: {e.strerror or e}") from None
-    if not head:
-        return  # an empty file is an empty SQLite database
-    if head != dburl.SQLITE_MAGIC:
-        raise UsageError(f"registry {path} is not an SQLite database; give another --registry")
+    if not dburl.has_sqlite_data(path, "the registry", "give another --registry"):
+        return
     try:
         problem = _problem(dburl.sqlite_readonly_engine(path))
     except Exception as e:  # noqa: BLE001 - sqlite3's DatabaseError (a damaged file) and SQLAlchemy's wrappers

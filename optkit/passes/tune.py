@@ -547,21 +547,13 @@ def check_storage_file(url: str) -> None:
     if not is_sqlite(url):
         return
     path = storage_file(url)
-    if path is None or not os.path.lexists(path):
+    if path is None:
         return
     hint = ("give another -o or storage (--storage)" if path.name.endswith(STUDY_SUFFIX)
             else "give another storage (--storage)")
-    if not path.is_file():
-        raise UsageError(f"the tune study file {path} exists and is not a regular file; {hint}")
-    try:
-        with open(path, "rb") as f:
-            head = f.read(16)
-    except OSError as e:
-        raise UsageError(f"cannot read the tune study file {path}: {e.strerror or e}") from None
-    if not head:
-        return  # an empty file is an empty SQLite database
-    if head != b"SQLite format 3\x00":
-        raise UsageError(f"the tune study file {path} exists and is not an SQLite database; {hint}")
+    if not dburl.has_sqlite_data(path, "the tune study file", hint):
+        return
+
     def read() -> str | None:
         con = sqlite3.connect(f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro", uri=True)
         try:
