@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import stat
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from optkit.core.errors import UsageError
+from optkit.core.readback import read_regular
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 TAG_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
@@ -285,23 +284,10 @@ class Lineage(Strict):
 def read_bytes(path: Path, limit: int = MAX_FILE_BYTES, *, links: bool = False) -> bytes:
     """A regular file's bytes, never from a FIFO or device, nor through a link unless `links` (a file the user
     named, not one inside a package); exit 2 otherwise."""
-    path = Path(path)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (0 if links else os.O_NOFOLLOW))
+        return read_regular(path, limit, links=links, hint="optkit wrote a file there: remove it")
     except FileNotFoundError:
         raise UsageError(f"{path} is missing; package the model again or restore it") from None
-    except OSError as e:
-        if path.is_symlink():
-            raise UsageError(f"{path} is a symbolic link; optkit reads only the files it wrote, not what a link "
-                             "points at: remove the link") from None
-        raise UsageError(f"cannot read {path}: {e.strerror or e}") from None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UsageError(f"{path} is not a regular file; optkit wrote a file there: remove it")
-        raw = f.read(limit + 1)
-    if len(raw) > limit:
-        raise UsageError(f"{path} is over {limit >> 10} KiB, larger than any file optkit writes there")
-    return raw
 
 
 def load(path: Path, schema: type[BaseModel], hint: str, *, links: bool = False) -> tuple[dict, BaseModel]:

@@ -16,7 +16,6 @@ import contextlib
 import json
 import os
 import shutil
-import stat
 import sys
 import time
 from collections.abc import Iterator
@@ -29,6 +28,7 @@ from optkit.core.artifact import Artifact, config_key, content_sha256, path_sha2
 from optkit.core.atomic import atomic_path, remove, write_text
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format
+from optkit.core.readback import read_regular
 from optkit.report.html import to_html
 from optkit.report.junit import to_junit
 from optkit.report.render import to_markdown
@@ -358,20 +358,9 @@ def _read_small(p: Path) -> bytes | None:
     """The bytes of a regular file of at most _MAX_STATE_BYTES; None for anything else (a FIFO, which would
     block the open, a device, a folder, a huge or unreadable file): the workspace's own files read back."""
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
+        return read_regular(p, _MAX_STATE_BYTES)
+    except (OSError, UsageError):
         return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > _MAX_STATE_BYTES:
-            return None
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            raw = f.read(_MAX_STATE_BYTES + 1)
-        return raw if len(raw) <= _MAX_STATE_BYTES else None
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def _read_json(p: Path) -> dict | None:

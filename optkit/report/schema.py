@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field, computed_field
 
 from optkit.core.atomic import write_text
 from optkit.core.errors import UsageError
+from optkit.core.readback import read_regular
 from optkit.core.text import first_line
 
 SCHEMA_VERSION = "1.0"
@@ -92,18 +93,10 @@ class Report(BaseModel):
             raise UsageError(f"report {p} is a folder; name its report.json")
         if not p.exists():
             raise UsageError(f"report {p} not found")
-        if not p.is_file():  # a FIFO would block the read, a device never end
-            raise UsageError(f"report {p} is not a regular file; name a report.json")
         try:
-            with open(p, "rb") as f:
-                if os.fstat(f.fileno()).st_size > MAX_REPORT_BYTES:
-                    raise UsageError(f"{p} is over {MAX_REPORT_BYTES >> 20} MB; not an optkit report")
-                raw = f.read(MAX_REPORT_BYTES + 1)
-            if len(raw) > MAX_REPORT_BYTES:
-                raise UsageError(f"{p} is over {MAX_REPORT_BYTES >> 20} MB; not an optkit report")
-            data = json.loads(raw)
-        except OSError as e:
-            raise UsageError(f"cannot read report {p}: {e.strerror or e}") from None
+            data = json.loads(read_regular(p, MAX_REPORT_BYTES, hint="name a report.json"))
+        except FileNotFoundError:
+            raise UsageError(f"report {p} not found") from None
         except ValueError as e:  # also bad UTF-8
             raise UsageError(f"{p} is not an optkit report: not valid JSON ({first_line(e)})") from None
         except RecursionError:
