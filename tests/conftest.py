@@ -48,6 +48,35 @@ def realcases() -> Path:
     return REALCASES
 
 
+@pytest.fixture(scope="session")
+def postgres():
+    """One real PostgreSQL server on 127.0.0.1 for the whole session (tests/_postgres.py), always stopped; each
+    test module uses databases of its own names on it."""
+    from _postgres import Postgres, why_not
+
+    missing = why_not()
+    if missing:
+        pytest.skip(f"no PostgreSQL server: {missing}")
+    server = Postgres()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="session")
+def sample_bench_report(tmp_path_factory) -> dict:
+    """A real `optkit bench --report` of the sample CNN (100 runs), made once: the report a gate reads, as a user
+    has it. Tests edit copies of it."""
+    import json
+
+    path = tmp_path_factory.mktemp("bench") / "bench.json"
+    r = run_cli("bench", SAMPLES / "torch_cnn.onnx", "--runs", "100", "--report", path)
+    assert r.rc == 0, r.err
+    return json.loads(path.read_text())
+
+
 def one_error_line(result: Result) -> str:
     """The single error line a failing command prints (no traceback)."""
     lines = [line for line in result.err.strip().splitlines() if line.strip()]

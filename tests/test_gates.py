@@ -248,7 +248,8 @@ def test_latency_trials_reports_trial_distributions(tmp_path):
     rep = report(Stage(name="m", output=ArtifactRef(path=str(path), format="onnx", sha256="x"),
                        measurements={"latency": lat}))
     (r,) = evaluate(rep, parse_gates(["latency_regression_pct <= 10"]), rep)
-    assert r.passed and r.value == pytest.approx(0.0)
+    # a busy machine may widen the band past the margin: then "cannot judge", never a failure judged as one
+    assert r.value == pytest.approx(0.0) and (r.passed or r.detail.startswith("cannot judge")), r
     raw = latency_trials(art, MeasureSettings(threads=1, warmup=1, runs=5), trials=2, normalize=False)
     assert "references" not in raw and "normalized" not in raw and len(raw["trial_low_ms"]) == 2
 

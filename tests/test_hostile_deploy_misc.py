@@ -39,13 +39,8 @@ def snapshot(folder: Path) -> dict[str, str]:
 # ---------------------------------------------------------------- 9. a percentile is judged on its own band
 
 @pytest.fixture(scope="module")
-def bench_report(tmp_path_factory, samples):
-    """A real `optkit bench --report` of the sample CNN, 100 runs: its runs' bands bound the p50 and the p90
-    on both sides, and the p99 from below only (368 runs would bound it from above)."""
-    path = tmp_path_factory.mktemp("bench") / "bench.json"
-    r = run_cli("bench", samples / "torch_cnn.onnx", "--runs", "100", "--report", path)
-    assert r.rc == 0, r.err
-    return json.loads(path.read_text())
+def bench_report(sample_bench_report) -> dict:
+    return sample_bench_report
 
 
 def tune_stage_report(bench: dict, folder: Path) -> Path:

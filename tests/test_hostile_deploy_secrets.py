@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _postgres import PASSWORD, Postgres, free_port, why_not
+from _postgres import PASSWORD, free_port
 
 from conftest import SAMPLES, no_result_files, one_error_line, run_cli
 
@@ -103,16 +103,8 @@ def test_an_empty_file_and_mlflows_own_database_are_used(tmp_path):
 # ------------------------------------------------------------------ a PostgreSQL server
 
 @pytest.fixture(scope="module")
-def pg():
-    missing = why_not()
-    if missing:
-        pytest.skip(f"no PostgreSQL for the registry tests: {missing}")
-    server = Postgres()
-    try:
-        server.start()
-        yield server
-    finally:
-        server.close()
+def pg(postgres):
+    return postgres
 
 
 def _tables(url: str) -> list[str]:

@@ -23,11 +23,8 @@ pytestmark = pytest.mark.usefixtures("fresh_home_and_tmp")
 
 
 @pytest.fixture(scope="module")
-def bench(tmp_path_factory, samples) -> dict:
-    path = tmp_path_factory.mktemp("bench") / "bench.json"
-    r = run_cli("bench", samples / "torch_cnn.onnx", "--runs", "20", "--report", path)
-    assert r.rc == 0, r.err
-    return json.loads(path.read_text())
+def bench(sample_bench_report) -> dict:
+    return sample_bench_report
 
 
 def _edited(bench: dict, tmp_path: Path, edit, name: str = "edited.json") -> Path:

@@ -17,7 +17,7 @@ import sys
 import time
 
 import pytest
-from _postgres import PASSWORD, Postgres, why_not
+from _postgres import PASSWORD
 
 from conftest import ROOT, SAMPLES
 
@@ -30,17 +30,9 @@ SMALL = ["--space", "threads=1,2", "--space", "batch=1,8", "--space", "graph_opt
 
 
 @pytest.fixture(scope="module")
-def pg():
-    missing = why_not()
-    if missing:
-        pytest.skip(f"no PostgreSQL for the shared-study tests: {missing}")
-    server = Postgres()
-    try:
-        server.start()
-        server.create_database("tune")  # one database, a study per test (a database each costs seconds)
-        yield server
-    finally:
-        server.close()
+def pg(postgres):
+    postgres.create_database("tune")  # one database, a study per test (a database each costs seconds)
+    return postgres
 
 
 def _prelude(host: str | None = None, heartbeat: bool = False, machine: str | None = None) -> str:
