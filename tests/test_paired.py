@@ -14,7 +14,7 @@ def test_an_unchanged_model_is_no_significant_change(samples, tmp_path):
     shutil.copy(samples / "torch_cnn.onnx", copy)
     result = paired_latency(Artifact.load(str(samples / "torch_cnn.onnx")), Artifact.load(str(copy)),
                             MeasureSettings(runs=100, threads=1), trials=5)
-    assert 0.9 < result["ratio"] < 1.1 and not result["significant"], result
+    assert not result["significant"], result  # however busy the machine: its noise widens the interval
     assert describe(result).startswith("no significant change")
     assert result["before"]["p50_ms"] > 0 and result["after"]["p50_ms"] > 0 and len(result["trial_ratios"]) == 5
 
