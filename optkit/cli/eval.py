@@ -54,7 +54,7 @@ def register(app: typer.Typer) -> None:
 def _parse_preprocess(text: str) -> dict:
     """--preprocess: a YAML (or JSON) mapping with the keys of a recipe's `preprocess`, checked here."""
     from optkit.measure.datasets import parse_preprocess
-    from optkit.pipeline.recipe import _yaml_with_lines
+    from optkit.pipeline.yamlsafe import yaml_with_lines
 
-    mapping, _ = _yaml_with_lines(text, "--preprocess")
+    mapping, _ = yaml_with_lines(text, "--preprocess")
     return parse_preprocess(mapping, "--preprocess").model_dump(exclude_defaults=True)
