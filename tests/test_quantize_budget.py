@@ -7,9 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from optkit.onnx import session as onnx_session
 from optkit.passes.quantize.budget import Budget
 from optkit.passes.quantize.candidates import Candidate, Settings
 from optkit.passes.quantize.config import TOLERANCE, QuantizeConfig
+from optkit.passes.quantize.prepare import Reference
+from optkit.passes.quantize.score import Scorer
+from optkit.passes.quantize.search import CLEARLY_SLOWER
 
 
 def _cand(*, drop=None, loss=None, error=None, n=100) -> Candidate:
@@ -99,24 +103,17 @@ def test_a_clearly_slower_candidate_is_not_scored_further(tmp_path):
     confirmed by interleaved repeats, cannot be chosen; one of about the same speed is scored on."""
     import numpy as np
 
-    from optkit.core.artifact import Artifact
-    from optkit.core.registry import PassContext
-    from optkit.onnx import session as onnx_session
-    from optkit.passes.quantize.search import CLEARLY_SLOWER, Quantizer
-
     fast, slow = _matmuls(tmp_path / "fast.onnx", 2), _matmuls(tmp_path / "slow.onnx", 400)
-    q = Quantizer(Artifact.load(str(fast)), QuantizeConfig(mode="static"), PassContext(output=tmp_path / "o.onnx"))
-    with q:
-        sess = onnx_session.session(fast)
-        q.specs = onnx_session.input_specs(sess, fast)
-        q.check_feeds = {"x": np.ones((256, 64), np.float32)}
-        winner = Candidate(index=0, settings=Settings(), path=fast, passed=True, screen_s=0.001)
-        q.candidates = [winner]
-        slower = Candidate(index=1, settings=Settings(), path=slow, screen_s=0.001 * CLEARLY_SLOWER * 10)
-        assert q._clearly_faster_winner(slower, onnx_session.session(slow)) is winner
-        # the screening run looked slow, but the repeats show the same speed: scored on
-        twin = Candidate(index=2, settings=Settings(), path=fast, screen_s=0.001 * CLEARLY_SLOWER * 10)
-        assert q._clearly_faster_winner(twin, onnx_session.session(fast)) is None
-        # nothing met the budgets yet: no verdict on speed
-        winner.passed = False
-        assert q._clearly_faster_winner(slower, onnx_session.session(slow)) is None
+    cfg = QuantizeConfig(mode="static")
+    ref = Reference.of(fast, {"x": np.ones((256, 64), np.float32)})
+    scorer = Scorer(ref, Budget.of(cfg), cfg, speed_matters=True)
+    winner = Candidate(index=0, settings=Settings(), path=fast, passed=True, screen_s=0.001)
+    done = [winner]
+    slower = Candidate(index=1, settings=Settings(), path=slow, screen_s=0.001 * CLEARLY_SLOWER * 10)
+    assert scorer.clearly_faster_winner(slower, onnx_session.session(slow), done) is winner
+    # the screening run looked slow, but the repeats show the same speed: scored on
+    twin = Candidate(index=2, settings=Settings(), path=fast, screen_s=0.001 * CLEARLY_SLOWER * 10)
+    assert scorer.clearly_faster_winner(twin, onnx_session.session(fast), done) is None
+    # nothing met the budgets yet: no verdict on speed
+    winner.passed = False
+    assert scorer.clearly_faster_winner(slower, onnx_session.session(slow), done) is None

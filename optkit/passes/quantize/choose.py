@@ -1,0 +1,81 @@
+"""Choosing: of the candidates that meet every budget, the fastest where they were timed (Budget.pick: ties
+within the noise go to the most accurate, then the smallest); a static or dynamic INT8 result slower than
+max_latency_ratio beyond the timing noise is refused (exit 3, kept aside as REJECTED) unless allow_slower.
+Works on the candidates' figures alone, whoever measured them."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from optkit.core.errors import ValidationError
+from optkit.core.registry import PassContext
+from optkit.measure.paired import MIN_CHANGE
+from optkit.passes.quantize.budget import Budget
+from optkit.passes.quantize.candidates import Candidate, aside_path, keep_rejected
+from optkit.passes.quantize.config import QuantizeConfig
+
+# why a result is slower and what to do instead, for the refusal's message
+Hint = Callable[[Candidate], tuple[str, str]]
+
+
+class Chooser:
+    """`candidates`: every candidate of the search (the refusals' details list them all)."""
+
+    def __init__(self, cfg: QuantizeConfig, budget: Budget, ctx: PassContext, candidates: list[Candidate]):
+        self.cfg, self.budget, self.ctx, self.candidates = cfg, budget, ctx, candidates
+
+    def fitting(self, pool: list[Candidate]) -> list[Candidate]:
+        """The candidates that meet every budget but latency (the size ratio included); none: the smallest is
+        kept aside and the search is refused (ValidationError)."""
+        fits = [c for c in pool if self.budget.fits(c)]
+        if not fits:
+            best = min(pool, key=lambda c: c.bytes)
+            dest = keep_rejected(best, aside_path(self.ctx), "missed the size budget")
+            raise ValidationError(
+                f"no {self.cfg.mode} candidate met the size budget ({best.ratio:.3f}x of the parent at best, budget "
+                f"{self.budget.max_size_ratio:g}x); the smallest was kept as {dest}",
+                details={"candidates": [c.public() for c in self.candidates]})
+        return fits
+
+    def pick(self, fits: list[Candidate]) -> Candidate:
+        """The fastest of `fits` (Budget.pick), marked chosen."""
+        chosen = self.budget.pick(fits)
+        chosen.chosen = True
+        return chosen
+
+    def check_speed(self, chosen: Candidate, pool: list[Candidate], settings: dict, hint: Hint) -> None:
+        """Refused only when slower than max_latency_ratio beyond the timing noise (Budget.too_slow): a
+        ValidationError (the result kept aside), or a warning with allow_slower; else a note with its figures.
+        Untimed: nothing judged. Reads settings["parent_p50_ms"] (timing.time_candidates) and records the
+        verdict as settings["speed"] before any refusal, so the report has it either way."""
+        cfg, ratio = self.cfg, chosen.latency_ratio
+        if ratio is None:
+            return
+        lo, hi = chosen.latency_ratio_ci95
+        slower = self.budget.too_slow(chosen)
+        settings["speed"] = {"latency_ratio": ratio, "latency_ratio_ci95": [lo, hi],
+                             "max_latency_ratio": cfg.max_latency_ratio, "slower": slower}
+        figures = (f"{ratio:.2f}x the parent's latency (95% CI {lo:.2f}-{hi:.2f}x) at batch 1 on one thread, "
+                   f"p50 {chosen.p50_ms:.3f} ms vs {settings['parent_p50_ms']:.3f} ms")
+        if not slower:
+            inside = " - within the timing noise of the limit" if hi > cfg.max_latency_ratio else ""
+            self.ctx.note(f"latency: {figures}{inside}; the fastest of {len(pool)} candidates that meet the "
+                          "budgets (ties within the noise: the most accurate, then the smallest)")
+            return
+        tried = "; ".join(f"{c.settings.label()}: {c.latency_ratio:.2f}x" for c in pool if c.latency_ratio)
+        # how it compares with the parent, said as the tables say it: "same" when the interval holds 1.0 (±3%)
+        if lo > 1 + MIN_CHANGE:
+            verdict = "SLOWER than its FP32 parent"
+        elif hi < 1 - MIN_CHANGE:
+            verdict = f"faster than its FP32 parent, but not {cfg.max_latency_ratio:g}x as fast"
+        else:
+            verdict = "no faster than its FP32 parent (the same within the noise)"
+        why, instead = hint(chosen)
+        msg = (f"{cfg.mode} INT8 is {verdict} on this CPU: {figures} (limit {cfg.max_latency_ratio:g}x; candidates: "
+               f"{tried}); {why}")
+        if cfg.allow_slower:
+            self.ctx.warn(msg + "; written anyway (allow_slower / --allow-slower)")
+            return
+        dest = keep_rejected(chosen, aside_path(self.ctx), "slower than its parent")
+        raise ValidationError(msg + f"; kept as {dest}. Set allow_slower (--allow-slower) to accept it (e.g. for size), "
+                              f"{instead}", details={"candidates": [c.public() for c in self.candidates],
+                                                     "rejected": str(dest)})

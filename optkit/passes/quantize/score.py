@@ -1,0 +1,133 @@
+"""Screening and scoring a built candidate against the parent (prepare.Reference), judged by the Budget.
+
+Cheap first (with the latency search): a candidate is screened on a subset of the check data; one whose loss
+there is past what sampling noise could explain is screened out, and one that runs CLEARLY_SLOWER times slower
+than a candidate that already met every budget cannot be chosen, so neither is scored further. The others are
+scored on the whole check set, which decides whether they meet the budget.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from optkit.core.batching import first_call, fixed_batch
+from optkit.core.errors import UsageError
+from optkit.core.text import first_line
+from optkit.onnx import session as onnx_session
+from optkit.passes.quantize import ops as qops
+from optkit.passes.quantize.budget import Budget
+from optkit.passes.quantize.candidates import Candidate
+from optkit.passes.quantize.config import LOWER_IS_BETTER, QuantizeConfig
+from optkit.passes.quantize.prepare import SCORE_THREADS, Reference
+
+CLEARLY_SLOWER = 1.5      # screening: this much slower than a candidate that met the budgets cannot be chosen
+CONFIRM_CALLS = 3         # interleaved calls of each model that confirm a clearly slower screening run
+
+
+class Scorer:
+    """`check(cand, done)` is the whole of it: open the candidate, screen it (`screen`), score it (`score`).
+    `speed_matters`: a clearly slower candidate may be dropped at screening (static/dynamic INT8 for the CPU,
+    timed)."""
+
+    def __init__(self, ref: Reference, budget: Budget, cfg: QuantizeConfig, speed_matters: bool = False):
+        self.ref, self.budget, self.cfg, self.speed_matters = ref, budget, cfg, speed_matters
+
+    def check(self, cand: Candidate, done: list[Candidate]) -> None:
+        """The candidate's figures against the parent's outputs (a subset first in the latency search), and
+        whether it meets the budget; `done`: the candidates so far (a clearly faster one that passed stops it)."""
+        try:
+            sess = onnx_session.session(cand.path, threads=SCORE_THREADS)
+        except UsageError as e:
+            cand.error = e.message
+            return
+        if self.screen(cand, sess, done):
+            self.score(cand, sess)
+
+    def screen(self, cand: Candidate, sess, done: list[Candidate]) -> bool:
+        """Screen on a subset (latency search only): False when the candidate is out (cand.screened_out: past
+        its budget beyond the noise; cand.slower_than: clearly slower than one in `done` that passed), True
+        when it goes on to be scored on the whole set."""
+        screen = self.screen_size(self.ref.samples)
+        if not (self.cfg.latency_search and screen):
+            return True
+        start = time.perf_counter()
+        self.score_on(cand, sess, screen)
+        cand.screen_s = time.perf_counter() - start
+        if not cand.error and self.budget.hopeless(cand):
+            cand.screened_out = True
+            return False
+        winner = None if cand.error else self.clearly_faster_winner(cand, sess, done)
+        if winner is not None:
+            cand.slower_than = winner.index
+            return False
+        return True
+
+    def score(self, cand: Candidate, sess) -> None:
+        """Score on the whole check set; cand.passed says whether it meets the budget."""
+        self.score_on(cand, sess, self.ref.samples)
+        cand.passed = self.budget.meets(cand)
+
+    def screen_size(self, n: int) -> int:
+        """How many of the n check samples a candidate is screened on first (0: none). A fidelity loss past
+        twice its budget shows on a quarter of the set (8 samples at least: a conv-heavy model's dynamic INT8 on
+        32 synthesized inputs is refused after 8 each); an accuracy drop's noise margin is only useful on
+        screen_samples, on a set at least twice that."""
+        quarter = n if self.budget.on_accuracy else max(8, n // 4)
+        screen = min(self.cfg.screen_samples, quarter)
+        return screen if 2 * screen <= n else 0
+
+    def clearly_faster_winner(self, cand: Candidate, sess, done: list[Candidate]) -> Candidate | None:
+        """A candidate of `done` that met every budget and runs the check data CLEARLY_SLOWER times faster than
+        `cand`: then `cand` cannot be chosen and is not scored on the whole set (nor timed). Its screening run
+        gives the first hint; interleaved repeats of one call of each confirm it (one run on a shared machine can
+        be slow)."""
+        if not self.speed_matters or cand.screen_s is None:
+            return None
+        passed = [c for c in done if c.passed and c.screen_s is not None and self.budget.fits(c)]
+        if not passed:
+            return None
+        best = min(passed, key=lambda c: c.screen_s)
+        if cand.screen_s < CLEARLY_SLOWER * best.screen_s:
+            return None
+        feeds = first_call(self.ref.specs, self.ref.check_feeds, fixed_batch(self.ref.specs) or 8)
+        mine, theirs = [], []
+        try:
+            other = onnx_session.session(best.path, threads=SCORE_THREADS)
+            for _ in range(CONFIRM_CALLS):
+                mine.append(_call_seconds(sess, feeds))
+                theirs.append(_call_seconds(other, feeds))
+        except Exception:  # noqa: BLE001 - no verdict on speed: it is scored like any other
+            return None
+        return best if min(mine) >= CLEARLY_SLOWER * min(theirs) else None
+
+    def score_on(self, cand: Candidate, sess, n: int) -> None:
+        """The candidate's fidelity (and accuracy, with a metric) on the first n check samples."""
+        ref = self.ref
+        feeds = {k: v[:n] for k, v in ref.check_feeds.items()}
+        try:
+            out = ref.run(sess, feeds)
+        except UsageError as e:
+            cand.error = e.message
+            return
+        except Exception as e:  # noqa: BLE001 - a candidate onnxruntime loads but cannot run
+            cand.error = f"the quantized model does not run: {first_line(e)[:160]}"
+            return
+        parent = [r[:n] if np.ndim(r) else r for r in ref.parent_outputs]
+        mask = ref.mask.first(n) if ref.mask is not None else None
+        cand.fidelity = qops.fidelity(parent, out, ref.out_names, mask=mask, only=ref.checked)
+        cand.checked_on = n
+        if self.cfg.metric:
+            labels = ref.labels[:n] if ref.labels is not None else None
+            cand.accuracy = ref.accuracy(out, labels)
+            base = ref.parent_accuracy if n == ref.samples else ref.accuracy(parent, labels)
+            cand.accuracy_drop = (cand.accuracy - base if self.cfg.metric in LOWER_IS_BETTER
+                                  else base - cand.accuracy)
+
+
+def _call_seconds(sess, feeds: dict) -> float:
+    """One call's seconds: the screening's in-process confirmation on two open sessions (not a latency figure;
+    results are timed by measure.paired)."""
+    start = time.perf_counter()
+    sess.run(None, feeds)
+    return time.perf_counter() - start

@@ -1,0 +1,44 @@
+"""Timing the survivors: the candidates that meet every budget, each against the FP32 parent, with
+measure.paired's one way of timing a result against its parent (call by call, interleaved, in one child
+process, fresh sessions each trial, the ratio with its 95% interval); the search has no timing loop of its
+own."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from optkit.core.artifact import Artifact
+from optkit.core.batching import first_call
+from optkit.core.text import first_line
+from optkit.measure.model import MeasureSettings
+from optkit.measure.paired import paired_latencies
+from optkit.passes.quantize.candidates import Candidate
+
+TIMING_LIMIT_S = 14.0     # the timing of all candidates against the parent, session opening included (the
+                          # phase, with its child process and loading, stays within 15 s)
+TIMING_TRIALS = 8         # fresh sessions each; the race drops clearly slower candidates after trials 3 and 5
+TIMING_RUNS = 100         # calls of each model a trial at most (the time limit usually stops it first)
+
+
+def time_candidates(parent: Artifact, pool: list[Candidate], specs: list, check_feeds: dict,
+                    note: Callable[[str], None]) -> dict[str, Any]:
+    """Each candidate against the parent at batch 1 on one thread, on the first call of the check data, all in
+    one run; one clearly slower than the best stops being timed after trial 3 or 5 (its figures are those of
+    the trials it was in). Sets each candidate's p50_ms, latency_ratio, latency_ratio_ci95 and latency_trials;
+    returns the settings to report (parent_p50_ms, latency_settings), or {} when the timing failed (said with
+    `note`: latency informs the choice, and its failure must not hide the result)."""
+    feeds = first_call(specs, check_feeds, 1)
+    settings = MeasureSettings(provider="cpu", threads=1, batch=1, warmup=10, runs=TIMING_RUNS)
+    try:
+        results = paired_latencies(parent, [Artifact.load(str(c.path)) for c in pool], settings,
+                                   trials=TIMING_TRIALS, data=feeds, limit_s=TIMING_LIMIT_S)
+    except Exception as e:  # noqa: BLE001 - latency informs the choice; a failure must not hide the result
+        note(f"candidate latency not measured: {first_line(e)}")
+        return {}
+    for c, r in zip(pool, results):
+        c.p50_ms, c.latency_ratio, c.latency_ratio_ci95 = r["after"]["p50_ms"], r["ratio"], r["ratio_ci95"]
+        c.latency_trials = r["trials"]
+    longest = max(results, key=lambda r: r["trials"])
+    return {"parent_p50_ms": longest["before"]["p50_ms"],
+            "latency_settings": f"batch 1, 1 thread, paired with the parent call by call, up to "
+                                f"{TIMING_TRIALS} trials (clearly slower candidates dropped early)"}
