@@ -44,8 +44,11 @@ from optkit.core.batching import first_call
 from optkit.core.errors import UsageError
 from optkit.measure.inputs import probe, synthesize
 from optkit.measure.latency import measure_latency
+from optkit.onnx.graph import all_nodes
+from optkit.onnx.io import load
 from optkit.onnx.session import ort_session
 from optkit.runtimes.base import open_session
+from optkit.runtimes.tf import import_tf
 
 KERNEL = "_kernel_time"
 MAX_RUNS = 100_000
@@ -122,9 +125,6 @@ def profile_onnx(artifact: Artifact, *, runs: int = 50, warmup: int = 10, thread
 def node_count(path: str | Path) -> int:
     """The nodes of an ONNX model, those of its subgraphs (If, Loop, Scan bodies) counted once; 0 for a file
     that does not load (the session that follows says what is wrong with it)."""
-    from optkit.onnx.graph import all_nodes
-    from optkit.onnx.io import load
-
     try:
         model = load(path, external_data=False)
     except UsageError:
@@ -525,8 +525,6 @@ def profile_tf(artifact: Artifact, logdir: str | Path, *, runs: int = 20, warmup
                seed: int = 0) -> dict[str, Any]:
     """A TensorBoard profile log (tf.profiler) of `runs` calls of a Keras or SavedModel model, in `logdir`
     (created when missing; optkit only adds its run folder). Returns the log folder and the p50 latency."""
-    from optkit.runtimes.tf import import_tf
-
     if not 1 <= runs <= MAX_RUNS:
         raise UsageError(f"--runs {runs} is out of range: give 1 to {MAX_RUNS:,}")
     logdir = Path(logdir)
