@@ -44,8 +44,11 @@ from optkit.core.batching import first_call
 from optkit.core.errors import UsageError
 from optkit.measure.inputs import probe, synthesize
 from optkit.measure.latency import measure_latency
-from optkit.onnx.session import session_options
+from optkit.onnx.graph import all_nodes
+from optkit.onnx.io import load
+from optkit.onnx.session import ort_session
 from optkit.runtimes.base import open_session
+from optkit.runtimes.tf import import_tf
 
 KERNEL = "_kernel_time"
 MAX_RUNS = 100_000
@@ -81,7 +84,6 @@ def profile_onnx(artifact: Artifact, *, runs: int = 50, warmup: int = 10, thread
     """Profile `runs` calls of an ONNX model on onnxruntime's CPU provider (fewer on a large graph: plan_calls);
     returns the per-node and per-op figures (summarize) with the p50 of a plain session. With `trace`, the
     Chrome trace is written there (at most TRACE_CAP_BYTES: whole calls, the first that fit)."""
-    import onnxruntime as ort
 
     if not 1 <= runs <= MAX_RUNS:
         raise UsageError(f"--runs {runs} is out of range: give 1 to {MAX_RUNS:,}")
@@ -94,10 +96,7 @@ def profile_onnx(artifact: Artifact, *, runs: int = 50, warmup: int = 10, thread
     calibration = calibrate_overhead(threads)
     work = Path(tempfile.mkdtemp(prefix="optkit-profile-"))
     try:
-        so = session_options(threads)
-        so.enable_profiling = True
-        so.profile_file_prefix = str(work / "profile")
-        sess = ort.InferenceSession(str(artifact.path), sess_options=so, providers=["CPUExecutionProvider"])
+        sess = ort_session(artifact.path, threads=threads, profile_prefix=work / "profile")
         for _ in range(warm + calls):
             sess.run(None, feeds)
         path = Path(sess.end_profiling())
@@ -126,9 +125,6 @@ def profile_onnx(artifact: Artifact, *, runs: int = 50, warmup: int = 10, thread
 def node_count(path: str | Path) -> int:
     """The nodes of an ONNX model, those of its subgraphs (If, Loop, Scan bodies) counted once; 0 for a file
     that does not load (the session that follows says what is wrong with it)."""
-    from optkit.onnx.graph import all_nodes
-    from optkit.onnx.io import load
-
     try:
         model = load(path, external_data=False)
     except UsageError:
@@ -321,7 +317,6 @@ def calibrate_overhead(threads: int | None = None) -> dict[str, float]:
     the executor between kernels): inside a control-flow node it is part of that node's span (self_times).
     `call_us` is what a plain call of a one-node model costs (session.run from Python, the feeds bound, the
     output allocated), which no kernel event holds. Cached per process."""
-    import onnxruntime as ort
 
     key = threads or 0
     if key in _OVERHEAD:
@@ -332,13 +327,9 @@ def calibrate_overhead(threads: int | None = None) -> dict[str, float]:
     work = Path(tempfile.mkdtemp(prefix="optkit-profile-cal-"))
     try:
         for i in range(CAL_REPEATS):
-            sessions = [ort.InferenceSession(m, sess_options=session_options(threads),
-                                             providers=["CPUExecutionProvider"]) for m in (long_chain, one)]
+            sessions = [ort_session(m, threads=threads) for m in (long_chain, one)]
             p_long, p_one = (_plain_p50_us(s, feeds, CAL_CALLS) for s in sessions)
-            so = session_options(threads)
-            so.enable_profiling = True
-            so.profile_file_prefix = str(work / f"cal{i}")
-            sess = ort.InferenceSession(long_chain, sess_options=so, providers=["CPUExecutionProvider"])
+            sess = ort_session(long_chain, threads=threads, profile_prefix=work / f"cal{i}")
             warm = 5
             for _ in range(warm + CAL_CALLS // 2):
                 sess.run(None, feeds)
@@ -534,8 +525,6 @@ def profile_tf(artifact: Artifact, logdir: str | Path, *, runs: int = 20, warmup
                seed: int = 0) -> dict[str, Any]:
     """A TensorBoard profile log (tf.profiler) of `runs` calls of a Keras or SavedModel model, in `logdir`
     (created when missing; optkit only adds its run folder). Returns the log folder and the p50 latency."""
-    from optkit.runtimes.tf import import_tf
-
     if not 1 <= runs <= MAX_RUNS:
         raise UsageError(f"--runs {runs} is out of range: give 1 to {MAX_RUNS:,}")
     logdir = Path(logdir)

@@ -16,6 +16,10 @@ from typing import Any
 import numpy as np
 
 from optkit.core.errors import OptkitError, UsageError
+from optkit.measure.concurrency import measure_concurrency
+from optkit.measure.datasets import load_dataset
+from optkit.measure.latency import measure_latency
+from optkit.measure.model import latency_feeds, synthesized
 from optkit.runtimes.kserve import CHECK_TIMEOUT_S, REQUEST_TIMEOUT_S, RemoteSession
 
 LOOP_LIMIT_S = 120.0   # a warm-up or timed loop over HTTP, unless --duration asks for longer
@@ -64,11 +68,6 @@ def measure_remote(url: str, settings, data=None) -> dict[str, Any]:
     settings.concurrency the figures under load, one connection per thread. `settings` is a MeasureSettings
     (provider, threads, sessions and onnxruntime options do not apply: the server owns them); `data` a DataSpec.
     """
-    from optkit.measure.concurrency import measure_concurrency
-    from optkit.measure.datasets import load_dataset
-    from optkit.measure.latency import measure_latency
-    from optkit.measure.model import latency_feeds, synthesized
-
     total = bench_deadline_s(settings)
     session = RemoteSession.open_url(url, deadline=time.monotonic() + total, deadline_s=total)
     limit = loop_limit_s(settings)

@@ -47,7 +47,7 @@ from optkit.core.isolate import run_isolated
 from optkit.measure.datasets import load_dataset
 from optkit.measure.latency import LIMIT_S, summarize
 from optkit.measure.model import latency_feeds, synthesized
-from optkit.onnx.session import session_options
+from optkit.onnx.session import ort_session
 
 # two-sided 95% Student t quantiles for 1..30 degrees of freedom
 _T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
@@ -140,10 +140,7 @@ def reference_model_bytes(layers: int = 8) -> bytes:
 
 
 def _reference_runner(layers: int, threads: int | None):
-    import onnxruntime as ort
-
-    sess = ort.InferenceSession(reference_model_bytes(layers), sess_options=session_options(threads),
-                                providers=["CPUExecutionProvider"])
+    sess = ort_session(reference_model_bytes(layers), threads=threads)
     x = np.random.default_rng(0).standard_normal((REFERENCE_BATCH, REFERENCE_WIDTH)).astype(np.float32)
     feeds = {"x": x}
     return lambda: sess.run(None, feeds)

@@ -116,14 +116,43 @@ def spec_of(arg) -> TensorSpec:
     return TensorSpec(arg.name, shape, DTYPES.get(arg.type, arg.type))
 
 
-def session(path: str | Path, threads: int | None = 1, optimize: bool = True):
-    """An onnxruntime CPU session; a UsageError naming the file when onnxruntime cannot load it."""
+CPU = ("CPUExecutionProvider",)
+
+
+def ort_session(model: str | Path | bytes, *, threads: int | None = None, optimize: bool = True,
+                ort_settings: OrtSettings | None = None, providers=CPU,
+                optimization: Literal["basic", "extended"] | None = None, optimized_path: str | Path | None = None,
+                profile_prefix: str | Path | None = None):
+    """The one place optkit opens an onnxruntime session: telemetry off, onnxruntime's own log quiet (--debug
+    shows it), the options of `session_options` (threads, optimize, OrtSettings), the providers asked for (CPU
+    unless named: a name or a (name, options) pair each). `optimization` sets the graph optimization level and
+    `optimized_path` saves the optimized model there (onnxruntime's offline optimization); `profile_prefix`
+    turns onnxruntime's profiler on, writing under that prefix. `model` is a path or the model's bytes.
+    onnxruntime's exceptions come through as they are (`session` turns them into a UsageError naming the file)."""
     import onnxruntime as ort
 
+    ort.disable_telemetry_events()
+    so = session_options(threads, optimize, ort_settings)
+    if optimization:
+        so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _OPTIMIZATION[optimization])
+    if optimized_path is not None:
+        so.optimized_model_filepath = str(optimized_path)
+    if profile_prefix is not None:
+        so.enable_profiling = True
+        so.profile_file_prefix = str(profile_prefix)
+    if not isinstance(model, bytes):
+        model = str(model)
+    return ort.InferenceSession(model, sess_options=so, providers=list(providers))
+
+
+def session(path: str | Path, threads: int | None = 1, optimize: bool = True, *,
+            ort_settings: OrtSettings | None = None, providers=CPU):
+    """An onnxruntime session (CPU unless providers are named); a UsageError naming the file when onnxruntime
+    cannot load it."""
     log.debug("onnxruntime session: %s (threads %s, optimize %s)", path, threads, optimize)
     try:
-        return ort.InferenceSession(str(path), sess_options=session_options(threads, optimize),
-                                    providers=["CPUExecutionProvider"])
+        return ort_session(path, threads=threads, optimize=optimize, ort_settings=ort_settings,
+                           providers=providers)
     except Exception as e:  # noqa: BLE001 - onnxruntime raises several exception types for unreadable models
         raise UsageError(f"cannot load {path} with onnxruntime: {first_line(e)}") from None
 
@@ -162,13 +191,11 @@ def run_all(sess, feeds: dict[str, np.ndarray], names: list[str] | None = None, 
 def warm_onnxruntime() -> None:
     """Load and initialise onnxruntime (libraries, default allocators) with a one-node model, once per
     process, so that memory measured afterwards is the model's own, wherever the measurement runs."""
-    import onnxruntime as ort
     from onnx import TensorProto, helper
 
     graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "warm",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
-    sess = ort.InferenceSession(model.SerializeToString(), sess_options=session_options(1),
-                                providers=["CPUExecutionProvider"])
+    sess = ort_session(model.SerializeToString(), threads=1)
     sess.run(None, {"x": np.zeros(1, np.float32)})

@@ -26,7 +26,6 @@ from optkit.measure.inputs import probe, synthesize
 from optkit.onnx import graph
 from optkit.onnx import io as onnx_io
 from optkit.onnx import session as onnx_session
-from optkit.onnx.session import quiet_ort
 from optkit.runtimes.onnx import PROVIDERS
 
 # Bytes a result may grow by whatever --max-growth says: a tiny model's file grows by its opset imports, names
@@ -207,14 +206,8 @@ def _variants(artifact, config, tmp: Path, ctx):
 def _ort_offline(src: Path, dest: Path, provider: Optional[str]) -> None:
     """onnxruntime's offline optimizations saved as ONNX: basic level (standard ops only) unless a provider
     is targeted (extended level, which adds onnxruntime-specific fused ops)."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.log_severity_level = quiet_ort()
-    so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED if provider
-                                   else ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
-    so.optimized_model_filepath = str(dest)
-    ort.InferenceSession(str(src), so, providers=PROVIDERS.get(provider or "cpu", PROVIDERS["cpu"]))
+    onnx_session.ort_session(src, optimization="extended" if provider else "basic", optimized_path=dest,
+                             providers=PROVIDERS.get(provider or "cpu", PROVIDERS["cpu"]))
     m = onnx_io.load(dest)
     if not provider:  # standard domains, and whatever the input used already
         source = onnx_io.load(src, external_data=False)

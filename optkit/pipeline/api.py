@@ -22,6 +22,7 @@ from optkit.core.errors import UsageError
 from optkit.core.formats import Format
 from optkit.measure.model import DataSpec
 from optkit.onnx.io import copy_model
+from optkit.passes.quantize.candidates import rejected_path
 from optkit.pipeline.recipe import from_dict, load_recipe, one_stage_recipe
 from optkit.pipeline.runner import RunOptions, execute
 from optkit.report.schema import Report
@@ -92,8 +93,6 @@ def run_pass(pass_name: str, model: str | Path, output: str | Path, *, weights: 
 def run_one_stage(rec: dict, output: str | Path, *, command: str, input_last: bool = False) -> Report:
     """Run a one-stage recipe in a scratch workspace and copy its result to `output`: what every single-stage
     command and run_pass do. A result a budget refuses is kept beside `output` (OUT.REJECTED.onnx)."""
-    from optkit.passes.quantize.candidates import rejected_path
-
     with tempfile.TemporaryDirectory(prefix="optkit-stage-") as scratch:
         opts = RunOptions(workspace=Path(scratch), use_cache=False, resume=False, command=command,
                           aside=rejected_path(Path(output)), input_last=input_last)

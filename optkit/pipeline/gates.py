@@ -72,6 +72,7 @@ from typing import Any
 import numpy as np
 
 from optkit.core.errors import UsageError
+from optkit.measure.latency import runs_to_bound
 from optkit.report.figures import Normalisation, StageFigures, finite
 from optkit.report.schema import GateResult, Report, Stage
 
@@ -244,8 +245,6 @@ def _latency_band(f: StageFigures, key: str, metric: str) -> tuple[float | Band 
     what = f"the {round(100 * QUANTILES[key])}th percentile" if key in QUANTILES else "the throughput"
     why = ""
     if lo is None or hi is None:
-        from optkit.measure.latency import runs_to_bound
-
         side = "upper" if hi is None else "lower"
         fewest = f"time at least {runs_to_bound(QUANTILES[key], side)} runs (--runs)" if key in QUANTILES else "time more runs"
         why = f"{runs or 'its'} runs do not bound {what} from {'above' if hi is None else 'below'}; {fewest}"

@@ -18,6 +18,7 @@ from optkit.measure.paired import change_against
 from optkit.measure.serving import Setting
 from optkit.measure.trials import latency_trials
 from optkit.onnx.session import OrtSettings
+from optkit.package.recipe import check_specs, package_run
 from optkit.pipeline.gates import evaluate, gates_of_recipe
 from optkit.pipeline.recipe import validate
 from optkit.pipeline.stage import StageResult, run_pass
@@ -65,8 +66,6 @@ def plan(loaded, baseline: str | None = None) -> list[dict[str, Any]]:
 
     resolved = validate(loaded, baseline=baseline, allow_missing=True)
     if loaded.recipe.package:
-        from optkit.package.recipe import check_specs
-
         check_specs(loaded)
     rows = [{"stage": "00-input", "pass": "-", "from": "-", "accepts": "-",
              "format": detect_format(loaded.resolve(loaded.recipe.model.path)).value, "config": {},
@@ -90,8 +89,6 @@ def execute(loaded, opts: RunOptions | None = None) -> RunOutcome:
     r = loaded.recipe
     resolved = validate(loaded, baseline=opts.baseline)
     if r.package:
-        from optkit.package.recipe import check_specs
-
         check_specs(loaded)  # a repository optkit may not write into fails the run before any stage
     baseline_path = opts.baseline or loaded.resolve(r.baseline)
     baseline = Report.load(baseline_path) if baseline_path else None
@@ -169,8 +166,6 @@ def execute(loaded, opts: RunOptions | None = None) -> RunOutcome:
     if r.package and outcome.failed_gates:
         outcome.package_note = "not packaged: a gate failed"
     elif r.package:
-        from optkit.package.recipe import package_run
-
         outcome.packages = package_run(loaded, report, run.path)
     return outcome
 

@@ -16,6 +16,7 @@ from optkit.core.atomic import write_text
 from optkit.core.errors import UsageError
 from optkit.core.readback import read_regular
 from optkit.core.text import first_line
+from optkit.report.figures import StageFigures
 
 SCHEMA_VERSION = "1.0"
 MAX_REPORT_BYTES = 256 << 20
@@ -118,7 +119,6 @@ class Report(BaseModel):
             raise UsageError(f"{p} has report schema {report.schema_version}; this optkit reads {SCHEMA_VERSION}")
         # every reader (gate, --baseline, render, compare, package --report) gets figures no measurement could
         # give refused here, naming the file: a band that is inverted, negative, NaN or does not hold its figure
-        from optkit.report.figures import StageFigures
         for i, stage in enumerate(report.stages):
             if len(stage.name) > MAX_STAGE_NAME:  # renderers repeat it beside every note: 5 MB x 10,000 notes
                 raise UsageError(f"{p} is not an optkit report: stages.{i}.name is {len(stage.name):,} characters "

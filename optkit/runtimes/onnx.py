@@ -6,11 +6,10 @@ import functools
 from optkit.core.artifact import Artifact
 from optkit.core.cachedir import cache_dir
 from optkit.core.errors import DependencyError, UsageError
-from optkit.core.text import first_line
 from optkit.onnx.session import (
     OrtSettings,
     check_feedable,
-    session_options,
+    session,
     spec_of,
     warm_onnxruntime,
     with_hints,
@@ -65,14 +64,7 @@ class OnnxSession(Session):
                 f"onnxruntime here has no {wanted}; install onnxruntime-gpu (and TensorRT for 'tensorrt') "
                 "on a machine with an NVIDIA GPU"
             )
-        try:
-            self.sess = ort.InferenceSession(
-                artifact.path, sess_options=session_options(threads, ort_settings=ort_settings),
-                providers=provider_list(provider)
-            )
-        except Exception as e:  # onnxruntime raises several exception types for unreadable models
-            first = first_line(e)
-            raise UsageError(f"cannot load {artifact.path} with onnxruntime: {first}") from None
+        self.sess = session(artifact.path, threads, ort_settings=ort_settings, providers=provider_list(provider))
         active = self.sess.get_providers()
         if active and active[0] != wanted:  # onnxruntime falls back quietly when CUDA/cuDNN/TensorRT fail to load
             raise DependencyError(

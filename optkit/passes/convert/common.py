@@ -17,6 +17,7 @@ from optkit.measure.datasets import Dataset
 from optkit.measure.fidelity import compare_outputs, step_errors
 from optkit.measure.inputs import synthesize
 from optkit.onnx.graph import all_nodes
+from optkit.onnx.session import ort_session
 
 # int8 outputs (int8 dtype, or dequantized from int8): judged in quantization steps of the output, because the
 # int8 kernels of onnxruntime and TFLite round differently at every requantization and the differences grow
@@ -82,7 +83,6 @@ def ort_max_opset() -> int:
     if _ORT_MAX is not None:
         return _ORT_MAX
     import onnx
-    import onnxruntime as ort
     from onnx import TensorProto, helper
 
     for opset in range(onnx.defs.onnx_opset_version(), 6, -1):
@@ -92,7 +92,7 @@ def ort_max_opset() -> int:
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
         model.ir_version = min(model.ir_version, 10)
         try:
-            ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+            ort_session(model.SerializeToString())
         except Exception:  # noqa: BLE001 - any failure means "not this opset"
             continue
         _ORT_MAX = opset

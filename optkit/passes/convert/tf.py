@@ -20,7 +20,7 @@ from optkit.core.text import first_line
 from optkit.onnx import graph
 from optkit.onnx import io as onnx_io
 from optkit.onnx.io import Staging
-from optkit.onnx.session import session_options, spec_of
+from optkit.onnx.session import ort_session, spec_of
 from optkit.passes.convert.common import check_model, choose_opset, unsupported_nodes, validate, validation_feeds
 from optkit.runtimes.tf import import_tf, load_keras, load_signature
 from optkit.runtimes.tflite import TFLiteSession, interpreter_class
@@ -463,9 +463,7 @@ def _is_zero_const(ctx, name) -> bool:
 
 
 def _validate(ref: Reference, onnx_path: Path, config, ctx: PassContext) -> dict:
-    import onnxruntime as ort
-
-    sess = ort.InferenceSession(str(onnx_path), sess_options=session_options(), providers=["CPUExecutionProvider"])
+    sess = ort_session(onnx_path)
     onnx_inputs = [spec_of(i) for i in sess.get_inputs()]
     onnx_outputs = [spec_of(o) for o in sess.get_outputs()]
     if len(onnx_inputs) != len(ref.specs):

@@ -20,7 +20,7 @@ from optkit.core.text import first_line
 from optkit.onnx import graph
 from optkit.onnx import io as onnx_io
 from optkit.onnx.io import Staging
-from optkit.onnx.session import session_options, spec_of
+from optkit.onnx.session import ort_session, spec_of
 from optkit.passes.convert.common import check_model, choose_opset, unsupported_nodes, validate, validation_feeds
 from optkit.runtimes.torch import (
     example_from_program,
@@ -387,10 +387,9 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 def _validate(model, names, onnx_path: Path, specs, config, ctx: PassContext, batch_check: bool = False) -> dict:
     """Source and ONNX on the validation inputs; with batch_check (a batch axis made dynamic by default), the
     ONNX model also runs the first samples one at a time, which must match too."""
-    import onnxruntime as ort
     import torch
 
-    sess = ort.InferenceSession(str(onnx_path), sess_options=session_options(), providers=["CPUExecutionProvider"])
+    sess = ort_session(onnx_path)
     onnx_inputs = [spec_of(i) for i in sess.get_inputs()]
     onnx_outputs = [spec_of(o) for o in sess.get_outputs()]
     feed_specs = []

@@ -407,7 +407,7 @@ class _Checker:
             if (per_channel or axis is not None) and self.opset is not None and self.opset < 13:
                 self.add(ERROR, "qdq-opset", f"per-channel {node.op_type} needs opset 13 or later (the model has "
                          f"opset {self.opset}); upgrade the opset before quantizing", node)
-            if per_channel and node.input[0] not in self.consts and not self._is_weight_path(node):
+            if per_channel and node.input[0] not in self.consts and not _is_weight_path(node.input[0], self.consts, self.producers):
                 self.add(ERROR, "qdq-per-channel-activation",
                          f"{node.op_type} quantizes activation {node.input[0]!r} per channel; TensorRT supports "
                          "per-tensor activation scales only", node)
@@ -427,20 +427,6 @@ class _Checker:
         else:
             self.add(INFO, "qdq", f"explicitly quantized: {n_q} QuantizeLinear, {n_dq} DequantizeLinear")
 
-    def _is_weight_path(self, node) -> bool:
-        """Whether the tensor a Q or DQ reads comes from a constant (weights): traced back through Identity,
-        Cast, Transpose and Reshape, and through a QuantizeLinear, so a float weight -> Q (per channel) -> DQ, the
-        layout of QAT and ModelOpt exports, is a weight."""
-        name = node.input[0]
-        for _ in range(8):
-            if name in self.consts:
-                return True
-            prod = self.producers.get(name)
-            if prod is None or prod.op_type not in _WEIGHT_PATH_OPS:
-                return False
-            name = prod.input[0]
-        return name in self.consts
-
     def _values(self, name: str):
         from onnx import numpy_helper
 
@@ -451,6 +437,20 @@ class _Checker:
             return numpy_helper.to_array(t)
         except Exception:  # noqa: BLE001 - a malformed tensor is reported elsewhere by the parser
             return None
+
+
+def _is_weight_path(name: str, consts: dict, producers: dict) -> bool:
+    """Whether the tensor a Q or DQ reads comes from a constant (weights): traced back through Identity,
+    Cast, Transpose and Reshape, and through a QuantizeLinear, so a float weight -> Q (per channel) -> DQ, the
+    layout of QAT and ModelOpt exports, is a weight."""
+    for _ in range(8):
+        if name in consts:
+            return True
+        prod = producers.get(name)
+        if prod is None or prod.op_type not in _WEIGHT_PATH_OPS:
+            return False
+        name = prod.input[0]
+    return name in consts
 
 
 def _plugin_op(domain: str, op: str) -> bool:

@@ -1,0 +1,119 @@
+"""Image folders: a class per sub-folder, or a labels file; the images prepared (optkit.measure.preprocess) and
+read lazily, a batch at a time."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from optkit.core.errors import UsageError
+from optkit.measure.labels import class_list, csv_labels
+from optkit.measure.lazy import LazyArray
+from optkit.measure.preprocess import MAX_PIXELS, Preprocess, pair, prepare
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".ppm", ".pgm"}
+
+
+def image_folder(path: Path, pre: Preprocess, labels: str | Path | None = None
+                 ) -> tuple[LazyArray, np.ndarray, list[str]]:
+    """The folder's images (read lazily, prepared), their class indices and the class names (none from a CSV)."""
+    subdirs = sorted(d.name for d in path.iterdir() if d.is_dir())
+    if labels is None and not subdirs and (path / "labels.csv").is_file():
+        labels = path / "labels.csv"
+    classes: list[str] = []
+    if labels is not None and Path(labels).suffix.lower() == ".csv":
+        files, ys = csv_labels(Path(labels), path)
+    else:
+        if not subdirs:
+            raise UsageError(f"{path} is a folder without class sub-folders (expected {path}/<class>/<image>, "
+                             "or give --labels FILE.csv with file,class_index rows)")
+        index = {c: i for i, c in enumerate(subdirs)}
+        if labels is not None:
+            classes, index = class_list(Path(labels))
+            unknown = [c for c in subdirs if c not in index]
+            if unknown:
+                raise UsageError(f"folder {path / unknown[0]} is not in the class list {labels} "
+                                 f"({len(classes)} names); name the folder as a line of the list names it"
+                                 + (f" ({len(unknown)} folders are missing)" if len(unknown) > 1 else ""))
+        else:
+            classes = subdirs
+        files, ys = [], []
+        for cls in subdirs:
+            for f in sorted((path / cls).iterdir()):
+                if f.suffix.lower() in IMAGE_SUFFIXES:
+                    files.append(f)
+                    ys.append(index[cls])
+    if not files:
+        raise UsageError(f"no images found under {path}")
+    shape = _prepared_shape(files, pre, path)
+    images = LazyArray(lambda idx: _read_images(files, idx, pre, shape, path), len(files), shape, pre.dtype,
+                       checks=True)
+    return images, np.array(ys, dtype=np.int64), classes
+
+
+def _prepared_shape(files: list[Path], pre: Preprocess, folder: Path) -> tuple:
+    """The shape every image takes after `pre`, from the files' headers (no pixels decoded), and the first
+    image decoded: a file that is no image, or sizes that differ, are refused now, not mid-run."""
+    from PIL import Image
+
+    shapes = set()
+    for f in files:
+        try:
+            with Image.open(f) as im:
+                shapes.add(_geometry(im.size, pre, f))
+        except OSError as e:
+            raise UsageError(f"cannot read image {f}: {e}") from None
+    if len(shapes) > 1:
+        raise UsageError(f"images under {folder} have different sizes {sorted(shapes)}; set resize and center_crop")
+    first = _read_images(files, np.array([0]), pre, None, folder)
+    return first.shape[1:]
+
+
+def _geometry(size: tuple[int, int], pre: Preprocess, where) -> tuple:
+    """The shape `prepare` gives an image of `size` (width, height); a crop larger than the (resized) image, or
+    an image of more than MAX_PIXELS on the way, is refused before any pixel is decoded."""
+    w, h = size
+    if pre.resize is not None:
+        if isinstance(pre.resize, int):
+            s = pre.resize / min(w, h)
+            w, h = max(1, round(w * s)), max(1, round(h * s))
+        else:
+            h, w = pre.resize
+    if w * h > MAX_PIXELS:
+        raise UsageError(f"preprocess resize: {where} would be {w}x{h} pixels, more than {MAX_PIXELS:,}; "
+                         "give a smaller resize")
+    if pre.center_crop is not None:
+        ch, cw = pair(pre.center_crop)
+        if ch > h or cw > w:
+            raise UsageError(f"preprocess center_crop: {ch}x{cw} (height x width) is larger than {where}, {h}x{w} "
+                             f"{'once resized' if pre.resize is not None else '(set resize)'}; crop inside the image")
+        h, w = ch, cw
+    c = 1 if pre.color == "gray" else 3
+    return (c, h, w) if pre.layout == "nchw" else (h, w, c)
+
+
+def _read_images(files: list[Path], idx: np.ndarray, pre: Preprocess, shape: tuple | None,
+                 folder: Path) -> np.ndarray:
+    """The images at `idx`, prepared and stacked; NaN/Inf (from the preprocess's mean/std) refused."""
+    from PIL import Image
+
+    out = None
+    for k, i in enumerate(idx):
+        try:
+            with Image.open(files[i]) as im:
+                x = prepare(im, pre, files[i])
+        except OSError as e:
+            raise UsageError(f"cannot read image {files[i]}: {e}") from None
+        if out is None:  # filled in place: one batch of inputs in memory, not two
+            out = np.empty((len(idx), *x.shape), x.dtype)
+        if x.shape != out.shape[1:] or (shape is not None and x.shape != tuple(shape)):
+            sizes = sorted({x.shape, out.shape[1:], *([tuple(shape)] if shape is not None else [])})
+            raise UsageError(f"images under {folder} have different sizes {sizes}; set resize and center_crop")
+        out[k] = x
+    if out.dtype.kind in "fc":
+        bad = int(out.size - np.count_nonzero(np.isfinite(out)))
+        if bad:
+            raise UsageError(f"{folder}: the images has {bad} non-finite values (NaN or Inf) out of {out.size}"
+                             f"{' (in the ' + str(len(idx)) + ' images read)' if shape is not None else ''}; "
+                             "check the preprocess mean/std")
+    return out
