@@ -154,6 +154,8 @@ class _Parser:
                 return out
             if c == "":
                 raise self.fail(f"unterminated message: expected {close!r} before the end of the text")
+            if c in "}>]":
+                raise self.fail(f"unexpected {c!r}")
             start = self.i
             key = self.ident()
             if self.peek() == ":":
@@ -198,6 +200,8 @@ class _Parser:
                 items.append(self.value(depth))
                 if self.peek() == ",":
                     self.i += 1
+                elif not self.peek():
+                    raise self.fail("unterminated list: expected ']' before the end of the text")
                 elif self.peek() != "]":
                     raise self.fail("expected ',' or ']' in a list")
             self.i += 1
