@@ -12,9 +12,9 @@ from onnx import TensorProto, helper
 
 from optkit.core.artifact import Artifact
 from optkit.core.errors import UsageError
-from optkit.package.targets import triton
 from optkit.package.build import package
 from optkit.package.signature import read_signature
+from optkit.package.targets import triton
 from optkit.package.tuned import Tuned, defaults
 
 from conftest import no_result_files, one_error_line

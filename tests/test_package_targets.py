@@ -76,6 +76,7 @@ def test_a_toy_target_through_the_python_api(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     try:
         import _toy_target  # noqa: F401 - registers "toy" in this process
+
         import optkit
         from optkit.package.build import package
         from optkit.package.config import PackageConfig

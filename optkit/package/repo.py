@@ -28,7 +28,7 @@ from typing import Any
 from optkit.core.atomic import normal_mode
 from optkit.core.errors import UsageError
 from optkit.package import schemas
-from optkit.package.target import get_target
+from optkit.package.target import choices, get_target, target_names
 
 INDEX = "optkit-versions.json"
 SCHEMA = "optkit-versions/1"
@@ -73,7 +73,11 @@ def load_index(model_dir: Path) -> dict[str, Any]:
     p = model_dir / INDEX
     if not p.exists() and not p.is_symlink():
         raise UsageError(f"{model_dir} is not a model optkit packaged (no {INDEX}); name REPO/NAME")
-    return schemas.load_index(p)
+    index = schemas.load_index(p)
+    if index["target"] not in target_names():  # a target no module here registers (a plugin not loaded, an edit)
+        raise UsageError(f"{p}: key target: {index['target']!r} is not a package target here (choose "
+                         f"{choices(target_names())}; a plugin's is named in OPTKIT_PLUGINS)")
+    return index
 
 
 # ------------------------------------------------------------------ temporaries and their owners
