@@ -138,8 +138,9 @@ def _server_dir() -> Path | None:
 
 
 def check_config(*pbtxt: Path) -> dict | list[dict]:
-    """Parse with tritonclient's model_config_pb2 in the tool folder's Python (optkit/package/triton_check.py)."""
-    proc = subprocess.run([str(TOOL / "bin" / "python"), str(ROOT / "optkit" / "package" / "triton_check.py"),
+    """Parse with tritonclient's model_config_pb2 in the tool folder's Python (package/targets/triton_check.py)."""
+    checker = ROOT / "optkit" / "package" / "targets" / "triton_check.py"
+    proc = subprocess.run([str(TOOL / "bin" / "python"), str(checker),
                            *map(str, pbtxt)], capture_output=True, text=True, timeout=60)
     if proc.returncode:
         raise ValueError(proc.stderr.strip())

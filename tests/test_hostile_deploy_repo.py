@@ -320,7 +320,7 @@ def test_serve_version_refuses_a_config_edited_with_its_lineage(work):
     import hashlib
 
     own = work / "repo" / "cnn" / "1" / "config.pbtxt"
-    own.write_text(own.read_text().replace("versions: [1]", "versions: [2]"))
+    own.write_text(own.read_text().replace("versions: [ 1 ]", "versions: [ 2 ]"))
     digest = hashlib.sha256(own.read_bytes()).hexdigest()
     edit_lineage(work, lambda d: {**d, "files": {**d["files"], "config.pbtxt": digest}})
     refused(work, *READERS["serve-version"], names=("1/config.pbtxt", "key version_policy"))
@@ -447,7 +447,7 @@ def test_a_version_folder_the_index_does_not_list_is_named(work):
 
 def test_an_edited_served_config_does_not_reach_the_history(work):
     top = work / "repo" / "cnn" / "config.pbtxt"
-    top.write_text(top.read_text().replace("versions: [2]", "versions: [99999999999]"))
+    top.write_text(top.read_text().replace("versions: [ 2 ]", "versions: [ 99999999999 ]"))
     r = run_cli(*READERS["serve-version"], cwd=work)
     assert r.rc == 0, r.err
     history = json.loads((work / "repo" / "cnn" / "optkit-versions.json").read_text())["history"]

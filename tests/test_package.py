@@ -12,9 +12,9 @@ from onnx import TensorProto, helper
 
 from optkit.core.artifact import Artifact
 from optkit.core.errors import UsageError
-from optkit.package import triton
 from optkit.package.build import package
 from optkit.package.signature import read_signature
+from optkit.package.targets import triton
 from optkit.package.tuned import Tuned, defaults
 
 from conftest import no_result_files, one_error_line
@@ -49,20 +49,20 @@ FIELDS = [
     ({"batch": 16}, "dynamic_batching { preferred_batch_size: [ 16 ] max_queue_delay_microseconds: 100 }"),
     ({"concurrency": 3, "sessions": "per-thread"}, "instance_group [ { count: 3 kind: KIND_CPU } ]"),
     ({"provider": "cuda"}, "instance_group [ { count: 1 kind: KIND_GPU } ]"),
-    ({"provider": "tensorrt"}, 'gpu_execution_accelerator: [ { name: "tensorrt" } ]'),
-    ({"threads": 2}, 'parameters { key: "intra_op_thread_count" value: { string_value: "2" } }'),
+    ({"provider": "tensorrt"}, 'gpu_execution_accelerator [ { name: "tensorrt" } ]'),
+    ({"threads": 2}, 'parameters { key: "intra_op_thread_count" value { string_value: "2" } }'),
     ({"session": {"execution_mode": "parallel", "inter_op_threads": 2}},
-     'parameters { key: "inter_op_thread_count" value: { string_value: "2" } }'),
-    ({"session": {"execution_mode": "parallel"}}, 'parameters { key: "execution_mode" value: { string_value: "1" } }'),
+     'parameters { key: "inter_op_thread_count" value { string_value: "2" } }'),
+    ({"session": {"execution_mode": "parallel"}}, 'parameters { key: "execution_mode" value { string_value: "1" } }'),
     ({"session": {"execution_mode": "sequential"}},
-     'parameters { key: "execution_mode" value: { string_value: "0" } }'),
-    ({"session": {"cpu_mem_arena": False}}, 'parameters { key: "enable_mem_arena" value: { string_value: "0" } }'),
-    ({"session": {"mem_pattern": False}}, 'parameters { key: "enable_mem_pattern" value: { string_value: "0" } }'),
+     'parameters { key: "execution_mode" value { string_value: "0" } }'),
+    ({"session": {"cpu_mem_arena": False}}, 'parameters { key: "enable_mem_arena" value { string_value: "0" } }'),
+    ({"session": {"mem_pattern": False}}, 'parameters { key: "enable_mem_pattern" value { string_value: "0" } }'),
     ({"session": {"graph_optimization": "basic"}}, "optimization { graph { level: -1 } }"),
     ({"session": {"graph_optimization": "extended"}}, "optimization { graph { level: 1 } }"),
     ({"session": {"graph_optimization": "disable"}}, "optimization { graph { level: 2 } }"),
-    ({}, "version_policy: { specific: { versions: [3] } }"),
-    ({}, 'model_warmup [ { name: "zeros" batch_size: 1 inputs { key: "input" value: { data_type: TYPE_FP32 '
+    ({}, "version_policy { specific { versions: [ 3 ] } }"),
+    ({}, 'model_warmup [ { name: "zeros" batch_size: 1 inputs { key: "input" value { data_type: TYPE_FP32 '
          'dims: [ 1, 8, 8 ] zero_data: true } } } ]'),
 ]
 
@@ -101,7 +101,7 @@ def test_tune_then_package_for_triton(cli, tmp_path):
     setting = tuned["best"]["setting"]
     assert f"max_batch_size: {setting['batch']}" in config
     assert f"count: {setting['concurrency']}" in config
-    assert 'backend: "onnxruntime"' in config and "version_policy: { specific: { versions: [1] } }" in config
+    assert 'backend: "onnxruntime"' in config and "version_policy { specific { versions: [ 1 ] } }" in config
     assert (repo / "cnn" / "1" / "model.onnx").read_bytes() == open(CNN, "rb").read()
     lin = json.loads((repo / "cnn" / "1" / "optkit-package.json").read_text())
     assert lin["source"]["sha256"] == Artifact.load(CNN).sha256 and lin["tag"] == "v1.0"
@@ -119,7 +119,7 @@ def test_versions_tags_rollback_inspect_compare(cli, tmp_path):
     second = package(CNN, target="triton", output=str(repo), name="cnn", tag="v1.1", tuned_path=best)
     assert (first.version, second.version, second.served_before) == (1, 2, 1)
     model = repo / "cnn"
-    assert "versions: [2]" in (model / "config.pbtxt").read_text()
+    assert "versions: [ 2 ]" in (model / "config.pbtxt").read_text()
     assert "max_batch_size: 8" in (model / "config.pbtxt").read_text()
     with pytest.raises(UsageError, match="version 2 exists; optkit never overwrites a version"):
         package(CNN, target="triton", output=str(repo), name="cnn", version="2")
@@ -130,7 +130,7 @@ def test_versions_tags_rollback_inspect_compare(cli, tmp_path):
     assert r.rc == 0, r.err
     assert "serving version 1 (v1.0), was 2; versions kept: 1, 2" in r.out
     served = (model / "config.pbtxt").read_text()
-    assert "versions: [1]" in served and "max_batch_size: 1" in served  # version 1's own config
+    assert "versions: [ 1 ]" in served and "max_batch_size: 1" in served  # version 1's own config
     assert (model / "2" / "model.onnx").exists()
     r = cli("package", "serve-version", model, "--version", "2", "--json")
     assert json.loads(r.out)["before"] == 1
@@ -318,7 +318,7 @@ def test_a_scalar_input_is_served_as_one_element(tmp_path, realcases):
                   shapes={"input": [1, 512], "state": [2, 1, 128]})
     text = (tmp_path / "repo" / "vad" / "config.pbtxt").read_text()
     assert '{ name: "sr" data_type: TYPE_INT64 dims: [ 1 ] }' in text and "max_batch_size: 0" in text
-    assert 'inputs { key: "sr" value: { data_type: TYPE_INT64 dims: [ 1 ] zero_data: true } }' in text
+    assert 'inputs { key: "sr" value { data_type: TYPE_INT64 dims: [ 1 ] zero_data: true } }' in text
     assert any("'sr' is a scalar" in n for n in res.notes)
     served = tmp_path / "repo" / "vad" / "1" / "model.onnx"
     assert [i.shape for i in ort.InferenceSession(str(served)).get_inputs()] == [[None, None], [2, None, 128], [1]]
@@ -358,5 +358,5 @@ def test_scalar_outputs_and_batched_vectors(tmp_path):
     text = (tmp_path / "b" / "vec" / "config.pbtxt").read_text()
     assert "max_batch_size: 8" in text
     for name in ("w", "y"):
-        assert f'{{ name: "{name}" data_type: TYPE_FP32 dims: [ 1 ] reshape: {{ shape: [ ] }} }}' in text
+        assert f'{{ name: "{name}" data_type: TYPE_FP32 dims: [ 1 ] reshape {{ shape: [ ] }} }}' in text
     assert Artifact.load(str(tmp_path / "b" / "vec" / "1" / "model.onnx")).sha256 == Artifact.load(str(vec)).sha256

@@ -55,10 +55,14 @@ def _help(spec: dict[str, Any]) -> str:
     return f"{text} (default: {dflt})"
 
 
-def _option(spec: dict[str, Any]) -> tuple[Any, Any]:
-    """(annotation, typer.Option) for one field; every option defaults to None (not given)."""
+def _option(spec: dict[str, Any], required: bool = False) -> tuple[Any, Any]:
+    """(annotation, typer.Option) for one field; every option defaults to None (not given), or is required."""
     kind = spec["type"]
     names = [spec["flag"] + (f"/{spec['secondary']}" if spec.get("secondary") else "")]
+    if spec.get("short"):
+        names.insert(0, spec["short"])
+    if required and spec.get("required"):
+        return _TYPES.get(kind, str), typer.Option(..., *names, help=spec["help"].rstrip())
     kwargs: dict[str, Any] = {"help": _help(spec)}
     if spec.get("metavar"):
         kwargs["metavar"] = spec["metavar"]
@@ -92,13 +96,22 @@ def pass_options(*pass_names: str, exclude: tuple[str, ...] = ()):
                 specs.append(s)
                 seen.add(s["key"])
     specs.sort(key=lambda s: GROUP_ORDER.index(s.get("group", "")))
+    return _decorator(specs)
 
+
+def package_options():
+    """Decorate `optkit package`'s build command with PackageConfig's derived flags (flagspec.PACKAGE); its body
+    gets `config`: the options the user gave, under PackageConfig's keys (--to and -o are required)."""
+    return _decorator([s for s in flagspec.PACKAGE if s.get("flag")], required=True)
+
+
+def _decorator(specs: list[dict[str, Any]], required: bool = False):
     def decorate(fn):
         sig = inspect.signature(fn, eval_str=True)
         own = [p for p in sig.parameters.values() if p.name != "config"]
         extra = []
         for spec in specs:
-            annotation, opt = _option(spec)
+            annotation, opt = _option(spec, required)
             extra.append(inspect.Parameter(param_name(spec), inspect.Parameter.KEYWORD_ONLY, default=opt,
                                            annotation=annotation))
         # typer wants one ordering: positional-or-keyword first, keyword-only after
@@ -131,3 +144,10 @@ def collect(specs: list[dict[str, Any]], kwargs: dict[str, Any]) -> dict[str, An
             value = None
         config[spec["key"]] = list(value) if isinstance(value, tuple) else value
     return config
+
+
+def package_option(key: str, help: str | None = None):
+    """One of PackageConfig's flags on another package command (serve-version's --version, --tag, --registry),
+    not given by default; `help` where the command means something else by it."""
+    spec = next(s for s in flagspec.PACKAGE if s["key"] == key)
+    return typer.Option(None, spec["flag"], help=help or spec["help"])

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from optkit.cli import common, options
+from optkit.cli import common, flags, options
 from optkit.core.text import printable
 
 SUBCOMMANDS = ("serve-version", "inspect", "build")
@@ -36,88 +36,63 @@ def register(app: typer.Typer) -> None:
                       help="Package a model for a server (Triton repository, MLflow model) with its tuned settings, "
                            "versions kept for rollback and its lineage: optkit package MODEL --to triton -o REPO.")
     app.add_typer(pkg, name="package")
+    pkg.command("build", hidden=True)(build_cmd)
+    pkg.command("serve-version")(serve_cmd)
+    pkg.command("inspect")(inspect_cmd)
 
-    @pkg.command("build", hidden=True)
-    def build_cmd(
-        model: str = typer.Argument(..., help="ONNX model."),
-        to: str = typer.Option(..., "--to", help="triton or mlflow."),
-        output: str = typer.Option(..., "-o", "--output", help="The repository folder (new, or one optkit made)."),
-        tuned: Optional[str] = typer.Option(None, "--tuned", help="best.json from `optkit tune` for this model."),
-        name: Optional[str] = typer.Option(None, "--name", help="Model name (default: the file's stem)."),
-        version: str = typer.Option("auto", "--version", help="auto (the next number) or N (must be new)."),
-        tag: Optional[str] = typer.Option(None, "--tag", help="A human tag recorded with the version, e.g. v1.1."),
-        report: Optional[str] = typer.Option(None, "--report", help="The report.json of the run that made the model "
-                                                                    "(its passes and measurements go in the lineage)."),
-        data: Optional[str] = options.DATA,
-        shape: Optional[list[str]] = typer.Option(None, "--shape", help="Dims the warm-up needs where the model's "
-                                                                        "are dynamic: name=1x128 (repeatable; or the "
-                                                                        "--data .npz's samples)."),
-        queue_delay_us: Optional[int] = typer.Option(None, "--queue-delay-us", min=0,
-                                                     help="Triton dynamic batching queue delay (default 100)."),
-        manifests: Optional[str] = typer.Option(None, "--manifests", help="Also write deployment manifests: "
-                                                                           "kserve,seldon,kubedl (comma-separated)."),
-        storage_uri: Optional[str] = typer.Option(None, "--storage-uri", help="Where the cluster reads REPO "
-                                                                              "(s3://..., gs://..., pvc://...)."),
-        memory_margin: Optional[float] = typer.Option(None, "--memory-margin",
-                                                      help="Margin on the measured peak memory (default 0.5 = 50%)."),
-        registry: Optional[str] = typer.Option(None, "--registry", help="MLflow: also register the version in this "
-                                                                        "model registry (default: MLFLOW_REGISTRY_URI) "
-                                                                        "and point the alias 'served' at it."),
-        as_json: bool = options.JSON,
-    ) -> None:
-        """Package MODEL for a server; the version is built aside and renamed into place."""
-        from optkit.core.shapes import parse_shapes
-        from optkit.package.build import package
 
-        result = package(model, target=to, output=output, tuned_path=tuned, name=name, version=version, tag=tag,
-                         report_path=report, data=data, shapes=parse_shapes(shape), queue_delay_us=queue_delay_us,
-                         manifests=manifests, storage_uri=storage_uri, memory_margin=memory_margin,
-                         registry=registry)
-        if as_json:
-            common.print_json(json.dumps(result.__dict__, indent=2, default=str))
-            return
-        con = common.console()
-        was = f" (served before: {result.served_before})" if result.served_before else ""
-        con.print(f"{result.target} package {result.name} version {result.version}"
-                  f"{' tag ' + result.tag if result.tag else ''} written to {result.path}; served now{was}")
-        for row in result.mapping:
-            where = row["field"] or "not expressible (see notes)"
-            con.print(f"  {row['setting']} = {row['value']} -> {where}" +
-                      (f" = {row['written']}" if row["field"] else ""), highlight=False)
-        for note in result.notes:
-            con.print(f"note: {note}", highlight=False)
+@flags.package_options()
+def build_cmd(model: str = typer.Argument(..., help="ONNX model."), as_json: bool = options.JSON, *,
+              config: dict) -> None:
+    """Package MODEL for a server; the version is built aside and renamed into place."""
+    from optkit.package.build import package
 
-    @pkg.command("serve-version")
-    def serve_cmd(
-        model_dir: str = typer.Argument(..., help="REPO/NAME, a model optkit packaged."),
-        version: Optional[str] = typer.Option(None, "--version", help="The version number to serve."),
-        tag: Optional[str] = typer.Option(None, "--tag", help="Serve the version with this tag instead."),
-        registry: Optional[str] = typer.Option(None, "--registry", help="MLflow: move the alias 'served' in this "
-                                                                        "model registry (default: MLFLOW_REGISTRY_URI)."),
-        as_json: bool = options.JSON,
-    ) -> None:
-        """Serve another version (rollback or promote); no version is removed. Says what was served before."""
-        from optkit.package.manage import serve_version
+    result = package(model, config)
+    if as_json:
+        common.print_json(json.dumps(result.__dict__, indent=2, default=str))
+        return
+    con = common.console()
+    was = f" (served before: {result.served_before})" if result.served_before else ""
+    con.print(f"{result.target} package {result.name} version {result.version}"
+              f"{' tag ' + result.tag if result.tag else ''} written to {result.path}; served now{was}")
+    for row in result.mapping:
+        where = row["field"] or "not expressible (see notes)"
+        con.print(f"  {row['setting']} = {row['value']} -> {where}" +
+                  (f" = {row['written']}" if row["field"] else ""), highlight=False)
+    for note in result.notes:
+        con.print(f"note: {note}", highlight=False)
 
-        out = serve_version(model_dir, version, tag, registry)
-        if as_json:
-            common.print_json(json.dumps(out, indent=2))
-            return
-        tagged = f" ({out['tag']})" if out["tag"] else ""
-        common.console().print(f"{out['model']}: serving version {out['served']}{tagged}, was {out['before']}; "
-                               f"versions kept: {', '.join(map(str, out['versions']))}", highlight=False)
-        if out.get("registry"):
-            r = out["registry"]
-            common.console().print(f"registry {r['uri']}: alias {r['alias']} -> version {r['version']} "
-                                   f"(was {r['before']})", highlight=False)
 
-    @pkg.command("inspect")
-    def inspect_cmd(
-        path: str = typer.Argument(..., help="A package repository, REPO/NAME or REPO/NAME/N."),
-        as_json: bool = options.JSON,
-    ) -> None:
-        """Versions, tags, which one is served, and each version's lineage (source, passes, figures)."""
-        show(path, as_json)
+def serve_cmd(
+    model_dir: str = typer.Argument(..., help="REPO/NAME, a model optkit packaged."),
+    version: Optional[str] = flags.package_option("version", "The version number to serve."),
+    tag: Optional[str] = flags.package_option("tag", "Serve the version with this tag instead."),
+    registry: Optional[str] = flags.package_option("registry", "MLflow: move the alias 'served' in this model "
+                                                               "registry (default: MLFLOW_REGISTRY_URI)."),
+    as_json: bool = options.JSON,
+) -> None:
+    """Serve another version (rollback or promote); no version is removed. Says what was served before."""
+    from optkit.package.manage import serve_version
+
+    out = serve_version(model_dir, version, tag, registry)
+    if as_json:
+        common.print_json(json.dumps(out, indent=2))
+        return
+    tagged = f" ({out['tag']})" if out["tag"] else ""
+    common.console().print(f"{out['model']}: serving version {out['served']}{tagged}, was {out['before']}; "
+                           f"versions kept: {', '.join(map(str, out['versions']))}", highlight=False)
+    if out.get("registry"):
+        r = out["registry"]
+        common.console().print(f"registry {r['uri']}: alias {r['alias']} -> version {r['version']} "
+                               f"(was {r['before']})", highlight=False)
+
+
+def inspect_cmd(
+    path: str = typer.Argument(..., help="A package repository, REPO/NAME or REPO/NAME/N."),
+    as_json: bool = options.JSON,
+) -> None:
+    """Versions, tags, which one is served, and each version's lineage (source, passes, figures)."""
+    show(path, as_json)
 
 
 def show(path: str, as_json: bool) -> None:

@@ -36,7 +36,7 @@ CLI_GROUPS = ("data", "evaluation", "budgets", "measurement")
 
 def cli(flag: str | None = None, *, group: str = "", help: str | None = None, secondary: str | None = None,
         sets: Any = None, negative_is_none: bool = False, metavar: str | None = None, kind: str | None = None,
-        recipe_only: str | None = None) -> dict[str, Any]:
+        recipe_only: str | None = None, short: str | None = None) -> dict[str, Any]:
     """CLI metadata for a Config field, for pydantic's `Field(..., json_schema_extra=cli(...))`.
 
     The field's description, bounds and default stay the field's own; this says how the CLI spells it:
@@ -51,7 +51,8 @@ def cli(flag: str | None = None, *, group: str = "", help: str | None = None, se
     if (flag is None) == (recipe_only is None):
         raise ValueError("cli(): give either a flag or recipe_only=<reason>")
     meta = {"flag": flag, "group": group, "help": help, "secondary": secondary, "sets": sets,
-            "negative_is_none": negative_is_none, "metavar": metavar, "kind": kind, "recipe_only": recipe_only}
+            "negative_is_none": negative_is_none, "metavar": metavar, "kind": kind, "recipe_only": recipe_only,
+            "short": short}
     return {"cli": {k: v for k, v in meta.items() if v is not None and v is not False and v != ""
                     or (k == "sets" and v is not None)}}
 

@@ -6,50 +6,24 @@ from typing import Any
 
 from optkit.core.errors import UsageError
 from optkit.package import lineage, repo, schemas
+from optkit.package.target import choices, get_target, takers
 
 
 def serve_version(model_dir: str, version: str | None = None, tag: str | None = None,
                   registry: str | None = None) -> dict[str, Any]:
-    """Serve version N (or the one tagged T): Triton's config.pbtxt gets that version's own config with
-    `version_policy: specific`, the index records it; no version is deleted. Returns what changed. Runs under
-    the model folder's lock, as packaging does."""
+    """Serve version N (or the one tagged T): the target switches what its server loads (Triton: the model's
+    config.pbtxt serves N; MLflow: the registry's alias), the index records it; no version is deleted. Returns
+    what changed. Runs under the model folder's lock, as packaging does."""
     d = Path(model_dir)
     with repo.serving(d) as index:  # read and checked again under the lock: nothing foreign, no link
         number = repo.resolve_version(index, version, tag)
         recorded = _version_lineage(d, index["name"], number)
         _verify_files(d / str(number), recorded)
-        before = index.get("served")
-        replace = {}
-        if index["target"] == "triton":
-            from optkit.package.triton import served_version
-
-            current = schemas.read_bytes(d / "config.pbtxt", schemas.MAX_CONFIG_BYTES)
-            try:
-                text = current.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise UsageError(f"{d / 'config.pbtxt'}: not UTF-8 text (byte {e.start}), so not the config optkit "
-                                 f"wrote; restore it (a copy of {d}/N/config.pbtxt of the version served)") from None
-            # the served config is replaced; what it served counts only when it is one of the versions
-            was = served_version(text)
-            before = was if was in {v["version"] for v in index["versions"]} else before
-            replace[d / "config.pbtxt"] = schemas.check_config(d / str(number) / "config.pbtxt", name=index["name"],
-                                                               version=number,
-                                                               sha256=recorded["files"].get("config.pbtxt"))
-        out_registry = None
-        if index["target"] == "mlflow":
-            from optkit.package import registry as reg
-
-            where = reg.uri(registry)
-            if where:
-                entry = next(v for v in index["versions"] if v["version"] == number)
-                rec = entry.get("registry") or {}
-                known = rec.get("version") if rec.get("uri") in (where, reg.shown(where)) else None
-                now_served, was = reg.point_alias(where, index["name"], d / str(number), number, entry.get("tag"),
-                                                  known)
-                entry["registry"] = {"uri": reg.shown(where), "version": now_served, "alias": reg.ALIAS}
-                out_registry = {"uri": reg.shown(where), "alias": reg.ALIAS, "version": now_served, "before": was}
-        elif registry:
-            raise UsageError("--registry is for MLflow packages (a Triton repository serves by version_policy)")
+        target = get_target(index["target"], f"{d / repo.INDEX}: key target:")
+        if registry and "registry" not in target.options:
+            raise UsageError(f"--registry is for --to {choices(takers('registry'))} packages, not {target.name}")
+        served = target.serve(d, index, number, recorded, registry)
+        before, replace, out_registry = served.before, dict(served.replace), served.record
         index["served"] = number
         index["history"].append({"time": repo.now(), "served": number, "before": before, "why": "serve-version"})
         replace[d / repo.INDEX] = repo.index_text(index)

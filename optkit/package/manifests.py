@@ -48,10 +48,11 @@ def k8s_name(name: str) -> str:
     return _K8S_NAME.sub("-", name.lower()).strip("-")[:63] or "model"
 
 
-def build(kinds: list[str], *, target: str, name: str, version: int, tag: str | None, base_uri: str,
+def build(kinds: list[str], *, target, name: str, version: int, tag: str | None, base_uri: str,
           peak_mb: float | None, peak_source: str, margin: float, threads: int | None, gpu: bool,
           local_dir: Path) -> tuple[dict, list]:
-    """{kind: manifest dict}, notes."""
+    """{kind: manifest dict}, notes. `target` (a package.target.Target) says the model format, KServe's runtime
+    and which folder a cluster reads."""
     notes = []
     resources: dict[str, Any] = {}
     memory = None
@@ -69,15 +70,12 @@ def build(kinds: list[str], *, target: str, name: str, version: int, tag: str | 
     if tag:
         labels["optkit/tag"] = k8s_name(tag)
     out: dict[str, dict] = {}
-    fmt = "onnx" if target == "triton" else "mlflow"
-    # KServe's Triton runtime reads a repository root, Seldon's Triton a model folder, MLflow runtimes a version
-    version_uri = f"{base_uri}/{name}/{version}"
-    kserve_uri = base_uri if target == "triton" else version_uri
-    seldon_uri = f"{base_uri}/{name}" if target == "triton" else version_uri
+    fmt = target.manifest_format
+    kserve_uri, seldon_uri = target.manifest_uris(base_uri, name, version)
     if "kserve" in kinds:
         model = {"modelFormat": {"name": fmt}, "protocolVersion": "v2", "storageUri": kserve_uri}
-        if target == "triton":
-            model["runtime"] = "kserve-tritonserver"
+        if target.manifest_runtime:
+            model["runtime"] = target.manifest_runtime
         if resources:
             model["resources"] = resources
         out["kserve"] = {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",

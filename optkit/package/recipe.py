@@ -1,5 +1,6 @@
 """`package:` in a recipe: after the stages ran and every gate passed, the chosen stage's model is packaged with
-the run's report (the lineage) and the recipe's tune stage (the settings), as `optkit package` does.
+the run's report (the lineage) and the recipe's tune stage (the settings, handed over as an object), as
+`optkit package` does. Each entry is a PackageConfig (package/config.py), the options `optkit package` takes.
 
     package:
       - {to: triton, output: ../repo, name: cnn, tag: v1.0, manifests: kserve,seldon}
@@ -7,68 +8,49 @@ the run's report (the lineage) and the recipe's tune stage (the settings), as `o
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
-
-class PackageSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    to: Literal["triton", "mlflow"]
-    output: str = Field(description="The repository folder (relative to the recipe).")
-    name: str | None = None
-    version: str = "auto"
-    tag: str | None = None
-    stage: str | None = Field(default=None, description="Whose model (default: the last stage).")
-    manifests: str | None = None
-    storage_uri: str | None = None
-    memory_margin: float | None = None
-    queue_delay_us: int | None = Field(default=None, ge=0)
+from optkit.core.errors import UsageError
+from optkit.package import repo
+from optkit.package.build import package
+from optkit.package.target import get_target
+from optkit.package.tuned import from_result
 
 
 def check_specs(loaded) -> None:
-    """Before any stage runs: each repository is new or optkit's, each name and tag valid (else exit 2)."""
-    from optkit.core.errors import UsageError
-    from optkit.package import repo
-
+    """Before any stage runs: each target is known, each repository new or optkit's, each name and tag valid
+    (else exit 2)."""
     for i, spec in enumerate(loaded.recipe.package):
         try:
+            target = get_target(spec.to, "to")
+            if spec.report:
+                raise UsageError("report: a recipe packages with its own run's report; leave report out")
             out = Path(loaded.resolve(spec.output))
             name = repo.check_name(spec.name or loaded.name)
             repo.check_tag(spec.tag)
-            index = repo.check_repo(out, name, spec.to)
+            index = repo.check_repo(out, name, target.name)
             repo.next_version(index, spec.version, spec.tag)
         except UsageError as e:  # the flags' names are those of the package: entry's keys
             raise UsageError(f"recipe package[{i}] (output {spec.output}): {e.message}") from None
 
 
 def package_run(loaded, report, run_dir: Path) -> list:
-    """Package each spec's stage model; the tune stage's best setting (when the recipe has one) is its --tuned."""
-    from optkit.core.errors import UsageError
-    from optkit.package.build import package
-
+    """Package each spec's stage model; the tune stage's result (when the recipe has one for that model) is its
+    tuned setting, unless the entry names a best.json (`tuned:`)."""
     results = []
-    report_path = run_dir / "report.json"
     for spec in loaded.recipe.package:
         stages = report.stages
         stage = next((s for s in stages if s.name == spec.stage), None) if spec.stage else stages[-1]
         if stage is None:
             raise UsageError(f"package: stage {spec.stage!r} is not a stage of this recipe")
-        model = stage.output.path
-        tuned_path = None
+        tuned = None
         tune = next((s for s in reversed(stages) if s.pass_name == "tune.onnx"
                      and s.output.sha256 == stage.output.sha256), None)
-        if tune is not None and isinstance(tune.measurements.get("tune"), dict):
-            tuned_path = run_dir / f"package-{spec.to}.best.json"
-            result = tune.measurements["tune"]
-            tuned_path.write_text(json.dumps({"model": model, "model_sha256": stage.output.sha256,
-                                              **{k: v for k, v in result.items() if k != "trials"}}, indent=2))
-        results.append(package(
-            model, target=spec.to, output=loaded.resolve(spec.output), tuned_path=str(tuned_path) if tuned_path else None,
-            name=spec.name or loaded.name, version=spec.version, tag=spec.tag, report_path=str(report_path),
-            shapes=dict(loaded.recipe.measure.shapes), manifests=spec.manifests, storage_uri=spec.storage_uri,
-            memory_margin=spec.memory_margin, queue_delay_us=spec.queue_delay_us))
+        if not spec.tuned and tune is not None and isinstance(tune.measurements.get("tune"), dict):
+            tuned = from_result(tune.measurements["tune"], f"stage {tune.name} (tune.onnx)")
+        cfg = spec.model_copy(update={
+            "output": loaded.resolve(spec.output), "name": spec.name or loaded.name,
+            "tuned": loaded.resolve(spec.tuned), "data": loaded.resolve(spec.data),
+            "report": str(run_dir / "report.json")})
+        results.append(package(stage.output.path, cfg, tuned=tuned, shapes=dict(loaded.recipe.measure.shapes)))
     return results

@@ -28,12 +28,12 @@ from typing import Any
 from optkit.core.atomic import normal_mode
 from optkit.core.errors import UsageError
 from optkit.package import schemas
+from optkit.package.target import choices, get_target, target_names
 
 INDEX = "optkit-versions.json"
 SCHEMA = "optkit-versions/1"
 NAME_RE = schemas.NAME_RE
 TAG_RE = schemas.TAG_RE
-MODEL_LEVEL = {"triton": {INDEX, "config.pbtxt"}, "mlflow": {INDEX}}
 # optkit's temporaries: `.<dest>.tmp-<host>-<pid>-<random>` (folders being built, small files being replaced)
 TEMP_RE = re.compile(r"\.(?P<dest>.+)\.tmp-(?P<host>[0-9a-f]{8})-(?P<pid>\d{1,10})-[A-Za-z0-9_]+")
 OLD_TEMP_RE = re.compile(r"\.(.+)\.tmp-[A-Za-z0-9_]+")  # an optkit before this one: no owner recorded
@@ -73,7 +73,11 @@ def load_index(model_dir: Path) -> dict[str, Any]:
     p = model_dir / INDEX
     if not p.exists() and not p.is_symlink():
         raise UsageError(f"{model_dir} is not a model optkit packaged (no {INDEX}); name REPO/NAME")
-    return schemas.load_index(p)
+    index = schemas.load_index(p)
+    if index["target"] not in target_names():  # a target no module here registers (a plugin not loaded, an edit)
+        raise UsageError(f"{p}: key target: {index['target']!r} is not a package target here (choose "
+                         f"{choices(target_names())}; a plugin's is named in OPTKIT_PLUGINS)")
+    return index
 
 
 # ------------------------------------------------------------------ temporaries and their owners
@@ -174,8 +178,9 @@ def check_repo(repo: Path, name: str, target: str, *, clean: bool = False) -> di
     if clean:
         sweep(model_dir)
     known = {str(v["version"]) for v in index["versions"]}
+    model_level = {INDEX, *get_target(target, "target").model_files}  # what the target keeps beside the index
     for entry in sorted(model_dir.iterdir()):
-        if entry.name in MODEL_LEVEL[target] and entry.is_file() and not entry.is_symlink():
+        if entry.name in model_level and entry.is_file() and not entry.is_symlink():
             continue
         if entry.name in known and entry.is_dir() and not entry.is_symlink():
             _no_links(entry)

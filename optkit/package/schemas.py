@@ -31,6 +31,7 @@ MAX_CONFIG_BYTES = 1 << 20
 Version = Annotated[int, Field(ge=1, le=MAX_VERSION)]
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")]
+TargetName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,63}$")]  # a registered package target's name
 Tag = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")]
 MiB = Annotated[float, Field(ge=0, le=MAX_MIB)]
 Ms = Annotated[float, Field(ge=0, le=MAX_MS)]
@@ -204,7 +205,7 @@ class HistoryEntry(Strict):
 
 class VersionIndex(Strict):
     schema_: Literal["optkit-versions/1"] = Field(alias="schema")
-    target: Literal["triton", "mlflow"]
+    target: TargetName
     name: Name
     versions: list[VersionEntry]
     served: Version | None = None
@@ -262,7 +263,7 @@ class Lineage(Strict):
     schema_: Literal["optkit-package/1"] = Field(alias="schema")
     optkit: str
     created: str
-    target: Literal["triton", "mlflow"]
+    target: TargetName
     name: Name
     version: Version
     tag: Tag | None = None
@@ -344,39 +345,17 @@ def check_measured(figures: dict, where: str) -> dict:
     return figures
 
 
-def check_config(path: Path, *, name: str, version: int, sha256: str | None) -> str:
-    """A version's config.pbtxt, before it is served: the bytes optkit recorded in the lineage (sha256), UTF-8,
-    Triton's ModelConfig where tritonclient is installed, and optkit's own structure (its name, the version_policy
-    line serving this version)."""
-    raw = read_bytes(path, MAX_CONFIG_BYTES)
+def check_recorded_text(path: Path, sha256: str | None, limit: int = MAX_CONFIG_BYTES) -> str:
+    """A version's text file (a server's config), before it is served: the bytes optkit recorded in the lineage
+    (sha256) and UTF-8, else exit 2. The target checks what the text says."""
+    raw = read_bytes(path, limit)
     if sha256 is None:
-        raise UsageError(f"{path}: the version's lineage records no sha256 for it (files.config.pbtxt); "
+        raise UsageError(f"{path}: the version's lineage records no sha256 for it (files.{path.name}); "
                          "package the model again")
     if hashlib.sha256(raw).hexdigest() != sha256:
         raise UsageError(f"{path} was edited after optkit packaged it (its sha256 is not the lineage's "
-                         "files.config.pbtxt); restore it or package the model again")
+                         f"files.{path.name}); restore it or package the model again")
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise UsageError(f"{path}: not UTF-8 text (byte {e.start}); package the model again") from None
-    lines = text.splitlines()
-    if f"name: {json.dumps(name)}" not in lines:
-        raise UsageError(f"{path}: key name: not {json.dumps(name)}, the model's name; package the model again")
-    from optkit.package.triton import served_version
-
-    if served_version(text) != version:
-        raise UsageError(f"{path}: key version_policy: does not serve version {version}; package the model again")
-    parse_config(text, path)
-    return text
-
-
-def parse_config(text: str, path: Path | str) -> dict | None:
-    """Triton's own ModelConfig parse where tritonclient is installed (None where it is not); exit 2 when it
-    fails."""
-    from optkit.package.triton_check import parse_if_installed
-
-    try:
-        return parse_if_installed(text)
-    except Exception as e:  # noqa: BLE001 - protobuf's ParseError and friends
-        raise UsageError(f"{path}: not a Triton ModelConfig ({str(e).splitlines()[0][:100]}); "
-                         "package the model again") from None

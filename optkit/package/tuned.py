@@ -70,3 +70,16 @@ def load_tuned(path: str | Path, model_sha256: str, model_path: str) -> Tuned:
     return Tuned(setting=best["setting"], source=str(path), label=best.get("label", ""),
                  figures=best.get("figures") or {}, confirmed=best.get("confirmed"),
                  objective=list(data.get("objective") or []))
+
+
+def from_result(result: dict[str, Any], where: str) -> Tuned:
+    """The tune stage's result (its `measurements.tune`, as a recipe run holds it) as the package's setting:
+    checked by best.json's schema (it is the same object tune writes to best.json), without a file between."""
+    from optkit.package import schemas
+
+    data = {k: v for k, v in result.items() if k != "trials"}
+    schemas.validate(data, schemas.TunedFile, where, "run the recipe's tune stage again")
+    best = data["best"]
+    return Tuned(setting=best["setting"], source=where, label=best.get("label", ""),
+                 figures=best.get("figures") or {}, confirmed=best.get("confirmed"),
+                 objective=list(data.get("objective") or []))

@@ -12,6 +12,7 @@ import importlib.util
 from importlib.metadata import entry_points
 
 from optkit.core.errors import UsageError
+from optkit.core.plugins import load_env_plugins
 from optkit.core.registry import Pass, register, registered
 
 BUILTIN_MODULES = (
@@ -41,6 +42,7 @@ def _load() -> None:
         obj = ep.load()
         if isinstance(obj, type) and issubclass(obj, Pass):
             register(obj)
+    load_env_plugins()  # OPTKIT_PLUGINS: modules the user named (not installed), registering as they import
 
 
 def all_passes() -> dict[str, type[Pass]]:

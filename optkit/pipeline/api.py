@@ -66,10 +66,11 @@ def run(recipe: str | Path | dict, *, workspace: str | Path = "runs", cache: boo
 def run_pass(pass_name: str, model: str | Path, output: str | Path, *, weights: str | Path | None = None,
              calibration: str | Path | None = None, eval: str | Path | None = None, labels: str | Path | None = None,
              metric: str | None = None, train: str | Path | None = None, measure: dict[str, Any] | None = None,
-             **config: Any) -> Report:
+             package: dict[str, Any] | list[dict[str, Any]] | None = None, **config: Any) -> Report:
     """One pass on `model`, written to `output`, measured against its input: the one-stage recipe a command's
     `--print-recipe` prints, run by the recipe runner in a scratch workspace. `config` is the pass's Config
-    (the recipe's `config:`), `measure` the recipe's `measure:` section."""
+    (the recipe's `config:`), `measure` the recipe's `measure:` section, `package` the recipe's `package:` entries
+    (PackageConfig's options: {"to": "triton", "output": "repo", ...}), packaging the result."""
     if not isinstance(pass_name, str) or not pass_name:
         raise UsageError(f"pass_name: give a pass's name (optkit passes lists them), not {_shown(pass_name)}")
     model, output = _path("model", model), _path("output", output)
@@ -87,6 +88,11 @@ def run_pass(pass_name: str, model: str | Path, output: str | Path, *, weights: 
                            eval_data=None if eval is None else DataSpec(path=str(eval), labels=labels),
                            data={k: str(v) for k, v in (("calibration", calibration), ("train", train)) if v})
     rec["measure"].update(measure or {})  # measured as the command is (one_stage_recipe), then the caller's
+    if package is not None:
+        if not isinstance(package, (dict, list)):
+            raise UsageError(f"package: give the recipe's package entries (a dict or a list of them), not "
+                             f"{_shown(package)}")
+        rec["package"] = [package] if isinstance(package, dict) else list(package)
     return run_one_stage(rec, output, command=f"optkit.run_pass({pass_name!r}, {str(model)!r})")
 
 

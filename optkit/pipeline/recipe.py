@@ -27,7 +27,7 @@ from optkit.core.shapes import MAX_DIM, MAX_ELEMENTS
 from optkit.measure.datasets import Preprocess
 from optkit.measure.model import MeasureSettings, check_sharing
 from optkit.onnx.session import OrtSettings
-from optkit.package.recipe import PackageSpec
+from optkit.package.config import PackageConfig
 from optkit.passes import get_pass
 from optkit.pipeline.gates import check_gates_plan, parse_gates
 from optkit.pipeline.yamlsafe import yaml_with_lines
@@ -165,7 +165,7 @@ class Recipe(_Strict):
     measure: MeasureSection = Field(default_factory=MeasureSection)
     gates: list[Union[str, GateSpec]] = Field(default_factory=list)
     baseline: str | None = Field(default=None, description="A report.json for the baseline gates.")
-    package: list[PackageSpec] = Field(default_factory=list, description="Package the last (or a named) stage's "
+    package: list[PackageConfig] = Field(default_factory=list, description="Package the last (or a named) stage's "
                                                                           "model when every gate passed.")
 
     @field_validator("version")

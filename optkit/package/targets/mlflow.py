@@ -6,7 +6,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from optkit.core.errors import PassError, UsageError
 from optkit.package.signature import Signature
+from optkit.package.target import Job, Served, Target
 from optkit.package.tuned import Tuned
 
 PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
@@ -72,8 +74,6 @@ def write(vdir: Path, model_path: str, has_external: bool, sig: Signature, opts:
 
     for t in sig.inputs + sig.outputs:
         if t.numpy_dtype == "bfloat16":
-            from optkit.core.errors import UsageError
-
             raise UsageError(f"{t.name!r} is bfloat16, which MLflow's TensorSpec (numpy) cannot describe; package it "
                              "for Triton (TYPE_BF16) or cast it to float32 in the model")
 
@@ -90,3 +90,65 @@ def write(vdir: Path, model_path: str, has_external: bool, sig: Signature, opts:
     for entry in staged.iterdir():
         shutil.move(str(entry), str(vdir / entry.name))
     staged.rmdir()
+
+
+class MLflowTarget(Target):
+    name = "mlflow"
+    describe = "an MLflow model (the onnx flavor), optionally registered in a model registry"
+    options = ("registry",)
+    manifest_format = "mlflow"
+
+    def check(self, config) -> None:
+        from optkit.core.registry import require_extra
+        from optkit.package import registry as reg
+
+        require_extra("serve", "optkit package --to mlflow")
+        if reg.uri(config.registry):  # before anything is written: a database of someone else's is refused
+            reg.check(reg.uri(config.registry))
+
+    def prepare(self, job: Job) -> None:
+        opts, providers, mapping, notes = settings(job.tuned, job.sig.batchable)
+        job.state.update(opts=opts, providers=providers)
+        job.mapping[:] = mapping
+        job.notes.extend(notes)
+
+    def write_version(self, job: Job, vdir: Path, number: int) -> dict[str, str]:
+        write(vdir, job.model, bool(job.externals), job.sig, job.state["opts"], job.state["providers"],
+              {"optkit": job.lineage(number, {})})
+        return {}
+
+    def validate(self, job: Job, vdir: Path) -> None:
+        if not (vdir / "MLmodel").is_file():
+            raise PassError(f"{vdir} holds no MLmodel after mlflow.onnx.save_model")
+
+    def after_commit(self, job: Job, model_dir: Path, number: int) -> None:
+        """Register the new version where a registry is configured (under the lock: the index changes)."""
+        from optkit.package import registry as reg
+        from optkit.package import repo
+
+        where = reg.uri(job.config.registry)
+        if not where:
+            return
+        number_in_registry = reg.register(where, job.name, model_dir / str(number), number, job.tag)
+        index = repo.load_index(model_dir)
+        for v in index["versions"]:
+            if v["version"] == number:
+                v["registry"] = {"uri": reg.shown(where), "version": number_in_registry, "alias": reg.ALIAS}
+        repo.commit_index(model_dir, index)
+        job.notes.append(f"registered in {reg.shown(where)} as {job.name} version {number_in_registry}, alias "
+                         f"{reg.ALIAS} (models:/{job.name}@{reg.ALIAS})")
+
+    def serve(self, model_dir: Path, index: dict, number: int, recorded: dict, registry: str | None) -> Served:
+        from optkit.package import registry as reg
+
+        out = Served(before=index.get("served"))
+        where = reg.uri(registry)
+        if where:
+            entry = next(v for v in index["versions"] if v["version"] == number)
+            rec = entry.get("registry") or {}
+            known = rec.get("version") if rec.get("uri") in (where, reg.shown(where)) else None
+            now_served, was = reg.point_alias(where, index["name"], model_dir / str(number), number,
+                                              entry.get("tag"), known)
+            entry["registry"] = {"uri": reg.shown(where), "version": now_served, "alias": reg.ALIAS}
+            out.record = {"uri": reg.shown(where), "alias": reg.ALIAS, "version": now_served, "before": was}
+        return out

@@ -1,0 +1,33 @@
+"""OPTKIT_PLUGINS: modules the user names to be imported before optkit looks up passes or package targets.
+
+    OPTKIT_PLUGINS=mycompany.optkit_targets,toy_target optkit package m.onnx --to toy -o repo
+
+Each name is an importable module (on sys.path / PYTHONPATH); importing it registers what it holds
+(`@register` for a pass, `register_target(...)` for a package target). It is code the user named, as an
+installed entry point is: a module that fails to import is exit 2 with its one line. Installed packages use the
+entry-point groups instead (`optkit.passes`, `optkit.package_targets`); this is the way for a module that is not
+installed (a test, a script beside a recipe).
+"""
+from __future__ import annotations
+
+import importlib
+import os
+
+from optkit.core.errors import UsageError
+
+ENV = "OPTKIT_PLUGINS"
+_loaded: set[str] = set()
+
+
+def load_env_plugins() -> None:
+    """Import every module OPTKIT_PLUGINS names (once per process)."""
+    for name in (n.strip() for n in os.environ.get(ENV, "").split(",")):
+        if not name or name in _loaded:
+            continue
+        _loaded.add(name)
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001 - a plugin's own failure, shown as one line
+            first = (str(e).splitlines() or [""])[0][:200]
+            raise UsageError(f"{ENV}: cannot import {name!r} ({type(e).__name__}: {first}); fix it or take it out "
+                             f"of {ENV}") from None

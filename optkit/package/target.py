@@ -1,0 +1,149 @@
+"""A package target: one serving system's way of writing a version, checking what it wrote, switching the served
+version (rollback / promote) and saying what it cannot express. Targets register by name, as runtimes do:
+
+    register_target("triton", "optkit.package.targets.triton:TritonTarget")
+
+The built-in ones are registered in optkit/package/targets/__init__.py; a plugin registers its own with the same
+line in its module, installed under the entry-point group `optkit.package_targets` (the object loaded is the
+Target class) or named in OPTKIT_PLUGINS (core.plugins). build.py, manage.py, repo.py and manifests.py call the
+Target interface and never branch on a target's name.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any, ClassVar
+
+from optkit.core.errors import UsageError
+from optkit.core.plugins import load_env_plugins
+
+ENTRY_POINTS = "optkit.package_targets"
+
+
+@dataclass
+class Job:
+    """What every target gets for one version: the inputs, checked, and what the package says about them. A
+    target adds its mapping rows (tuned setting -> the field written) and notes (what it cannot express)."""
+    model: str
+    artifact: Any                      # core.artifact.Artifact
+    config: Any                        # package.config.PackageConfig
+    name: str
+    tag: str | None
+    tuned: Any                         # package.tuned.Tuned
+    sig: Any                           # package.signature.Signature
+    externals: list                    # (location, file) of the ONNX external data
+    shapes: dict
+    report: Any = None
+    measured: dict = field(default_factory=dict)
+    mapping: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    state: dict[str, Any] = field(default_factory=dict)   # the target's own, between prepare and write
+
+    def lineage(self, number: int, files: dict[str, str]) -> dict[str, Any]:
+        from optkit.package import lineage
+
+        return lineage.build_lineage(artifact=self.artifact, target=self.config.to, name=self.name, version=number,
+                                     tag=self.tag, tuned=self.tuned, report=self.report,
+                                     report_path=self.config.report, files=files, mapping=self.mapping,
+                                     notes=self.notes)
+
+
+@dataclass
+class Served:
+    """What serve-version changes: files replaced at the model level, the version served before, and the
+    target's own record (a registry alias moved)."""
+    replace: dict[Path, str] = field(default_factory=dict)
+    before: int | None = None
+    record: dict[str, Any] | None = None
+
+
+class Target:
+    """Subclass, set `name`, and implement write_version; the rest has defaults that do nothing."""
+    name: ClassVar[str] = ""
+    describe: ClassVar[str] = ""                  # one line for --help and errors
+    options: ClassVar[tuple[str, ...]] = ()       # PackageConfig keys only this target takes (others refuse them)
+    model_files: ClassVar[frozenset[str]] = frozenset()  # files it keeps in REPO/NAME beside the index
+    manifest_format: ClassVar[str] = ""           # the model format deployment manifests name
+    manifest_runtime: ClassVar[str | None] = None  # KServe's serving runtime, where it needs one named
+    manifest_level: ClassVar[str] = "version"     # what a cluster reads: "repository", or a "version" folder
+
+    def check(self, config) -> None:
+        """Before anything is read or written: what this target cannot do with these options (UsageError)."""
+
+    def prepare(self, job: Job) -> None:
+        """Before the repository lock: turn the tuned settings into this target's fields (job.mapping, notes)."""
+
+    def write_version(self, job: Job, vdir: Path, number: int) -> dict[str, str]:
+        """Write version `number` into the (new, empty) folder vdir. Returns the files it keeps at the model
+        level (REPO/NAME/<file>: text), e.g. the served config."""
+        raise NotImplementedError
+
+    def validate(self, job: Job, vdir: Path) -> None:
+        """Check what write_version wrote (read it back); raise PassError when it is not what was meant."""
+
+    def after_commit(self, job: Job, model_dir: Path, number: int) -> None:
+        """Under the lock, once the version is in place (a registry to tell)."""
+
+    def serve(self, model_dir: Path, index: dict, number: int, recorded: dict, registry: str | None) -> Served:
+        """Serve version `number` (its lineage `recorded`, its files verified): what changes besides the index."""
+        return Served(before=index.get("served"))
+
+    def manifest_uris(self, base_uri: str, name: str, version: int) -> tuple[str, str]:
+        """(KServe's storageUri, Seldon's storageUri) for a version."""
+        version_uri = f"{base_uri}/{name}/{version}"
+        if self.manifest_level == "repository":
+            return base_uri, f"{base_uri}/{name}"
+        return version_uri, version_uri
+
+
+_TARGETS: dict[str, str | type[Target]] = {}
+_loaded = False
+
+
+def register_target(name: str, where: str | type[Target]) -> None:
+    """Register a target by name: "module:Class" (imported when first used) or the class itself."""
+    _TARGETS[name] = where
+
+
+def _load() -> None:
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        importlib.import_module("optkit.package.targets")
+        for ep in entry_points(group=ENTRY_POINTS):
+            obj = ep.load()
+            if isinstance(obj, type) and issubclass(obj, Target):
+                register_target(obj.name or ep.name, obj)
+    load_env_plugins()
+
+
+def target_names() -> list[str]:
+    """Every registered target, built-in first."""
+    _load()
+    return list(_TARGETS)
+
+
+def choices(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def get_target(name: str, flag: str = "--to") -> Target:
+    """The target registered as `name`, else exit 2 naming the choices."""
+    names = target_names()
+    if not isinstance(name, str) or name not in _TARGETS:
+        raise UsageError(f"{flag} {name!r}: choose {choices(names)}")
+    where = _TARGETS[name]
+    if isinstance(where, str):
+        module, _, attr = where.partition(":")
+        where = getattr(importlib.import_module(module), attr)
+        _TARGETS[name] = where
+    if not (isinstance(where, type) and issubclass(where, Target)):
+        raise UsageError(f"package target {name!r} is not a Target class ({where!r})")
+    return where()
+
+
+def takers(key: str) -> list[str]:
+    """The targets that take a target-specific option."""
+    return [n for n in target_names() if key in get_target(n).options]

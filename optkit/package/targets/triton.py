@@ -1,0 +1,267 @@
+"""Triton: a model repository entry, `<repo>/<name>/config.pbtxt` (the served version's config) and
+`<name>/<N>/model.onnx` with its own `config.pbtxt`.
+
+The config is built as a mapping in ModelConfig's JSON shape (the protobuf's field names), printed by
+package.pbtxt and read back by its parser; serve-version changes `version_policy` in the parsed mapping and
+prints it again. Every tuned setting maps onto a native field of ModelConfig for the onnxruntime backend; what
+Triton cannot express is said, with what was written instead.
+"""
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from optkit.core.errors import PassError, UsageError
+from optkit.package import pbtxt, schemas
+from optkit.package.pbtxt import Ident
+from optkit.package.signature import Signature, signature_of, warmup_dims
+from optkit.package.target import Job, Served, Target
+from optkit.package.tuned import Tuned
+
+BACKEND = "onnxruntime"
+CONFIG = "config.pbtxt"
+# optkit's graph_optimization -> the onnxruntime backend's `optimization { graph { level } }` (absent = all)
+GRAPH_LEVEL = {"basic": -1, "extended": 1, "disable": 2, "all": None}
+# Triton holds a request this long for more to batch with; no tune figure says otherwise (stated default)
+QUEUE_DELAY_US = 100
+# ModelConfig's map fields (printed as repeated { key value } entries) and its repeated fields
+MAPS = frozenset({"parameters", "inputs", "input_map", "output_map", "cc_model_filenames", "metric_tags"})
+REPEATED = frozenset({"input", "output", "dims", "instance_group", "preferred_batch_size", "versions",
+                      "model_warmup", "gpu_execution_accelerator", "cpu_execution_accelerator", "gpus", "shape",
+                      "batch_input", "batch_output", "step", "profile", "priority_levels", "input_pinned_memory",
+                      "allow_ragged_batch", "secondary_devices", "target_name", "source_input"})
+# ModelConfig's top-level fields (tritonserver 2.5x): anything else in a config is refused by name
+FIELDS = frozenset({
+    "name", "platform", "backend", "runtime", "version_policy", "max_batch_size", "input", "output", "batch_input",
+    "batch_output", "optimization", "dynamic_batching", "sequence_batching", "ensemble_scheduling", "instance_group",
+    "default_model_filename", "cc_model_filenames", "metric_tags", "parameters", "model_warmup",
+    "model_operations", "model_transaction_policy", "model_repository_agents", "response_cache"})
+
+
+@dataclass
+class TritonConfig:
+    config: dict[str, Any]                               # ModelConfig's JSON shape
+    mapping: list[dict] = field(default_factory=list)    # tuned setting -> field, value written
+    notes: list[str] = field(default_factory=list)       # what could not be expressed, and defaults used
+
+    @property
+    def text(self) -> str:
+        return dumps(self.config)
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.config["max_batch_size"]
+
+
+def dumps(config: dict[str, Any]) -> str:
+    return pbtxt.dumps(config, MAPS)
+
+
+def loads(text: str, where: str | Path = CONFIG) -> dict[str, Any]:
+    """A config.pbtxt's mapping; a malformed one, or one with a field ModelConfig lacks, is exit 2."""
+    config = pbtxt.loads(text, maps=MAPS, repeated=REPEATED, where=str(where))
+    unknown = sorted(set(config) - FIELDS)
+    if unknown:
+        raise UsageError(f"{where}: key {unknown[0]}: not a field of Triton's ModelConfig")
+    return config
+
+
+def build_config(name: str, sig: Signature, tuned: Tuned, warmup: dict[str, list[int]], version: int,
+                 queue_delay_us: int = QUEUE_DELAY_US) -> TritonConfig:
+    cfg = TritonConfig(config={})
+    c, m, notes = cfg.config, cfg.mapping, cfg.notes
+
+    def mapped(setting: str, value, fld: str, written) -> None:
+        m.append({"setting": setting, "value": value, "field": fld, "written": written})
+
+    batch = int(tuned.get("batch") or 1)
+    max_batch = batch if sig.batchable else 0
+    mapped("batch", batch, "max_batch_size", max_batch)
+    if not sig.batchable and batch > 1:
+        notes.append(f"batch {batch} cannot be expressed: the model's first dim is not a dynamic batch axis in "
+                     "every input and output; wrote max_batch_size: 0 (no batching)")
+    c.update(name=name, backend=BACKEND, max_batch_size=max_batch,
+             version_policy={"specific": {"versions": [version]}})
+    batching = max_batch > 0
+    for role, tensors in (("input", sig.inputs), ("output", sig.outputs)):
+        c[role] = [{"name": t.name, "data_type": Ident(t.triton_type), **_served(sig.served_dims(t, batching))}
+                   for t in tensors]
+
+    # instances: requests in flight and sessions
+    conc, sessions = int(tuned.get("concurrency") or 1), tuned.get("sessions") or "shared"
+    provider = tuned.get("provider") or "cpu"
+    kind = "KIND_CPU" if provider == "cpu" else "KIND_GPU"
+    mapped("concurrency", conc, "instance_group.count", conc)
+    mapped("sessions", sessions, "instance_group.count (one session per instance)", conc)
+    if sessions == "shared" and conc > 1:
+        notes.append(f"sessions shared with {conc} in flight cannot be expressed: a Triton instance runs one batch "
+                     f"at a time on its own session; wrote instance_group count {conc} (one session each, as "
+                     "per-thread sessions)")
+    mapped("provider", provider, "instance_group.kind", kind)
+    c["instance_group"] = [{"count": conc, "kind": Ident(kind)}]
+    if batching and batch > 1:
+        mapped("batch", batch, "dynamic_batching.preferred_batch_size", [batch])
+        c["dynamic_batching"] = {"preferred_batch_size": [batch], "max_queue_delay_microseconds": queue_delay_us}
+        notes.append(f"dynamic_batching max_queue_delay_microseconds: {queue_delay_us} (--queue-delay-us; not a "
+                     "tuned figure)")
+
+    # onnxruntime backend parameters
+    s = tuned.session
+    params: list[tuple[str, str, str, object]] = []
+    if tuned.get("threads"):
+        params.append(("threads", "intra_op_thread_count", str(int(tuned.get("threads"))), tuned.get("threads")))
+    mode = s.get("execution_mode") or "sequential"
+    params.append(("session.execution_mode", "execution_mode", "1" if mode == "parallel" else "0", mode))
+    if mode == "parallel" and s.get("inter_op_threads"):
+        params.append(("session.inter_op_threads", "inter_op_thread_count", str(int(s["inter_op_threads"])),
+                       s["inter_op_threads"]))
+    for key, param in (("cpu_mem_arena", "enable_mem_arena"), ("mem_pattern", "enable_mem_pattern")):
+        params.append((f"session.{key}", param, "1" if s.get(key, True) else "0", s.get(key, True)))
+    c["parameters"] = {}
+    for setting, key, text, value in params:
+        mapped(setting, value, f"parameters.{key}", text)
+        c["parameters"][key] = {"string_value": text}
+
+    # optimisation: graph level, accelerators
+    level = GRAPH_LEVEL.get(s.get("graph_optimization") or "all")
+    opt: dict[str, Any] = {}
+    if level is not None:
+        opt["graph"] = {"level": level}
+    mapped("session.graph_optimization", s.get("graph_optimization") or "all", "optimization.graph.level",
+           level if level is not None else "absent (all)")
+    if provider == "tensorrt":
+        opt["execution_accelerators"] = {"gpu_execution_accelerator": [{"name": "tensorrt"}]}
+        mapped("provider", provider, "optimization.execution_accelerators.gpu_execution_accelerator", "tensorrt")
+    if opt:
+        c["optimization"] = opt
+
+    # warm-up with zero data of the served shapes
+    c["model_warmup"] = [{"name": "zeros", "batch_size": 1 if batching else 0, "inputs": {
+        t.name: {"data_type": Ident(t.triton_type), "dims": list(warmup[t.name] or [1]), "zero_data": True}
+        for t in sig.inputs}}]
+    return cfg
+
+
+def _served(dims: list[int]) -> dict[str, Any]:
+    """A tensor's dims. Triton wants at least one dim: a scalar (a sample rate, a step count; or a batched
+    model's [batch] tensor) is served as dims [1] reshaped to the model's [], as Triton's docs do."""
+    return {"dims": list(dims)} if dims else {"dims": [1], "reshape": {"shape": []}}
+
+
+def served_version(config: dict[str, Any]) -> int | None:
+    """The one version a config's version_policy serves (optkit writes `specific` with one version)."""
+    versions = ((config.get("version_policy") or {}).get("specific") or {}).get("versions")
+    if isinstance(versions, list) and len(versions) == 1 and isinstance(versions[0], int) \
+            and not isinstance(versions[0], bool):
+        return versions[0]
+    return None
+
+
+def with_version(config: dict[str, Any], version: int) -> dict[str, Any]:
+    """The same config serving another version (rollback / promote)."""
+    return {**config, "version_policy": {"specific": {"versions": [version]}}}
+
+
+def schema_check(text: str) -> dict | None:
+    """Parse with Triton's own ModelConfig (tritonclient's model_config_pb2) where tritonclient is installed:
+    the inputs/outputs as parsed; None when it is not installed. A parse error is exit 3 (optkit's bug)."""
+    from optkit.package.targets.triton_check import parse_if_installed
+
+    try:
+        return parse_if_installed(text)
+    except Exception as e:
+        raise PassError(f"the generated config.pbtxt does not parse as Triton's ModelConfig: {e}") from None
+
+
+class TritonTarget(Target):
+    name = "triton"
+    describe = "a Triton model repository (onnxruntime backend)"
+    options = ("queue_delay_us",)
+    model_files = frozenset({CONFIG})
+    manifest_format = "onnx"
+    manifest_runtime = "kserve-tritonserver"
+    manifest_level = "repository"  # KServe's Triton runtime reads a repository root, Seldon's a model folder
+
+    def prepare(self, job: Job) -> None:
+        from optkit.package import scalars
+
+        sig = job.sig
+        if any(scalars.scalars(sig)):
+            lifted, lift_notes = scalars.lift(job.model, sig)
+            job.sig, job.state["lifted"] = signature_of(lifted, job.model), lifted
+            job.notes.extend(lift_notes)
+        probe = int(job.tuned.get("batch") or 1) if job.sig.batchable else 0
+        warm, warm_notes = warmup_dims(job.sig, probe > 0, job.shapes, job.config.data)
+        job.state["warmup"] = warm
+        job.notes.extend(warm_notes)
+
+    def write_version(self, job: Job, vdir: Path, number: int) -> dict[str, str]:
+        delay = job.config.queue_delay_us
+        cfg = build_config(job.name, job.sig, job.tuned, job.state["warmup"], number,
+                           queue_delay_us=QUEUE_DELAY_US if delay is None else delay)
+        job.mapping[:], text = cfg.mapping, cfg.text
+        job.notes.extend(cfg.notes)
+        if job.state.get("lifted") is not None:
+            import onnx
+
+            onnx.save(job.state["lifted"], str(vdir / "model.onnx"))
+        else:
+            shutil.copyfile(job.model, vdir / "model.onnx")
+        for location, f in job.externals:
+            (vdir / location).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(f, vdir / location)
+        (vdir / CONFIG).write_text(text, encoding="utf-8")
+        job.state["config"] = cfg.config
+        return {CONFIG: text}
+
+    def validate(self, job: Job, vdir: Path) -> None:
+        text = (vdir / CONFIG).read_text(encoding="utf-8")
+        try:
+            again = loads(text, vdir / CONFIG)
+        except UsageError as e:
+            raise PassError(f"optkit's own config.pbtxt does not read back: {e.message}") from None
+        if again != job.state["config"]:
+            raise PassError(f"{vdir / CONFIG} does not read back as the config optkit built (printer/parser bug)")
+        parsed = schema_check(text)
+        job.notes.append("config.pbtxt parsed with Triton's ModelConfig (tritonclient)" if parsed is not None else
+                         "config.pbtxt not checked against Triton's ModelConfig: pip install tritonclient to check "
+                         "it")
+
+    def serve(self, model_dir: Path, index: dict, number: int, recorded: dict, registry: str | None) -> Served:
+        current = schemas.read_bytes(model_dir / CONFIG, schemas.MAX_CONFIG_BYTES)
+        try:
+            text = current.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise UsageError(f"{model_dir / CONFIG}: not UTF-8 text (byte {e.start}), so not the config optkit "
+                             f"wrote; restore it (a copy of {model_dir}/N/config.pbtxt of the version served)") from None
+        try:  # the served config is replaced; what it served counts only when it is one of the versions
+            was = served_version(loads(text, model_dir / CONFIG))
+        except UsageError:
+            was = None
+        before = was if was in {v["version"] for v in index["versions"]} else index.get("served")
+        own = self.version_config(model_dir / str(number) / CONFIG, name=index["name"], version=number,
+                                  sha256=recorded["files"].get(CONFIG))
+        return Served(replace={model_dir / CONFIG: dumps(with_version(own, number))}, before=before)
+
+    @staticmethod
+    def version_config(path: Path, *, name: str, version: int, sha256: str | None) -> dict[str, Any]:
+        """A version's own config.pbtxt, before it is served: the bytes optkit recorded in the lineage (sha256),
+        UTF-8, optkit's parser and Triton's ModelConfig where tritonclient is installed, and its name and
+        version_policy (serving this version); else exit 2."""
+        text = schemas.check_recorded_text(path, sha256, schemas.MAX_CONFIG_BYTES)
+        config = loads(text, path)
+        if config.get("name") != name:
+            raise UsageError(f"{path}: key name: not {name!r}, the model's name; package the model again")
+        if served_version(config) != version:
+            raise UsageError(f"{path}: key version_policy: does not serve version {version}; package the model "
+                             "again")
+        from optkit.package.targets.triton_check import parse_if_installed
+
+        try:
+            parse_if_installed(text)
+        except Exception as e:  # noqa: BLE001 - protobuf's ParseError and friends
+            raise UsageError(f"{path}: not a Triton ModelConfig ({(str(e).splitlines() or [''])[0][:100]}); "
+                             "package the model again") from None
+        return config
