@@ -76,7 +76,7 @@ def package(model: str, config: PackageConfig | dict | None = None, *, tuned: Tu
                                                or out.resolve() in Path(other).resolve().parents):
             raise UsageError(f"-o {cfg.output} is or holds an input of this command ({other}); choose another "
                              "folder")
-    repo.next_version(repo.check_repo(out, name, target.name), cfg.version, tag)  # refused early; chosen under lock
+    repo.next_version(repo.precheck(out, name, target.name), cfg.version, tag)  # refused early; chosen under lock
     externals = external_data_files(model)
     sig = read_signature(model)
     given = tuned is not None or bool(cfg.tuned)

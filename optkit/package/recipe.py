@@ -28,7 +28,7 @@ def check_specs(loaded) -> None:
             out = Path(loaded.resolve(spec.output))
             name = repo.check_name(spec.name or loaded.name)
             repo.check_tag(spec.tag)
-            index = repo.check_repo(out, name, target.name)
+            index = repo.precheck(out, name, target.name)
             repo.next_version(index, spec.version, spec.tag)
         except UsageError as e:  # the flags' names are those of the package: entry's keys
             raise UsageError(f"recipe package[{i}] (output {spec.output}): {e.message}") from None

@@ -249,11 +249,27 @@ def _acquire(repo: Path, name: str) -> int:
         os.close(fd)
 
 
+def precheck(repo: Path, name: str, target: str) -> dict[str, Any] | None:
+    """check_repo before any work, without holding the lock; a refusal is confirmed under the lock, since an
+    unlocked look can catch another packager between renaming its version in and writing the index (a version
+    folder the index does not list yet)."""
+    try:
+        return check_repo(repo, name, target)
+    except UsageError:
+        if repo.is_symlink() or not repo.is_dir():
+            raise
+    fd = _acquire(repo, name)
+    try:
+        return check_repo(repo, name, target)
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
 def writing(repo: Path, name: str, target: str) -> Iterator[dict[str, Any] | None]:
     """Hold the lock of `repo/name` and yield its index read again under it (None when new). The repository
-    is checked first without the lock, so a folder optkit did not make is refused before anything happens."""
-    check_repo(repo, name, target)
+    is checked first (precheck), so a folder optkit did not make is refused before anything happens."""
+    precheck(repo, name, target)
     fd = _acquire(repo, name)
     try:
         if not repo.exists():
