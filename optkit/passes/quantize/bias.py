@@ -15,6 +15,8 @@ import numpy as np
 from onnx import numpy_helper
 
 from optkit.onnx import graph
+from optkit.onnx import io as onnx_io
+from optkit.onnx import session as onnx_session
 
 
 def layers(model) -> list:
@@ -38,8 +40,6 @@ def layers(model) -> list:
 def input_means(model, reader, scratch: Path) -> dict[str, np.ndarray]:
     """Per-channel (axis 1) mean of every corrected layer's float input over the calibration calls (the model
     that outputs them is written to `scratch`)."""
-    from optkit.onnx import io as onnx_io
-    from optkit.onnx import session as onnx_session
 
     names = sorted({n.input[0] for n in layers(model)})
     if not names:

@@ -12,6 +12,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from optkit.core.batching import calls
 from optkit.onnx import io as onnx_io
 from optkit.passes.quantize import bias
 from optkit.passes.quantize import ops as qops
@@ -29,8 +30,6 @@ def calibration_reader(specs: list, feeds: dict):
     (core.batching.calls). Calls are made as onnxruntime asks for them, so lazily read feeds
     (measure.datasets: `Dataset.bind(specs, stream=True)`) hold one call's inputs at a time; `rewind` starts over."""
     from onnxruntime.quantization import CalibrationDataReader
-
-    from optkit.core.batching import calls
 
     class Reader(CalibrationDataReader):
         def __init__(self):
