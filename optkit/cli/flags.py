@@ -105,7 +105,7 @@ def _extend(kind: str, added: list):
     def decorate(fn):
         base = getattr(fn, "__optkit_command__", fn)
         plan = {**getattr(fn, "__optkit_plan__", {"specs": [], "shared": []})}
-        plan[kind] = plan[kind] + added
+        plan[kind] = plan[kind] + [a for a in added if a not in plan[kind]]  # an option named twice: once
         return _build(base, plan)
 
     return decorate
