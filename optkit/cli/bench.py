@@ -10,10 +10,6 @@ from optkit.core.errors import UsageError
 from optkit.core.text import redact_url
 
 
-def register(app: typer.Typer) -> None:
-    app.command("bench")(bench_cmd)
-
-
 @flags.groups("data", "weights", "provider", "measure", "timing", "output")
 def bench_cmd(
     ctx: typer.Context,
@@ -32,8 +28,7 @@ def bench_cmd(
                                                           "http://HOST:PORT/v2/models/NAME. Each check "
                                                           "request may take 10 s, each inference 60 s, each "
                                                           "timing loop 120 s (or --duration)."),
-    *,
-    shared: options.Shared,
+    *, shared: options.Shared,
 ) -> None:
     """Latency on the model's own runtime (p50/p90/p99, mean, std, throughput), memory, and with
     --concurrency throughput under load; with --url, of a model a KServe v2 server serves."""
@@ -76,3 +71,7 @@ def _bench_url(ctx, model: Optional[str], url: str, shared: options.Shared, *, b
     settings = shared.settings(batch=batch, duration=duration, concurrency=concurrency)
     common.measure_url_and_report(url, settings, command=f"optkit bench --url {redact_url(url)}", data=data,
                                   report_path=shared.report, as_json=shared.as_json)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bench")(bench_cmd)

@@ -11,10 +11,6 @@ from optkit.core.shapes import parse_shapes
 TORCH_FORMATS = ("torch-module", "torchscript", "torch-export")
 
 
-def register(app: typer.Typer) -> None:
-    app.command("convert")(convert_cmd)
-
-
 @flags.pass_options("convert.torch", "convert.tf")
 @flags.groups("weights", "data", "measure", "output", "print_recipe")
 def convert_cmd(
@@ -22,9 +18,7 @@ def convert_cmd(
                                            ".pt2, SavedModel folder, .keras, .h5 or .tflite."),
     output: str = options.output_file("The ONNX file to write."),
     runs: int = typer.Option(50, "--runs", min=1, help="Timed runs for the latency figures."),
-    *,
-    config: dict,
-    shared: options.Shared,
+    *, config: dict, shared: options.Shared,
 ) -> None:
     """Convert a PyTorch or TensorFlow model to ONNX, validated against the source framework."""
     from optkit.core.registry import build_config
@@ -86,3 +80,7 @@ def _print_validation(report) -> None:
     if "onnx_top1" in val:
         extra.append(f"top-1 on the labels: source {val['source_top1']:.4f}, onnx {val['onnx_top1']:.4f}")
     con.print(", ".join(e for e in extra if e))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("convert")(convert_cmd)

@@ -9,10 +9,6 @@ from optkit.cli import common, flags, options
 from optkit.core.errors import UsageError
 
 
-def register(app: typer.Typer) -> None:
-    app.command("eval")(eval_cmd)
-
-
 @flags.groups("data_required", "weights", "metric", "labels", "max_samples", "provider", "measure", "output")
 def eval_cmd(
     model: str = typer.Argument(..., help="Model file, SavedModel folder or file.py:factory."),
@@ -21,8 +17,7 @@ def eval_cmd(
         None, "--preprocess", help="Image preprocessing as a YAML/JSON mapping, the recipe's keys, e.g. "
                                    "'{resize: 256, resample: bicubic, center_crop: 224, mean: 127, std: 128}'."),
     no_metric: bool = typer.Option(False, "--no-metric", help="Fidelity only (data without labels)."),
-    *,
-    shared: options.Shared,
+    *, shared: options.Shared,
 ) -> None:
     """Accuracy on labelled data, and fidelity to a reference model."""
     from optkit.measure.model import DataSpec
@@ -49,3 +44,7 @@ def _parse_preprocess(text: str) -> dict:
 
     mapping, _ = _yaml_with_lines(text, "--preprocess")
     return parse_preprocess(mapping, "--preprocess").model_dump(exclude_defaults=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("eval")(eval_cmd)

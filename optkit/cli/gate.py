@@ -11,10 +11,6 @@ from optkit.core.atomic import write_text
 from optkit.core.errors import GateFailed, UsageError
 
 
-def register(app: typer.Typer) -> None:
-    app.command("gate")(gate_cmd)
-
-
 @flags.groups("baseline", "json")
 def gate_cmd(
     report: str = typer.Argument(..., help="A report.json (from optkit run, or any command's --report)."),
@@ -24,8 +20,7 @@ def gate_cmd(
     junit: Optional[str] = typer.Option(None, "--junit", help="Also write JUnit XML (one test case per gate)."),
     markdown: Optional[str] = typer.Option(None, "--markdown", help="Also write the Markdown report."),
     output: Optional[str] = typer.Option(None, "--output", help="Write the report with these verdicts."),
-    *,
-    shared: options.Shared,
+    *, shared: options.Shared,
 ) -> None:
     """Check gates on a report: exit 1 when one fails or cannot be judged (its figure's noise straddles the
     threshold), with a table of every gate, its margin and its verdict (pass, FAIL, cannot judge)."""
@@ -78,3 +73,7 @@ def _print_gates(rep) -> None:
         t.add_row(row["gate"], g.stage, row["value"], row["threshold"], row["margin"],
                   Text("FAIL" if word == "fail" else word, style), g.detail)
     common.console().print(t)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("gate")(gate_cmd)

@@ -11,16 +11,11 @@ from optkit.core.shapes import format_shape
 from optkit.core.text import printable
 
 
-def register(app: typer.Typer) -> None:
-    app.command("inspect")(inspect_cmd)
-
-
 @flags.groups("weights", "json")
 def inspect_cmd(
     model: str = typer.Argument(..., help="Model file, SavedModel folder or file.py:factory; or a package "
                                           "that optkit package made (as optkit package inspect)."),
-    *,
-    shared: options.Shared,
+    *, shared: options.Shared,
 ) -> None:
     """Format, inputs/outputs with shapes and dtypes, opset, op histogram, parameters, size."""
     from optkit.package.manage import is_package  # here: its schemas import pydantic, which --help must not
@@ -62,3 +57,7 @@ def _render(info: dict) -> None:
         for op, n in info["ops"].items():
             ops.add_row(op, str(n))
         con.print(ops)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("inspect")(inspect_cmd)

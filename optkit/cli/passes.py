@@ -8,10 +8,6 @@ import typer
 from optkit.cli import common, flags, options
 
 
-def register(app: typer.Typer) -> None:
-    app.command("passes")(passes_cmd)
-
-
 @flags.groups("json")
 def passes_cmd(*, shared: options.Shared) -> None:
     """Every registered pass (built-in and plugins), what it accepts and produces, and whether it can run here."""
@@ -34,3 +30,7 @@ def passes_cmd(*, shared: options.Shared) -> None:
         status = Text("available", "green") if r["available"] else Text(f"unavailable: {r['install']}", "yellow")
         table.add_row(r["name"], ", ".join(r["accepts"]), r["produces"], status, r["summary"])
     common.console().print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("passes")(passes_cmd)

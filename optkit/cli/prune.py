@@ -109,18 +109,12 @@ def print_details(report) -> None:
         common.console().print(f"gzip size: {sizes[0]:,} -> {sizes[1]:,} bytes ({sizes[1] / sizes[0]:.2f}x)")
 
 
-def register(app: typer.Typer) -> None:
-    app.command("prune")(prune_cmd)
-
-
 @flags.pass_options("prune.keras", "prune.torch")
 @flags.groups("finetune", "weights", "measure", "output", "print_recipe")
 def prune_cmd(
     model: str = typer.Argument(..., help="Keras model (.keras/.h5) or PyTorch factory (file.py:make_model)."),
     output: str = options.output_file("Keras: .keras/.h5; torch: .pt2 (torch.export) or .pt (TorchScript)."),
-    *,
-    config: dict,
-    shared: options.Shared,
+    *, config: dict, shared: options.Shared,
 ) -> None:
     """Prune a Keras or PyTorch model and fine-tune it on your data; the result continues to convert/quantize."""
     from optkit.core.registry import build_config
@@ -148,3 +142,7 @@ def prune_cmd(
     build_config(get_pass(pass_name), config)  # bad options fail before any data is read
     run_stage(pass_name, model, output, config, shared=shared, command=f"optkit prune {model}",
               preprocess={"layout": shared.layout or default_layout, "color": shared.color})
+
+
+def register(app: typer.Typer) -> None:
+    app.command("prune")(prune_cmd)

@@ -7,18 +7,12 @@ from optkit.cli import common, flags, options
 from optkit.cli.prune import add_tensorboard, run_stage, split_names
 
 
-def register(app: typer.Typer) -> None:
-    app.command("qat")(qat_cmd)
-
-
 @flags.pass_options("qat.keras")
 @flags.groups("finetune", "measure", "output", "print_recipe")
 def qat_cmd(
     model: str = typer.Argument(..., help="tf-keras model (.keras / .h5)."),
     output: str = options.output_file("Where to write the QAT model (.h5)."),
-    *,
-    config: dict,
-    shared: options.Shared,
+    *, config: dict, shared: options.Shared,
 ) -> None:
     """Quantization-aware training for a Keras model; export it with `optkit tflite --mode int8`."""
     from optkit.core.registry import build_config
@@ -31,3 +25,7 @@ def qat_cmd(
     build_config(get_pass("qat.keras"), config)
     run_stage("qat.keras", model, output, config, shared=shared, command=f"optkit qat {model}",
               preprocess={"layout": shared.layout or "nhwc", "color": shared.color})
+
+
+def register(app: typer.Typer) -> None:
+    app.command("qat")(qat_cmd)

@@ -9,18 +9,12 @@ from optkit.cli import common, flags, options
 from optkit.core.errors import UsageError, ValidationError
 
 
-def register(app: typer.Typer) -> None:
-    app.command("quantize")(quantize_cmd)
-
-
 @flags.pass_options("quantize.onnx")
 @flags.groups("calibration_data", "eval", "measure", "output", "print_recipe")
 def quantize_cmd(
     model: str = typer.Argument(..., help="ONNX model (float32)."),
     output: str = options.output_file("Where to write the quantized model."),
-    *,
-    config: dict,
-    shared: options.Shared,
+    *, config: dict, shared: options.Shared,
 ) -> None:
     """Quantize an ONNX model, checked against its parent; accuracy-aware with a budget."""
     from optkit.measure.model import DataSpec
@@ -102,3 +96,7 @@ def print_candidates(cands, title: str) -> None:
             f"{c['accuracy_drop']:+.4f}" if "accuracy_drop" in c else "-",
             f"{fid['cosine']:.5f}" if "cosine" in fid else "-", verdict)
     common.console().print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("quantize")(quantize_cmd)

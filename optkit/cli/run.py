@@ -7,10 +7,6 @@ from optkit.cli import common, flags, options
 from optkit.core.errors import GateFailed, UsageError
 
 
-def register(app: typer.Typer) -> None:
-    app.command("run")(run_cmd)
-
-
 @flags.groups("baseline", "json")
 def run_cmd(
     recipe: str = typer.Argument(..., help="Recipe YAML file (`optkit recipe new` writes a starter)."),
@@ -18,8 +14,7 @@ def run_cmd(
     no_cache: bool = typer.Option(False, "--no-cache", help="Recompute every stage (do not reuse cached ones)."),
     new: bool = typer.Option(False, "--new", help="Start a new run even if the last one was interrupted."),
     workspace: str = typer.Option("runs", "--workspace", help="Folder for runs/<recipe>/<run-id>/."),
-    *,
-    shared: options.Shared,
+    *, shared: options.Shared,
 ) -> None:
     """Run a recipe: every stage, measured, cached and resumable; reports; exit 1 when a gate fails."""
     from pathlib import Path
@@ -92,3 +87,7 @@ def _print_plan(loaded, rows, as_json: bool) -> None:
     con.print(f"measure: size, {lat}" + (f", {loaded.recipe.data.eval.metric} on {loaded.recipe.data.eval.path}"
                                          if loaded.recipe.data.eval else ""))
     con.print("gates: " + ("; ".join(gates) if gates else "none"))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(run_cmd)

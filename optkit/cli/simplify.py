@@ -7,18 +7,12 @@ from optkit.cli import common, flags, options
 from optkit.core.errors import UsageError
 
 
-def register(app: typer.Typer) -> None:
-    app.command("simplify")(simplify_cmd)
-
-
 @flags.pass_options("simplify.onnx")
 @flags.groups("data", "measure", "output", "print_recipe")
 def simplify_cmd(
     model: str = typer.Argument(..., help="ONNX model."),
     output: str = options.output_file("Where to write the simplified model."),
-    *,
-    config: dict,
-    shared: options.Shared,
+    *, config: dict, shared: options.Shared,
 ) -> None:
     """onnxslim + onnxruntime offline optimizations, checked for equal outputs and bounded growth."""
     from optkit.measure.model import DataSpec
@@ -31,3 +25,7 @@ def simplify_cmd(
                             settings=shared.settings(),
                             eval_data=DataSpec(path=shared.data, max_samples=256) if shared.data else None,
                             report_path=shared.report, as_json=shared.as_json, print_recipe=shared.print_recipe)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("simplify")(simplify_cmd)

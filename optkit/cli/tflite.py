@@ -8,19 +8,13 @@ import typer
 from optkit.cli import common, flags, options
 
 
-def register(app: typer.Typer) -> None:
-    app.command("tflite")(tflite_cmd)
-
-
 @flags.pass_options("tflite.export")
 @flags.groups("eval_data", "metric", "layout", "measure", "output", "print_recipe")
 def tflite_cmd(
     model: str = typer.Argument(..., help="Keras model (.keras / .h5, QAT included) or SavedModel folder."),
     output: str = options.output_file("Where to write the .tflite model."),
     calib: Optional[str] = typer.Option(None, "--calib", help="Representative data for int8 (.npz, images)."),
-    *,
-    config: dict,
-    shared: options.Shared,
+    *, config: dict, shared: options.Shared,
 ) -> None:
     """Export a Keras model or SavedModel to TFLite (float32, float16, dynamic range or int8)."""
     from optkit.core.registry import build_config
@@ -37,3 +31,7 @@ def tflite_cmd(
         settings=shared.settings(), eval_data=DataSpec(path=shared.eval_data, preprocess=pre) if shared.eval_data
         else None, metric=shared.metric if shared.eval_data else None, report_path=shared.report,
         as_json=shared.as_json, signature=signature, print_recipe=shared.print_recipe, data=data)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("tflite")(tflite_cmd)
