@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from optkit.cli import commandspec, flags
+from optkit.cli import commandspec, flags, options
 from optkit.core.registry import cli_meta
 from optkit.passes import all_passes
 
@@ -170,3 +170,115 @@ def test_help_is_fast(args):
     assert proc.returncode == 0 and "| optkit.cli.main" in proc.stderr
     wall = _wall(["-m", "optkit", *args])
     assert wall <= 0.25 or wall <= 2 * _wall(["-c", "import typer"]), wall
+
+
+# --- shared option groups (cli/options.py, @flags.groups) -----------------------------------------------------------
+
+OPTION_BUDGET = 40  # `typer.Option(` calls over optkit/cli: shared options are data, built by one constructor
+# a flag a shared option has that means something else in this command, and why
+OWN_MEANING = {
+    ("convert", "--runs"): "50 by default: a conversion times the source and the ONNX model",
+    ("profile", "--runs"): "profiled calls (profile.onnx's Config)",
+    ("tune", "--report"): "with no file, prints a study's report",
+    ("trt build", "--shape"): "a TensorRT optimization profile, MIN:OPT:MAX (tensorrt.build's Config)",
+    ("trt check", "--shape"): "the build's --shape",
+    ("package", "--report"): "an input: the report of the run that made the model",
+    ("package", "--shape"): "the dims of the server's warm-up",
+}
+
+
+def test_typer_options_are_few():
+    counts = {p.name: p.read_text().count("typer.Option(") for p in sorted((ROOT / "optkit" / "cli").glob("*.py"))}
+    assert sum(counts.values()) <= OPTION_BUDGET, counts
+
+
+def _leaf_commands():
+    import typer
+
+    from optkit.cli import main
+
+    def walk(cmd, name):
+        if hasattr(cmd, "list_commands"):
+            for sub in cmd.list_commands(None):
+                yield from walk(cmd.get_command(None, sub), f"{name} {sub}".strip())
+        else:
+            yield name, cmd
+
+    return list(walk(typer.main.get_command(main.app), ""))
+
+
+def test_shared_flags_have_one_help_text_everywhere():
+    """--eval-data, --threads, --shape, --report, --json, ... : the same help in every command that offers them."""
+    declared: dict[str, set[str]] = {}
+    for o in options.OPTIONS.values():
+        declared.setdefault(o.flags[0], set()).add(o.help)
+    assert all(len(texts) == 1 for texts in declared.values()), declared
+    seen: dict[str, dict[str, str]] = {}
+    for name, cmd in _leaf_commands():
+        for p in cmd.params:
+            for flag in getattr(p, "opts", ()):
+                if flag in declared and not any(name.startswith(c) and f == flag for c, f in OWN_MEANING):
+                    seen.setdefault(flag, {})[name] = p.help
+    for flag in ("--data", "--eval-data", "--threads", "--shape", "--value", "--report", "--json", "--print-recipe",
+                 "--metric", "--weights", "--provider", "--baseline"):
+        assert len(seen.get(flag, {})) >= 2, f"{flag} offered by {sorted(seen.get(flag, {}))} only"
+    wrong = {(cmd, flag): text for flag, by in seen.items() for cmd, text in by.items() if {text} != declared[flag]}
+    assert not wrong, wrong
+
+
+def test_shared_defaults_are_the_options_defaults():
+    """A command that did not include an option gets Shared's default: it must be the option's own."""
+    import dataclasses
+
+    fields = {f.name: f.default for f in dataclasses.fields(options.Shared)}
+    for key, o in options.OPTIONS.items():
+        assert o.param in fields, f"options.Shared has no field {o.param} for {key}"
+        if o.default is not ...:
+            if key == "metric_optional":
+                continue  # trt build's --metric: none unless given (eval, fine-tuning: top1)
+            assert fields[o.param] == o.default, (key, fields[o.param], o.default)
+    assert set(fields) == {o.param for o in options.OPTIONS.values()}
+
+
+def test_groups_stack_with_pass_options_in_either_order():
+    import typer
+    from typer.testing import CliRunner
+
+
+    def body(model: str = typer.Argument(...), *, config: dict, shared: options.Shared):
+        print(sorted(config.items()), shared.eval_data, shared.threads, shared.as_json, shared.shape)
+
+    orders = [flags.pass_options("simplify.onnx")(flags.groups("eval_data", "measure", "json")(body)),
+              flags.groups("eval_data", "measure", "json")(flags.pass_options("simplify.onnx")(body))]
+    helps = []
+    for cmd in orders:
+        app = typer.Typer()
+        app.command("x")(cmd)
+        app.command("y")(lambda: None)
+        r = CliRunner().invoke(app, ["x", "m.onnx", "--eval-data", "e.npz", "--threads", "2", "--no-ort", "--json",
+                                     "--shape", "a=1x2"])
+        assert r.exit_code == 0, r.output
+        assert r.output.strip() == "[('ort_optimize', False)] e.npz 2 True ['a=1x2']"
+        helps.append(CliRunner().invoke(app, ["x", "--help"]).output)
+    assert helps[0] == helps[1]
+    text = helps[0]
+    # sections: the pass's own, then evaluation (shared first), measurement, output
+    assert text.index("--no-ort") < text.index("--eval-data") < text.index("--threads") < text.index("--json")
+
+
+def test_groups_refuse_a_clash_and_a_missing_shared():
+    import typer
+
+
+    def clash(threads: int = typer.Option(1, "--n"), *, shared: options.Shared):
+        pass
+
+    def no_shared(model: str = typer.Argument(...)):
+        pass
+
+    with pytest.raises(TypeError, match="clash"):
+        flags.groups("measure")(clash)
+    with pytest.raises(TypeError, match="shared"):
+        flags.groups("json")(no_shared)
+    with pytest.raises(KeyError, match="no shared option group"):
+        flags.groups("nonsense")

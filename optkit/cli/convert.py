@@ -1,77 +1,63 @@
 """optkit convert SRC -o OUT.onnx: PyTorch and TensorFlow models to validated ONNX."""
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
 from optkit.cli import common, flags, options
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format, detect_format
-from optkit.core.shapes import parse_shapes, parse_values
+from optkit.core.shapes import parse_shapes
 
 TORCH_FORMATS = ("torch-module", "torchscript", "torch-export")
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("convert")
-    @flags.pass_options("convert.torch", "convert.tf")
-    def convert_cmd(
-        model: str = typer.Argument(..., help="file.py:make_model, pkg.mod:make_model, TorchScript .pt, "
-                                               ".pt2, SavedModel folder, .keras, .h5 or .tflite."),
-        output: str = typer.Option(..., "--output", "-o", help="The ONNX file to write."),
-        weights: Optional[str] = options.WEIGHTS,
-        shape: Optional[list[str]] = options.SHAPE,
-        value: Optional[list[str]] = options.VALUE,
-        data: Optional[str] = options.DATA,
-        threads: Optional[int] = options.THREADS,
-        runs: int = typer.Option(50, "--runs", min=1, help="Timed runs for the latency figures."),
-        report: Optional[str] = options.OUTPUT_REPORT,
-        as_json: bool = options.JSON,
-        print_recipe: bool = options.PRINT_RECIPE,
-        *,
-        config: dict,
-    ) -> None:
-        """Convert a PyTorch or TensorFlow model to ONNX, validated against the source framework."""
-        from optkit.core.registry import build_config
-        from optkit.measure.model import MeasureSettings
-        from optkit.passes import get_pass
+@flags.pass_options("convert.torch", "convert.tf")
+@flags.groups("weights", "data", "measure", "output", "print_recipe")
+def convert_cmd(
+    model: str = typer.Argument(..., help="file.py:make_model, pkg.mod:make_model, TorchScript .pt, "
+                                           ".pt2, SavedModel folder, .keras, .h5 or .tflite."),
+    output: str = options.output_file("The ONNX file to write."),
+    runs: int = typer.Option(50, "--runs", min=1, help="Timed runs for the latency figures."),
+    *, config: dict, shared: options.Shared,
+) -> None:
+    """Convert a PyTorch or TensorFlow model to ONNX, validated against the source framework."""
+    from optkit.core.registry import build_config
+    from optkit.passes import get_pass
 
-        common.guard_outputs({"-o": output, "--report": report}, [model, weights, data])
-        fmt = detect_format(model)
-        if fmt.value in TORCH_FORMATS:
-            pass_name = "convert.torch"
-            if config.get("signature"):
-                raise UsageError("signature (--signature) applies to SavedModels")
-        elif fmt in (Format.KERAS, Format.TF_SAVEDMODEL, Format.TFLITE):
-            pass_name = "convert.tf"
-            if weights:
-                raise UsageError(f"weights (--weights) applies to PyTorch models, not {fmt.value}")
-            for key in config:  # the PyTorch exporter's options
-                if key not in flags.keys(pass_name):
-                    raise UsageError(f"{key} ({flags.field('convert.torch', key)['flag']}) applies to PyTorch "
-                                     f"models, not {fmt.value}")
-        else:
-            raise UsageError(f"convert takes PyTorch or TensorFlow models; {model} is {fmt.value}")
-        build_config(get_pass(pass_name), config)  # bad options fail before any data is read
-        shapes = parse_shapes(shape)
-        dataset = None
-        if data:
-            from optkit.measure.datasets import load_dataset
+    weights, data = shared.weights, shared.data
+    common.guard_outputs({"-o": output, "--report": shared.report}, [model, weights, data])
+    fmt = detect_format(model)
+    if fmt.value in TORCH_FORMATS:
+        pass_name = "convert.torch"
+        if config.get("signature"):
+            raise UsageError("signature (--signature) applies to SavedModels")
+    elif fmt in (Format.KERAS, Format.TF_SAVEDMODEL, Format.TFLITE):
+        pass_name = "convert.tf"
+        if weights:
+            raise UsageError(f"weights (--weights) applies to PyTorch models, not {fmt.value}")
+        for key in config:  # the PyTorch exporter's options
+            if key not in flags.keys(pass_name):
+                raise UsageError(f"{key} ({flags.field('convert.torch', key)['flag']}) applies to PyTorch "
+                                 f"models, not {fmt.value}")
+    else:
+        raise UsageError(f"convert takes PyTorch or TensorFlow models; {model} is {fmt.value}")
+    build_config(get_pass(pass_name), config)  # bad options fail before any data is read
+    shapes = parse_shapes(shared.shape)
+    dataset = None
+    if data:
+        from optkit.measure.datasets import load_dataset
 
-            dataset = load_dataset(data)
-        if not shapes and dataset is not None and fmt == Format.TORCHSCRIPT and set(dataset.arrays) == {""}:
-            shapes = {"": [1, *dataset.arrays[""].shape[1:]]}  # TorchScript does not declare its input shape
-        settings = MeasureSettings(threads=threads, shapes=shapes, values=parse_values(value), runs=runs,
-                                   warmup=min(10, runs))
-        rep = common.run_single_stage(
-            pass_name, model, output, config, command=f"optkit convert {model}", settings=settings,
-            weights=weights, report_path=report, as_json=as_json, signature=config.get("signature"),
-            data={"eval": data} if data else {},
-            print_recipe=print_recipe,
-        )
-        if rep is not None and not as_json:
-            _print_validation(rep)
+        dataset = load_dataset(data)
+    if not shapes and dataset is not None and fmt == Format.TORCHSCRIPT and set(dataset.arrays) == {""}:
+        shapes = {"": [1, *dataset.arrays[""].shape[1:]]}  # TorchScript does not declare its input shape
+    settings = shared.settings(shapes=shapes, runs=runs, warmup=min(10, runs))
+    rep = common.run_single_stage(
+        pass_name, model, output, config, command=f"optkit convert {model}", settings=settings,
+        weights=weights, report_path=shared.report, as_json=shared.as_json, signature=config.get("signature"),
+        data={"eval": data} if data else {}, print_recipe=shared.print_recipe,
+    )
+    if rep is not None and not shared.as_json:
+        _print_validation(rep)
 
 
 def _print_validation(report) -> None:
@@ -94,3 +80,7 @@ def _print_validation(report) -> None:
     if "onnx_top1" in val:
         extra.append(f"top-1 on the labels: source {val['source_top1']:.4f}, onnx {val['onnx_top1']:.4f}")
     con.print(", ".join(e for e in extra if e))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("convert")(convert_cmd)

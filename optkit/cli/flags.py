@@ -1,24 +1,27 @@
-"""A pass command's flags, derived from the pass's Config (through the generated cli/flagspec.py).
+"""A command's options that are declared elsewhere: a pass's flags, derived from its Config (through the generated
+cli/flagspec.py), and the shared option groups of cli/options.py.
 
     @app.command("simplify")
     @flags.pass_options("simplify.onnx")
-    def simplify_cmd(model: str = ..., *, config: dict, ...):
+    @flags.groups("data", "measure", "output", "print_recipe")
+    def simplify_cmd(model: str = ..., *, config: dict, shared: options.Shared):
 
-adds one option per Config field that has a flag (core.registry.cli) and hands the command body `config`: only
-the options the user gave, keyed by the Config's names, so every default stays the Config's (and a printed
-recipe holds only what was asked for). Only typer and the generated data are imported: `--help` stays fast.
+`pass_options` adds one option per Config field that has a flag (core.registry.cli) and hands the command body
+`config`: only the options the user gave, keyed by the Config's names, so every default stays the Config's (and a
+printed recipe holds only what was asked for). `groups` adds the shared options of those groups (options.GROUPS,
+or single options by name: options.OPTIONS) and hands the body `shared`, an options.Shared. The two stack in
+either order; the added options follow the command's own, in help sections (GROUP_ORDER), the shared ones first
+in each. Only typer and plain data are imported: `--help` stays fast.
 """
 from __future__ import annotations
 
 import inspect
 from typing import Any, Optional
 
-import typer
+from optkit.cli import flagspec, options
 
-from optkit.cli import flagspec
-
-# Help order of the groups: the pass's own options first.
-GROUP_ORDER = ("", "data", "evaluation", "budgets", "measurement")
+# Help order of the sections: the command's and the pass's own options first, what is written and printed last.
+GROUP_ORDER = ("", "data", "evaluation", "budgets", "measurement", "output")
 _TYPES = {"str": str, "int": int, "float": float, "bool": bool}
 
 
@@ -55,78 +58,111 @@ def _help(spec: dict[str, Any]) -> str:
     return f"{text} (default: {dflt})"
 
 
-def _option(spec: dict[str, Any], required: bool = False) -> tuple[Any, Any]:
-    """(annotation, typer.Option) for one field; every option defaults to None (not given), or is required."""
+def _option(spec: dict[str, Any]) -> tuple[Any, Any]:
+    """(annotation, typer option) for one field; every option defaults to None (not given), or is required."""
     kind = spec["type"]
-    names = [spec["flag"] + (f"/{spec['secondary']}" if spec.get("secondary") else "")]
-    if spec.get("short"):
-        names.insert(0, spec["short"])
-    if required and spec.get("required"):
-        return _TYPES.get(kind, str), typer.Option(..., *names, help=spec["help"].rstrip())
-    kwargs: dict[str, Any] = {"help": _help(spec)}
-    if spec.get("metavar"):
-        kwargs["metavar"] = spec["metavar"]
+    names = (*((spec["short"],) if spec.get("short") else ()),
+             spec["flag"] + (f"/{spec['secondary']}" if spec.get("secondary") else ""))
+    if spec.get("required"):
+        return _TYPES.get(kind, str), options.option(..., names, help=spec["help"].rstrip())
+    bounds: dict[str, Any] = {}
+    if kind in ("int", "float") and not spec.get("negative_is_none") and "sets" not in spec:
+        # click has no open bound here; the Config refuses the bound itself
+        bounds = {"min": spec.get("min", spec.get("min_open")), "max": spec.get("max")}
     if kind == "list":
-        return Optional[list[str]], typer.Option(None, *names, **kwargs)
-    if "sets" in spec or kind == "bool":
-        return Optional[bool], typer.Option(None, *names, **kwargs)
-    if kind in ("int", "float") and not spec.get("negative_is_none"):
-        if "min" in spec:
-            kwargs["min"] = spec["min"]
-        elif "min_open" in spec:  # click has no open bound here; the Config refuses the bound itself
-            kwargs["min"] = spec["min_open"]
-        if "max" in spec:
-            kwargs["max"] = spec["max"]
-    return Optional[_TYPES[kind]], typer.Option(None, *names, **kwargs)
+        annotation: Any = Optional[list[str]]
+    elif "sets" in spec or kind == "bool":
+        annotation = Optional[bool]
+    else:
+        annotation = Optional[_TYPES[kind]]
+    return annotation, options.option(None, names, help=_help(spec), metavar=spec.get("metavar"), **bounds)
 
 
 def param_name(spec: dict[str, Any]) -> str:
     return "cfg_" + spec["key"]
 
 
-def pass_options(*pass_names: str, exclude: tuple[str, ...] = ()):
+def pass_options(*pass_names: str, exclude: tuple[str, ...] = (), only: Optional[tuple[str, ...]] = None):
     """Decorate a command (under @app.command) with the pass's derived flags; its body gets `config`.
 
     A command that runs one of several passes (prune: prune.keras or prune.torch) takes the union of their flags;
-    `keys(pass_name)` says which of the given ones the chosen pass takes."""
+    `keys(pass_name)` says which of the given ones the chosen pass takes. `only` takes just those Config keys
+    (trt check: the build's --shape)."""
     specs, seen = [], set()
     for pass_name in pass_names:
         for s in fields(pass_name):
-            if s.get("flag") and s["key"] not in exclude and s["key"] not in seen:
+            if s.get("flag") and s["key"] not in exclude and s["key"] not in seen and (only is None or s["key"] in only):
                 specs.append(s)
                 seen.add(s["key"])
-    specs.sort(key=lambda s: GROUP_ORDER.index(s.get("group", "")))
-    return _decorator(specs)
+    return _extend("specs", specs)
 
 
 def package_options():
     """Decorate `optkit package`'s build command with PackageConfig's derived flags (flagspec.PACKAGE); its body
     gets `config`: the options the user gave, under PackageConfig's keys (--to and -o are required)."""
-    return _decorator([s for s in flagspec.PACKAGE if s.get("flag")], required=True)
+    return _extend("specs", [s for s in flagspec.PACKAGE if s.get("flag")])
 
 
-def _decorator(specs: list[dict[str, Any]], required: bool = False):
+def package_option(key: str, help: str | None = None):
+    """One of PackageConfig's flags on another package command (serve-version's --version, --tag, --registry),
+    not given by default; `help` where the command means something else by it."""
+    spec = next(s for s in flagspec.PACKAGE if s["key"] == key)
+    return options.option(None, (spec["flag"],), help=help or spec["help"])
+
+
+def groups(*names: str):
+    """Decorate a command (under @app.command) with shared option groups (cli/options.py); its body gets `shared`."""
+    return _extend("shared", options.expand(names))
+
+
+def _extend(kind: str, added: list):
+    """Add options to a command: "specs" (derived, the body's `config`) or "shared" (the body's `shared`). A command
+    already extended is rebuilt from its own function with everything added so far, so the help order holds."""
     def decorate(fn):
-        sig = inspect.signature(fn, eval_str=True)
-        own = [p for p in sig.parameters.values() if p.name != "config"]
-        extra = []
-        for spec in specs:
-            annotation, opt = _option(spec, required)
-            extra.append(inspect.Parameter(param_name(spec), inspect.Parameter.KEYWORD_ONLY, default=opt,
-                                           annotation=annotation))
-        # typer wants one ordering: positional-or-keyword first, keyword-only after
-        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + extra
-
-        def command(**kwargs):
-            return fn(config=collect(specs, kwargs), **kwargs)
-
-        command.__name__, command.__qualname__, command.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
-        command.__module__ = fn.__module__
-        command.__signature__ = sig.replace(parameters=params)
-        command.__annotations__ = {p.name: p.annotation for p in params}
-        return command
+        base = getattr(fn, "__optkit_command__", fn)
+        plan = {**getattr(fn, "__optkit_plan__", {"specs": [], "shared": []})}
+        plan[kind] = plan[kind] + [a for a in added if a not in plan[kind]]  # an option named twice: once
+        return _build(base, plan)
 
     return decorate
+
+
+def _build(fn, plan: dict[str, list]):
+    specs, shared = plan["specs"], plan["shared"]
+    sig = inspect.signature(fn, eval_str=True)
+    own = [p for p in sig.parameters.values() if p.name not in ("config", "shared")]
+    for name, needed in (("config", specs), ("shared", shared)):
+        if needed and name not in sig.parameters:
+            raise TypeError(f"{fn.__qualname__} takes no keyword-only `{name}` for the options it is given")
+    names = {p.name for p in own}
+    clash = names & {o.param for o in shared}
+    if clash:
+        raise TypeError(f"{fn.__qualname__}: its own parameters {sorted(clash)} clash with shared options")
+    added = []  # (section, shared first, order, parameter)
+    for i, o in enumerate(shared):
+        opt = options.option(o.default, o.flags, help=o.help, min=o.min)
+        added.append((GROUP_ORDER.index(o.group), 0, i, inspect.Parameter(
+            o.param, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=o.annotation)))
+    for i, spec in enumerate(specs):
+        annotation, opt = _option(spec)
+        added.append((GROUP_ORDER.index(spec.get("group", "")), 1, i, inspect.Parameter(
+            param_name(spec), inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=annotation)))
+    # typer wants one ordering: positional-or-keyword first, keyword-only after
+    params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + [a[-1] for a in sorted(added, key=lambda a: a[:3])]
+
+    def command(**kwargs):
+        if specs:
+            kwargs["config"] = collect(specs, kwargs)
+        if shared:
+            kwargs["shared"] = options.Shared(**{o.param: kwargs.pop(o.param) for o in shared})
+        return fn(**kwargs)
+
+    command.__name__, command.__qualname__, command.__doc__ = fn.__name__, fn.__qualname__, fn.__doc__
+    command.__module__ = fn.__module__
+    command.__signature__ = sig.replace(parameters=params)
+    command.__annotations__ = {p.name: p.annotation for p in params}
+    command.__optkit_command__, command.__optkit_plan__ = fn, plan
+    return command
 
 
 def collect(specs: list[dict[str, Any]], kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -144,10 +180,3 @@ def collect(specs: list[dict[str, Any]], kwargs: dict[str, Any]) -> dict[str, An
             value = None
         config[spec["key"]] = list(value) if isinstance(value, tuple) else value
     return config
-
-
-def package_option(key: str, help: str | None = None):
-    """One of PackageConfig's flags on another package command (serve-version's --version, --tag, --registry),
-    not given by default; `help` where the command means something else by it."""
-    spec = next(s for s in flagspec.PACKAGE if s["key"] == key)
-    return typer.Option(None, spec["flag"], help=help or spec["help"])

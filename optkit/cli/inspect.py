@@ -2,36 +2,33 @@
 from __future__ import annotations
 
 import json
-from typing import Optional
 
 import typer
 
-from optkit.cli import common, options
+from optkit.cli import common, flags, options
 from optkit.cli.package import show
 from optkit.core.shapes import format_shape
 from optkit.core.text import printable
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("inspect")
-    def inspect_cmd(
-        model: str = typer.Argument(..., help="Model file, SavedModel folder or file.py:factory; or a package "
-                                              "that optkit package made (as optkit package inspect)."),
-        weights: Optional[str] = options.WEIGHTS,
-        as_json: bool = options.JSON,
-    ) -> None:
-        """Format, inputs/outputs with shapes and dtypes, opset, op histogram, parameters, size."""
-        from optkit.package.manage import is_package  # here: its schemas import pydantic, which --help must not
+@flags.groups("weights", "json")
+def inspect_cmd(
+    model: str = typer.Argument(..., help="Model file, SavedModel folder or file.py:factory; or a package "
+                                          "that optkit package made (as optkit package inspect)."),
+    *, shared: options.Shared,
+) -> None:
+    """Format, inputs/outputs with shapes and dtypes, opset, op histogram, parameters, size."""
+    from optkit.package.manage import is_package  # here: its schemas import pydantic, which --help must not
 
-        if is_package(model):
-            return show(model, as_json)
-        from optkit.measure.inspect import inspect_model
+    if is_package(model):
+        return show(model, shared.as_json)
+    from optkit.measure.inspect import inspect_model
 
-        info = inspect_model(common.load_artifact(model, weights))
-        if as_json:
-            common.print_json(json.dumps(info, indent=2, default=str))
-        else:
-            _render(info)
+    info = inspect_model(common.load_artifact(model, shared.weights))
+    if shared.as_json:
+        common.print_json(json.dumps(info, indent=2, default=str))
+    else:
+        _render(info)
 
 
 def _render(info: dict) -> None:
@@ -60,3 +57,7 @@ def _render(info: dict) -> None:
         for op, n in info["ops"].items():
             ops.add_row(op, str(n))
         con.print(ops)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("inspect")(inspect_cmd)

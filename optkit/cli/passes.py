@@ -5,29 +5,32 @@ import json
 
 import typer
 
-from optkit.cli import common, options
+from optkit.cli import common, flags, options
+
+
+@flags.groups("json")
+def passes_cmd(*, shared: options.Shared) -> None:
+    """Every registered pass (built-in and plugins), what it accepts and produces, and whether it can run here."""
+    from optkit.passes import all_passes
+
+    rows = []
+    for name, cls in all_passes().items():
+        missing = cls.missing()
+        rows.append({"name": name, "accepts": [f.value for f in cls.accepts], "produces": cls.produces.value,
+                     "extra": cls.extra, "available": missing is None, "install": missing,
+                     "summary": cls.summary, "module": cls.__module__})
+    if shared.as_json:
+        common.print_json(json.dumps(rows, indent=2))
+        return
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table("pass", "accepts", "produces", "status", "summary")
+    for r in rows:
+        status = Text("available", "green") if r["available"] else Text(f"unavailable: {r['install']}", "yellow")
+        table.add_row(r["name"], ", ".join(r["accepts"]), r["produces"], status, r["summary"])
+    common.console().print(table)
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("passes")
-    def passes_cmd(as_json: bool = options.JSON) -> None:
-        """Every registered pass (built-in and plugins), what it accepts and produces, and whether it can run here."""
-        from optkit.passes import all_passes
-
-        rows = []
-        for name, cls in all_passes().items():
-            missing = cls.missing()
-            rows.append({"name": name, "accepts": [f.value for f in cls.accepts], "produces": cls.produces.value,
-                         "extra": cls.extra, "available": missing is None, "install": missing,
-                         "summary": cls.summary, "module": cls.__module__})
-        if as_json:
-            common.print_json(json.dumps(rows, indent=2))
-            return
-        from rich.table import Table
-        from rich.text import Text
-
-        table = Table("pass", "accepts", "produces", "status", "summary")
-        for r in rows:
-            status = Text("available", "green") if r["available"] else Text(f"unavailable: {r['install']}", "yellow")
-            table.add_row(r["name"], ", ".join(r["accepts"]), r["produces"], status, r["summary"])
-        common.console().print(table)
+    app.command("passes")(passes_cmd)

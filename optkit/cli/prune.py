@@ -13,7 +13,6 @@ import typer
 from optkit.cli import common, flags, options
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format, detect_format
-from optkit.core.shapes import parse_shapes, parse_values
 
 
 def split_names(values: Optional[list[str]]) -> Optional[list[str]]:
@@ -52,21 +51,22 @@ def load_train_data(train, eval_data, pre):
     return data
 
 
-def run_stage(pass_name, model, output, config, *, train, eval_data, metric, settings, command, weights,
-              report, as_json, print_recipe, preprocess):
+def run_stage(pass_name, model, output, config, *, shared, command, preprocess):
     """run_single_stage on the chief; other workers of a distributed job train, then write and report nothing."""
     from optkit.measure.model import DataSpec
     from optkit.passes.training.distributed import is_chief
 
+    train, eval_data, weights, settings = shared.train, shared.eval_data, shared.weights, shared.settings()
     spec = DataSpec(path=eval_data, preprocess=preprocess) if eval_data else None
-    if print_recipe or is_chief():
+    if shared.print_recipe or is_chief():
         # the chief of a distributed job measures its input last: its workers wait for it in the first collective
         result = common.run_single_stage(pass_name, model, output, config, command=command, settings=settings,
-                                         weights=weights, eval_data=spec, metric=metric if eval_data else None,
-                                         report_path=report, as_json=as_json, print_recipe=print_recipe,
+                                         weights=weights, eval_data=spec,
+                                         metric=shared.metric if eval_data else None, report_path=shared.report,
+                                         as_json=shared.as_json, print_recipe=shared.print_recipe,
                                          data={"train": {"path": train, "preprocess": preprocess}} if train else {},
                                          input_last=config.get("strategy", "none") != "none")
-        if result is not None and not as_json:
+        if result is not None and not shared.as_json:
             print_details(result)
         return result
     import shutil
@@ -109,54 +109,40 @@ def print_details(report) -> None:
         common.console().print(f"gzip size: {sizes[0]:,} -> {sizes[1]:,} bytes ({sizes[1] / sizes[0]:.2f}x)")
 
 
+@flags.pass_options("prune.keras", "prune.torch")
+@flags.groups("finetune", "weights", "measure", "output", "print_recipe")
+def prune_cmd(
+    model: str = typer.Argument(..., help="Keras model (.keras/.h5) or PyTorch factory (file.py:make_model)."),
+    output: str = options.output_file("Keras: .keras/.h5; torch: .pt2 (torch.export) or .pt (TorchScript)."),
+    *, config: dict, shared: options.Shared,
+) -> None:
+    """Prune a Keras or PyTorch model and fine-tune it on your data; the result continues to convert/quantize."""
+    from optkit.core.registry import build_config
+    from optkit.passes import get_pass
+
+    common.guard_outputs({"-o": output, "--report": shared.report},
+                         [model, shared.weights, shared.train, shared.eval_data])
+    fmt = detect_format(model)
+    for key in ("layers", "exclude"):
+        if config.get(key):
+            config[key] = split_names(config[key])
+    for key, flag, sep in (("block_size", "--block-size", "x"), ("m_by_n", "--m-by-n", ":")):
+        if key in config:
+            config[key] = pair(config[key], flag, sep)
+    add_tensorboard(config, config.pop("tensorboard", None))
+    if fmt == Format.KERAS:
+        pass_name, default_layout = "prune.keras", "nhwc"
+    elif fmt == Format.TORCH_MODULE:
+        pass_name, default_layout = "prune.torch", "nchw"
+    else:
+        raise UsageError(f"prune fine-tunes Keras models (.keras/.h5) and PyTorch factories (file.py:make_model "
+                         f"with --weights); {model} is {fmt.value}: prune the source model, then export it")
+    config = {k: v for k, v in config.items() if k in flags.keys(pass_name)}  # the other format's flags: unused
+    shared.settings()  # bad --threads, --shape or --value fail before the Config is checked
+    build_config(get_pass(pass_name), config)  # bad options fail before any data is read
+    run_stage(pass_name, model, output, config, shared=shared, command=f"optkit prune {model}",
+              preprocess={"layout": shared.layout or default_layout, "color": shared.color})
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("prune")
-    @flags.pass_options("prune.keras", "prune.torch")
-    def prune_cmd(
-        model: str = typer.Argument(..., help="Keras model (.keras/.h5) or PyTorch factory (file.py:make_model)."),
-        output: str = typer.Option(..., "-o", "--output",
-                                   help="Keras: .keras/.h5; torch: .pt2 (torch.export) or .pt (TorchScript)."),
-        train: Optional[str] = options.TRAIN,
-        eval_data: Optional[str] = options.EVAL_DATA,
-        metric: str = options.METRIC,
-        layout: Optional[str] = options.LAYOUT,
-        color: str = options.COLOR,
-        threads: Optional[int] = options.THREADS,
-        shape: Optional[list[str]] = options.SHAPE,
-        value: Optional[list[str]] = options.VALUE,
-        weights: Optional[str] = options.WEIGHTS,
-        report: Optional[str] = options.OUTPUT_REPORT,
-        as_json: bool = options.JSON,
-        print_recipe: bool = options.PRINT_RECIPE,
-        *,
-        config: dict,
-    ) -> None:
-        """Prune a Keras or PyTorch model and fine-tune it on your data; the result continues to convert/quantize."""
-        from optkit.measure.model import MeasureSettings
-
-        common.guard_outputs({"-o": output, "--report": report}, [model, weights, train, eval_data])
-        fmt = detect_format(model)
-        for key in ("layers", "exclude"):
-            if config.get(key):
-                config[key] = split_names(config[key])
-        for key, flag, sep in (("block_size", "--block-size", "x"), ("m_by_n", "--m-by-n", ":")):
-            if key in config:
-                config[key] = pair(config[key], flag, sep)
-        add_tensorboard(config, config.pop("tensorboard", None))
-        if fmt == Format.KERAS:
-            pass_name, default_layout = "prune.keras", "nhwc"
-        elif fmt == Format.TORCH_MODULE:
-            pass_name, default_layout = "prune.torch", "nchw"
-        else:
-            raise UsageError(f"prune fine-tunes Keras models (.keras/.h5) and PyTorch factories (file.py:make_model "
-                             f"with --weights); {model} is {fmt.value}: prune the source model, then export it")
-        config = {k: v for k, v in config.items() if k in flags.keys(pass_name)}  # the other format's flags: unused
-        settings = MeasureSettings(threads=threads, shapes=parse_shapes(shape), values=parse_values(value))
-        from optkit.core.registry import build_config
-        from optkit.passes import get_pass
-
-        build_config(get_pass(pass_name), config)  # bad options fail before any data is read
-        run_stage(pass_name, model, output, config, train=train, eval_data=eval_data, metric=metric,
-                  settings=settings, command=f"optkit prune {model}", weights=weights, report=report,
-                  as_json=as_json, print_recipe=print_recipe,
-                  preprocess={"layout": layout or default_layout, "color": color})
+    app.command("prune")(prune_cmd)

@@ -2,52 +2,38 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 from optkit.cli import common, flags, options
 from optkit.core.errors import UsageError, ValidationError
-from optkit.core.shapes import parse_shapes, parse_values
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("quantize")
-    @flags.pass_options("quantize.onnx")
-    def quantize_cmd(
-        model: str = typer.Argument(..., help="ONNX model (float32)."),
-        output: str = typer.Option(..., "-o", "--output", help="Where to write the quantized model."),
-        calibration_data: Optional[str] = options.CALIBRATION_DATA,
-        eval_data: Optional[str] = options.EVAL_DATA,
-        labels: Optional[str] = options.LABELS,
-        max_samples: Optional[int] = options.MAX_SAMPLES,
-        threads: Optional[int] = options.THREADS,
-        shape: Optional[list[str]] = options.SHAPE,
-        value: Optional[list[str]] = options.VALUE,
-        report: Optional[str] = options.OUTPUT_REPORT,
-        as_json: bool = options.JSON,
-        print_recipe: bool = options.PRINT_RECIPE,
-        *,
-        config: dict,
-    ) -> None:
-        """Quantize an ONNX model, checked against its parent; accuracy-aware with a budget."""
-        from optkit.measure.model import DataSpec, MeasureSettings
-        from optkit.passes.quantize.candidates import check_rejected_path, rejected_path
+@flags.pass_options("quantize.onnx")
+@flags.groups("calibration_data", "eval", "measure", "output", "print_recipe")
+def quantize_cmd(
+    model: str = typer.Argument(..., help="ONNX model (float32)."),
+    output: str = options.output_file("Where to write the quantized model."),
+    *, config: dict, shared: options.Shared,
+) -> None:
+    """Quantize an ONNX model, checked against its parent; accuracy-aware with a budget."""
+    from optkit.measure.model import DataSpec
+    from optkit.passes.quantize.candidates import check_rejected_path, rejected_path
 
-        common.guard_outputs({"-o": output, "--report": report}, [model, calibration_data, eval_data, labels])
-        check_rejected_path(rejected_path(Path(output)), inputs=[model, calibration_data, eval_data, labels])
-        mode = config.get("mode", flags.default("quantize.onnx", "mode"))
-        if mode not in ("dynamic", "static", "fp16", "int4"):
-            raise UsageError(f"unknown --mode {mode!r}; choose dynamic, static, fp16 or int4")
-        config["mode"] = mode
-        settings = MeasureSettings(threads=threads, shapes=parse_shapes(shape), values=parse_values(value),
-                                   check_outputs=config.get("check_outputs", []))
-        data = {"calibration": calibration_data} if calibration_data else {}
-        spec = DataSpec(path=eval_data, labels=labels, max_samples=max_samples) if eval_data else None
-        run_and_explain(f"quantize.onnx-{mode}", model, output, config, settings=settings,
-                        command=f"optkit quantize {model} --mode {mode}",
-                        eval_data=spec, metric=config.get("metric"), report_path=report, as_json=as_json, data=data,
-                        print_recipe=print_recipe)
+    inputs = [model, shared.calibration_data, shared.eval_data, shared.labels]
+    common.guard_outputs({"-o": output, "--report": shared.report}, inputs)
+    check_rejected_path(rejected_path(Path(output)), inputs=inputs)
+    mode = config.get("mode", flags.default("quantize.onnx", "mode"))
+    if mode not in ("dynamic", "static", "fp16", "int4"):
+        raise UsageError(f"unknown --mode {mode!r}; choose dynamic, static, fp16 or int4")
+    config["mode"] = mode
+    settings = shared.settings(check_outputs=config.get("check_outputs", []))
+    data = {"calibration": shared.calibration_data} if shared.calibration_data else {}
+    spec = DataSpec(path=shared.eval_data, labels=shared.labels, max_samples=shared.max_samples) \
+        if shared.eval_data else None
+    run_and_explain(f"quantize.onnx-{mode}", model, output, config, settings=settings,
+                    command=f"optkit quantize {model} --mode {mode}", eval_data=spec, metric=config.get("metric"),
+                    report_path=shared.report, as_json=shared.as_json, data=data, print_recipe=shared.print_recipe)
 
 
 def run_and_explain(pass_name, model, output, config, *, as_json, **kwargs):
@@ -110,3 +96,7 @@ def print_candidates(cands, title: str) -> None:
             f"{c['accuracy_drop']:+.4f}" if "accuracy_drop" in c else "-",
             f"{fid['cosine']:.5f}" if "cosine" in fid else "-", verdict)
     common.console().print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("quantize")(quantize_cmd)

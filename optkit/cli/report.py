@@ -7,62 +7,67 @@ from typing import Optional
 
 import typer
 
-from optkit.cli import common, options
+from optkit.cli import common, flags, options
 from optkit.core.atomic import write_text
 from optkit.core.errors import UsageError
 
+report_app = typer.Typer(help="Render and compare reports.", no_args_is_help=True)
+
 
 def register(app: typer.Typer) -> None:
-    report_app = typer.Typer(help="Render and compare reports.", no_args_is_help=True)
     app.add_typer(report_app, name="report")
 
-    @report_app.command("compare")
-    def compare_cmd(
-        a: str = typer.Argument(..., help="First report.json (A, e.g. the baseline), or a package version folder."),
-        b: str = typer.Argument(..., help="Second report.json (B, e.g. this change), or a package version folder."),
-        markdown: bool = typer.Option(False, "--markdown", help="Print Markdown instead of a table."),
-        as_json: bool = options.JSON,
-    ) -> None:
-        """Side-by-side differences of two runs: size, p50 latency (with noise) and accuracy per stage."""
-        from optkit.report import compare as cmp
-        from optkit.report.schema import Report
 
-        ra, rb = Report.load(_report_file(a)), Report.load(_report_file(b))
-        rows = cmp.compare(ra, rb)
-        if as_json:
-            common.print_json(json.dumps([{"stage": r["stage"], **r["raw"]} for r in rows], indent=2))
-        elif markdown:
-            common.print_json(cmp.to_markdown(a, b, rows))
-        else:
-            cmp.to_console(a, b, rows, common.console())
+@report_app.command("compare")
+@flags.groups("json")
+def compare_cmd(
+    a: str = typer.Argument(..., help="First report.json (A, e.g. the baseline), or a package version folder."),
+    b: str = typer.Argument(..., help="Second report.json (B, e.g. this change), or a package version folder."),
+    markdown: bool = typer.Option(False, "--markdown", help="Print Markdown instead of a table."),
+    *,
+    shared: options.Shared,
+) -> None:
+    """Side-by-side differences of two runs: size, p50 latency (with noise) and accuracy per stage."""
+    from optkit.report import compare as cmp
+    from optkit.report.schema import Report
 
-    @report_app.command("render")
-    def render_cmd(
-        report: str = typer.Argument(..., help="A report.json."),
-        fmt: str = typer.Option("console", "--format", help="console, md, html, junit or json."),
-        output: Optional[str] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout."),
-    ) -> None:
-        """Render a report as a table, Markdown, self-contained HTML or JUnit XML."""
-        from optkit.report.schema import Report
+    ra, rb = Report.load(_report_file(a)), Report.load(_report_file(b))
+    rows = cmp.compare(ra, rb)
+    if shared.as_json:
+        common.print_json(json.dumps([{"stage": r["stage"], **r["raw"]} for r in rows], indent=2))
+    elif markdown:
+        common.print_json(cmp.to_markdown(a, b, rows))
+    else:
+        cmp.to_console(a, b, rows, common.console())
 
-        renderers = {"md": "optkit.report.render:to_markdown", "markdown": "optkit.report.render:to_markdown",
-                     "html": "optkit.report.html:to_html", "junit": "optkit.report.junit:to_junit",
-                     "json": "optkit.report.render:to_json"}
-        if fmt not in renderers and fmt != "console":
-            raise UsageError(f"unknown --format {fmt!r}; choose console, md, html, junit or json")
-        common.guard_outputs({"-o": output}, [report])
-        rep = Report.load(report)
-        if fmt == "console":
-            from optkit.report.render import to_console
 
-            to_console(rep, common.console())
-            return
-        mod, fn = renderers[fmt].split(":")
-        text = getattr(importlib.import_module(mod), fn)(rep)
-        if output:
-            write_text(output, text if text.endswith("\n") else text + "\n")
-        else:
-            common.print_json(text)
+@report_app.command("render")
+def render_cmd(
+    report: str = typer.Argument(..., help="A report.json."),
+    fmt: str = typer.Option("console", "--format", help="console, md, html, junit or json."),
+    output: Optional[str] = typer.Option(None, "--output", "-o", help="Write to this file instead of stdout."),
+) -> None:
+    """Render a report as a table, Markdown, self-contained HTML or JUnit XML."""
+    from optkit.report.schema import Report
+
+    renderers = {"md": "optkit.report.render:to_markdown", "markdown": "optkit.report.render:to_markdown",
+                 "html": "optkit.report.html:to_html", "junit": "optkit.report.junit:to_junit",
+                 "json": "optkit.report.render:to_json"}
+    if fmt not in renderers and fmt != "console":
+        raise UsageError(f"unknown --format {fmt!r}; choose console, md, html, junit or json")
+    common.guard_outputs({"-o": output}, [report])
+    rep = Report.load(report)
+    if fmt == "console":
+        from optkit.report.render import to_console
+
+        to_console(rep, common.console())
+        return
+    mod, fn = renderers[fmt].split(":")
+    text = getattr(importlib.import_module(mod), fn)(rep)
+    if output:
+        write_text(output, text if text.endswith("\n") else text + "\n")
+    else:
+        common.print_json(text)
 
 
 def _report_file(path: str) -> str:

@@ -1,59 +1,55 @@
 """optkit run RECIPE.yaml [--dry-run] [--no-cache] [--baseline REPORT.json]"""
 from __future__ import annotations
 
-from typing import Optional
-
 import typer
 
-from optkit.cli import common, options
+from optkit.cli import common, flags, options
 from optkit.core.errors import GateFailed, UsageError
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("run")
-    def run_cmd(
-        recipe: str = typer.Argument(..., help="Recipe YAML file (`optkit recipe new` writes a starter)."),
-        dry_run: bool = typer.Option(False, "--dry-run", help="Validate the recipe and print the plan; run nothing."),
-        no_cache: bool = typer.Option(False, "--no-cache", help="Recompute every stage (do not reuse cached ones)."),
-        new: bool = typer.Option(False, "--new", help="Start a new run even if the last one was interrupted."),
-        workspace: str = typer.Option("runs", "--workspace", help="Folder for runs/<recipe>/<run-id>/."),
-        baseline: Optional[str] = typer.Option(None, "--baseline",
-                                               help="Baseline report.json for the baseline gates."),
-        as_json: bool = options.JSON,
-    ) -> None:
-        """Run a recipe: every stage, measured, cached and resumable; reports; exit 1 when a gate fails."""
-        from pathlib import Path
+@flags.groups("baseline", "json")
+def run_cmd(
+    recipe: str = typer.Argument(..., help="Recipe YAML file (`optkit recipe new` writes a starter)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Validate the recipe and print the plan; run nothing."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Recompute every stage (do not reuse cached ones)."),
+    new: bool = typer.Option(False, "--new", help="Start a new run even if the last one was interrupted."),
+    workspace: str = typer.Option("runs", "--workspace", help="Folder for runs/<recipe>/<run-id>/."),
+    *, shared: options.Shared,
+) -> None:
+    """Run a recipe: every stage, measured, cached and resumable; reports; exit 1 when a gate fails."""
+    from pathlib import Path
 
-        from optkit.pipeline.recipe import load_recipe
-        from optkit.pipeline.runner import RunOptions, execute, plan
+    from optkit.pipeline.recipe import load_recipe
+    from optkit.pipeline.runner import RunOptions, execute, plan
 
-        loaded = load_recipe(recipe)
-        if baseline and not Path(baseline).is_file():
-            raise UsageError(f"baseline report {baseline} not found")
-        if dry_run:
-            rows = plan(loaded, baseline=baseline)
-            _print_plan(loaded, rows, as_json)
-            return
-        from optkit.pipeline.workspace import Progress
+    baseline, as_json = shared.baseline, shared.as_json
+    loaded = load_recipe(recipe)
+    if baseline and not Path(baseline).is_file():
+        raise UsageError(f"baseline report {baseline} not found")
+    if dry_run:
+        rows = plan(loaded, baseline=baseline)
+        _print_plan(loaded, rows, as_json)
+        return
+    from optkit.pipeline.workspace import Progress
 
-        common.STATE.after_interrupt = "completed stages are kept; rerun the same command to resume"
+    common.STATE.after_interrupt = "completed stages are kept; rerun the same command to resume"
 
-        opts = RunOptions(workspace=Path(workspace), use_cache=not no_cache, resume=not new, baseline=baseline,
-                          command=f"optkit run {recipe}", progress=Progress(quiet=False))
-        outcome = execute(loaded, opts)
-        common.emit(outcome.report, None, as_json)
-        if not as_json:
-            for pkg in outcome.packages:
-                common.console().print(f"packaged: {pkg.target} {pkg.name} version {pkg.version} at {pkg.path}",
-                                       highlight=False)
-            if outcome.package_note:
-                common.console().print(outcome.package_note, highlight=False)
-        bad = outcome.failed_gates
-        if bad:
-            from optkit.report.table import failed_gate
+    opts = RunOptions(workspace=Path(workspace), use_cache=not no_cache, resume=not new, baseline=baseline,
+                      command=f"optkit run {recipe}", progress=Progress(quiet=False))
+    outcome = execute(loaded, opts)
+    common.emit(outcome.report, None, as_json)
+    if not as_json:
+        for pkg in outcome.packages:
+            common.console().print(f"packaged: {pkg.target} {pkg.name} version {pkg.version} at {pkg.path}",
+                                   highlight=False)
+        if outcome.package_note:
+            common.console().print(outcome.package_note, highlight=False)
+    bad = outcome.failed_gates
+    if bad:
+        from optkit.report.table import failed_gate
 
-            raise GateFailed(f"{len(bad)} of {len(outcome.gate_results)} gates failed: "
-                             + ", ".join(failed_gate(g) for g in bad) + f" (see {outcome.run_dir}/report.md)")
+        raise GateFailed(f"{len(bad)} of {len(outcome.gate_results)} gates failed: "
+                         + ", ".join(failed_gate(g) for g in bad) + f" (see {outcome.run_dir}/report.md)")
 
 
 def _print_plan(loaded, rows, as_json: bool) -> None:
@@ -91,3 +87,7 @@ def _print_plan(loaded, rows, as_json: bool) -> None:
     con.print(f"measure: size, {lat}" + (f", {loaded.recipe.data.eval.metric} on {loaded.recipe.data.eval.path}"
                                          if loaded.recipe.data.eval else ""))
     con.print("gates: " + ("; ".join(gates) if gates else "none"))
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(run_cmd)

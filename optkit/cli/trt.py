@@ -23,25 +23,19 @@ def register(app: typer.Typer) -> None:
 
 @trt_app.command("build")
 @flags.pass_options("tensorrt.build")
+@flags.groups("data", "metric_optional", "provider", "timing", "output", "print_recipe")
 def build_cmd(
     model: str = typer.Argument(..., help="ONNX model (e.g. the QDQ output of `optkit quantize`)."),
-    output: str = typer.Option(..., "-o", "--output", help="Engine file to write (.engine or .plan)."),
+    output: str = options.output_file("Engine file to write (.engine or .plan)."),
     no_timing_cache: bool = typer.Option(False, "--no-timing-cache", help="Build without a timing cache."),
     cuda_graphs: bool = typer.Option(False, "--cuda-graphs", help="Time the engine replayed from a CUDA graph."),
-    provider: str = typer.Option("cpu", "--provider", help="onnxruntime provider for measuring the ONNX input."),
-    warmup: int = typer.Option(10, "--warmup", min=0, help="Untimed runs first."),
-    runs: int = typer.Option(100, "--runs", min=1, help="Timed runs."),
-    data: Optional[str] = options.DATA,
-    metric: Optional[str] = options.METRIC_OPTIONAL,
-    report: Optional[str] = options.OUTPUT_REPORT,
-    as_json: bool = options.JSON,
-    print_recipe: bool = options.PRINT_RECIPE,
     *,
     config: dict,
+    shared: options.Shared,
 ) -> None:
     """Build a TensorRT engine from an ONNX model, check it against the model, and measure both."""
     from optkit.core.registry import build_config
-    from optkit.measure.model import DataSpec, MeasureSettings
+    from optkit.measure.model import DataSpec
     from optkit.passes import get_pass
     from optkit.passes.tensorrt.check import opt_shapes, parse_profiles
 
@@ -51,30 +45,33 @@ def build_cmd(
         config["timing_cache"] = None
     cache = config.get("timing_cache", flags.default("tensorrt.build", "timing_cache"))
     cache_file = None if cache in (None, "", "auto") else cache
-    common.guard_outputs({"-o": output, "--report": report, "--timing-cache": cache_file}, [model, data])
-    if metric and not data:
+    common.guard_outputs({"-o": output, "--report": shared.report, "--timing-cache": cache_file},
+                         [model, shared.data])
+    if shared.metric and not shared.data:
         raise UsageError("metric (--metric) needs data (--data)")
     if "profile" in config:
         config["profile"] = parse_profiles(config["profile"])
     build_config(get_pass("tensorrt.build"), config)  # bad options fail before any work
     if cuda_graphs:
         os.environ["OPTKIT_TRT_CUDA_GRAPHS"] = "1"  # read by the TensorRT session in the measuring process
-    settings = MeasureSettings(provider=provider, warmup=warmup, runs=runs,
-                               shapes=opt_shapes(config.get("profile", {})))
+    settings = shared.settings(shapes=opt_shapes(config.get("profile", {})))
     common.run_single_stage(
         "tensorrt.build", model, output, config, command=f"optkit trt build {model}", settings=settings,
-        eval_data=DataSpec(path=data) if data else None, metric=metric, report_path=report, as_json=as_json,
-        print_recipe=print_recipe,
+        eval_data=DataSpec(path=shared.data) if shared.data else None, metric=shared.metric,
+        report_path=shared.report, as_json=shared.as_json, print_recipe=shared.print_recipe,
     )
 
 
 @trt_app.command("check")
+@flags.pass_options("tensorrt.build", only=("profile",))  # the build's --shape, MIN:OPT:MAX profiles included
+@flags.groups("json")
 def check_cmd(
     model: str = typer.Argument(..., help="ONNX model to check."),
-    shape: Optional[list[str]] = typer.Option(None, "--shape", help=flags.field("tensorrt.build", "profile")["help"]),
     precision: Optional[str] = typer.Option(None, "--precision", help="Check for this build precision (int8 needs Q/DQ)."),
     strict: bool = typer.Option(False, "--strict", help="Treat warnings as blocking too."),
-    as_json: bool = options.JSON,
+    *,
+    config: dict,
+    shared: options.Shared,
 ) -> None:
     """What can be checked without a GPU: unsupported ops, plugin ops, dynamic dims without a profile, Q/DQ
     placements TensorRT rejects; and whether the installed onnxruntime can run ONNX models on TensorRT
@@ -88,9 +85,9 @@ def check_cmd(
         raise UsageError(f"optkit trt check reads ONNX models; {model} is {artifact.format.value}")
     if precision not in (None, "fp32", "fp16", "bf16", "int8"):
         raise UsageError(f"unknown --precision {precision!r}; choose fp32, fp16, bf16 or int8")
-    result = check_model(artifact.path, shapes=parse_profiles(shape), precision=precision)
+    result = check_model(artifact.path, shapes=parse_profiles(config.get("profile")), precision=precision)
     ort_status = ort_tensorrt_status()
-    if as_json:
+    if shared.as_json:
         common.print_json(json.dumps({**result.to_dict(strict), "onnxruntime": ort_status}, indent=2))
     else:
         _render(result, strict)
