@@ -255,7 +255,7 @@ def test_the_server_stopped_mid_study_then_the_study_resumes(pg, tmp_path):
     assert len(finished) == 6, [(t.number, t.state.name) for t in trials]  # nothing counted twice
     _measured_once(finished)
     assert not [t for t in trials if t.state.name == "RUNNING"]
-    assert "already done (resumed)" in " ".join(json.loads(r.stdout)["stages"][0]["notes"])
+    assert "already done (resumed)" in " ".join(json.loads(r.stdout)["stages"][-1]["notes"])
 
 
 def test_a_wrong_password_is_exit_2_and_never_printed(pg, tmp_path):

@@ -172,6 +172,9 @@ def run_tune(model: str, cfg, settings, *, data: Optional[str], output: Path, re
         stage.output.path = model  # the model, unchanged: tune's product is the settings
         stage.notes.append(f"best settings written to {output}")
 
+    from optkit.passes.tune.search import check_onnx
+
+    check_onnx(common.load_artifact(model))  # before the recipe: tune's own line for a model of another format
     if report_path and not print_recipe:
         check_output_path(report_path)
     try:

@@ -34,6 +34,12 @@ from optkit.passes.tune.storage import (
 from optkit.passes.tune.trial import Measurer, TrialRunner, model_inputs
 
 
+def check_onnx(artifact: Artifact) -> None:
+    if artifact.format != Format.ONNX:
+        raise UsageError(f"optkit tune searches onnxruntime settings: {artifact.path} is "
+                         f"{artifact.format.value}; convert it to ONNX first (optkit convert)")
+
+
 class Tuner:
     """One tune: the search, then the confirmation of the best settings. `run()` returns the result dict
     (what the report keeps under measurements.tune and the best-settings JSON holds); after a failure, `kept`
@@ -41,9 +47,7 @@ class Tuner:
 
     def __init__(self, artifact: Artifact, cfg: TuneConfig, *, settings: MeasureSettings, data,
                  default_storage: Path, notes: list[str]):
-        if artifact.format != Format.ONNX:
-            raise UsageError(f"optkit tune searches onnxruntime settings: {artifact.path} is "
-                             f"{artifact.format.value}; convert it to ONNX first (optkit convert)")
+        check_onnx(artifact)
         self.artifact, self.cfg, self.settings, self.data, self.notes = artifact, cfg, settings, data, notes
         self.goal = Goal(cfg)
         self.storage_url = cfg.storage or sqlite_url(default_storage)
