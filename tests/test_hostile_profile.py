@@ -298,5 +298,5 @@ def test_bad_model_still_one_line(work, tmpdir_env):
     bad.write_bytes(b"\x08\x07garbage" * 50)
     p = _run(["profile", bad.name], work, tmpdir_env)
     assert p.returncode == 2
-    assert "cannot load" in one_error_line(Result(p.returncode, p.stdout, p.stderr))
+    assert "is corrupt or truncated" in one_error_line(Result(p.returncode, p.stdout, p.stderr))
     assert _left(tmpdir_env) == [] and _left(work) == ["bad.onnx"]

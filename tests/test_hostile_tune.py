@@ -162,19 +162,19 @@ def test_a_trial_whose_worker_died_before_naming_itself_is_failed_after_the_grac
     import optuna
 
     from optkit.passes import tune
+    from optkit.passes.tune import workers
 
     monkeypatch.chdir(tmp_path)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.create_study(storage=tune.open_storage(storage), study_name="s")
     study.ask()  # and nothing more: no worker, no heartbeat, no setting
-    tuner = object.__new__(tune.Tuner)
-    tuner.stale = []
-    tuner._fail_stale(study)
+    stale: list[int] = []
+    tune.fail_stale(study, stale)
     assert [t.state.name for t in study.get_trials()] == ["RUNNING"]  # it may still be naming itself
-    monkeypatch.setattr(tune, "GRACE_S", 0.0)
+    monkeypatch.setattr(workers, "GRACE_S", 0.0)
     time.sleep(0.05)
-    tuner._fail_stale(study)
-    assert [t.state.name for t in study.get_trials()] == ["FAIL"] and tuner.stale == [0]
+    tune.fail_stale(study, stale)
+    assert [t.state.name for t in study.get_trials()] == ["FAIL"] and stale == [0]
 
 
 @pytest.mark.parametrize("storage", [None, "journal:study.log"])
@@ -206,7 +206,7 @@ def test_a_resume_fails_the_trials_a_killed_worker_left_running(work, storage):
     proc.wait(timeout=30)
     p, _ = _run([*args, "--json"], work)
     assert p.rc == 0, p.err
-    notes = " ".join(json.loads(p.out)["stages"][0]["notes"])
+    notes = " ".join(json.loads(p.out)["stages"][-1]["notes"])
     assert "1 stale trial left running by a stopped worker marked failed (not counted)" in notes, notes
     best = json.loads((work / "best.json").read_text())
     assert best["study"]["trials"] == 5 and best["study"]["stale"] == 1  # 5 measured, the stale one apart
@@ -530,7 +530,7 @@ def test_without_a_budget_a_trial_is_stopped_at_the_stated_limit(work):
     """No --time-budget: a child that never comes back is stopped after the probe, --trial-seconds and the
     margin (here patched from 30 s to 2 s), marked failed with the reason; the search stops after 3 such."""
     before = snapshot(work)
-    prelude = SLOW_CHILD + "import optkit.passes.tune as _tune\n_tune.TRIAL_MARGIN_S = 2.0\n"
+    prelude = SLOW_CHILD + "import optkit.passes.tune.trial as _trial\n_trial.TRIAL_MARGIN_S = 2.0\n"
     p, wall = _finish(_start(["tune", CNN, "--trials", "2", "--trial-seconds", "0.2", "--confirm", "0",
                               "-o", "b.json"], work, prelude))
     assert p.rc == 3, p.err
@@ -554,7 +554,7 @@ def test_per_thread_sessions_that_oversubscribe_the_cores_are_left_out(work):
     assert wall < 55, wall
     best = json.loads((work / "b.json").read_text())
     assert best["study"]["trials"] == 3 and best["failed_trials"] == []
-    stage = json.loads(p.out)["stages"][0]
+    stage = json.loads(p.out)["stages"][-1]
     assert all(t["setting"]["threads"] == 1 for t in stage["measurements"]["tune"]["trials"])
     notes = " ".join(stage["notes"])
     if os.cpu_count() == 2:

@@ -167,3 +167,82 @@ def test_a_command_runs_the_recipe_it_prints(cli, tmp_path, samples):
     assert first["measurements"]["latency"]["p50_ms"] > 0 and last["measurements"]["latency"]["p50_ms"] > 0
     assert "ratio_ci95" in last["measurements"]["latency_change"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.onnx"]
+
+
+# one setting of every dimension: the search has one setting to choose, so every door chooses the same
+ONE_SETTING = ["--space", "threads=1", "--space", "batch=1", "--space", "concurrency=1", "--space",
+               "execution_mode=sequential", "--space", "graph_optimization=all", "--space", "sessions=shared",
+               "--space", "cpu_mem_arena=true", "--space", "mem_pattern=true", "--space", "provider=cpu"]
+
+
+def test_tune_command_recipe_and_run_pass_report_the_same_figures(cli, tmp_path, samples):
+    """`optkit tune`, its --print-recipe through `optkit run`, and `optkit.run_pass('tune.onnx', ...)` run one
+    recipe: the same stages, the same setting chosen (a one-setting space, seed 0), and what the command prints
+    and writes to best.json is the report's measurements.tune, measured once per run."""
+    model = samples / "torch_cnn.onnx"
+    args = ["tune", model, *ONE_SETTING, "--trials", "1", "--trial-seconds", "0.2", "--confirm", "0", "--seed", "0",
+            "-o", tmp_path / "best.json"]
+    printed = cli(*args, "--print-recipe")
+    assert printed.rc == 0, printed.err
+    assert not (tmp_path / "best.json").exists()
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(printed.out)
+    command = cli(*args, "--json", "--report", tmp_path / "report.json")
+    assert command.rc == 0, command.err
+    via_recipe = cli("run", recipe, "--workspace", tmp_path / "runs", "--no-cache", "--json")
+    assert via_recipe.rc == 0, via_recipe.err
+    space = {k.split("=")[0]: [k.split("=")[1]] for k in ONE_SETTING[1::2]}
+    via_pass = _api(f"report = optkit.run_pass('tune.onnx', {str(model)!r}, {str(tmp_path / 'api.onnx')!r}, "
+                    f"space={space!r}, trials=1, trial_seconds=0.2, confirm=0, seed=0)", tmp_path)
+    reports = {"command": json.loads(command.out), "recipe": json.loads(via_recipe.out), "run_pass": via_pass}
+    assert reports["command"]["recipe"] == yaml.safe_load(printed.out)  # the command ran the recipe it prints
+    first = reports["command"]["stages"][-1]["measurements"]["tune"]
+    for door, rep in reports.items():
+        assert [s.get("pass") for s in rep["stages"]] == [None, "tune.onnx"], door
+        tune = rep["stages"][-1]["measurements"]["tune"]
+        assert tune["best"]["setting"] == first["best"]["setting"] and tune["space"] == first["space"], door
+        assert tune["study"]["trials"] == 1 and tune["best"]["figures"]["throughput_per_s"] > 0, door
+    # the command's figures: best.json and the saved report are the printed report's measurements.tune
+    best = json.loads((tmp_path / "best.json").read_text())
+    assert best == {"model": str(model), "model_sha256": reports["command"]["stages"][0]["output"]["sha256"],
+                    **{k: v for k, v in first.items() if k != "trials"}}
+    assert json.loads((tmp_path / "report.json").read_text())["stages"][-1]["measurements"]["tune"] == first
+    # and the human output prints those same figures (the run's own)
+    human = cli(*args, "--report", tmp_path / "human.json")
+    assert human.rc == 0, human.err
+    tune = json.loads((tmp_path / "human.json").read_text())["stages"][-1]["measurements"]["tune"]
+    f = tune["trials"][0]["figures"]
+    assert f"{f['throughput_per_s']:,.0f}" in human.out and f"{f['p50_ms']:.3f}" in human.out, human.out
+    assert f"best: {tune['best']['label']}" in human.out
+
+
+def test_profile_command_recipe_and_run_pass_report_the_same_figures(cli, tmp_path, samples):
+    """`optkit profile`, its --print-recipe through `optkit run`, and `optkit.run_pass('profile.onnx', ...)` run
+    one recipe: the same stages and the same profiled graph (its op types and nodes); the command's JSON and
+    table are the figures of its report's measurements.profile."""
+    model = samples / "torch_cnn.onnx"
+    args = ["profile", model, "--runs", "5", "--threads", "1", "--top", "3"]
+    printed = cli(*args, "--print-recipe")
+    assert printed.rc == 0, printed.err
+    rec = yaml.safe_load(printed.out)
+    assert rec["stages"] == [{"pass": "profile.onnx", "config": {"top": 3, "runs": 5, "threads": 1, "trace": False}}]
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(printed.out)
+    command = cli(*args, "--json")
+    assert command.rc == 0, command.err
+    via_recipe = cli("run", recipe, "--workspace", tmp_path / "runs", "--no-cache", "--json")
+    assert via_recipe.rc == 0, via_recipe.err
+    via_pass = _api(f"report = optkit.run_pass('profile.onnx', {str(model)!r}, {str(tmp_path / 'api.onnx')!r}, "
+                    "runs=5, threads=1, top=3, trace=False)", tmp_path)
+    shown = json.loads(command.out)
+    for door, rep in {"recipe": json.loads(via_recipe.out), "run_pass": via_pass}.items():
+        assert [s.get("pass") for s in rep["stages"]] == [None, "profile.onnx"], door
+        p = rep["stages"][-1]["measurements"]["profile"]
+        assert p["runs"] == shown["runs"] == 5 and p["threads"] == shown["threads"] == 1, door
+        assert p["node_count"] == shown["node_count"], door
+        assert len(p["ops"]) == len(shown["ops"]) == 3, door
+        assert set(p) >= set(shown) - {"model"}, door  # the command shows the stage's figures, nothing else
+    # the command's table prints its report's figures: one run, read once, shown both ways
+    human = cli(*args)
+    assert human.rc == 0, human.err
+    assert "time per op type (top 3)" in human.out and "p50 latency" in human.out

@@ -181,7 +181,7 @@ def test_bad_input_is_one_line_and_writes_nothing(cli, samples, tmp_path, case):
     before = cnn.read_bytes()
     args, expect = {
         "missing": ([tmp_path / "nope.onnx"], "not found"),
-        "corrupt": ([corrupt], "cannot load"),
+        "corrupt": ([corrupt], "is corrupt or truncated"),
         "compare-missing": ([cnn, "--compare", tmp_path / "nope.onnx"], "not found"),
         "compare-corrupt": ([cnn, "--compare", corrupt], "cannot load"),
         "trace-over-input": ([cnn, "--compare", cnn, "--trace", cnn], "input"),

@@ -53,7 +53,7 @@ def test_tune_writes_settings_snippet_recipe_and_pareto(cli, samples, tmp_path):
     assert "latency_p99_ms <= 200" in best["recipe"]["gates"]
     assert any(g.startswith("throughput >= ") for g in best["recipe"]["gates"])
     # the report: the trials with a Pareto front, plotted in the HTML
-    stage = json.loads(rep.read_text())["stages"][0]
+    stage = json.loads(rep.read_text())["stages"][-1]
     trials = stage["measurements"]["tune"]["trials"]
     assert len(trials) == 8 and any(t["pareto"] for t in trials)
     assert stage["measurements"]["concurrency"]["throughput_per_s"] > 0
@@ -72,7 +72,7 @@ def test_an_interrupted_tune_resumes_its_study(cli, samples, tmp_path):
     out.unlink()
     r = cli(*args, "--trials", "5", "--json")
     assert r.rc == 0, r.err
-    notes = " ".join(json.loads(r.out)["stages"][0]["notes"])
+    notes = " ".join(json.loads(r.out)["stages"][-1]["notes"])
     assert "3 trials already done (resumed)" in notes
     assert json.loads(out.read_text())["study"]["trials"] == 5
 
@@ -136,7 +136,7 @@ def test_a_model_that_cannot_batch_leaves_batch_out(cli, realcases, tmp_path):
     r = cli("tune", realcases / "mnist.onnx", *FAST, "--trials", "3", "--space", "threads=1", "-o", out,
             "--json")
     assert r.rc == 0, r.err
-    notes = " ".join(json.loads(r.out)["stages"][0]["notes"])
+    notes = " ".join(json.loads(r.out)["stages"][-1]["notes"])
     assert "batch size left out of the search" in notes and "Input3" in notes
     best = json.loads(out.read_text())
     assert best["best"]["setting"]["batch"] == 1 and best["space"]["batch"] == [1] and "batch" in best["left_out"]
@@ -177,7 +177,7 @@ def test_the_study_identity_includes_the_input_values(cli, realcases, tmp_path):
     assert cli(*args, "--value", "sr=16000").rc == 0
     r = cli(*args, "--value", "sr=8000")
     assert r.rc == 0, r.err
-    assert "resumed" not in " ".join(json.loads(r.out)["stages"][0]["notes"])
+    assert "resumed" not in " ".join(json.loads(r.out)["stages"][-1]["notes"])
 
 
 def test_tune_refuses_a_model_that_is_not_onnx(cli, samples, tmp_path):

@@ -2,7 +2,7 @@
 from the installed binaries, with password authentication, and removes it afterwards).
 
 Each worker is its own `optkit tune` process. Where a test needs workers "on several hosts", each gets a host
-name of its own (optkit.passes.tune._host patched before main), so that a worker killed with SIGKILL is found
+name of its own (optkit.passes.tune.workers._host patched before main), so that a worker killed with SIGKILL is found
 by its heartbeat, as on another machine, not by its process id; the heartbeat is 1 s and its grace 3 s there
 (5 s and 30 s in use) to keep the test short. Everything else is the CLI as users run it.
 """
@@ -36,7 +36,7 @@ def pg(postgres):
 
 
 def _prelude(host: str | None = None, heartbeat: bool = False, machine: str | None = None) -> str:
-    lines = ["import optkit.passes.tune as _t"]
+    lines = ["import optkit.passes.tune.workers as _t"]  # who a worker is, its machine, its heartbeat
     if host:
         lines.append(f"_t._host = lambda: {host + '/boot'!r}")
     if heartbeat:
@@ -247,7 +247,7 @@ def test_the_server_stopped_mid_study_then_the_study_resumes(pg, tmp_path):
     assert len(finished) == 6, [(t.number, t.state.name) for t in trials]  # nothing counted twice
     _measured_once(finished)
     assert not [t for t in trials if t.state.name == "RUNNING"]
-    assert "already done (resumed)" in " ".join(json.loads(r.stdout)["stages"][0]["notes"])
+    assert "already done (resumed)" in " ".join(json.loads(r.stdout)["stages"][-1]["notes"])
 
 
 def test_a_wrong_password_is_exit_2_and_never_printed(pg, tmp_path):

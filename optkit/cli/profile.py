@@ -6,7 +6,8 @@ from typing import Optional
 
 import typer
 
-from optkit.cli import common, flags, options
+from optkit.cli import common, flags, onestage, options
+from optkit.core.atomic import atomic_path
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format
 from optkit.core.shapes import parse_shapes, parse_values
@@ -30,6 +31,7 @@ def register(app: typer.Typer) -> None:
         shape: Optional[list[str]] = options.SHAPE,
         value: Optional[list[str]] = options.VALUE,
         as_json: bool = options.JSON,
+        print_recipe: bool = options.PRINT_RECIPE,
         *,
         config: dict,
     ) -> None:
@@ -37,18 +39,19 @@ def register(app: typer.Typer) -> None:
         from optkit.core.isolate import run_isolated
         from optkit.core.registry import build_config
         from optkit.measure import profile as prof
+        from optkit.measure.model import MeasureSettings
         from optkit.passes import get_pass
 
         common.guard_outputs({"--trace": trace}, [model, data, compare])
+        if print_recipe and (compare or logdir):
+            raise UsageError("--print-recipe: --compare and --logdir have no recipe stage; a recipe profiles one "
+                             "ONNX model (stage profile.onnx)")
+        config["trace"] = bool(trace)  # a stage writes its trace beside its output; the command copies it to --trace
         cfg = build_config(get_pass("profile.onnx"), config)  # the Config's defaults and bounds
         top, runs, threads = cfg.top, cfg.runs, cfg.threads
         artifact = common.load_artifact(model)
         other = common.load_artifact(compare) if compare else None
         kwargs = dict(runs=runs, threads=threads, shapes=parse_shapes(shape), values=parse_values(value))
-        if data:
-            from optkit.measure.datasets import load_dataset
-
-            kwargs["data"] = load_dataset(data)
         if artifact.format in (Format.KERAS, Format.TF_SAVEDMODEL):
             if not logdir:
                 raise UsageError(f"{model} is a {artifact.format.value} model: give --logdir DIR for a TensorBoard "
@@ -56,17 +59,23 @@ def register(app: typer.Typer) -> None:
             if trace or compare:
                 raise UsageError("--trace and --compare are for ONNX models; a Keras / SavedModel profile goes to "
                                  "--logdir (open it with TensorBoard's profile plugin)")
-            return _print_tf(prof.profile_tf(artifact, logdir, **kwargs), as_json)
+            return _print_tf(prof.profile_tf(artifact, logdir, **kwargs, data=_dataset(data)), as_json)
         for flag, art in (("MODEL", artifact), ("--compare", other)):
             if art is not None and art.format != Format.ONNX:
                 raise UsageError(f"{flag} {art.path} is {art.format.value}: optkit profile takes ONNX models (and "
                                  "Keras / SavedModel with --logdir); convert it to ONNX first (optkit convert)")
         if logdir:
             raise UsageError("--logdir is for Keras / SavedModel models; for ONNX write a Chrome trace with --trace")
-        b = run_isolated(prof.profile_onnx, other, **kwargs, what=f"profiling {compare}") if other else None
-        a = run_isolated(prof.profile_onnx, artifact, **kwargs, trace=trace, what=f"profiling {model}")
-        result = {"model": model, **_top(a, top)}
-        if b is not None:
+        if other is None:  # one model: the one-stage recipe (profile.onnx), through the recipe runner
+            result = run_profile_stage(model, cfg, MeasureSettings(shapes=kwargs["shapes"], values=kwargs["values"]),
+                                       data=data, trace=trace, print_recipe=print_recipe)
+            if result is None:  # --print-recipe: printed, nothing ran
+                return
+        else:  # two models side by side: both profiled whole, then compared (no recipe stage does this)
+            kwargs["data"] = _dataset(data)
+            b = run_isolated(prof.profile_onnx, other, **kwargs, what=f"profiling {compare}")
+            a = run_isolated(prof.profile_onnx, artifact, **kwargs, trace=trace, what=f"profiling {model}")
+            result = {"model": model, **_top(a, top)}
             both = prof.compare(a, b)
             result["compare"] = {"model": compare, "profile": _top(b, top), **both, "ops": both["ops"][:top],
                                  "nodes": both["nodes"][:top], "matched": len(both["nodes"])}
@@ -74,6 +83,38 @@ def register(app: typer.Typer) -> None:
             common.print_json(json.dumps(result, indent=2))
         else:
             _print_onnx(result, top)
+
+
+def _dataset(data: Optional[str]):
+    if not data:
+        return None
+    from optkit.measure.datasets import load_dataset
+
+    return load_dataset(data)
+
+
+def run_profile_stage(model: str, cfg, settings, *, data: Optional[str], trace: Optional[str],
+                      print_recipe: bool = False) -> Optional[dict]:
+    """One model's profile as a one-stage recipe (profile.onnx) run by the recipe runner; the figures read from
+    the report's stage (measurements.profile), the Chrome trace copied from beside the stage's output to --trace.
+    None with print_recipe (printed, nothing ran)."""
+    import shutil
+    from pathlib import Path
+
+    def keep(stage) -> None:
+        p = stage.measurements["profile"]
+        if trace and p.get("trace"):
+            with atomic_path(trace) as tmp:
+                shutil.copyfile(Path(stage.output.path).with_name(p["trace"]), tmp)
+        stage.output.path = model  # the model, unchanged: profile's product is its figures
+
+    report = onestage.run_recipe_stage("profile.onnx", model, cfg, settings=settings,
+                                       command=f"optkit profile {model}", output=model, keep=keep,
+                                       data={"eval": data} if data else None, print_recipe=print_recipe)
+    if report is None:
+        return None
+    p = report.stages[-1].measurements["profile"]
+    return {"model": model, **_top(p, cfg.top), "trace": str(trace) if trace and p.get("trace") else None}
 
 
 def _top(p: dict, top: int) -> dict:

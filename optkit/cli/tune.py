@@ -8,7 +8,8 @@ from typing import Optional
 
 import typer
 
-from optkit.cli import common, flags, options
+from optkit.cli import common, flags, onestage, options
+from optkit.core.atomic import check_output_path, write_text
 from optkit.core.errors import UsageError
 from optkit.core.shapes import parse_shapes, parse_values
 
@@ -73,6 +74,7 @@ def register(app: typer.Typer) -> None:
             help="Also write the JSON report to this file. --report with no file and no MODEL: print the results "
                  "of the study that storage (--storage) and study (--study) name, measuring nothing."),
         as_json: bool = options.JSON,
+        print_recipe: bool = options.PRINT_RECIPE,
         *,
         config: dict,
     ) -> None:
@@ -108,7 +110,8 @@ def register(app: typer.Typer) -> None:
             config["time_budget"] = parse_duration(config["time_budget"])
         cfg = build_config(get_pass("tune.onnx"), config, unknown="unknown option")
         settings = MeasureSettings(shapes=parse_shapes(shape), values=parse_values(value), seed=cfg.seed)
-        run_tune(model, cfg, settings, data=data, output=Path(output), report_path=report, as_json=as_json)
+        run_tune(model, cfg, settings, data=data, output=Path(output), report_path=report, as_json=as_json,
+                 print_recipe=print_recipe)
 
 
 def show_study(config: dict, as_json: bool) -> None:
@@ -130,14 +133,14 @@ def show_study(config: dict, as_json: bool) -> None:
 
 
 def _print_study(r: dict) -> None:
-    from optkit.passes.tune import _kind_label, num
+    from optkit.passes.tune import kind_label, num
 
     con = common.console()
     figure = r["objective_figure"]
     con.print(f"study {r['study']} in {r['storage']}: {r['trials']} trials finished ({r['pruned']} pruned, "
               f"{r['duplicates']} reused, {r['failed']} failed, {r['running']} running), "
               f"objective {', '.join(r['objective'])}", markup=False, highlight=False)
-    con.print(f"machine: {_kind_label(r['machine'])}", markup=False, highlight=False)
+    con.print(f"machine: {kind_label(r['machine'])}", markup=False, highlight=False)
     if r["workers"]:
         con.print("trials per worker: " + ", ".join(f"{w}: {n}" for w, n in r["workers"].items()), markup=False,
                   highlight=False)
@@ -156,38 +159,42 @@ def _print_study(r: dict) -> None:
 
 
 def run_tune(model: str, cfg, settings, *, data: Optional[str], output: Path, report_path: Optional[str],
-             as_json: bool) -> None:
+             as_json: bool, print_recipe: bool = False) -> None:
+    """The tune as a one-stage recipe (tune.onnx), through the recipe runner; best.json and the printed figures
+    are read from the report's tune stage (measurements.tune)."""
     import json
 
-    from optkit.core.atomic import write_text
-    from optkit.measure.datasets import load_dataset
-    from optkit.measure.size import measure_size
-    from optkit.passes.tune import Tuner, default_study_path
-    from optkit.report.build import tune_stage
-    from optkit.report.schema import Report
+    def keep(stage) -> None:
+        result = stage.measurements["tune"]
+        best = {"model": model, "model_sha256": stage.input.sha256,
+                **{k: v for k, v in result.items() if k != "trials"}}
+        write_text(output, json.dumps(best, indent=2) + "\n")
+        stage.output.path = model  # the model, unchanged: tune's product is the settings
+        stage.notes.append(f"best settings written to {output}")
 
-    artifact = common.load_artifact(model)
-    notes: list[str] = []
-    tuner = Tuner(artifact, cfg, settings=settings, data=load_dataset(data) if data else None,
-                  default_storage=default_study_path(output), notes=notes)
+    from optkit.passes.tune.search import check_onnx
+
+    check_onnx(common.load_artifact(model))  # before the recipe: tune's own line for a model of another format
+    if report_path and not print_recipe:
+        check_output_path(report_path)
     try:
-        result = tuner.run()
-    except KeyboardInterrupt:
-        if tuner.kept:
-            common.STATE.after_interrupt = f"nothing was written; {tuner.kept}"
+        report = onestage.run_recipe_stage("tune.onnx", model, cfg, settings=settings, command=f"optkit tune {model}",
+                                           output=str(output), keep=keep, data={"eval": data} if data else None,
+                                           print_recipe=print_recipe)
+    except KeyboardInterrupt as e:
+        kept = getattr(e, "kept", None)  # set by the tune.onnx pass: the study it leaves to resume from
+        if kept:
+            common.STATE.after_interrupt = f"nothing was written; {kept}"
         raise
-    best = {"model": artifact.path, "model_sha256": artifact.sha256,
-            **{k: v for k, v in result.items() if k != "trials"}}
-    write_text(output, json.dumps(best, indent=2) + "\n")
-    notes.append(f"best settings written to {output}")
-    report = Report(command=f"optkit tune {model}", stages=[tune_stage(artifact, result, notes,
-                                                                       measure_size(artifact))])
+    if report is None:  # --print-recipe: printed, nothing ran
+        return
     if report_path:
         report.save(report_path)
     if as_json:
         common.print_json(report.to_json())
         return
-    _print(result, notes)
+    stage = report.stages[-1]
+    _print(stage.measurements["tune"], stage.notes)
 
 
 def _print(result: dict, notes: list[str]) -> None:

@@ -1,5 +1,5 @@
 """One serving setting of an ONNX model measured under load: onnxruntime session options, batch size, requests
-in flight and how many sessions serve them. What `optkit tune` searches (passes/tune.py) and its benchmark
+in flight and how many sessions serve them. What `optkit tune` searches (passes/tune/) and its benchmark
 grids over.
 
 Each setting is measured in a child process of its own (memory is then the setting's: RSS above the child's

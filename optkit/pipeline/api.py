@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from optkit.onnx.io import copy_model
 from optkit.passes.quantize.candidates import rejected_path
 from optkit.pipeline.recipe import from_dict, load_recipe, one_stage_recipe
 from optkit.pipeline.runner import RunOptions, execute
-from optkit.report.schema import Report
+from optkit.report.schema import Report, Stage
 
 
 def _path(name: str, value: Any, *, optional: bool = False) -> Path | None:
@@ -96,16 +97,22 @@ def run_pass(pass_name: str, model: str | Path, output: str | Path, *, weights: 
     return run_one_stage(rec, output, command=f"optkit.run_pass({pass_name!r}, {str(model)!r})")
 
 
-def run_one_stage(rec: dict, output: str | Path, *, command: str, input_last: bool = False) -> Report:
+def run_one_stage(rec: dict, output: str | Path, *, command: str, input_last: bool = False,
+                  keep: Callable[[Stage], None] | None = None) -> Report:
     """Run a one-stage recipe in a scratch workspace and copy its result to `output`: what every single-stage
-    command and run_pass do. A result a budget refuses is kept beside `output` (OUT.REJECTED.onnx)."""
+    command and run_pass do. A result a budget refuses is kept beside `output` (OUT.REJECTED.onnx). A stage whose
+    product is not its model (tune's settings, profile's figures and trace) gives `keep` instead: it is called
+    with the stage while the workspace is there, and the model (unchanged) is not copied."""
     with tempfile.TemporaryDirectory(prefix="optkit-stage-") as scratch:
         opts = RunOptions(workspace=Path(scratch), use_cache=False, resume=False, command=command,
                           aside=rejected_path(Path(output)), input_last=input_last)
         report = execute(from_dict(rec), opts).report
         stage = report.stages[-1]
-        publish(Path(stage.output.path), Format(stage.output.format), Path(output))
-        stage.output.path = str(output)
+        if keep is None:
+            publish(Path(stage.output.path), Format(stage.output.format), Path(output))
+            stage.output.path = str(output)
+        else:
+            keep(stage)
         report.run = None  # the scratch workspace is gone
     return report
 

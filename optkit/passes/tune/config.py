@@ -1,0 +1,253 @@
+"""What a tune asks for: its options (`TuneConfig`), its service-level objectives (`Slo`), and `Goal`, the
+objectives, SLOs and memory limit read from one config (the figures a trial is judged by, the gates a recipe
+keeps). `num` and `short` write figures as people read them."""
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from optkit.core.errors import UsageError, ValidationError
+from optkit.core.registry import PassConfig, cli
+
+# objective -> (figure, direction)
+OBJECTIVES = {"throughput": ("throughput_per_s", "maximize"), "latency": ("p50_ms", "minimize"),
+              "cost": ("cpu_s_per_1k", "minimize")}
+SLO_FIGURES = {"p50": "p50_ms", "p90": "p90_ms", "p99": "p99_ms", "throughput": "throughput_per_s"}
+DIMENSIONS = ("provider", "threads", "execution_mode", "inter_op_threads", "graph_optimization", "batch",
+              "concurrency", "sessions", "cpu_mem_arena", "mem_pattern")
+
+
+class Slo:
+    """A service-level objective: `p99<=20ms`, `p50 < 5 ms`, `throughput>=200`."""
+
+    _RE = re.compile(r"^\s*(p50|p90|p99|throughput)\s*(<=|<|>=|>)\s*(\d+(?:\.\d*)?(?:e[-+]?\d+)?|\.\d+)\s*"
+                     r"(ms|s|us|/s)?\s*$", re.I)
+
+    def __init__(self, text: str):
+        m = self._RE.match(text)
+        if not m:
+            raise UsageError(f"cannot read SLO {text!r}; write it as p50|p90|p99<=MILLISECONDS ms or "
+                             "throughput>=SAMPLES/s, e.g. 'p99<=20ms'")
+        what, op, value, unit = m[1].lower(), m[2], float(m[3]), (m[4] or "").lower()
+        if (what == "throughput") != (unit in ("", "/s")) and unit:
+            raise UsageError(f"SLO {text!r}: {what} is in " + ("samples/s" if what == "throughput" else
+                                                                "ms, s or us"))
+        if what == "throughput" and op in ("<", "<=") or what != "throughput" and op in (">", ">="):
+            raise UsageError(f"SLO {text!r} asks for {'less throughput' if what == 'throughput' else 'more latency'}"
+                             "; write p99<=X ms or throughput>=Y")
+        if not math.isfinite(value) or value <= 0:
+            raise UsageError(f"SLO {text!r}: the limit must be a finite positive number")
+        self.text, self.figure = text.strip(), SLO_FIGURES[what]
+        self.limit = value * {"s": 1e3, "us": 1e-3}.get(unit, 1.0)
+        self.upper = what != "throughput"
+
+    def violation(self, figures: dict) -> float:
+        """<= 0 when met; else how far off, relative to the limit."""
+        v = figures.get(self.figure)
+        if v is None or not math.isfinite(v):
+            return math.inf
+        return (v - self.limit) / self.limit if self.upper else (self.limit - v) / self.limit
+
+    def hopeless(self, probe: dict) -> bool:
+        """A short probe is off by more than noise explains: p50 already over twice a latency limit (tail
+        percentiles are higher still), or under half the throughput asked for."""
+        v = probe.get(self.figure if not self.upper else "p50_ms")
+        return v is not None and (v > 2 * self.limit if self.upper else v < self.limit / 2)
+
+
+class TuneConfig(PassConfig):
+    objective: list[Literal["throughput", "latency", "cost"]] = Field(
+        default_factory=lambda: ["throughput"], min_length=1,
+        description="throughput (samples/s), latency (p50 of one request) or cost (CPU seconds per 1,000 samples); "
+                    "repeat or comma-separate for a multi-objective search (default: throughput).",
+        json_schema_extra=cli("--objective"))
+    slo: list[str] = Field(default_factory=list, description="A service-level objective every chosen setting "
+                                                             "meets: 'p99<=20ms', 'throughput>=200' (repeatable).",
+                           json_schema_extra=cli("--slo", group="budgets"))
+    max_memory_mb: float | None = Field(default=None, gt=0, allow_inf_nan=False,
+                                        description="Peak memory (RSS) a setting may use, in MiB.",
+                                        json_schema_extra=cli("--max-memory", kind="str", group="budgets",
+                                                              help="Peak memory a setting may use, e.g. 2GB."))
+    trials: int = Field(default=40, ge=1, le=10_000, strict=True, description="Trials in the study.",
+                        json_schema_extra=cli("--trials", group="budgets"))
+    time_budget: float | None = Field(default=None, gt=0, allow_inf_nan=False,
+                                      description="Stop searching after this many seconds.",
+                                      json_schema_extra=cli("--time-budget", kind="str", group="budgets",
+                                                            help="Stop searching after this long, e.g. 10m."))
+    # timed, after a short probe
+    trial_seconds: float = Field(default=1.0, gt=0, le=600, allow_inf_nan=False,
+                                 description="Timed seconds per trial (default 1). A trial's child is stopped after "
+                                             "its 0.25 s probe, these seconds and max(30 s, 10x these) for set-up "
+                                             "(a failed trial, with the reason).",
+                                 json_schema_extra=cli("--trial-seconds", group="measurement"))
+    # a dimension's choices (replaces the default)
+    space: dict[str, list[Any]] = Field(default_factory=dict,
+                                        description="A dimension's choices, replacing the default ones "
+                                                    "(default: every dimension searched).",
+                                        json_schema_extra=cli("--space", kind="list", help=(
+                                            "A dimension's choices, e.g. batch=1,8,32 or threads=1,2 "
+                                            "(repeatable; default: every dimension searched).")))
+    storage: str | None = Field(default=None, description="Optuna storage shared by workers: sqlite:///f.db, "
+                                                          "postgresql://..., mysql://... or journal:FILE (default: "
+                                                          "OUT.optkit-study.db beside -o, so a stopped tune "
+                                                          "resumes).",
+                                json_schema_extra=cli("--storage"))
+    study: str | None = Field(default=None, description="Study name (with --storage: the same name on every "
+                                                        "worker).", json_schema_extra=cli("--study"))
+    storage_wait: float = Field(default=20.0, gt=0, le=3600, allow_inf_nan=False,
+                                description="Seconds a database server may take to accept the first connection "
+                                            "(refused, timed out, starting up): tried again every 0.5-4 s, each try "
+                                            "bounded by 5 s; then exit 2 (default 20).",
+                                json_schema_extra=cli("--storage-wait"))
+    seed: int = Field(default=0, ge=0, strict=True, description="Sampler seed.", json_schema_extra=cli("--seed"))
+    # best settings measured again in ROUNDS interleaved rounds: ties, and the best's interval (1: the best
+    # only, for its interval; 0: none)
+    confirm: int = Field(default=3, ge=0, le=20, strict=True,
+                         description="Best settings measured again in 3 interleaved rounds to tell a win from noise "
+                                     "(default 3; 1: the best only, for its 95% interval; 0: none).",
+                         json_schema_extra=cli("--confirm", group="measurement"))
+
+    @field_validator("objective")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("an objective is named twice")
+        return v
+
+    @field_validator("slo")
+    @classmethod
+    def _slo(cls, v: list[str]) -> list[str]:
+        for text in v:
+            try:
+                Slo(text)
+            except UsageError as e:  # a ValueError keeps the key's path for the recipe's error line
+                raise ValueError(e.message) from None
+        return v
+
+    @field_validator("space")
+    @classmethod
+    def _space(cls, v: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        for name, choices in v.items():
+            try:
+                if name not in DIMENSIONS:
+                    import difflib
+
+                    close = difflib.get_close_matches(name, DIMENSIONS, n=1)
+                    raise UsageError(f"unknown tune dimension {name!r}; " + (
+                        f"did you mean {close[0]!r}?" if close else f"known: {', '.join(DIMENSIONS)}"))
+                if not choices:
+                    raise UsageError(f"tune dimension {name!r} has no choices")
+                for c in choices:
+                    choice(name, c)
+            except UsageError as e:
+                raise ValueError(e.message) from None
+        return v
+
+
+def choice(name: str, value: Any) -> Any:
+    """A choice from the command line or a recipe, checked against what the dimension takes."""
+    ints = ("threads", "inter_op_threads", "batch", "concurrency")
+    words = {"provider": ("cpu", "cuda", "tensorrt"), "execution_mode": ("sequential", "parallel"),
+             "graph_optimization": ("disable", "basic", "extended", "all"), "sessions": ("shared", "per-thread")}
+    text = str(value).strip().lower()
+    if name in ints:
+        most = {"batch": 65536, "concurrency": 256}.get(name, 256)
+        if not text.isdigit() or not 1 <= int(text) <= most:
+            raise UsageError(f"tune dimension {name}: {value!r} is not a count from 1 to {most}")
+        return int(text)
+    if name in words:
+        if text not in words[name]:
+            raise UsageError(f"tune dimension {name}: {value!r} is not one of {', '.join(words[name])}")
+        return text
+    if text in ("true", "1", "on", "yes"):
+        return True
+    if text in ("false", "0", "off", "no"):
+        return False
+    raise UsageError(f"tune dimension {name}: {value!r} is not true or false")
+
+
+class Goal:
+    """The objectives (their figures and directions), the SLOs and the memory limit of one tune: how a trial's
+    figures are judged, ranked and turned into a recipe's gates."""
+
+    def __init__(self, cfg: TuneConfig):
+        self.cfg = cfg
+        self.slos = [Slo(s) for s in cfg.slo]
+        self.figures = [OBJECTIVES[o][0] for o in cfg.objective]
+        self.directions = [OBJECTIVES[o][1] for o in cfg.objective]
+
+    @property
+    def figure(self) -> str:
+        """The first objective's figure: what ranks settings and what the confirmation measures again."""
+        return self.figures[0]
+
+    @property
+    def maximize(self) -> bool:
+        return self.directions[0] == "maximize"
+
+    def values(self, figures: dict) -> list:
+        return [figures.get(f) for f in self.figures]
+
+    def violations(self, figures: dict) -> list[float]:
+        """One per SLO (and the memory limit): <= 0 when met, else how far off (relative, capped at 1e9)."""
+        out = [s.violation(figures) for s in self.slos]
+        if self.cfg.max_memory_mb is not None:
+            m = figures.get("memory_mb")
+            out.append(math.inf if m is None else (m - self.cfg.max_memory_mb) / self.cfg.max_memory_mb)
+        return [min(v, 1e9) for v in out]
+
+    def hopeless(self, probe: dict) -> str | None:
+        for s in self.slos:
+            if s.hopeless(probe):
+                return f"clearly misses {s.text} (probe: {short(probe)})"
+        return None
+
+    def key(self, row: dict) -> float:
+        """A trial row's sort key: the best first."""
+        v = row["figures"][self.figure]
+        return -v if self.maximize else v
+
+    def gates(self, figures: dict) -> list[str]:
+        """Gates a recipe can keep: the SLOs, the memory limit, and throughput not more than 10% under the
+        tuned figure."""
+        gates = []
+        for s in self.slos:
+            metric = {"p50_ms": "latency_p50_ms", "p90_ms": "latency_p90_ms", "p99_ms": "latency_p99_ms",
+                      "throughput_per_s": "throughput"}[s.figure]
+            gates.append(f"{metric} {'<=' if s.upper else '>='} {s.limit:g}")
+        if self.cfg.max_memory_mb is not None:
+            gates.append(f"memory_mb <= {self.cfg.max_memory_mb:g}")
+        if "throughput" in self.cfg.objective and figures.get("throughput_per_s"):
+            gates.append(f"throughput >= {num(0.9 * figures['throughput_per_s'])}")
+        return gates
+
+    def missed(self, rows: list[dict]) -> ValidationError:
+        """No setting met the SLOs and the memory limit: the error, naming the closest."""
+        measured = [r for r in rows if "duplicate_of" not in r]
+        closest = min(measured, key=lambda r: sum(max(0.0, v) for v in self.violations(r["figures"])))
+        asked = ", ".join(self.cfg.slo + ([f"memory <= {self.cfg.max_memory_mb:g} MiB"]
+                                          if self.cfg.max_memory_mb is not None else []))
+        return ValidationError(f"no setting met {asked} in {len(measured)} trials; the closest: "
+                               f"{closest['label']} ({short(closest['figures'])})",
+                               details={"trials": rows})
+
+
+def num(v: float) -> str:
+    """A figure as people read it: 108,213 or 0.0351."""
+    return f"{v:,.0f}".replace(",", "") if abs(v) >= 1000 else f"{v:.4g}"
+
+
+def short(f: dict) -> str:
+    """A trial's figures in one phrase: throughput, p50 and p99, memory."""
+    parts = []
+    if f.get("throughput_per_s") is not None:
+        parts.append(f"{f['throughput_per_s']:,.1f} samples/s")
+    for k in ("p50_ms", "p99_ms"):
+        if f.get(k) is not None:
+            parts.append(f"{k[:3]} {f[k]:.3g} ms")
+    if f.get("memory_mb") is not None:
+        parts.append(f"memory {f['memory_mb']:.0f} MiB")
+    return ", ".join(parts)
