@@ -158,5 +158,5 @@ def typer_option(key: str) -> Any:
     return option(OPTIONS[key].default, OPTIONS[key].flags, help=OPTIONS[key].help, min=OPTIONS[key].min)
 
 
-# For the commands that still name their shared options one by one (package, tune, profile): move them to groups.
-DATA, SHAPE, VALUE, JSON = (typer_option(k) for k in ("data", "shape", "value", "json"))
+# --json on the package commands, which take no other shared option
+JSON = typer_option("json")

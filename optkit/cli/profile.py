@@ -16,74 +16,74 @@ NAME_WIDTH = 34  # node names are cut to this, so every table fits 80 columns
 NUMERIC = ("nodes", "ms", "share", "a ms", "b ms", "delta", "delta ms")
 
 
+@flags.pass_options("profile.onnx")
+@flags.groups("data", "shape", "value", "json", "print_recipe")
+def profile_cmd(
+    model: str = typer.Argument(..., help="ONNX model (or Keras / SavedModel with --logdir)."),
+    compare: Optional[str] = typer.Option(None, "--compare",
+                                          help="A second ONNX model (e.g. its INT8 copy), side by side."),
+    trace: Optional[str] = typer.Option(None, "--trace", help="Write the Chrome trace (Perfetto, chrome://tracing): "
+                                        "at most 100 MB, whole profiled calls, the first that fit."),
+    logdir: Optional[str] = typer.Option(None, "--logdir",
+                                         help="Keras / SavedModel: write a TensorBoard profile log (tf.profiler)."),
+    *,
+    config: dict,
+    shared: options.Shared,
+) -> None:
+    """Where the time goes: per op type and per node (onnxruntime's profiler), against the p50 latency."""
+    from optkit.core.isolate import run_isolated
+    from optkit.core.registry import build_config
+    from optkit.measure import profile as prof
+    from optkit.measure.model import MeasureSettings
+    from optkit.passes import get_pass
+    data, shape, value, as_json, print_recipe = shared.data, shared.shape, shared.value, shared.as_json, \
+        shared.print_recipe
+
+    common.guard_outputs({"--trace": trace}, [model, data, compare])
+    if print_recipe and (compare or logdir):
+        raise UsageError("--print-recipe: --compare and --logdir have no recipe stage; a recipe profiles one "
+                         "ONNX model (stage profile.onnx)")
+    config["trace"] = bool(trace)  # a stage writes its trace beside its output; the command copies it to --trace
+    cfg = build_config(get_pass("profile.onnx"), config)  # the Config's defaults and bounds
+    top, runs, threads = cfg.top, cfg.runs, cfg.threads
+    artifact = common.load_artifact(model)
+    other = common.load_artifact(compare) if compare else None
+    kwargs = dict(runs=runs, threads=threads, shapes=parse_shapes(shape), values=parse_values(value))
+    if artifact.format in (Format.KERAS, Format.TF_SAVEDMODEL):
+        if not logdir:
+            raise UsageError(f"{model} is a {artifact.format.value} model: give --logdir DIR for a TensorBoard "
+                             "profile, or convert it to ONNX first (optkit convert) for per-op tables")
+        if trace or compare:
+            raise UsageError("--trace and --compare are for ONNX models; a Keras / SavedModel profile goes to "
+                             "--logdir (open it with TensorBoard's profile plugin)")
+        return _print_tf(prof.profile_tf(artifact, logdir, **kwargs, data=_dataset(data)), as_json)
+    for flag, art in (("MODEL", artifact), ("--compare", other)):
+        if art is not None and art.format != Format.ONNX:
+            raise UsageError(f"{flag} {art.path} is {art.format.value}: optkit profile takes ONNX models (and "
+                             "Keras / SavedModel with --logdir); convert it to ONNX first (optkit convert)")
+    if logdir:
+        raise UsageError("--logdir is for Keras / SavedModel models; for ONNX write a Chrome trace with --trace")
+    if other is None:  # one model: the one-stage recipe (profile.onnx), through the recipe runner
+        result = run_profile_stage(model, cfg, MeasureSettings(shapes=kwargs["shapes"], values=kwargs["values"]),
+                                   data=data, trace=trace, print_recipe=print_recipe)
+        if result is None:  # --print-recipe: printed, nothing ran
+            return
+    else:  # two models side by side: both profiled whole, then compared (no recipe stage does this)
+        kwargs["data"] = _dataset(data)
+        b = run_isolated(prof.profile_onnx, other, **kwargs, what=f"profiling {compare}")
+        a = run_isolated(prof.profile_onnx, artifact, **kwargs, trace=trace, what=f"profiling {model}")
+        result = {"model": model, **_top(a, top)}
+        both = prof.compare(a, b)
+        result["compare"] = {"model": compare, "profile": _top(b, top), **both, "ops": both["ops"][:top],
+                             "nodes": both["nodes"][:top], "matched": len(both["nodes"])}
+    if as_json:
+        common.print_json(json.dumps(result, indent=2))
+    else:
+        _print_onnx(result, top)
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("profile")
-    @flags.pass_options("profile.onnx")
-    def profile_cmd(
-        model: str = typer.Argument(..., help="ONNX model (or Keras / SavedModel with --logdir)."),
-        data: Optional[str] = options.DATA,
-        compare: Optional[str] = typer.Option(None, "--compare",
-                                              help="A second ONNX model (e.g. its INT8 copy), side by side."),
-        trace: Optional[str] = typer.Option(None, "--trace", help="Write the Chrome trace (Perfetto, chrome://tracing): "
-                                            "at most 100 MB, whole profiled calls, the first that fit."),
-        logdir: Optional[str] = typer.Option(None, "--logdir",
-                                             help="Keras / SavedModel: write a TensorBoard profile log (tf.profiler)."),
-        shape: Optional[list[str]] = options.SHAPE,
-        value: Optional[list[str]] = options.VALUE,
-        as_json: bool = options.JSON,
-        print_recipe: bool = options.PRINT_RECIPE,
-        *,
-        config: dict,
-    ) -> None:
-        """Where the time goes: per op type and per node (onnxruntime's profiler), against the p50 latency."""
-        from optkit.core.isolate import run_isolated
-        from optkit.core.registry import build_config
-        from optkit.measure import profile as prof
-        from optkit.measure.model import MeasureSettings
-        from optkit.passes import get_pass
-
-        common.guard_outputs({"--trace": trace}, [model, data, compare])
-        if print_recipe and (compare or logdir):
-            raise UsageError("--print-recipe: --compare and --logdir have no recipe stage; a recipe profiles one "
-                             "ONNX model (stage profile.onnx)")
-        config["trace"] = bool(trace)  # a stage writes its trace beside its output; the command copies it to --trace
-        cfg = build_config(get_pass("profile.onnx"), config)  # the Config's defaults and bounds
-        top, runs, threads = cfg.top, cfg.runs, cfg.threads
-        artifact = common.load_artifact(model)
-        other = common.load_artifact(compare) if compare else None
-        kwargs = dict(runs=runs, threads=threads, shapes=parse_shapes(shape), values=parse_values(value))
-        if artifact.format in (Format.KERAS, Format.TF_SAVEDMODEL):
-            if not logdir:
-                raise UsageError(f"{model} is a {artifact.format.value} model: give --logdir DIR for a TensorBoard "
-                                 "profile, or convert it to ONNX first (optkit convert) for per-op tables")
-            if trace or compare:
-                raise UsageError("--trace and --compare are for ONNX models; a Keras / SavedModel profile goes to "
-                                 "--logdir (open it with TensorBoard's profile plugin)")
-            return _print_tf(prof.profile_tf(artifact, logdir, **kwargs, data=_dataset(data)), as_json)
-        for flag, art in (("MODEL", artifact), ("--compare", other)):
-            if art is not None and art.format != Format.ONNX:
-                raise UsageError(f"{flag} {art.path} is {art.format.value}: optkit profile takes ONNX models (and "
-                                 "Keras / SavedModel with --logdir); convert it to ONNX first (optkit convert)")
-        if logdir:
-            raise UsageError("--logdir is for Keras / SavedModel models; for ONNX write a Chrome trace with --trace")
-        if other is None:  # one model: the one-stage recipe (profile.onnx), through the recipe runner
-            result = run_profile_stage(model, cfg, MeasureSettings(shapes=kwargs["shapes"], values=kwargs["values"]),
-                                       data=data, trace=trace, print_recipe=print_recipe)
-            if result is None:  # --print-recipe: printed, nothing ran
-                return
-        else:  # two models side by side: both profiled whole, then compared (no recipe stage does this)
-            kwargs["data"] = _dataset(data)
-            b = run_isolated(prof.profile_onnx, other, **kwargs, what=f"profiling {compare}")
-            a = run_isolated(prof.profile_onnx, artifact, **kwargs, trace=trace, what=f"profiling {model}")
-            result = {"model": model, **_top(a, top)}
-            both = prof.compare(a, b)
-            result["compare"] = {"model": compare, "profile": _top(b, top), **both, "ops": both["ops"][:top],
-                                 "nodes": both["nodes"][:top], "matched": len(both["nodes"])}
-        if as_json:
-            common.print_json(json.dumps(result, indent=2))
-        else:
-            _print_onnx(result, top)
-
+    app.command("profile")(profile_cmd)
 
 def _dataset(data: Optional[str]):
     if not data:

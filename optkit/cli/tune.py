@@ -59,60 +59,60 @@ def _check_storage(storage: Optional[str], output: Path, others: list) -> None:
     check_storage_file(storage or sqlite_url(path))
 
 
+@flags.pass_options("tune.onnx")
+@flags.groups("data", "shape", "value", "json", "print_recipe")
+def tune_cmd(
+    model: Optional[str] = typer.Argument(None, help="ONNX model (none with --report alone: read a study)."),
+    output: Optional[str] = typer.Option(None, "-o", "--output",
+                                         help="Best settings JSON (default: MODEL_NAME.tune.json here)."),
+    report: Optional[str] = typer.Option(
+        None, "--report",  # given with no value, main.optional_values makes it "-"
+        help="Also write the JSON report to this file. --report with no file and no MODEL: print the results "
+             "of the study that storage (--storage) and study (--study) name, measuring nothing."),
+    *,
+    config: dict,
+    shared: options.Shared,
+) -> None:
+    """Find the serving settings (threads, batch, requests in flight, sessions, onnxruntime options) that
+    best meet an objective, by Bayesian search (Optuna TPE); writes the best settings, an onnxruntime
+    SessionOptions snippet and the recipe lines that serve and gate the model that way."""
+    from optkit.core.registry import build_config, require_extra
+    from optkit.measure.model import MeasureSettings
+    from optkit.passes import get_pass
+    from optkit.passes.tune import Slo
+    data, shape, value, as_json, print_recipe = shared.data, shared.shape, shared.value, shared.as_json, \
+        shared.print_recipe
+
+    require_extra("tune", "optkit tune")
+    if model is None or report == "-":
+        if model is not None:
+            raise UsageError("--report needs a FILE when tuning a MODEL (--report with no file and no MODEL "
+                             "reads a study)")
+        if report != "-":
+            raise UsageError("optkit tune needs a MODEL to tune, or --report with no file and no MODEL to read "
+                             "a study (with storage (--storage) and study (--study))")
+        return show_study(config, as_json)
+    for text in config.get("slo", []):
+        Slo(text)  # its own line ("SLO 'p99<=x': ..."), before the config's
+    output = output or f"{Path(model).stem}.tune.json"
+    common.guard_outputs({"-o": output, "--report": report}, [model, data])
+    _check_storage(config.get("storage"), Path(output), [output, report, model, data])
+    if "objective" in config:
+        config["objective"] = [o.strip() for item in config["objective"] for o in item.split(",") if o.strip()]
+    if "space" in config:
+        config["space"] = parse_space(config["space"])
+    if "max_memory_mb" in config:
+        config["max_memory_mb"] = parse_memory(config["max_memory_mb"])
+    if "time_budget" in config:
+        config["time_budget"] = parse_duration(config["time_budget"])
+    cfg = build_config(get_pass("tune.onnx"), config, unknown="unknown option")
+    settings = MeasureSettings(shapes=parse_shapes(shape), values=parse_values(value), seed=cfg.seed)
+    run_tune(model, cfg, settings, data=data, output=Path(output), report_path=report, as_json=as_json,
+             print_recipe=print_recipe)
+
+
 def register(app: typer.Typer) -> None:
-    @app.command("tune")
-    @flags.pass_options("tune.onnx")
-    def tune_cmd(
-        model: Optional[str] = typer.Argument(None, help="ONNX model (none with --report alone: read a study)."),
-        data: Optional[str] = options.DATA,
-        output: Optional[str] = typer.Option(None, "-o", "--output",
-                                             help="Best settings JSON (default: MODEL_NAME.tune.json here)."),
-        shape: Optional[list[str]] = options.SHAPE,
-        value: Optional[list[str]] = options.VALUE,
-        report: Optional[str] = typer.Option(
-            None, "--report",  # given with no value, main.optional_values makes it "-"
-            help="Also write the JSON report to this file. --report with no file and no MODEL: print the results "
-                 "of the study that storage (--storage) and study (--study) name, measuring nothing."),
-        as_json: bool = options.JSON,
-        print_recipe: bool = options.PRINT_RECIPE,
-        *,
-        config: dict,
-    ) -> None:
-        """Find the serving settings (threads, batch, requests in flight, sessions, onnxruntime options) that
-        best meet an objective, by Bayesian search (Optuna TPE); writes the best settings, an onnxruntime
-        SessionOptions snippet and the recipe lines that serve and gate the model that way."""
-        from optkit.core.registry import build_config, require_extra
-        from optkit.measure.model import MeasureSettings
-        from optkit.passes import get_pass
-        from optkit.passes.tune import Slo
-
-        require_extra("tune", "optkit tune")
-        if model is None or report == "-":
-            if model is not None:
-                raise UsageError("--report needs a FILE when tuning a MODEL (--report with no file and no MODEL "
-                                 "reads a study)")
-            if report != "-":
-                raise UsageError("optkit tune needs a MODEL to tune, or --report with no file and no MODEL to read "
-                                 "a study (with storage (--storage) and study (--study))")
-            return show_study(config, as_json)
-        for text in config.get("slo", []):
-            Slo(text)  # its own line ("SLO 'p99<=x': ..."), before the config's
-        output = output or f"{Path(model).stem}.tune.json"
-        common.guard_outputs({"-o": output, "--report": report}, [model, data])
-        _check_storage(config.get("storage"), Path(output), [output, report, model, data])
-        if "objective" in config:
-            config["objective"] = [o.strip() for item in config["objective"] for o in item.split(",") if o.strip()]
-        if "space" in config:
-            config["space"] = parse_space(config["space"])
-        if "max_memory_mb" in config:
-            config["max_memory_mb"] = parse_memory(config["max_memory_mb"])
-        if "time_budget" in config:
-            config["time_budget"] = parse_duration(config["time_budget"])
-        cfg = build_config(get_pass("tune.onnx"), config, unknown="unknown option")
-        settings = MeasureSettings(shapes=parse_shapes(shape), values=parse_values(value), seed=cfg.seed)
-        run_tune(model, cfg, settings, data=data, output=Path(output), report_path=report, as_json=as_json,
-                 print_recipe=print_recipe)
-
+    app.command("tune")(tune_cmd)
 
 def show_study(config: dict, as_json: bool) -> None:
     """`optkit tune --storage URL --study NAME --report`: the study's results as its storage holds them."""
