@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from optkit.core.errors import UsageError
+from optkit.core.text import redact_config
 from optkit.package import repo
 from optkit.package.build import package
 from optkit.package.target import get_target
@@ -19,7 +20,10 @@ from optkit.package.tuned import from_result
 
 def check_specs(loaded) -> None:
     """Before any stage runs: each target is known, each repository new or optkit's, each name and tag valid
-    (else exit 2)."""
+    (else exit 2). The recipe as the run records it (report.json's `recipe`) keeps no registry password."""
+    raw = loaded.raw.get("package") if isinstance(loaded.raw, dict) else None
+    if isinstance(raw, (list, dict)):  # the entries were read already (loaded.recipe.package): only the record
+        loaded.raw["package"] = redact_config(raw)
     for i, spec in enumerate(loaded.recipe.package):
         try:
             target = get_target(spec.to, "to")
