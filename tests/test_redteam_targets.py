@@ -159,22 +159,58 @@ def test_a_target_writes_only_its_own_files(cli, tmp_path, plugin):
 # ------------------------------------------------------------------ a recipe's registry password
 
 def test_a_recipe_registry_password_is_not_recorded(cli, tmp_path, fresh_home_and_tmp):
+    """An MLflow server URL with a password (a local server that answers 404 to everything: reachable, so the
+    stages run and the report is written; the registration then fails)."""
+    import http.server
+    import threading
+
     pytest.importorskip("mlflow")
-    recipe = tmp_path / "r.yaml"
-    recipe.write_text(textwrap.dedent(f"""\
-        version: 1
-        name: pw
-        model: {{path: {CNN}}}
-        stages:
-          - {{pass: profile.onnx, name: profile, config: {{runs: 3, top: 1}}}}
-        package:
-          - {{to: mlflow, output: repo, name: cnn, registry: "postgresql://u:s3cretPW@127.0.0.1:1/db"}}
-        """))
-    r = cli("run", recipe, "--workspace", tmp_path / "ws", cwd=tmp_path)
-    assert r.rc != 0 and "s3cretPW" not in r.out + r.err
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_error(404)
+
+        do_POST = do_PATCH = do_GET  # noqa: N815
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://u:s3cretPW@127.0.0.1:{server.server_port}"
+        recipe = tmp_path / "r.yaml"
+        recipe.write_text(textwrap.dedent(f"""\
+            version: 1
+            name: pw
+            model: {{path: {CNN}}}
+            stages:
+              - {{pass: profile.onnx, name: profile, config: {{runs: 3, top: 1}}}}
+            package:
+              - {{to: mlflow, output: repo, name: cnn, registry: "{url}"}}
+            """))
+        r = cli("run", recipe, "--workspace", tmp_path / "ws", cwd=tmp_path, timeout=300)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "s3cretPW" not in r.out + r.err
     reports = list((tmp_path / "ws").rglob("report.json"))
-    assert reports
-    for p in (tmp_path / "ws").rglob("*"):
-        assert not p.is_file() or b"s3cretPW" not in p.read_bytes(), p
+    assert reports, r.err
+    for p in tmp_path.rglob("*"):
+        assert p == recipe or not p.is_file() or b"s3cretPW" not in p.read_bytes(), p
     recorded = json.loads(reports[0].read_text())["recipe"]["package"][0]["registry"]
-    assert recorded == "postgresql://u:***@127.0.0.1:1/db"
+    assert recorded == url.replace("s3cretPW", "***")
+
+
+def test_a_package_entry_is_checked_whole_before_any_stage_runs(tmp_path, fresh_home_and_tmp):
+    import optkit
+
+    out = tmp_path / "o.onnx"
+    for entry, says in (({"to": "triton", "output": str(tmp_path / "r"), "registry": "sqlite:///x.db"},
+                         "registry (--registry) is for --to mlflow, not triton"),
+                        ({"to": "triton", "output": str(tmp_path / "r"), "tuned": str(tmp_path / "no.json")},
+                         "tuned: " + str(tmp_path / "no.json") + " does not exist")):
+        with pytest.raises(UsageError) as e:
+            optkit.run_pass("profile.onnx", CNN, out, package=entry, runs=2, top=1)
+        assert says in e.value.message, e.value.message
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

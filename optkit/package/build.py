@@ -50,12 +50,7 @@ def package(model: str, config: PackageConfig | dict | None = None, *, tuned: Tu
     elif options:
         raise UsageError(f"package(): give the options in config or as keywords, not both ({', '.join(options)})")
     cfg = config if isinstance(config, PackageConfig) else PackageConfig.of(dict(config))
-    target = get_target(cfg.to)
-    for key in sorted(cfg.model_fields_set - set(target.options)):
-        others = takers(key)
-        if others and getattr(cfg, key) is not None:
-            raise UsageError(f"{key_and_flag(PackageConfig, key)} is for --to {choices(others)}, not {target.name}")
-    target.check(cfg)
+    target = check_options(cfg)
     if not Path(model).exists():
         raise UsageError(f"model {model} does not exist")
     artifact = Artifact.load(model)
@@ -110,6 +105,18 @@ def package(model: str, config: PackageConfig | dict | None = None, *, tuned: Tu
         target.after_commit(job, out / name, number)
     return Result(target=target.name, repo=str(out), name=name, version=number, path=str(out / name / str(number)),
                   served_before=served_before, files=files_before, mapping=job.mapping, notes=job.notes, tag=tag)
+
+
+def check_options(cfg: PackageConfig, flag: str = "--to") -> Target:
+    """The target, once it took these options: another target's option is refused by name, then the target's own
+    check (before anything is read or written; a recipe's package: entries before any stage runs)."""
+    target = get_target(cfg.to, flag)
+    for key in sorted(cfg.model_fields_set - set(target.options)):
+        others = takers(key)
+        if others and getattr(cfg, key) is not None:
+            raise UsageError(f"{key_and_flag(PackageConfig, key)} is for --to {choices(others)}, not {target.name}")
+    target.check(cfg)
+    return target
 
 
 def _name_from(model: str) -> str:

@@ -13,8 +13,7 @@ from pathlib import Path
 from optkit.core.errors import UsageError
 from optkit.core.text import redact_config
 from optkit.package import repo
-from optkit.package.build import package
-from optkit.package.target import get_target
+from optkit.package.build import check_options, package
 from optkit.package.tuned import from_result
 
 
@@ -26,9 +25,13 @@ def check_specs(loaded) -> None:
         loaded.raw["package"] = redact_config(raw)
     for i, spec in enumerate(loaded.recipe.package):
         try:
-            target = get_target(spec.to, "to")
+            target = check_options(spec, "to")
             if spec.report:
                 raise UsageError("report: a recipe packages with its own run's report; leave report out")
+            for key in ("tuned", "data"):  # relative to the recipe: there before the stages run
+                given = getattr(spec, key)
+                if given and not Path(loaded.resolve(given)).exists():
+                    raise UsageError(f"{key}: {given} does not exist")
             out = Path(loaded.resolve(spec.output))
             name = repo.check_name(spec.name or loaded.name)
             repo.check_tag(spec.tag)
