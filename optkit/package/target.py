@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 from optkit.core.errors import UsageError
 from optkit.core.plugins import load_env_plugins
+from optkit.package import lineage
 
 ENTRY_POINTS = "optkit.package_targets"
 # a target's name is written into every index and typed after --to: a word, no path, no space
@@ -45,8 +46,6 @@ class Job:
     state: dict[str, Any] = field(default_factory=dict)   # the target's own, between prepare and write
 
     def lineage(self, number: int, files: dict[str, str]) -> dict[str, Any]:
-        from optkit.package import lineage
-
         return lineage.build_lineage(artifact=self.artifact, target=self.config.to, name=self.name, version=number,
                                      tag=self.tag, tuned=self.tuned, report=self.report,
                                      report_path=self.config.report, files=files, mapping=self.mapping,
