@@ -151,8 +151,8 @@ def test_a_module_imported_by_name_is_an_import():
 LOCAL_IMPORTS_ALLOWED = {
     "optkit/package/build.py", "optkit/package/lineage.py", "optkit/package/manage.py",
     "optkit/package/manifests.py", "optkit/package/registry.py", "optkit/package/repo.py",
-    "optkit/package/schemas.py", "optkit/package/target.py", "optkit/package/targets/mlflow.py",
-    "optkit/package/targets/triton.py", "optkit/package/tuned.py",
+    "optkit/package/schemas.py", "optkit/package/targets/mlflow.py", "optkit/package/targets/triton.py",
+    "optkit/package/tuned.py",
 }
 
 

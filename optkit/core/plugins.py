@@ -27,7 +27,9 @@ def load_env_plugins() -> None:
         _loaded.add(name)
         try:
             importlib.import_module(name)
-        except Exception as e:  # noqa: BLE001 - a plugin's own failure, shown as one line
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # noqa: BLE001 - a plugin's own failure (sys.exit() too), shown as one line
             first = (str(e).splitlines() or [""])[0][:200]
             raise UsageError(f"{ENV}: cannot import {name!r} ({type(e).__name__}: {first}); fix it or take it out "
                              f"of {ENV}") from None

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from optkit.core.artifact import Artifact, external_data_files
 from optkit.core.atomic import normal_mode, remove
-from optkit.core.errors import UsageError
+from optkit.core.errors import OptkitError, PassError, UsageError
 from optkit.core.formats import Format
 from optkit.core.registry import key_and_flag
 from optkit.core.shapes import parse_shapes
@@ -50,12 +50,7 @@ def package(model: str, config: PackageConfig | dict | None = None, *, tuned: Tu
     elif options:
         raise UsageError(f"package(): give the options in config or as keywords, not both ({', '.join(options)})")
     cfg = config if isinstance(config, PackageConfig) else PackageConfig.of(dict(config))
-    target = get_target(cfg.to)
-    for key in sorted(cfg.model_fields_set - set(target.options)):
-        others = takers(key)
-        if others and getattr(cfg, key) is not None:
-            raise UsageError(f"{key_and_flag(PackageConfig, key)} is for --to {choices(others)}, not {target.name}")
-    target.check(cfg)
+    target = check_options(cfg)
     if not Path(model).exists():
         raise UsageError(f"model {model} does not exist")
     artifact = Artifact.load(model)
@@ -112,6 +107,18 @@ def package(model: str, config: PackageConfig | dict | None = None, *, tuned: Tu
                   served_before=served_before, files=files_before, mapping=job.mapping, notes=job.notes, tag=tag)
 
 
+def check_options(cfg: PackageConfig, flag: str = "--to") -> Target:
+    """The target, once it took these options: another target's option is refused by name, then the target's own
+    check (before anything is read or written; a recipe's package: entries before any stage runs)."""
+    target = get_target(cfg.to, flag)
+    for key in sorted(cfg.model_fields_set - set(target.options)):
+        others = takers(key)
+        if others and getattr(cfg, key) is not None:
+            raise UsageError(f"{key_and_flag(PackageConfig, key)} is for --to {choices(others)}, not {target.name}")
+    target.check(cfg)
+    return target
+
+
 def _name_from(model: str) -> str:
     """A legal model name from the file's name: other characters become '_'."""
     stem = Path(model).stem
@@ -132,8 +139,7 @@ def _write(out: Path, number: int, index: dict | None, target: Target, job: Job,
         normal_mode(staged)  # a server may run as another user
         vdir = staged / name / str(number) if dest == out else staged / str(number) if dest == model_dir else staged
         vdir.mkdir(parents=True, exist_ok=True)
-        model_level = target.write_version(job, vdir, number)
-        target.validate(job, vdir)
+        model_level = _target_wrote(target, job, vdir, number)
         report_obj = job.report if job.report is not None else _size_report(job.artifact)
         (vdir / lineage.REPORT_FILE).write_text(report_obj.to_json(), encoding="utf-8")
         if docs:
@@ -159,6 +165,32 @@ def _write(out: Path, number: int, index: dict | None, target: Target, job: Job,
     finally:
         remove(staged)
     return served_before, files
+
+
+def _target_wrote(target: Target, job: Job, vdir: Path, number: int) -> dict[str, str]:
+    """write_version and validate, held to what a target may write: regular files and folders inside vdir (no
+    link, FIFO or device), and model-level files it names in model_files only (never the index, never a path
+    outside the model folder). Any failure of the target's own code is one PassError line (exit 3)."""
+    try:
+        model_level = target.write_version(job, vdir, number)
+        target.validate(job, vdir)
+    except OptkitError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a target's own bug (a plugin's), shown as one line
+        raise PassError(f"package target {target.name!r} failed writing version {number}: {type(e).__name__}: "
+                        f"{(str(e).splitlines() or [''])[0][:200]}") from e
+    if not isinstance(model_level, dict):
+        raise PassError(f"package target {target.name!r}: write_version returned {type(model_level).__name__}, "
+                        "not a dict of its model_files")
+    for f, text in model_level.items():
+        if f not in target.model_files or not isinstance(text, str):
+            raise PassError(f"package target {target.name!r} wrote model-level file {f!r}, which is not one of its "
+                            f"model_files ({', '.join(sorted(target.model_files)) or 'none'}) or not text")
+    for p in sorted(vdir.rglob("*")):
+        if p.is_symlink() or not (p.is_dir() or p.is_file()):
+            raise PassError(f"package target {target.name!r} wrote {p.relative_to(vdir)}, a link or special file; "
+                            "a version holds regular files only (nothing was written)")
+    return model_level
 
 
 def _size_report(artifact):

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from optkit.core.errors import UsageError
+from optkit.core.errors import PassError, UsageError
 from optkit.package import lineage, repo, schemas
 from optkit.package.target import choices, get_target, takers
 
@@ -24,6 +24,10 @@ def serve_version(model_dir: str, version: str | None = None, tag: str | None = 
             raise UsageError(f"--registry is for --to {choices(takers('registry'))} packages, not {target.name}")
         served = target.serve(d, index, number, recorded, registry)
         before, replace, out_registry = served.before, dict(served.replace), served.record
+        for path in replace:  # a target replaces its own model-level files, nothing else
+            if not (isinstance(path, Path) and path.parent == d and path.name in target.model_files):
+                raise PassError(f"package target {target.name!r} asked to replace {path}, which is not one of its "
+                                f"model_files in {d} (nothing was changed)")
         index["served"] = number
         index["history"].append({"time": repo.now(), "served": number, "before": before, "why": "serve-version"})
         replace[d / repo.INDEX] = repo.index_text(index)

@@ -65,8 +65,10 @@ def _scalar(value: Any) -> str:
     if isinstance(value, Ident):
         return str(value)
     if isinstance(value, (int, float)):
-        if value != value or value in (float("inf"), float("-inf")):
-            return {True: "inf", False: "-inf"}.get(value > 0, "nan")
+        if value != value:
+            return "nan"
+        if value in (float("inf"), float("-inf")):
+            return "inf" if value > 0 else "-inf"
         return repr(value)
     if isinstance(value, str):
         return quote(value)
@@ -176,6 +178,8 @@ class _Parser:
             for entry in entries:
                 if not isinstance(entry, dict) or set(entry) - {"key", "value"}:
                     raise self.fail(f"map field {key}: each entry is {{ key: ... value: ... }}", at)
+                if isinstance(entry.get("key", ""), (dict, list)):
+                    raise self.fail(f"map field {key}: a key is a string or a number, not a message or a list", at)
                 table[entry.get("key", "")] = entry.get("value")
         elif key in out:
             if key not in self.repeated and not isinstance(out[key], list):
@@ -197,6 +201,8 @@ class _Parser:
             while self.peek() != "]":
                 if not self.peek():
                     raise self.fail("unterminated list: expected ']' before the end of the text")
+                if self.peek() == "[":
+                    raise self.fail("a list inside a list (text format has none)")
                 items.append(self.value(depth))
                 if self.peek() == ",":
                     self.i += 1
@@ -211,6 +217,12 @@ class _Parser:
             while self.peek() in ("'", '"'):
                 parts.append(self.string())
             return "".join(parts)
+        if c == "-" and self.s[self.i + 1:self.i + 2] in _IDENT_START:  # -inf
+            self.i += 1
+            word = self.ident()
+            if word.lower() not in ("inf", "infinity"):
+                raise self.fail(f"not a number: {'-' + word[:40]!r}", self.i - len(word) - 1)
+            return float("-inf")
         if c and (c in _NUMBER and c not in "abcdefABCDEFxX"):
             return self.number()
         if c and c in _IDENT_START:

@@ -11,20 +11,27 @@ from __future__ import annotations
 from pathlib import Path
 
 from optkit.core.errors import UsageError
+from optkit.core.text import redact_config
 from optkit.package import repo
-from optkit.package.build import package
-from optkit.package.target import get_target
+from optkit.package.build import check_options, package
 from optkit.package.tuned import from_result
 
 
 def check_specs(loaded) -> None:
     """Before any stage runs: each target is known, each repository new or optkit's, each name and tag valid
-    (else exit 2)."""
+    (else exit 2). The recipe as the run records it (report.json's `recipe`) keeps no registry password."""
+    raw = loaded.raw.get("package") if isinstance(loaded.raw, dict) else None
+    if isinstance(raw, (list, dict)):  # the entries were read already (loaded.recipe.package): only the record
+        loaded.raw["package"] = redact_config(raw)
     for i, spec in enumerate(loaded.recipe.package):
         try:
-            target = get_target(spec.to, "to")
+            target = check_options(spec, "to")
             if spec.report:
                 raise UsageError("report: a recipe packages with its own run's report; leave report out")
+            for key in ("tuned", "data"):  # relative to the recipe: there before the stages run
+                given = getattr(spec, key)
+                if given and not Path(loaded.resolve(given)).exists():
+                    raise UsageError(f"{key}: {given} does not exist")
             out = Path(loaded.resolve(spec.output))
             name = repo.check_name(spec.name or loaded.name)
             repo.check_tag(spec.tag)

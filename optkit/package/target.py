@@ -11,6 +11,7 @@ Target interface and never branch on a target's name.
 from __future__ import annotations
 
 import importlib
+import re
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -18,8 +19,11 @@ from typing import Any, ClassVar
 
 from optkit.core.errors import UsageError
 from optkit.core.plugins import load_env_plugins
+from optkit.package import lineage
 
 ENTRY_POINTS = "optkit.package_targets"
+# a target's name is written into every index and typed after --to: a word, no path, no space
+NAME_RE = re.compile(r"[a-z][a-z0-9_-]{0,39}")
 
 
 @dataclass
@@ -42,8 +46,6 @@ class Job:
     state: dict[str, Any] = field(default_factory=dict)   # the target's own, between prepare and write
 
     def lineage(self, number: int, files: dict[str, str]) -> dict[str, Any]:
-        from optkit.package import lineage
-
         return lineage.build_lineage(artifact=self.artifact, target=self.config.to, name=self.name, version=number,
                                      tag=self.tag, tuned=self.tuned, report=self.report,
                                      report_path=self.config.report, files=files, mapping=self.mapping,
@@ -103,8 +105,27 @@ _loaded = False
 
 
 def register_target(name: str, where: str | type[Target]) -> None:
-    """Register a target by name: "module:Class" (imported when first used) or the class itself."""
+    """Register a target by name: "module:Class" (imported when first used) or the class itself. A name that is
+    no plain word, or one another module registered already (a built-in's), is a UsageError: a plugin cannot
+    take over `--to triton` unseen."""
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+        raise UsageError(f"package target name {name!r}: use lowercase letters, digits, '_' and '-' (a letter "
+                         "first, at most 40)")
+    if not (isinstance(where, str) and ":" in where) and not (isinstance(where, type) and issubclass(where, Target)):
+        raise UsageError(f"package target {name!r}: register a Target subclass or 'module:Class', not {where!r}")
+    if name in _TARGETS and not _same(_TARGETS[name], where):
+        raise UsageError(f"package target {name!r} is registered already ({_where(_TARGETS[name])}); a plugin "
+                         "takes a name of its own")
     _TARGETS[name] = where
+
+
+def _where(where: str | type) -> str:
+    return where if isinstance(where, str) else f"{where.__module__}:{where.__qualname__}"
+
+
+def _same(a: str | type, b: str | type) -> bool:
+    """The same registration again (a module imported twice, or its string and its class once imported)."""
+    return a is b or _where(a) == _where(b)
 
 
 def _load() -> None:
@@ -113,7 +134,11 @@ def _load() -> None:
         _loaded = True
         importlib.import_module("optkit.package.targets")
         for ep in entry_points(group=ENTRY_POINTS):
-            obj = ep.load()
+            try:
+                obj = ep.load()
+            except Exception as e:  # noqa: BLE001 - an installed plugin's own failure, shown as one line
+                raise UsageError(f"package target plugin {ep.name!r} ({ep.value}) does not load: {_one_line(e)}; "
+                                 "fix or uninstall it") from None
             if isinstance(obj, type) and issubclass(obj, Target):
                 register_target(obj.name or ep.name, obj)
     load_env_plugins()
@@ -137,13 +162,45 @@ def get_target(name: str, flag: str = "--to") -> Target:
     where = _TARGETS[name]
     if isinstance(where, str):
         module, _, attr = where.partition(":")
-        where = getattr(importlib.import_module(module), attr)
+        try:
+            where = getattr(importlib.import_module(module), attr)
+        except Exception as e:  # noqa: BLE001 - a plugin's module that does not import: one line
+            raise UsageError(f"package target {name!r} ({_TARGETS[name]}) does not load: {_one_line(e)}") from None
         _TARGETS[name] = where
     if not (isinstance(where, type) and issubclass(where, Target)):
         raise UsageError(f"package target {name!r} is not a Target class ({where!r})")
-    return where()
+    if where.name and where.name != name:
+        raise UsageError(f"package target {name!r}: its class says name {where.name!r}; register it by that name")
+    bad = sorted(f for f in where.model_files if not model_file_ok(f))
+    if bad:
+        raise UsageError(f"package target {name!r}: model_files {bad[0]!r} is not a plain file name of its own "
+                         "(no path, no dot first, no number, no optkit- name)")
+    try:
+        target = where()
+    except Exception as e:  # noqa: BLE001
+        raise UsageError(f"package target {name!r} cannot be made: {_one_line(e)}") from None
+    target.name = name  # type: ignore[misc]  # an entry point's class may leave it to the entry's name
+    return target
+
+
+def model_file_ok(f: object) -> bool:
+    """A file a target may keep beside the index: a plain name, not a version's (digits), not a temporary's or a
+    hidden one (a dot first), not optkit's own (optkit-versions.json and the version files)."""
+    return (isinstance(f, str) and 0 < len(f) <= 100 and f.isprintable() and not f.startswith((".", "optkit-"))
+            and not any(c in f for c in "/\\") and not f.isdigit())
+
+
+def _one_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
 
 
 def takers(key: str) -> list[str]:
     """The targets that take a target-specific option."""
-    return [n for n in target_names() if key in get_target(n).options]
+    out = []
+    for n in target_names():
+        try:
+            if key in get_target(n).options:
+                out.append(n)
+        except UsageError:  # a plugin's target that does not load takes nothing (it is refused where named)
+            continue
+    return out

@@ -152,7 +152,9 @@ def _served(dims: list[int]) -> dict[str, Any]:
 
 def served_version(config: dict[str, Any]) -> int | None:
     """The one version a config's version_policy serves (optkit writes `specific` with one version)."""
-    versions = ((config.get("version_policy") or {}).get("specific") or {}).get("versions")
+    policy = config.get("version_policy") if isinstance(config, dict) else None  # a hand edit: any shape
+    specific = policy.get("specific") if isinstance(policy, dict) else None
+    versions = specific.get("versions") if isinstance(specific, dict) else None
     if isinstance(versions, list) and len(versions) == 1 and isinstance(versions[0], int) \
             and not isinstance(versions[0], bool):
         return versions[0]
