@@ -13,13 +13,14 @@ from optkit.core.errors import OptkitError, PassError, UsageError
 from optkit.core.formats import Format
 from optkit.core.registry import key_and_flag
 from optkit.core.shapes import parse_shapes
+from optkit.measure.size import measure_size
 from optkit.package import lineage, repo, schemas
 from optkit.package import manifests as mf
 from optkit.package.config import PackageConfig
 from optkit.package.signature import read_signature
 from optkit.package.target import Job, Target, choices, get_target, takers
 from optkit.package.tuned import Tuned, defaults, load_tuned
-from optkit.report.schema import Report
+from optkit.report.schema import ArtifactRef, Report, Stage
 
 
 @dataclass
@@ -195,9 +196,6 @@ def _target_wrote(target: Target, job: Job, vdir: Path, number: int) -> dict[str
 
 def _size_report(artifact):
     """The package's own one-stage report when no --report was given: the model and its size."""
-    from optkit.measure.size import measure_size
-    from optkit.report.schema import ArtifactRef, Stage
-
     ref = ArtifactRef(path=str(artifact.path), format=artifact.format.value, sha256=artifact.sha256)
     return Report(command="optkit package", stages=[Stage(name="package", output=ref,
                                                           measurements={"size": measure_size(artifact)})])

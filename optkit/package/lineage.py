@@ -7,7 +7,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import optkit
+from optkit.core.artifact import path_sha256
 from optkit.core.errors import UsageError
+from optkit.report.schema import library_versions, machine_info
 
 LINEAGE_FILE = "optkit-package.json"
 REPORT_FILE = "optkit-report.json"
@@ -35,9 +38,6 @@ def chain_from_report(report, model_sha256: str) -> tuple[list[dict], dict[str, 
 
 def build_lineage(*, artifact, target: str, name: str, version: int, tag: str | None, tuned, report,
                   report_path: str | None, files: dict[str, str], mapping: list[dict], notes: list[str]) -> dict:
-    import optkit
-    from optkit.report.schema import library_versions, machine_info
-
     chain, figures, source = [], {}, None
     if report is not None:
         chain, figures, first = chain_from_report(report, artifact.sha256)
@@ -64,7 +64,5 @@ def build_lineage(*, artifact, target: str, name: str, version: int, tag: str | 
 
 
 def file_hashes(folder: Path) -> dict[str, str]:
-    from optkit.core.artifact import path_sha256
-
     return {str(p.relative_to(folder)): path_sha256(p) for p in sorted(folder.rglob("*"))
             if p.is_file() and p.name not in (LINEAGE_FILE,)}

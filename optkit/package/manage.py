@@ -4,7 +4,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from optkit.core.artifact import path_sha256
 from optkit.core.errors import PassError, UsageError
+from optkit.core.text import redact_config
 from optkit.package import lineage, repo, schemas
 from optkit.package.target import choices, get_target, takers
 
@@ -51,8 +53,6 @@ def _version_lineage(d: Path, name: str, number: int) -> dict:
 def _verify_files(vdir: Path, recorded: dict) -> None:
     """Every file the version's lineage records is there with the bytes optkit wrote (a server would load a
     damaged or replaced model.onnx as it stands), else exit 2 naming it."""
-    from optkit.core.artifact import path_sha256
-
     for rel, digest in recorded["files"].items():
         p = vdir / rel
         if Path(rel).is_absolute() or ".." in Path(rel).parts or not rel:
@@ -78,8 +78,6 @@ def is_package(path: str) -> bool:
 def inspect(path: str) -> dict[str, Any]:
     """A repository, a model folder or a version folder: its models, versions, tags, what is served, and each
     version's lineage summary."""
-    from optkit.core.text import redact_config
-
     return redact_config(_inspect(path))  # a hand-edited file's password is not shown either
 
 

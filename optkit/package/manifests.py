@@ -11,7 +11,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from optkit.core.errors import UsageError
+from optkit.core.errors import PassError, UsageError
+from optkit.core.text import redact_url
 
 KINDS = ("kserve", "seldon", "kubedl")
 MARGIN = 0.5
@@ -98,8 +99,6 @@ def build(kinds: list[str], *, target, name: str, version: int, tag: str | None,
 
 def check(kind: str, doc: Any) -> None:
     """The manifest holds every required key (after a YAML round trip); else exit 3 (optkit's bug)."""
-    from optkit.core.errors import PassError
-
     for dotted in REQUIRED[kind]:
         node = doc
         for part in dotted.split("."):
@@ -130,8 +129,6 @@ def check_storage_uri(given: str) -> str:
     credential in it (a cluster takes those from a Secret), no query or fragment (the name would land inside
     them), no space or control character (exit 2 otherwise)."""
     import urllib.parse
-
-    from optkit.core.text import redact_url
 
     bare = re.split(r"[?#]", given, maxsplit=1)[0]
     shown = redact_url(bare) + ("?..." if bare != given else "")  # a query may hold a signature: not shown

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from optkit.core import dburl
 from optkit.core.errors import DependencyError, OptkitError, PassError, UsageError
+from optkit.core.logs import debugging
 from optkit.core.text import redact, redact_url
 
 ALIAS = "served"
@@ -197,8 +198,6 @@ def _mlflow_schema() -> dict[str, set[str] | None]:
 def _quiet() -> None:
     """MLflow's and alembic's INFO lines ("Creating initial MLflow database tables...") and MLflow's retries
     off: a registry that fails, fails at once, in optkit's one line. --debug shows their warnings."""
-    from optkit.core.logs import debugging
-
     level = logging.WARNING if debugging() else logging.ERROR
     for name in ("mlflow", "alembic"):
         logging.getLogger(name).setLevel(level)

@@ -25,7 +25,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from optkit.core.atomic import normal_mode
+from optkit.core import interrupts
+from optkit.core.atomic import normal_mode, remove
 from optkit.core.errors import UsageError
 from optkit.package import schemas
 from optkit.package.target import choices, get_target, target_names
@@ -123,8 +124,6 @@ def is_stale(entry: Path) -> bool:
 
 def sweep(folder: Path, dest_name: str | None = None) -> None:
     """Remove optkit's stale temporaries in `folder` (those for `dest_name` only, when given). Under the lock."""
-    from optkit.core.atomic import remove
-
     for entry in folder.iterdir():
         m = TEMP_RE.fullmatch(entry.name)
         if m and (dest_name is None or m["dest"] == dest_name[:180]) and is_temp(entry) and is_stale(entry):
@@ -359,8 +358,6 @@ def replace_text(path: Path, text: str) -> None:
 
 def commit(staged: Path, dest: Path, replace: dict[Path, str]) -> None:
     """Rename the staged folder onto `dest` (never replacing one), then each small file onto its place."""
-    from optkit.core import interrupts
-
     interrupts.check()
     os.rename(staged, dest)
     for path, text in replace.items():

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from optkit.core.errors import UsageError
 from optkit.core.readback import read_regular
+from optkit.core.text import redact_url
 
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 TAG_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}")
@@ -180,8 +181,6 @@ class Registry(Strict):
 
     @model_validator(mode="after")
     def _no_secret(self):
-        from optkit.core.text import redact_url
-
         if redact_url(self.uri) != self.uri:
             raise ValueError("uri: holds a password or token; optkit stores a registry URI without it")
         return self

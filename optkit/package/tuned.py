@@ -9,7 +9,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from optkit.core.artifact import Artifact
 from optkit.core.errors import UsageError
+from optkit.package import schemas
 
 # What a package gets without --tuned: one CPU instance, onnxruntime's own thread pools and optimisations,
 # batch 1, no dynamic batching.
@@ -45,16 +47,12 @@ def defaults() -> Tuned:
 def load_tuned(path: str | Path, model_sha256: str, model_path: str) -> Tuned:
     """best.json from `optkit tune`, for this model (its sha256), else exit 2; every value the package uses is
     checked (types, bounds, finite numbers, no unknown setting) by its schema."""
-    from optkit.package import schemas
-
     p = Path(path)
     if not p.exists() and not p.is_symlink():
         raise UsageError(f"--tuned {path} does not exist")
     data, _ = schemas.load_tuned(p)
     sha = data.get("model_sha256")
     if sha is None:  # an older best.json names its model by path only: that file must be this model
-        from optkit.core.artifact import Artifact
-
         named = data.get("model")
         try:
             sha = Artifact.load(named).sha256 if named and Path(named).exists() else None
@@ -75,8 +73,6 @@ def load_tuned(path: str | Path, model_sha256: str, model_path: str) -> Tuned:
 def from_result(result: dict[str, Any], where: str) -> Tuned:
     """The tune stage's result (its `measurements.tune`, as a recipe run holds it) as the package's setting:
     checked by best.json's schema (it is the same object tune writes to best.json), without a file between."""
-    from optkit.package import schemas
-
     data = {k: v for k, v in result.items() if k != "trials"}
     schemas.validate(data, schemas.TunedFile, where, "run the recipe's tune stage again")
     best = data["best"]

@@ -7,6 +7,9 @@ import shutil
 from pathlib import Path
 
 from optkit.core.errors import PassError, UsageError
+from optkit.core.registry import require_extra
+from optkit.package import registry as reg
+from optkit.package import repo
 from optkit.package.signature import Signature
 from optkit.package.target import Job, Served, Target
 from optkit.package.tuned import Tuned
@@ -99,9 +102,6 @@ class MLflowTarget(Target):
     manifest_format = "mlflow"
 
     def check(self, config) -> None:
-        from optkit.core.registry import require_extra
-        from optkit.package import registry as reg
-
         require_extra("serve", "optkit package --to mlflow")
         if reg.uri(config.registry):  # before anything is written: a database of someone else's is refused
             reg.check(reg.uri(config.registry))
@@ -123,9 +123,6 @@ class MLflowTarget(Target):
 
     def after_commit(self, job: Job, model_dir: Path, number: int) -> None:
         """Register the new version where a registry is configured (under the lock: the index changes)."""
-        from optkit.package import registry as reg
-        from optkit.package import repo
-
         where = reg.uri(job.config.registry)
         if not where:
             return
@@ -139,8 +136,6 @@ class MLflowTarget(Target):
                          f"{reg.ALIAS} (models:/{job.name}@{reg.ALIAS})")
 
     def serve(self, model_dir: Path, index: dict, number: int, recorded: dict, registry: str | None) -> Served:
-        from optkit.package import registry as reg
-
         out = Served(before=index.get("served"))
         where = reg.uri(registry)
         if where:

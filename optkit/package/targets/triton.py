@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from optkit.core.errors import PassError, UsageError
-from optkit.package import pbtxt, schemas
+from optkit.package import pbtxt, scalars, schemas
 from optkit.package.pbtxt import Ident
 from optkit.package.signature import Signature, signature_of, warmup_dims
 from optkit.package.target import Job, Served, Target
+from optkit.package.targets.triton_check import parse_if_installed
 from optkit.package.tuned import Tuned
 
 BACKEND = "onnxruntime"
@@ -169,8 +170,6 @@ def with_version(config: dict[str, Any], version: int) -> dict[str, Any]:
 def schema_check(text: str) -> dict | None:
     """Parse with Triton's own ModelConfig (tritonclient's model_config_pb2) where tritonclient is installed:
     the inputs/outputs as parsed; None when it is not installed. A parse error is exit 3 (optkit's bug)."""
-    from optkit.package.targets.triton_check import parse_if_installed
-
     try:
         return parse_if_installed(text)
     except Exception as e:
@@ -187,8 +186,6 @@ class TritonTarget(Target):
     manifest_level = "repository"  # KServe's Triton runtime reads a repository root, Seldon's a model folder
 
     def prepare(self, job: Job) -> None:
-        from optkit.package import scalars
-
         sig = job.sig
         if any(scalars.scalars(sig)):
             lifted, lift_notes = scalars.lift(job.model, sig)
@@ -259,8 +256,6 @@ class TritonTarget(Target):
         if served_version(config) != version:
             raise UsageError(f"{path}: key version_policy: does not serve version {version}; package the model "
                              "again")
-        from optkit.package.targets.triton_check import parse_if_installed
-
         try:
             parse_if_installed(text)
         except Exception as e:  # noqa: BLE001 - protobuf's ParseError and friends
