@@ -210,7 +210,9 @@ def test_a_resume_fails_the_trials_a_killed_worker_left_running(work, storage):
     assert "1 stale trial left running by a stopped worker marked failed (not counted)" in notes, notes
     best = json.loads((work / "best.json").read_text())
     assert best["study"]["trials"] == 5 and best["study"]["stale"] == 1  # 5 measured, the stale one apart
-    assert [t["reason"] for t in best["failed_trials"]] == [f"left running by a worker that stopped (pid {proc.pid})"]
+    # the pid is recorded just after the trial starts: a kill in between leaves the reason without it
+    assert [t["reason"] for t in best["failed_trials"]] in (
+        [f"left running by a worker that stopped (pid {proc.pid})"], ["left running by a worker that stopped"])
     if not storage:
         assert "RUNNING" not in _states(work / STUDY)
     p, _ = _run(["tune", CNN, "--trials", "5", "--trial-seconds", "0.6", "--confirm", "0", *SMALL,

@@ -13,6 +13,7 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -104,6 +105,18 @@ def _on_sigterm(signum, frame):
     raise _Stopped()
 
 
+def _unraisable(info) -> None:
+    """SIGTERM that landed in a garbage-collection callback or a __del__, where Python cannot raise: no traceback
+    on stderr; the signal is sent again a moment later from a thread (not from here, where it would land in this
+    hook), so the stop happens in the code that runs next."""
+    if isinstance(info.exc_value, _Stopped):
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        main = threading.main_thread().ident
+        threading.Timer(0.05, signal.pthread_kill, (main, signal.SIGTERM)).start()
+        return
+    sys.__unraisablehook__(info)
+
+
 def _child(send, fn, args, kwargs, folder: str) -> None:
     # the parent decides about interrupts: a terminal's Ctrl-C reaches the whole process group; SIGTERM (the
     # parent stopping it, or a kill of the group) unwinds the call, so its `finally` blocks and temporary
@@ -112,6 +125,7 @@ def _child(send, fn, args, kwargs, folder: str) -> None:
     try:
         signal.signal(signal.SIGTERM, _on_sigterm)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        sys.unraisablehook = _unraisable
         tmp.point_to(folder)
         logs.configure_from_env()
         try:
