@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from optkit.onnx import session as onnx_session
@@ -45,31 +46,66 @@ def test_fidelity_budgets():
     assert default.value == TOLERANCE["static"] and not default.explicit
 
 
-def _timed(index, *, ratio, ci, drop=None, loss=0.001, size=1000) -> Candidate:
+def _timed(index, *, ratio, ci, drop=None, loss=0.001, size=1000, per_sample=None) -> Candidate:
     c = Candidate(index=index, settings=Settings(), path=Path(f"c{index}.onnx"), bytes=size, accuracy_drop=drop,
                   latency_ratio=ratio, latency_ratio_ci95=list(ci), passed=True)
     c.fidelity = {"loss": loss}
+    c.sample_loss = None if per_sample is None else np.asarray(per_sample, dtype=float)
     return c
 
 
-def test_pick_prefers_the_most_accurate_among_latency_ties():
-    """Same latency within the noise (intervals overlap): the most accurate wins, then the smaller file; a
-    clearly faster candidate wins whatever its accuracy (it met the budget)."""
+def _wrong(n_wrong: int, n: int = 200, offset: int = 0) -> np.ndarray:
+    """Per-sample top-1 loss (-1 right, 0 wrong) with n_wrong wrong answers from `offset` on."""
+    loss = -np.ones(n)
+    loss[offset:offset + n_wrong] = 0
+    return loss
+
+
+def test_pick_order_speed_then_size_then_accuracy_beyond_its_noise():
+    """Faster beyond the noise first; then a file smaller by more than 10%; then more accurate beyond the
+    paired noise of the same samples; then smaller. A difference inside its noise never buys a larger file."""
     b = Budget.of(QuantizeConfig(mode="static", metric="top1", max_accuracy_drop=0.01))
-    small_lossy = _timed(0, ratio=0.50, ci=(0.47, 0.53), drop=0.0044, size=1000)  # SqueezeNet: 0.44 pt down
-    exact = _timed(1, ratio=0.51, ci=(0.48, 0.55), drop=0.0, size=1100)
-    exact_smaller = _timed(2, ratio=0.52, ci=(0.49, 0.56), drop=0.0, size=1050)
-    assert b.pick([small_lossy, exact]) is exact
-    assert b.pick([small_lossy, exact, exact_smaller]) is exact_smaller
-    clearly_faster = _timed(3, ratio=0.40, ci=(0.38, 0.42), drop=0.009, size=1200)
-    assert b.pick([small_lossy, exact, clearly_faster]) is clearly_faster
-    # no metric: the fidelity loss decides among ties
-    f = Budget.of(QuantizeConfig(mode="static"))
-    assert f.pick([_timed(0, ratio=0.5, ci=(0.45, 0.55), loss=1e-3, size=10),
-                   _timed(1, ratio=0.5, ci=(0.45, 0.55), loss=1e-4, size=20)]).index == 1
-    # untimed (no latency search): the smallest file
+    tie = {"ratio": 0.50, "ci": (0.47, 0.53)}
+    # the transformer case: the same speed, a cosine gain of 0.0002 for a file 2.5x larger - the small file wins
+    f = Budget.of(QuantizeConfig(mode="dynamic"))
+    rng = np.random.default_rng(0)
+    base = rng.uniform(0.006, 0.010, 39)
+    tables_int8 = _timed(0, **tie, loss=0.00831, size=251, per_sample=base + rng.normal(0, 0.002, 39))
+    tables_float = _timed(1, **tie, loss=0.00807, size=647, per_sample=base + rng.normal(0, 0.002, 39) - 0.0002)
+    assert f.pick([tables_float, tables_int8]) is tables_int8
+    # a clearly faster candidate wins whatever its size and accuracy (it met the budget)
+    clearly_faster = _timed(2, ratio=0.40, ci=(0.38, 0.42), loss=0.009, size=900)
+    assert f.pick([tables_float, tables_int8, clearly_faster]) is clearly_faster
+    # within 10% of the size: more accurate beyond the paired noise wins (8 more wrong of 200, all one way)
+    lossy = _timed(0, **tie, drop=0.0044, size=1000, per_sample=_wrong(10))
+    exact = _timed(1, **tie, drop=0.0, size=1050, per_sample=_wrong(2))
+    assert b.pick([lossy, exact]) is exact
+    # ... but 1 answer of 200 is inside the noise: the smaller file
+    near = _timed(2, **tie, drop=0.0, size=1080, per_sample=_wrong(9))
+    assert b.pick([lossy, near]) is lossy
+    # as many wrong, on different samples: a wash
+    swapped = _timed(3, **tie, drop=0.0, size=1020, per_sample=_wrong(10, offset=100))
+    assert b.pick([swapped, lossy]) is lossy
+    # more than 10% larger: size first, even for a real accuracy gain inside the budget
+    exact_big = _timed(4, **tie, drop=0.0, size=1200, per_sample=_wrong(2))
+    assert b.pick([lossy, exact_big]) is lossy
+    # untimed (no latency search): the same order without the speed step - the smallest file here
     untimed = [Candidate(index=i, settings=Settings(), path=Path("c.onnx"), bytes=n) for i, n in ((0, 30), (1, 20))]
+    for c in untimed:
+        c.fidelity = {"loss": 0.001}
     assert b.pick(untimed).index == 1
+
+
+def test_more_accurate_is_a_paired_test():
+    b = Budget.of(QuantizeConfig(mode="dynamic"))
+    a = _timed(0, ratio=1, ci=(1, 1), per_sample=[0.001] * 50)
+    c = _timed(1, ratio=1, ci=(1, 1), per_sample=[0.002] * 50)
+    assert b.more_accurate(a, c) and not b.more_accurate(c, a)   # every sample better: no noise to doubt it
+    assert not b.more_accurate(a, a)
+    nan = _timed(2, ratio=1, ci=(1, 1), per_sample=[0.001] * 49 + [float("nan")])
+    assert b.more_accurate(a, nan) and not b.more_accurate(nan, a)
+    # no per-sample figures (a metric of the user's own): the figures as they are
+    assert b.more_accurate(_timed(3, ratio=1, ci=(1, 1), loss=1e-4), _timed(4, ratio=1, ci=(1, 1), loss=1e-3))
 
 
 def test_size_and_latency_budgets_are_judged_in_one_place():

@@ -101,6 +101,17 @@ def compute(metric: str, outputs: list[np.ndarray], labels: np.ndarray | None,
     return values
 
 
+def per_sample(metric: str, outputs: list[np.ndarray], labels: np.ndarray | None) -> np.ndarray | None:
+    """A built-in metric of each sample on its own (their mean is the metric), for paired comparisons of two
+    models on the same samples; None for a metric of the user's own, which need not be a mean over samples."""
+    if metric not in BUILTIN or labels is None:
+        return None
+    out = np.asarray(outputs[0])
+    labels = check_labels(metric, out, np.asarray(labels))
+    fn = BUILTIN[metric]
+    return np.array([fn(out[i:i + 1], labels[i:i + 1]) for i in range(len(out))], dtype=np.float64)
+
+
 def check_labels(metric: str, out: np.ndarray, labels: np.ndarray, name: str = "0") -> np.ndarray:
     """The labels a built-in metric can score against `out`; one-hot [N, C] labels become class indices.
     `name` is how messages call the output: "'logits'" or "0"."""

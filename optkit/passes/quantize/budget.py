@@ -16,6 +16,7 @@ from optkit.passes.quantize.config import TOLERANCE, QuantizeConfig
 
 SCREEN_MARGIN = 2.0  # a candidate whose subset loss is over this many budgets is not scored on the full set
 SAME_SPEED = 0.03    # latency ratios this close read "same" even when their intervals do not overlap
+SMALLER = 0.10       # a file smaller by more than this share wins among latency ties (pick)
 
 
 @dataclass(frozen=True)
@@ -76,13 +77,15 @@ class Budget:
         return cand.latency_ratio_ci95[0] > self.max_latency_ratio
 
     def pick(self, pool: list[Candidate]) -> Candidate:
-        """The candidate to keep, of those that meet every budget: the fastest, where latency was measured. Those
-        no other candidate beats beyond the noise (no other's 95% interval of the latency ratio lies wholly below
-        theirs by more than SAME_SPEED) tie for fastest; among them the most accurate (the smallest accuracy
-        drop, then fidelity loss), then the smaller file. Untimed: the smallest file."""
+        """The candidate to keep, of those that meet every budget, in this order of what counts:
+        1. faster beyond the noise: those no other candidate beats (no other's 95% interval of the latency ratio
+           lies wholly below theirs, by more than SAME_SPEED) tie for fastest (untimed: all tie);
+        2. a file smaller by more than SMALLER: of those, the ones within that margin of the smallest;
+        3. more accurate beyond the accuracy figure's own noise (`more_accurate`, a paired test on the same check
+           samples): of those, the ones no other beats;
+        4. then the smallest file (then the first built).
+        A cosine or top-1 difference inside its noise never buys a larger file."""
         timed = [c for c in pool if c.latency_ratio is not None]
-        if not timed:
-            return min(pool, key=lambda c: (c.bytes, c.index))
 
         def interval(c: Candidate) -> tuple[float, float]:
             return tuple(c.latency_ratio_ci95) if c.latency_ratio_ci95 else (c.latency_ratio, c.latency_ratio)
@@ -90,13 +93,26 @@ class Budget:
         def beats(d: Candidate, c: Candidate) -> bool:
             return interval(d)[1] < interval(c)[0] and d.latency_ratio * (1 + SAME_SPEED) < c.latency_ratio
 
-        def accuracy_first(c: Candidate):
-            drop = c.accuracy_drop if c.accuracy_drop is not None else 0.0
-            fid = (c.fidelity or {}).get("loss", 0.0)
-            return (round(drop, 9), fid if np.isfinite(fid) else math.inf, c.bytes, c.latency_ratio, c.index)
+        fastest = [c for c in timed if not any(beats(d, c) for d in timed)] if timed else list(pool)
+        smallest = min(c.bytes for c in fastest)
+        small = [c for c in fastest if c.bytes * (1 - SMALLER) <= smallest]
+        accurate = [c for c in small if not any(self.more_accurate(d, c) for d in small)]
+        return min(accurate, key=lambda c: (c.bytes, c.index))
 
-        fastest = [c for c in timed if not any(beats(d, c) for d in timed)]
-        return min(fastest, key=accuracy_first)
+    def more_accurate(self, a: Candidate, b: Candidate) -> bool:
+        """`a` is more accurate than `b` beyond the noise of the figure the budget bounds: on the same check
+        samples, the mean per-sample difference of their losses (Candidate.sample_loss: the metric per sample,
+        or 1 - the sample's cosine to the parent) lies below zero by more than its 95% interval (a paired test;
+        for top-1 this is McNemar's on the samples where they disagree). Without per-sample figures (a metric
+        of the user's own): the figures themselves, compared as they are."""
+        la, lb = a.sample_loss, b.sample_loss
+        if la is not None and lb is not None and len(la) == len(lb) and len(la) > 1:
+            d = np.asarray(la, dtype=np.float64) - np.asarray(lb, dtype=np.float64)
+            if not np.all(np.isfinite(d)):
+                return bool(np.all(np.isfinite(la)) and not np.all(np.isfinite(lb)))
+            return float(d.mean()) < -1.96 * float(d.std(ddof=1)) / math.sqrt(len(d))
+        fa, fb = self.loss(a), self.loss(b)
+        return fa is not None and fb is not None and fa < fb - 1e-12
 
     def margin(self, cand: Candidate) -> float:
         """How far inside the budget (negative: past it)."""

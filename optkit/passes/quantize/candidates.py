@@ -22,6 +22,7 @@ class Settings:
     float_nodes: tuple[str, ...] = ()    # nodes kept in float (the node fallback)
     op_types: tuple[str, ...] | None = None  # dynamic: the op types quantized (None: onnxruntime's defaults)
     float_ops: tuple[str, ...] = ()      # dynamic: op types the model has that this point keeps float (e.g. Conv)
+    fused: bool | None = None            # dynamic: built from the transformer-fused model (fusion.py)
 
     def with_float(self, nodes) -> Settings:
         return replace(self, float_nodes=tuple(nodes))
@@ -37,6 +38,8 @@ class Settings:
             parts.append("pc" if self.per_channel else "pt")
         if self.reduce_range:
             parts.append("rr")
+        if self.fused:
+            parts.append("fused")
         if self.calibration:
             parts.append(self.calibration)
         if self.bias_correction:
@@ -71,6 +74,8 @@ class Candidate:
     latency_ratio_ci95: list[float] | None = None
     latency_trials: int | None = None   # paired trials it was timed in (fewer: dropped as clearly slower)
     error: str | None = None
+    sample_loss: Any = None             # per check sample, what the budget bounds (lower is better): the paired
+                                        # test of Budget.more_accurate; not in the report
     passed: bool = False
     chosen: bool = False
     rejected_file: str | None = None

@@ -49,6 +49,13 @@ class QuantizeConfig(PassConfig):
     preprocess: bool = Field(default=True, description="Shape inference + optimization before quantizing.",
                              json_schema_extra=cli("--no-preprocess", sets=False,
                                                    help="Skip shape inference + optimization."))
+    # dynamic: onnxruntime's transformer fusions tried as extra candidates (contrib ops: the file then runs on
+    # onnxruntime only); the timing race keeps them only where they are faster
+    fusion: bool = Field(default=True, description="Dynamic: also try onnxruntime's transformer fusions (Attention, "
+                                                   "EmbedLayerNormalization; onnxruntime-only ops).",
+                         json_schema_extra=cli("--no-fusion", sets=False,
+                                               help="Dynamic: do not try onnxruntime's transformer fusions (keep "
+                                                    "standard ONNX ops only)."))
     nodes_include: list[str] = Field(default_factory=list, description="Quantize only these nodes.",
                                      json_schema_extra=cli("--include-node"))
     nodes_exclude: list[str] = Field(default_factory=list, description="Keep these nodes float.",

@@ -68,13 +68,15 @@ class Strategy:
 class Dynamic(Strategy):
     """Weights int8 ahead of time, activations quantized at run time: op types x per-channel x reduce-range.
     The op types: MatMul/attention/recurrent alone first (what int8 kernels make faster), then with Conv and
-    Gather too (smaller, but ConvInteger is usually slower than float Conv), each only where the model has them."""
+    Gather too (smaller, but ConvInteger is usually slower than float Conv), each only where the model has them;
+    where only Gather (embedding tables) would stay float, everything quantized first (same speed, far smaller)."""
 
     mode = "dynamic"
 
     def __init__(self, cfg: QuantizeConfig, work: Path):
         super().__init__(cfg, work)
         self.present: set[str] = set()   # the op types of the prepared model, set by the search's preparation
+        self.fused: Path | None = None   # the transformer-fused model (fusion.py), set by the preparation
 
     def tiers(self) -> list[tuple[tuple[str, ...] | None, tuple[str, ...]]]:
         """(op types to quantize, op types kept float) per tier; the user's op_types_include is one tier as given."""
@@ -93,23 +95,56 @@ class Dynamic(Strategy):
         return tiers
 
     def space(self) -> list[Settings]:
+        """Each tier x per-channel x reduce-range; with a fused model, each tier's full-range points built from it
+        too, right after their unfused twins (the timing race keeps whichever is faster). A tier that keeps only
+        the embedding tables (Gather) float is no faster, only larger: it waits in the slower tier, tried when
+        nothing quantized in full meets the budget."""
+        tiers = self.tiers()
+        return [p for tier in tiers if not self._tables_only(tier, tiers) for p in self._points(*tier)]
+
+    def slower_tier(self, best: list[Settings]) -> list[Settings]:
+        tiers = self.tiers()
+        return [p for tier in tiers if self._tables_only(tier, tiers) for p in self._points(*tier)]
+
+    @staticmethod
+    def _tables_only(tier, tiers) -> bool:
+        return len(tiers) > 1 and tuple(tier[1]) == ("Gather",)
+
+    def _points(self, ops, floats) -> list[Settings]:
         cfg = self.cfg
-        combos = list(itertools.product(self._choices(cfg.per_channel, [True, False]),
-                                        self._choices(cfg.reduce_range, [False, True])))
-        return [Settings(weight_type=cfg.weight_type, per_channel=pc, reduce_range=rr, op_types=ops, float_ops=floats)
-                for ops, floats in self.tiers() for pc, rr in combos]
+        points = []
+        for pc, rr in itertools.product(self._choices(cfg.per_channel, [True, False]),
+                                        self._choices(cfg.reduce_range, [False, True])):
+            point = Settings(weight_type=cfg.weight_type, per_channel=pc, reduce_range=rr, op_types=ops,
+                             float_ops=floats)
+            points.append(point)
+            if self.fused is not None and not rr and ops is not None:
+                points.append(replace(point, fused=True))
+        return points
 
     def build(self, prepared, settings, dest, calibration=None, exclude=()) -> None:
+        from onnx import TensorProto
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
         cfg = self.cfg
         with contextlib.redirect_stdout(sys.stderr):  # onnxruntime prints progress; keep --json clean
             ops = list(settings.op_types) if settings.op_types is not None else op_types(cfg, "dynamic")
+            if settings.fused:
+                prepared, ops = self.fused, fused_ops(ops)
+            # DefaultTensorType: outputs of contrib ops (and of graphs shape inference gives up on) have no type
+            # onnxruntime's quantizer can read; every tensor it asks about here is float
             quantize_dynamic(str(prepared), str(dest), op_types_to_quantize=ops,
                              per_channel=settings.per_channel, reduce_range=settings.reduce_range,
                              weight_type=QuantType.QInt8 if settings.weight_type == "int8" else QuantType.QUInt8,
                              nodes_to_quantize=cfg.nodes_include or None, nodes_to_exclude=list(exclude),
-                             extra_options={"MatMulConstBOnly": True})
+                             extra_options={"MatMulConstBOnly": True, "DefaultTensorType": TensorProto.FLOAT})
+
+
+def fused_ops(ops: list[str]) -> list[str]:
+    """A tier's op types as the fused model holds them: the attention MatMuls are inside Attention, the
+    embedding tables (Gather) inside EmbedLayerNormalization."""
+    extra = (["Attention"] if "MatMul" in ops else []) + (["EmbedLayerNormalization"] if "Gather" in ops else [])
+    return [*ops, *(op for op in extra if op not in ops)]
 
 
 class Static(Strategy):

@@ -129,12 +129,12 @@ def rel_error(ref: np.ndarray, out: np.ndarray) -> float:
     return float(np.linalg.norm(ref - out) / denom) if denom > 0 else float(np.linalg.norm(out) > 0)
 
 
-def fidelity(ref: list[np.ndarray], out: list[np.ndarray], names: list[str], mask=None, only=None) -> dict[str, Any]:
-    """compare_outputs (padding masked, the `only` outputs judged), plus the worst per-sample cosine of the
-    judged outputs (a global cosine hides a few ruined samples) and the loss the budgets use."""
-    fid = compare_outputs(ref, out, names, mask=mask, only=only)
+def sample_cosines(ref: list[np.ndarray], out: list[np.ndarray], names: list[str], mask=None,
+                   only=None) -> np.ndarray | None:
+    """Per sample, the lowest cosine to the parent over the judged float outputs with a sample axis (padded
+    positions zeroed); NaN or Inf in a sample makes it -1. None when no output has a sample axis."""
     judged = set(only or names)
-    worst = 1.0
+    worst = None
     for name, a, b in zip(names, ref, out):
         if name not in judged:
             continue
@@ -148,9 +148,19 @@ def fidelity(ref: list[np.ndarray], out: list[np.ndarray], names: list[str], mas
         b2 = b.reshape(len(b), -1).astype(np.float64)
         na, nb = np.linalg.norm(a2, axis=1), np.linalg.norm(b2, axis=1)
         ok = (na > 0) & (nb > 0)
-        cos = np.where(ok, (a2 * b2).sum(1) / np.where(ok, na * nb, 1), np.where((na == 0) & (nb == 0), 1, 0))
-        worst = min(worst, float(cos.min())) if np.isfinite(cos).all() else -1.0  # NaN never passes
-    fid["sample_cosine_min"] = worst
+        with np.errstate(invalid="ignore", over="ignore"):
+            cos = np.where(ok, (a2 * b2).sum(1) / np.where(ok, na * nb, 1), np.where((na == 0) & (nb == 0), 1, 0))
+        cos = np.where(np.isfinite(cos), cos, -1.0)  # NaN never passes
+        worst = cos if worst is None else np.minimum(worst, cos)
+    return worst
+
+
+def fidelity(ref: list[np.ndarray], out: list[np.ndarray], names: list[str], mask=None, only=None) -> dict[str, Any]:
+    """compare_outputs (padding masked, the `only` outputs judged), plus the worst per-sample cosine of the
+    judged outputs (a global cosine hides a few ruined samples) and the loss the budgets use."""
+    fid = compare_outputs(ref, out, names, mask=mask, only=only)
+    per = sample_cosines(ref, out, names, mask, only)
+    fid["sample_cosine_min"] = float(per.min()) if per is not None else 1.0
     cosine = fid["cosine"]
     fid["loss"] = max(0.0, 1.0 - cosine) if cosine is not None and np.isfinite(cosine) else 2.0
     return {k: v for k, v in fid.items() if k != "outputs"} | {"outputs": {

@@ -22,6 +22,7 @@ from optkit.onnx import graph
 from optkit.onnx import io as onnx_io
 from optkit.onnx import session as onnx_session
 from optkit.onnx.session import quiet_ort
+from optkit.passes.quantize import fusion
 from optkit.passes.quantize import ops as qops
 from optkit.passes.quantize.budget import Budget
 from optkit.passes.quantize.config import MIN_OPSET, QuantizeConfig
@@ -158,6 +159,13 @@ def _prepare_dynamic(prepared: Path, cfg: QuantizeConfig, ctx: PassContext, stra
                      "(onnxruntime's dynamic quantizer takes MatMul, not Gemm)")
     counts = qops.dynamic_ops(onnx_io.load(prepared))
     strategy.present = set(counts)
+    if cfg.fusion and cfg.latency_search and not cfg.op_types_include and cfg.target == "cpu":
+        fused = fusion.fuse(prepared, prepared.parent / "fused.onnx")
+        if fused:
+            strategy.fused = prepared.parent / "fused.onnx"
+            ctx.note("dynamic: onnxruntime's transformer fusions apply ("
+                     + ", ".join(f"{op} x{n}" for op, n in fused.items()) + "); the fused model's candidates race "
+                     "the others (contrib ops: a fused result runs on onnxruntime only; --no-fusion to skip)")
     if cfg.op_types_include or dynamic_fast_ops(strategy, cfg):
         return None
     slow = [f"{op} x{counts[op]}" for op in qops.DYNAMIC_SLOW if counts.get(op)]

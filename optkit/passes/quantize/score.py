@@ -14,6 +14,7 @@ import numpy as np
 from optkit.core.batching import first_call, fixed_batch
 from optkit.core.errors import UsageError
 from optkit.core.text import first_line
+from optkit.measure.accuracy import per_sample
 from optkit.onnx import session as onnx_session
 from optkit.passes.quantize import ops as qops
 from optkit.passes.quantize.budget import Budget
@@ -117,12 +118,22 @@ class Scorer:
         mask = ref.mask.first(n) if ref.mask is not None else None
         cand.fidelity = qops.fidelity(parent, out, ref.out_names, mask=mask, only=ref.checked)
         cand.checked_on = n
+        labels = ref.labels[:n] if ref.labels is not None else None
         if self.cfg.metric:
-            labels = ref.labels[:n] if ref.labels is not None else None
             cand.accuracy = ref.accuracy(out, labels)
             base = ref.parent_accuracy if n == ref.samples else ref.accuracy(parent, labels)
             cand.accuracy_drop = (cand.accuracy - base if self.cfg.metric in LOWER_IS_BETTER
                                   else base - cand.accuracy)
+        cand.sample_loss = self.sample_loss(parent, out, labels, mask)
+
+    def sample_loss(self, parent: list, out: list, labels, mask) -> np.ndarray | None:
+        """Per sample, what the budget bounds (lower is better): the metric of each sample, or one minus its
+        cosine to the parent. For Budget.more_accurate's paired test."""
+        if self.budget.on_accuracy:
+            per = per_sample(self.cfg.metric, out, labels)
+            return None if per is None else (per if self.cfg.metric in LOWER_IS_BETTER else -per)
+        cos = qops.sample_cosines(parent, out, self.ref.out_names, mask, self.ref.checked)
+        return None if cos is None else 1.0 - cos
 
 
 def _call_seconds(sess, feeds: dict) -> float:

@@ -22,14 +22,19 @@ import math
 import shutil
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from optkit.core.artifact import Artifact
 from optkit.core.errors import UsageError
 from optkit.core.registry import PassContext, require_extra
 from optkit.onnx import graph
 from optkit.onnx import io as onnx_io
+from optkit.onnx import session as onnx_session
+from optkit.passes.quantize import fusion
 from optkit.passes.quantize.budget import Budget
 from optkit.passes.quantize.build import Builder, rank, schedule, small_channel_convs, twin_missed
 from optkit.passes.quantize.candidates import Candidate, Settings
@@ -37,7 +42,14 @@ from optkit.passes.quantize.choose import Chooser
 from optkit.passes.quantize.config import QuantizeConfig
 from optkit.passes.quantize.engine import calibration_reader, strategy_for
 from optkit.passes.quantize.messages import Teller
-from optkit.passes.quantize.prepare import Reference, check_flags, check_quantizable, load_reference, prepare
+from optkit.passes.quantize.prepare import (
+    SCORE_THREADS,
+    Reference,
+    check_flags,
+    check_quantizable,
+    load_reference,
+    prepare,
+)
 from optkit.passes.quantize.score import CLEARLY_SLOWER, Scorer
 from optkit.passes.quantize.timing import time_candidates
 
@@ -123,12 +135,26 @@ class Quantizer:
     def _start(self, ref: Reference) -> None:
         """The phases' units, once the model is prepared and the reference loaded."""
         self.ref = ref
+        fused = getattr(self.strategy, "fused", None)
+        if fused is not None and not self._computes_the_same(fused):
+            self.strategy.fused = None
+            self.ctx.note("dynamic: the transformer-fused model does not compute what its parent does; not used")
         self.builder = Builder(self.artifact, self.cfg, self.strategy, self.prepared, self.float_model,
                                reader=lambda: calibration_reader(ref.specs, ref.calib_feeds),
                                quantizable=self.quantizable)
         self.scorer = Scorer(ref, self.budget, self.cfg, speed_matters=self._speed_matters())
         self.tell = Teller(self.cfg, self.budget, ref, self.ctx, self.settings, self.candidates, self.strategy,
                            self.nothing_faster)
+
+    def _computes_the_same(self, path: Path) -> bool:
+        """The float model at `path` gives the parent's outputs on the first check samples (fusion.same_outputs)."""
+        n = min(self.ref.samples, 8)
+        feeds = {k: v[:n] for k, v in self.ref.check_feeds.items()}
+        try:
+            out = self.ref.run(onnx_session.session(path, threads=SCORE_THREADS), feeds)
+        except Exception:  # noqa: BLE001 - a fused model onnxruntime cannot run is not used
+            return False
+        return fusion.same_outputs([r[:n] if np.ndim(r) else r for r in self.ref.parent_outputs], out)
 
     def _try_all(self, space: list[Settings]) -> list[Candidate]:
         out = []
@@ -176,7 +202,12 @@ class Quantizer:
         return self.work / f"cand{cand.index}.raw.onnx"
 
     def _fallback(self, first: Candidate) -> list[Candidate]:
-        """Keep the nodes that add the most error float, 1, 2, 4, ... of them, until the budget holds."""
+        """Keep the nodes that add the most error float, 1, 2, 4, ... of them, until the budget holds (from the
+        unfused model: node names are the parent's)."""
+        if first.settings.fused:
+            first = next((c for c in self.candidates if c.settings == replace(first.settings, fused=None)), first)
+            if first.settings.fused:
+                return []
         ranked = rank(self.float_model, self._raw(first), self.ref.check_feeds, self.cfg.nodes_exclude, self.work)
         if self._raw(first).exists():
             self.settings["sensitivity"] = [{"node": n, "added_error": round(s, 6)} for n, s in ranked[:20]]
