@@ -177,6 +177,22 @@ def test_html_fits_a_1280_pixel_window_and_no_plot_labels_overlap(tmp_path):
     assert overlapping(m["texts"]) == []
 
 
+def test_latency_cells_tell_the_paired_story():
+    """The user's report: int8 timed 1.11x slower against the input, while its own trials (measured apart) had a
+    lower p50 and a higher throughput. Its p50, p90, samples/s and speedup cells all come from the paired ratio;
+    simplify, inside the noise, reads "same" in all of them."""
+    from optkit.report.table import stage_rows
+
+    r = crowded_report()
+    r.stages[2].measurements["latency"].update(p50_ms=0.018, throughput_per_s=55_000.0)   # the stage's own trials
+    base, simplify, int8 = stage_rows(r)
+    assert [simplify[c] for c in ("p50 ms", "p90 ms", "speedup", "samples/s")] == ["same"] * 4
+    assert int8["speedup"] == "0.90x" and int8["p50 ms"] == f"{0.019 * 1.11:.3f}"
+    assert int8["p90 ms"] == f"{0.019 * 1.2 * 1.11:.3f}"
+    assert float(int8["samples/s"].replace(",", "")) == pytest.approx(1e3 / 0.019 / 1.11, abs=0.1)
+    assert "paired ratio" in to_markdown(r) and "paired ratio" in to_html(r)
+
+
 def test_scatter_labels_of_one_point_do_not_overlap():
     """Stages at one latency and one accuracy: each label takes its own line, with a leader line."""
     from optkit.report.html import CHAR_PX, LABEL_PX, place_labels
