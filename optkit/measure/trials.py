@@ -28,8 +28,8 @@ Why it is measured this way (a shared, busy CI runner is the normal case, not th
   Hodges-Lehmann shift with its Mann-Whitney confidence interval).
 
 Figures (all `*_ms` raw wall time of the model):
-- p50_ms ... max_ms: over all timed runs of all trials (as before); throughput_per_s: batch / the mean call
-  time of the median trial (latency.throughput: a preemption that stalls one trial does not move it)
+- p50_ms ... max_ms: over all timed runs of all trials (as before); throughput_per_s: batch / the median
+  trial's mean call time, calls stalled by the scheduler left out (latency.throughput, latency.unstalled_mean)
 - trial_p50_ms, ci95_pct: each trial's median and the 95% half-width of their mean, in % of it
 - trial_low_ms, low_ms: each trial's 10th percentile and their median (the contention-robust raw figure)
 - normalized, trial_normalized, normalized_ci95_pct, reference, reference_p50_ms: on the primary rung
