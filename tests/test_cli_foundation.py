@@ -60,7 +60,8 @@ def test_bench_reports_percentiles(cli, samples):
     lat = json.loads(r.out)["stages"][0]["measurements"]["latency"]
     assert lat["runs"] == 50 and lat["batch"] == 4 and lat["threads"] == 1
     assert 0 < lat["min_ms"] <= lat["p50_ms"] <= lat["p90_ms"] <= lat["p99_ms"] <= lat["max_ms"]
-    assert lat["throughput_per_s"] == pytest.approx(4e3 / lat["mean_ms"])
+    # batch / the mean of the calls no scheduler stall hit (measure.latency.unstalled_mean): at most the mean's
+    assert 4e3 / lat["mean_ms"] * (1 - 1e-9) <= lat["throughput_per_s"] <= 4e3 / lat["min_ms"]
 
 
 def test_bench_duration_and_real_data(cli, samples):

@@ -41,6 +41,36 @@ def _api(code: str, cwd: Path) -> dict:
     return json.loads(r.stdout)
 
 
+def assert_one_story(report_json: Path) -> None:
+    """A report tells one latency story per stage, whatever the machine's speed or load: its p50, speedup and
+    samples/s cells agree in direction with each other and with the stage's paired note (all read "same" when the
+    paired interval holds 1.0), and a pass's own race figure is labelled as the search's."""
+    from optkit.report.schema import Report
+    from optkit.report.table import stage_rows
+
+    report = Report.load(report_json)
+    rows = stage_rows(report)
+    base = rows[0]
+    for stage, row in zip(report.stages[1:], rows[1:]):
+        cells = (row["p50 ms"], row["speedup"], row["samples/s"])
+        change = stage.measurements.get("latency_change")
+        paired = [n for n in stage.notes if n.endswith("(against the input, timed call by call: the figure the "
+                                                        "tables use)")]
+        assert change is not None and len(paired) == 1, (stage.name, stage.notes)
+        if not change["significant"]:
+            assert cells == ("same", "same", "same"), (stage.name, row)
+            assert "no significant change" in paired[0], paired
+        else:
+            slower = change["ratio"] > 1
+            p50, speedup = float(row["p50 ms"]), float(row["speedup"].rstrip("x"))
+            tput = float(row["samples/s"].replace(",", ""))
+            base_p50, base_tput = float(base["p50 ms"].split()[0]), float(base["samples/s"].replace(",", ""))
+            assert (p50 > base_p50, speedup < 1, tput < base_tput) == (slower,) * 3, (stage.name, row, base)
+            assert ("slower" if slower else "faster") in paired[0], (paired, row)
+        race = [n for n in stage.notes if "the parent's latency" in n and "search race" not in n]
+        assert race == [], race
+
+
 FIXED_INT8 = {"format": "qoperator", "activation_type": "uint8", "per_channel": False, "reduce_range": False,
               "latency_search": False}
 
@@ -65,6 +95,7 @@ def test_quickstart_speedups_are_paired_and_agree_with_the_command(cli, tmp_path
         simplify = _change(stages["simplify"])
         assert not simplify["significant"], simplify
         assert "| same |" in (tmp_path / "runs" / "quickstart" / "latest" / "report.md").read_text() or i
+        assert_one_story(tmp_path / "runs" / "quickstart" / "latest" / "report.json")
         int8.append(stages["int8"])
         simplified = stages["simplify"]["output"]["path"]
     q = cli("quantize", simplified, "-o", tmp_path / "q.onnx", "--calibration-data",
@@ -75,6 +106,29 @@ def test_quickstart_speedups_are_paired_and_agree_with_the_command(cli, tmp_path
     command = json.loads(q.out)["stages"][-1]
     assert all(run["output"]["sha256"] == command["output"]["sha256"] for run in int8)
     assert any(_overlap(_change(command), _change(run)) for run in int8), (_change(command), [_change(r) for r in int8])
+
+
+def test_quickstart_report_tells_one_latency_story(cli, tmp_path, samples):
+    """The quickstart as a user runs it (the int8 search included): every stage's p50, speedup and samples/s agree
+    with each other and with its notes, and the console and Markdown print the same cells as report.json's rows."""
+    rec = yaml.safe_load(QUICKSTART.read_text())
+    rec["model"]["path"] = str(samples / "torch_cnn.onnx")
+    for entry in rec["data"].values():
+        entry["path"] = str(samples / Path(entry["path"]).name)
+    recipe = tmp_path / "quickstart.yaml"
+    recipe.write_text(yaml.safe_dump(rec))
+    r = cli("run", recipe, "--no-cache", "--workspace", tmp_path / "runs")
+    assert r.rc == 0, r.err
+    latest = tmp_path / "runs" / "quickstart" / "latest"
+    assert_one_story(latest / "report.json")
+    from optkit.report.schema import Report
+    from optkit.report.table import LEGEND, stage_rows
+
+    markdown = (latest / "report.md").read_text()
+    for row in stage_rows(Report.load(latest / "report.json")):
+        assert f"| {row['p50 ms']} |" in markdown and f"| {row['speedup']} |" in markdown, row
+    assert "the first stage's figures times the paired ratio" in LEGEND and "paired ratio" in markdown
+    assert "paired ratio" in " ".join(r.out.split())
 
 
 def test_command_recipe_and_python_api_give_the_same_figures(cli, tmp_path, samples):

@@ -234,7 +234,8 @@ def test_choose_picks_the_fastest_within_every_budget(tmp_path):
     assert chosen is fast and fast.chosen and not slow.chosen
     settings = {"parent_p50_ms": 1.0}
     chooser.check_speed(chosen, fits, settings, lambda c: ("never asked", ""))
-    assert settings["speed"]["slower"] is False and any(n.startswith("latency: 0.40x the parent's") for n in ctx.notes)
+    assert settings["speed"]["slower"] is False
+    assert any(n.startswith("search race (") and ": 0.40x the parent's" in n for n in ctx.notes)
 
 
 def test_choose_refuses_a_clearly_slower_int8_result_unless_allowed(tmp_path):

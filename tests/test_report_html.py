@@ -47,7 +47,7 @@ def test_html_is_self_contained_with_table_plots_and_gates():
     assert urls <= {"http://www.w3.org/2000/svg"}, urls          # the SVG namespace is a name, not a fetch
     assert html.count("<svg") == 4                              # size, latency, accuracy, accuracy vs latency
     assert "Accuracy vs latency (marker area: size)" in html
-    for words in ("simplify", "int8", "62.0 KB", "0.9718", "±4.0%", "1 of 3 gates failed", "speedup &gt;= 2",
+    for words in ("simplify", "int8", "62.0 KB", "0.9718", "±4%", "1 of 3 gates failed", "speedup &gt;= 2",
                   "FAIL", "&lt;b&gt;escaped&lt;/b&gt;"):
         assert words in html, words
     assert "<b>escaped</b>" not in html
@@ -112,6 +112,99 @@ def screenshot(html_path: Path, png: Path, width=1200, height=1500) -> None:
            html_path.resolve().as_uri()]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert png.exists() and png.stat().st_size > 10_000, proc.stderr[-2000:]
+
+
+# measures the page as a 1280-pixel window lays it out: its width, and the box of every text of every plot
+MEASURE = """<script>
+const texts = [...document.querySelectorAll("svg")].map((svg, i) => [...svg.querySelectorAll("text")].map(t => {
+  const b = t.getBoundingClientRect(); return [i, t.textContent, b.left, b.top, b.right, b.bottom]; })).flat();
+const out = document.createElement("pre"); out.id = "measured";
+out.textContent = JSON.stringify({scrollWidth: document.documentElement.scrollWidth, innerWidth: innerWidth, texts});
+document.body.appendChild(out);
+</script>"""
+
+
+def layout(html: str, tmp_path: Path, width: int = 1280) -> dict:
+    """The page laid out in headless Chromium at `width` x 900: {scrollWidth, innerWidth, texts: [[svg, text,
+    left, top, right, bottom]]}; skips where Chromium is not installed."""
+    browser = chromium()
+    if browser is None:
+        pytest.skip("headless Chromium is not installed (apt-get install chromium)")
+    page = tmp_path / "measured.html"
+    page.write_text(html.replace("</body>", MEASURE + "</body>"))
+    cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+           "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage", "--hide-scrollbars",
+           f"--user-data-dir={tmp_path / 'chromium-profile'}", f"--window-size={width},900", "--dump-dom",
+           page.resolve().as_uri()]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    found = re.search(r'<pre id="measured">(.*?)</pre>', proc.stdout, re.S)
+    assert found, proc.stderr[-2000:]
+    import html as htmllib
+
+    return json.loads(htmllib.unescape(found.group(1)))
+
+
+def overlapping(texts: list) -> list:
+    """Pairs of texts of one plot whose boxes intersect (by more than half a pixel: antialiasing)."""
+    return [(a[1], b[1]) for k, a in enumerate(texts) for b in texts[k + 1:]
+            if a[0] == b[0] and a[2] + 0.5 < b[4] and b[2] + 0.5 < a[4] and a[3] + 0.5 < b[5] and b[3] + 0.5 < a[5]]
+
+
+def crowded_report() -> Report:
+    """The quickstart's report as a user saw it: three stages of one accuracy at nearly one latency (their labels
+    fell on each other), long stage and pass names, paired changes, and a gate with a long detail."""
+    r = sample_report()
+    for s, p50 in zip(r.stages, (0.019, 0.0191, 0.0211)):
+        s.measurements["latency"].update(p50_ms=p50, throughput_per_s=1e3 / p50, p90_ms=p50 * 1.2)
+        s.measurements["accuracy"]["top1"] = 0.9738
+    r.stages[1].measurements["latency_change"] = {"ratio": 1.0, "ratio_ci95": [0.99, 1.01], "significant": False}
+    r.stages[2].measurements["latency_change"] = {"ratio": 1.11, "ratio_ci95": [1.06, 1.15], "significant": True}
+    r.stages[2].name = "int8-static-quantized-with-a-long-name"
+    r.stages[2].pass_name = "quantize.onnx-static-with-a-plugin-suffix"
+    for s in r.stages:
+        s.measurements["memory"] = {"peak_mb": 12.5, "load_mb": 3.25}
+        s.measurements["fidelity"] = {"cosine": 0.99995, "top1_agreement": 1.0, "max_abs_error": 3.2}
+    r.gates = evaluate(r, parse_gates(["size_ratio <= 0.35", "accuracy_drop <= 0.01", "speedup >= 2",
+                                       "latency_p90_ms <= 0.02"]))
+    return r
+
+
+def test_html_fits_a_1280_pixel_window_and_no_plot_labels_overlap(tmp_path):
+    m = layout(to_html(crowded_report()), tmp_path)
+    assert m["innerWidth"] == 1280, m["innerWidth"]
+    assert m["scrollWidth"] <= 1280, m["scrollWidth"]
+    assert len({t[0] for t in m["texts"]}) == 4                     # every plot was laid out
+    assert overlapping(m["texts"]) == []
+
+
+def test_latency_cells_tell_the_paired_story():
+    """The user's report: int8 timed 1.11x slower against the input, while its own trials (measured apart) had a
+    lower p50 and a higher throughput. Its p50, p90, samples/s and speedup cells all come from the paired ratio;
+    simplify, inside the noise, reads "same" in all of them."""
+    from optkit.report.table import stage_rows
+
+    r = crowded_report()
+    r.stages[2].measurements["latency"].update(p50_ms=0.018, throughput_per_s=55_000.0)   # the stage's own trials
+    base, simplify, int8 = stage_rows(r)
+    assert [simplify[c] for c in ("p50 ms", "p90 ms", "speedup", "samples/s")] == ["same"] * 4
+    assert int8["speedup"] == "0.90x" and int8["p50 ms"] == f"{0.019 * 1.11:.3f}"
+    assert int8["p90 ms"] == f"{0.019 * 1.2 * 1.11:.3f}"
+    assert float(int8["samples/s"].replace(",", "")) == pytest.approx(1e3 / 0.019 / 1.11, abs=0.1)
+    assert "paired ratio" in to_markdown(r) and "paired ratio" in to_html(r)
+
+
+def test_scatter_labels_of_one_point_do_not_overlap():
+    """Stages at one latency and one accuracy: each label takes its own line, with a leader line."""
+    from optkit.report.html import CHAR_PX, LABEL_PX, place_labels
+
+    names = ("input", "simplify", "int8", "fp16")
+    placed = place_labels([(100.0, 100.0, 8.0, name) for name in names], (56, 14, 500, 256))
+    boxes = [(x if a == "start" else x - len(n) * CHAR_PX, y - LABEL_PX, x + len(n) * CHAR_PX if a == "start" else x, y)
+             for n, (x, y, a, _) in zip(names, placed)]
+    assert not any(p[0] < q[2] and q[0] < p[2] and p[1] < q[3] and q[1] < p[3]
+                   for k, p in enumerate(boxes) for q in boxes[k + 1:]), boxes
+    assert all(56 <= b[0] and b[2] <= 500 for b in boxes)
+    assert all(lead == (abs(y - LABEL_PX * 0.35 - 100.0) > 0.01) for _, y, _, lead in placed)  # moved: a leader
 
 
 def test_html_renders_in_headless_chromium(tmp_path):

@@ -75,8 +75,8 @@ def _paired(parent: Artifact, children: list[Artifact], settings: MeasureSetting
     feeds = [_feeds_for(s, settings, data) for s in sessions]
     fresh = all(s.provider == "cpu" and s.runtime in ("onnxruntime", "tflite") for s in sessions)
     live = list(range(len(arts)))                       # 0 (the parent) is always timed
-    times: list[list[float]] = [[] for _ in arts]        # all timed calls, per model
-    parent_times: list[list[float]] = [[] for _ in arts]  # the parent's calls in the trials each child was in
+    times: list[list[list[float]]] = [[] for _ in arts]         # the timed calls, per model, per trial
+    parent_times: list[list[list[float]]] = [[] for _ in arts]  # the parent's calls in the trials each child was in
     ratios: list[list[float]] = [[] for _ in arts]
     dropped: dict[int, int] = {}
     gc_was = gc.isenabled()
@@ -110,10 +110,10 @@ def _paired(parent: Artifact, children: list[Artifact], settings: MeasureSetting
                     trial_times[i].append(clock() - t0)
             base = low(trial_times[0])
             for i in live:
-                times[i] += trial_times[i]
+                times[i].append(trial_times[i])
                 if i:
                     ratios[i].append(low(trial_times[i]) / base)
-                    parent_times[i] += trial_times[0]
+                    parent_times[i].append(trial_times[0])
             racing = live[1:]
             if race and trial + 1 in RACE_AT and trial + 1 < trials and len(racing) > 1:
                 ci = {i: ratio_ci95(ratios[i], by3=True) for i in racing}

@@ -28,7 +28,8 @@ Why it is measured this way (a shared, busy CI runner is the normal case, not th
   Hodges-Lehmann shift with its Mann-Whitney confidence interval).
 
 Figures (all `*_ms` raw wall time of the model):
-- p50_ms ... max_ms: over all timed runs of all trials (as before)
+- p50_ms ... max_ms: over all timed runs of all trials (as before); throughput_per_s: batch / the median
+  trial's mean call time, calls stalled by the scheduler left out (latency.throughput, latency.unstalled_mean)
 - trial_p50_ms, ci95_pct: each trial's median and the 95% half-width of their mean, in % of it
 - trial_low_ms, low_ms: each trial's 10th percentile and their median (the contention-robust raw figure)
 - normalized, trial_normalized, normalized_ci95_pct, reference, reference_p50_ms: on the primary rung
@@ -212,7 +213,7 @@ def _trials(artifact: Artifact, settings, trials: int, normalize: bool, data, li
 
     open_all(True)
     refs = state["refs"]
-    all_times: list[float] = []
+    all_times: list[list[float]] = []             # per trial
     trial_p50, trial_low = [], []
     ref_low: list[list[float]] = [[] for _ in refs]
     ratios: list[list[float]] = [[] for _ in refs]
@@ -244,7 +245,7 @@ def _trials(artifact: Artifact, settings, trials: int, normalize: bool, data, li
                 ref_low[j].append(low(rt[j]) * 1e3)
                 ratios[j].append(low(times) / low(rt[j]))
                 ref_all[j] += rt[j]
-            all_times += times
+            all_times.append(times)
             counts.append(len(times))
     finally:
         if gc_was:

@@ -320,7 +320,8 @@ def _measure_stage(loaded, art, result, data, progress, *, name: str, reference=
     else:
         stage = pass_stage(result, figures)
     if change is not None:
-        stage.notes.append(change["note"] + " (against the input, timed call by call)")
+        # the one latency figure of the stage: a pass's own timing (quantize's search race) is labelled as such
+        stage.notes.append(change["note"] + " (against the input, timed call by call: the figure the tables use)")
     if ignored:
         stage.notes.append(ignored)
     return stage, before

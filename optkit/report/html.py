@@ -9,7 +9,7 @@ from html import escape
 from optkit.core.text import printable
 from optkit.report.figures import StageFigures, finite
 from optkit.report.schema import Report, Stage
-from optkit.report.table import columns, gate_rows, stage_rows
+from optkit.report.table import columns, gate_rows, legend, shown_latency, stage_rows
 
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")
 
@@ -19,8 +19,10 @@ padding:0 16px}
 h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
 .meta{color:#666;font-size:13px}
 table{border-collapse:collapse;font-size:13px;width:100%}
-th,td{padding:5px 8px;border-bottom:1px solid #e5e5e5;text-align:right;white-space:nowrap}
-th{background:#f5f6f8;font-weight:600} td.l,th.l{text-align:left}
+th,td{padding:5px 6px;border-bottom:1px solid #e5e5e5;text-align:right;white-space:nowrap}
+th{background:#f5f6f8;font-weight:600;white-space:normal} td.l,th.l{text-align:left}
+td.l{white-space:normal;overflow-wrap:anywhere} .sub{display:block;color:#777;font-size:11px}
+.legend{color:#666;font-size:12px;margin:4px 0}
 .pass{color:#1a7f37;font-weight:600} .fail{color:#cf222e;font-weight:700}
 .banner{padding:10px 14px;border-radius:6px;margin:14px 0;font-weight:600}
 .banner.ok{background:#dafbe1;color:#1a7f37} .banner.bad{background:#ffebe9;color:#cf222e}
@@ -119,12 +121,52 @@ def _labels(x: str, y: str, left: float, top: float, pw: float, ph: float, heigh
             f'fill="#444">{_text(y)}</text>']
 
 
-def scatter(stages: list[Stage], width: int = 520, height: int = 300) -> str:
-    """Accuracy vs p50 latency; the marker's area follows the model size."""
+LABEL_PX = 11          # a plot label's font size; its box is estimated at CHAR_PX per character
+CHAR_PX = 6.8
+
+
+def place_labels(points: list[tuple[float, float, float, str]], box: tuple[float, float, float, float]
+                 ) -> list[tuple[float, float, str, bool]]:
+    """Where each marker's label goes, so that no two overlap: (x, y of the baseline, text-anchor, leader line)
+    per point (x, y, radius, text), inside `box` (left, top, right, bottom) where there is room. Each label
+    takes the first free slot beside its marker, right then left, at its height then one line further up or
+    down at a time; one moved off its marker's height gets a leader line."""
+    left, top, right, bottom = box
+    taken: list[tuple[float, float, float, float]] = []
+    out = []
+    for x, y, r, text in points:
+        w, h = len(text) * CHAR_PX + 2, LABEL_PX + 3
+        slots = [(side, dy) for k in range(int((bottom - top) // h) + 1) for dy in ((0,) if k == 0 else (-k * h, k * h))
+                 for side in (1, -1)]
+        choice = None
+        for side, dy in slots:
+            lx = x + side * (r + 4)
+            x0, x1 = (lx, lx + w) if side > 0 else (lx - w, lx)
+            y0 = y + dy - h / 2
+            rect = (x0, y0, x1, y0 + h)
+            inside = left <= x0 and x1 <= right and top <= y0 and y0 + h <= bottom
+            if inside and not any(rect[0] < t[2] and t[0] < rect[2] and rect[1] < t[3] and t[1] < rect[3]
+                                  for t in taken):
+                choice = (side, dy, rect)
+                break
+        if choice is None:  # no room left in the plot: below the lowest label, clear of every other one
+            lx = x + r + 4
+            y0 = max([t[3] for t in taken] + [y - h / 2])
+            choice = (1, y0 + h / 2 - y, (lx, y0, lx + w, y0 + h))
+        side, dy, rect = choice
+        taken.append(rect)
+        out.append((x + side * (r + 4), y + dy + LABEL_PX * 0.35, "start" if side > 0 else "end", dy != 0))
+    return out
+
+
+def scatter(stages: list[Stage], p50s: list[float | None] | None = None, width: int = 520, height: int = 300) -> str:
+    """Accuracy vs p50 latency (`p50s`: the figures the tables show, table.shown_latency; default each stage's
+    own); the marker's area follows the model size. Labels are placed so that none overlaps another."""
     pts = []
     for i, s in enumerate(stages):
         f = StageFigures.of(s)
-        pts.append((s.name, finite(f.p50_ms), finite(f.accuracy), finite(f.size_mb), i))
+        p50 = finite(f.p50_ms) if p50s is None else p50s[i]
+        pts.append((s.name, p50, finite(f.accuracy), finite(f.size_mb), i))
     pts = [p for p in pts if p[1] is not None and p[2] is not None]
     if not pts:
         return ""
@@ -144,13 +186,20 @@ def scatter(stages: list[Stage], width: int = 520, height: int = 300) -> str:
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
            f'aria-label="accuracy vs latency">']
     out += _grid(xt, yt, sx, sy, left, top, pw, ph)
-    for name, x, y, size, i in pts:
-        r = 5 + 17 * ((size or 0) / smax) ** 0.5
+    marks = [(sx(x), sy(y), 5 + 17 * ((size or 0) / smax) ** 0.5) for _, x, y, size, _ in pts]
+    for (name, x, y, size, i), (cx, cy, r) in zip(pts, marks):
         color = PALETTE[i % len(PALETTE)]
-        out.append(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="{r:.1f}" fill="{color}" fill-opacity="0.55" '
+        out.append(f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="{r:.1f}" fill="{color}" fill-opacity="0.55" '
                    f'stroke="{color}"><title>{_text(name)}: {x:.4g} ms, {y:.4f}, '
                    f'{(size or 0):.3g} MB</title></circle>')
-        out.append(f'<text x="{sx(x) + r + 3:.1f}" y="{sy(y) + 4:.1f}" font-size="11">{_text(name)}</text>')
+    placed = place_labels([(cx, cy, r, printable(p[0])) for p, (cx, cy, r) in zip(pts, marks)],
+                          (left, top, left + pw, top + ph))
+    for p, (cx, cy, r), (lx, ly, anchor, leader) in zip(pts, marks, placed):
+        if leader:
+            out.append(f'<line x1="{cx:.1f}" y1="{cy:.1f}" x2="{lx:.1f}" y2="{ly - LABEL_PX * 0.35:.1f}" '
+                       'stroke="#999" stroke-width="0.8"/>')
+        out.append(f'<text class="point-label" x="{lx:.1f}" y="{ly:.1f}" font-size="{LABEL_PX}" '
+                   f'text-anchor="{anchor}">{_text(p[0])}</text>')
     out += _labels("p50 latency (ms)", "accuracy", left, top, pw, ph, height)
     out.append("</svg>")
     return ('<div class="plot"><h3>Accuracy vs latency (marker area: size)</h3>' + "".join(out) + "</div>")
@@ -210,18 +259,21 @@ def to_html(report: Report) -> str:
         cls, text = ("bad", f"{len(bad)} of {len(report.gates)} gates failed") if bad else \
             ("ok", f"all {len(report.gates)} gates passed")
         h.append(f'<div class="banner {cls}">{text}</div>')
+    # the pass and the stage's time go under its name (a long pass name never widens the table); the p50 cell
+    # carries its noise band
     h.append("<h2>Stages</h2><table><tr>")
     left = ("stage", "format")
     cols = columns(report)
     h += [f'<th class="{"l" if c in left else ""}">{_text(c)}</th>' for c in cols]
-    h.append('<th>noise</th><th class="l">pass</th><th>time</th></tr>')
+    h.append("</tr>")
     figures = [StageFigures.of(s) for s in stages]
-    for s, f, row in zip(stages, figures, rows):
-        noise = f"±{f.ci95_pct:.1f}%" if f.ci95_pct is not None else "-"
-        h.append("<tr>" + "".join(f'<td class="{"l" if c in left else ""}">{_text(row[c])}</td>' for c in cols)
-                 + f"<td>{noise}</td><td class=\"l\">{_text(s.pass_name or '-')}</td>"
-                 + f"<td>{s.duration_s:.2f}s</td></tr>")
+    for s, row in zip(stages, rows):
+        sub = f'<span class="sub">{_text(s.pass_name)}, {s.duration_s:.2f}s</span>' if s.pass_name else ""
+        h.append("<tr>" + "".join(f'<td class="{"l" if c in left else ""}">{_text(row[c])}'
+                                  f'{sub if c == "stage" else ""}</td>' for c in cols) + "</tr>")
     h.append("</table>")
+    if legend(report):
+        h.append(f'<p class="legend">{_text(legend(report))}</p>')
     notes = [(s.name, n, False) for s in stages for n in s.notes] + \
             [(s.name, w, True) for s in stages for w in s.warnings]
     if notes:
@@ -229,12 +281,15 @@ def to_html(report: Report) -> str:
             f'<li class="{"warn" if w else ""}"><b>{_text(n)}</b>: {_text(t)}</li>' for n, t, w in notes) + "</ul>")
     h.append('<h2>Plots</h2><div class="plots">')
     h.append(bar_chart("Size per stage", names, [f.size_mb for f in figures], "MB"))
-    errs = [f.p50_ms * f.ci95_pct / 100 if f.p50_ms is not None and f.ci95_pct else None for f in figures]
-    h.append(bar_chart("p50 latency per stage (95% CI)", names, [f.p50_ms for f in figures], "ms", errs))
+    base = figures[0] if figures else StageFigures()
+    shown = [shown_latency(f, base) for f in figures]
+    errs = [v.p50 * f.ci95_pct / 100 if v.p50 is not None and f.ci95_pct and not v.paired else None
+            for v, f in zip(shown, figures)]
+    h.append(bar_chart("p50 latency per stage (95% CI)", names, [v.p50 for v in shown], "ms", errs))
     metric = next((f.metric for f in figures if f.metric), None)
     h.append(bar_chart(f"Accuracy per stage ({metric})" if metric else "Accuracy per stage", names,
                        [f.accuracy for f in figures], metric or "", limit=1.0))
-    h.append(scatter(stages))
+    h.append(scatter(stages, [v.p50 for v in shown]))
     h += [pareto(s) for s in stages]
     h.append("</div>")
     if report.gates:

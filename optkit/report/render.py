@@ -5,7 +5,7 @@ from optkit.core.text import markdown as md
 from optkit.core.text import printable
 from optkit.report.figures import StageFigures, finite
 from optkit.report.schema import Report
-from optkit.report.table import columns, gate_rows, stage_rows
+from optkit.report.table import columns, gate_rows, legend, stage_rows
 
 
 def to_console(report: Report, console=None) -> None:
@@ -28,6 +28,8 @@ def to_console(report: Report, console=None) -> None:
     for row in rows:
         table.add_row(*(printable(row[c]) for c in shown))
     console.print(table)
+    if legend(report):
+        console.print(Text(legend(report), "dim"))
     only = StageFigures.of(report.stages[0]) if len(report.stages) == 1 else None
     if only is not None and "latency" in only.measured:
         console.print(_latency_line(only))
@@ -85,6 +87,8 @@ def to_markdown(report: Report) -> str:
     lines.append("|" + "|".join("---" if c in ("stage", "format") else "---:" for c in cols) + "|")
     for row in stage_rows(report):
         lines.append("| " + " | ".join(md(row[c]) for c in cols) + " |")
+    if legend(report):
+        lines += ["", f"<sub>{md(legend(report))}</sub>"]
     notes = [f"- **{md(s.name)}**: {md(n)}" for s in report.stages for n in s.notes]
     warnings = [f"- :warning: **{md(s.name)}**: {md(w)}" for s in report.stages for w in s.warnings]
     if notes or warnings:

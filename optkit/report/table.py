@@ -1,6 +1,8 @@
 """The figures every renderer shows, as rows of formatted cells (one row per stage)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from optkit.report.figures import StageFigures, finite
 from optkit.report.schema import Report, Stage
 
@@ -43,27 +45,67 @@ def accuracy_cell(stage: Stage, label: str | None = None) -> str:
     return ", ".join(f"{k} {v:.4f}" for k, v in f.scores.items()) or "-"
 
 
+@dataclass(frozen=True)
+class Shown:
+    """A stage's latency figures as every table and plot shows them. A stage timed call by call against the first
+    stage (latency_change) shows the first stage's figures times that paired ratio, so its p50, p90, samples/s and
+    speedup tell one story; `same`: the paired interval holds 1.0 (±3%), and the cells read "same". Any other
+    stage shows its own figures. The stage's own trials stay in the report's JSON (measurements.latency)."""
+    p50: float | None = None
+    p90: float | None = None
+    throughput: float | None = None
+    paired: bool = False
+    same: bool = False
+
+
+def shown_latency(f: StageFigures, base: StageFigures) -> Shown:
+    change = f.latency_change
+    ratio = finite(change.ratio) if change is not None else None
+    own = Shown(finite(f.p50_ms), finite(f.p90_ms), finite(f.throughput))
+    if not ratio or f.batch != base.batch or finite(base.p50_ms) is None:
+        return own
+    # a throughput under load (requests in flight) is not one call's: the paired ratio does not scale it
+    one_call = f.load_throughput_per_s is None and base.load_throughput_per_s is None
+    tput = finite(base.throughput_per_s)
+    return Shown(p50=base.p50_ms * ratio, p90=None if finite(base.p90_ms) is None else base.p90_ms * ratio,
+                 throughput=(tput / ratio if tput else None) if one_call else own.throughput,
+                 paired=True, same=not change.significant)
+
+
+LEGEND = ("p50, p90 and samples/s of a stage timed call by call against the first stage: the first stage's figures "
+          "times the paired ratio (speedup); \"same\": no significant change (the 95% interval holds 1.0, ±3%)")
+
+
+def legend(report: Report) -> str | None:
+    """The line under a table whose rows show paired figures (shown_latency), else None."""
+    base = StageFigures.of(report.stages[0] if report.stages else None)
+    return LEGEND if any(shown_latency(StageFigures.of(s), base).paired for s in report.stages[1:]) else None
+
+
 def stage_rows(report: Report) -> list[dict[str, str]]:
     rows = []
     base = StageFigures.of(report.stages[0] if report.stages else None)
-    base_size, base_p50 = finite(base.size_bytes), finite(base.p50_ms)
+    base_size = finite(base.size_bytes)
     label = accuracy_label(report)
     for stage in report.stages:
         f = StageFigures.of(stage)
-        size, p50, p90 = finite(f.size_bytes), finite(f.p50_ms), finite(f.p90_ms)
-        params, agree = finite(f.parameters), finite(f.top1_agreement)
-        throughput, mem = finite(f.throughput), finite(f.memory_mb)
+        shown = shown_latency(f, base)
+        size, params, agree, mem = finite(f.size_bytes), finite(f.parameters), finite(f.top1_agreement), finite(
+            f.memory_mb)
+
+        def cell(v: float | None, spec: str, suffix: str = "") -> str:
+            return "same" if shown.same else "-" if v is None else format(v, spec) + suffix
+
         rows.append({
             "stage": stage.name + (" (cached)" if stage.cached else ""),
             "format": stage.output.format,
             "size": human_bytes(size),
             "size x": f"{size / base_size:.2f}" if size and base_size else "-",
             "params": f"{params:,.0f}" if params is not None else "-",
-            "p50 ms": "-" if p50 is None else f"{p50:.3f}" + _band(f.ci95_pct),
-            "p90 ms": f"{p90:.3f}" if p90 is not None else "-",
-            "speedup": _speedup(f, p50, base_p50) if f.batch == base.batch else "-",  # calls of other sizes
-            "samples/s": "-" if throughput is None else f"{throughput:,.1f}" + (f" @{f.concurrency}" if
-                                                                              f.concurrency else ""),
+            "p50 ms": cell(shown.p50, ".3f", "" if shown.paired else _band(f.ci95_pct)),
+            "p90 ms": cell(shown.p90, ".3f"),
+            "speedup": _speedup(f, shown.p50, finite(base.p50_ms)) if f.batch == base.batch else "-",  # other sizes
+            "samples/s": cell(shown.throughput, ",.1f", f" @{f.concurrency}" if f.concurrency else ""),
             "memory MB": "-" if mem is None else f"{mem:.1f}",
             label: accuracy_cell(stage, label),
             "cosine": "-" if f.cosine is None else f"{f.cosine:.5f}",
@@ -76,7 +118,7 @@ def stage_rows(report: Report) -> list[dict[str, str]]:
 
 def _band(pct: float | None) -> str:
     """An absolute figure's 95% noise band, beside it: measured apart, two stages' p50s differ by this much
-    and more (the speedup column compares them call by call)."""
+    and more (a stage timed against the first one shows its paired figures: shown_latency)."""
     return f" ±{pct:.0f}%" if pct is not None and pct == pct and pct > 0 else ""
 
 

@@ -58,8 +58,9 @@ class Chooser:
                    f"p50 {chosen.p50_ms:.3f} ms vs {settings['parent_p50_ms']:.3f} ms")
         if not slower:
             inside = " - within the timing noise of the limit" if hi > cfg.max_latency_ratio else ""
-            self.ctx.note(f"latency: {figures}{inside}; the fastest of {len(pool)} candidates that meet the "
-                          "budgets (ties within the noise: the most accurate, then the smallest)")
+            self.ctx.note(f"search race (the candidates timed against the parent while choosing, not the stage's "
+                          f"measured latency): {figures}{inside}; the fastest of {len(pool)} candidates that meet "
+                          "the budgets (ties within the noise: the most accurate, then the smallest)")
             return
         tried = "; ".join(f"{c.settings.label()}: {c.latency_ratio:.2f}x" for c in pool if c.latency_ratio)
         # how it compares with the parent, said as the tables say it: "same" when the interval holds 1.0 (±3%)
