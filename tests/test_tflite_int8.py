@@ -12,16 +12,22 @@ import pytest
 
 from conftest import REALCASES, ROOT, Result, one_error_line
 
-# Runs `optkit ARGS` with the converter's output scale multiplied by FACTOR after the conversion: a conversion
-# that gets an output's scale wrong, as a converter bug would.
+# Runs `optkit ARGS` with the converter's output scales multiplied by FACTOR and zero points moved by SHIFT after
+# the conversion: a conversion that gets an output's scale or zero point wrong, as a converter bug would. LIMITS
+# "plain" keeps plain tf2onnx's conversion as the reference for the step limits, "depth" drops it (limits from the
+# requantization depth).
 BROKEN = """
 import runpy, sys
+import numpy as np
 import onnx
 from onnx import numpy_helper
 import optkit.passes.convert.tf as tf_convert
 
-factor = float(sys.argv[1])
+factor, shift, limits = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 plain = tf_convert._tflite_io
+
+def edit(init, fn):
+    init.CopyFrom(numpy_helper.from_array(fn(numpy_helper.to_array(init)), init.name))
 
 def broken(path, session, source_path):
     steps = plain(path, session, source_path)
@@ -30,28 +36,39 @@ def broken(path, session, source_path):
     inits = {i.name: i for i in model.graph.initializer}
     for node in model.graph.node:
         if node.op_type == "DequantizeLinear" and node.output[0] in outputs:
-            init = inits[node.input[1]]
-            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * factor, init.name))
+            edit(inits[node.input[1]], lambda a: a * np.float32(factor))
+            edit(inits[node.input[2]], lambda a: (a.astype(np.int64) + shift).astype(a.dtype))
     onnx.save(model, str(path))
     return steps
 
 tf_convert._tflite_io = broken
-sys.argv = ["optkit", *sys.argv[2:]]
+if limits == "depth":
+    tf_convert._plain_tf2onnx = lambda model, session: None
+sys.argv = ["optkit", *sys.argv[4:]]
 runpy.run_module("optkit", run_name="__main__")
 """
 
 
-def images(n: int = 100, size: int = 96) -> np.ndarray:
-    """Real ImageNet images (../shared/realcases/imagenet100), normalized as torchvision does; random ones when
-    that folder is absent."""
+def run_broken(model: Path, out: Path, data: Path, factor: float = 1.0, shift: int = 0,
+               limits: str = "plain") -> Result:
+    """`optkit convert MODEL -o OUT --data DATA` with the conversion's output scale and zero point broken."""
+    proc = subprocess.run([sys.executable, "-c", BROKEN, str(factor), str(shift), limits, "convert", str(model),
+                           "-o", str(out), "--data", str(data)], capture_output=True, text=True, cwd=ROOT,
+                          timeout=600)
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+def images(n: int = 100, size: int = 96, keras: bool = False) -> np.ndarray:
+    """Real ImageNet images (../shared/realcases/imagenet100), normalized as torchvision does (or as Keras's
+    MobileNetV2 does: x / 127.5 - 1); random ones when that folder is absent."""
     files = sorted((REALCASES / "imagenet100").glob("*.JPEG"))[:n]
     if not files:
         return np.random.default_rng(0).standard_normal((n, size, size, 3)).astype(np.float32)
     from PIL import Image
 
-    x = np.stack([np.asarray(Image.open(f).convert("RGB").resize((size, size), Image.BILINEAR), np.float32) / 255
+    x = np.stack([np.asarray(Image.open(f).convert("RGB").resize((size, size), Image.BILINEAR), np.float32)
                   for f in files])
-    return ((x - 0.45) / 0.225).astype(np.float32)
+    return (x / 127.5 - 1 if keras else (x / 255 - 0.45) / 0.225).astype(np.float32)
 
 
 def mobilenet_like_int8(dest: Path, x: np.ndarray, classes: int = 1000) -> None:
@@ -130,9 +147,7 @@ def test_int8_cnn_converts_with_no_flags(cli, int8_cnn, tmp_path, with_data):
 def test_int8_cnn_with_a_wrong_output_scale_is_refused(int8_cnn, tmp_path, factor):
     model, data = int8_cnn
     out = tmp_path / "m.onnx"
-    proc = subprocess.run([sys.executable, "-c", BROKEN, str(factor), "convert", str(model), "-o", str(out),
-                           "--data", str(data)], capture_output=True, text=True, cwd=ROOT, timeout=600)
-    r = Result(proc.returncode, proc.stdout, proc.stderr)
+    r = run_broken(model, out, data, factor=factor)
     assert r.rc == 3, r.err
     line = one_error_line(r)
     assert "more than int8 rounding explains" in line and "steps of" in line
@@ -152,8 +167,8 @@ def test_step_check_refuses_what_rounding_cannot_explain():
     check_steps("y", ref, ref + noise, 1.0, "TFLite", fig)
     q = fig["outputs"]["y"]["step_error"]
     assert q["max"] == 6 and q["median"] == 0 and q["top1_agreement_clear"] == 1.0
-    for broken, why in [(ref * 1.25, "most elements"),                 # a wrong scale
-                        (ref.T.reshape(ref.shape), "most elements"),   # a wrong layout
+    for broken, why in [(ref * 1.25, "25.0% larger"),                  # a wrong scale
+                        (ref.T.reshape(ref.shape), "hardly follows"),  # a wrong layout
                         (ref + np.where(np.arange(100) == 3, 40, 0), "more than 32 steps"),
                         (ref - 12 * (np.arange(100) == 7), "change it")]:   # 12 steps flip the top class
         with pytest.raises(ValidationError, match=why):

@@ -201,15 +201,22 @@ def step_errors(ref: np.ndarray, out: np.ndarray, step: float, clear_margin: flo
     |out - ref| / step over every element (median, p90, p99, max, and the share of elements off by more than
     one step), and for class scores (a last axis over 1) the top-1 agreement over the samples whose reference
     top class stands clear of the runner-up by more than `clear_margin` steps (`clear_samples` of them; the
-    agreement is None when there are none). NaN or Inf on either side count as infinitely many steps."""
+    agreement is None when there are none). NaN or Inf on either side count as infinitely many steps.
+
+    The systematic part of the error, what a wrong zero point or scale gives, over the finite elements: `offset`,
+    the mean signed error (out - ref) in steps, and `gain`, the least-squares slope of that error against the
+    reference value (0.1: out is 10% too large around the mean), each with its standard error (`offset_se`,
+    `gain_se`); `gain` is None when the reference is constant."""
     a = np.asarray(ref, dtype=np.float64)
     b = np.asarray(out, dtype=np.float64).reshape(a.shape)
-    d = np.abs(a - b) / step
+    signed = (b - a) / step
+    d = np.abs(signed)
     d = np.where(np.isfinite(d), d, np.inf).ravel()
     figures: dict = {"step": float(step)}
     if d.size:
         figures.update(median=float(np.median(d)), p90=float(np.percentile(d, 90)), p99=float(np.percentile(d, 99)),
                        max=float(d.max()), over_1=float(np.mean(d > 1.01)))
+        figures.update(_systematic(a.ravel() / step, signed.ravel()))
     if a.ndim >= 2 and a.shape[-1] > 1 and a.size:
         r, o = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
         top = np.sort(r, axis=1)
@@ -219,3 +226,20 @@ def step_errors(ref: np.ndarray, out: np.ndarray, step: float, clear_margin: flo
                        top1_agreement_clear=float(agree[clear].mean()) if clear.any() else None,
                        flipped_clear=int(np.count_nonzero(clear & ~agree)))
     return figures
+
+
+def _systematic(ref: np.ndarray, err: np.ndarray) -> dict:
+    """The mean of `err` and its slope against `ref` (both in steps), with standard errors, over finite pairs."""
+    ok = np.isfinite(ref) & np.isfinite(err)
+    r, e = ref[ok], err[ok]
+    n = r.size
+    if n < 3:
+        return {"offset": float(e.mean()) if n else None, "offset_se": None, "gain": None, "gain_se": None}
+    offset = float(e.mean())
+    rc, ec = r - r.mean(), e - offset
+    spread = float(np.dot(rc, rc))
+    gain = float(np.dot(ec, rc) / spread) if spread > 0 else None
+    resid = ec - (gain or 0.0) * rc
+    noise = float(np.sqrt(np.dot(resid, resid) / (n - 2)))
+    return {"offset": offset, "offset_se": float(e.std() / np.sqrt(n)), "gain": gain,
+            "gain_se": noise / np.sqrt(spread) if spread > 0 else None}

@@ -44,18 +44,18 @@ class TFLiteSession(Session):
         except (ValueError, RuntimeError) as e:
             raise UsageError(f"cannot load {artifact.path} as TFLite: {first_line(e)}") from None
         self.threads = threads
-        self._in = self.interp.get_input_details()
-        self._out = self.interp.get_output_details()
+        self.input_details = self.interp.get_input_details()
+        self.output_details = self.interp.get_output_details()
         names = _signature_names(self.interp)
         # Quantized (int8/uint8) inputs and outputs are exposed as real values: run() quantizes at the boundary.
-        self.inputs = [TensorSpec(names.get(d["index"], d["name"]), _shape(d), _real_dtype(d)) for d in self._in]
-        self.outputs = [TensorSpec(names.get(d["index"], d["name"]), _shape(d), _real_dtype(d)) for d in self._out]
+        self.inputs = [TensorSpec(names.get(d["index"], d["name"]), _shape(d), _real_dtype(d)) for d in self.input_details]
+        self.outputs = [TensorSpec(names.get(d["index"], d["name"]), _shape(d), _real_dtype(d)) for d in self.output_details]
         self._feed_names = [s.name for s in self.inputs]
-        self._shapes = {d["index"]: tuple(d["shape"]) for d in self._in}
+        self._shapes = {d["index"]: tuple(d["shape"]) for d in self.input_details}
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         resized = False
-        for d, name in zip(self._in, self._feed_names):
+        for d, name in zip(self.input_details, self._feed_names):
             x = feeds[name]
             if tuple(x.shape) != self._shapes[d["index"]]:
                 self.interp.resize_tensor_input(d["index"], x.shape)
@@ -63,13 +63,13 @@ class TFLiteSession(Session):
                 resized = True
         if resized:
             self.interp.allocate_tensors()
-        for d, name in zip(self._in, self._feed_names):
-            self.interp.set_tensor(d["index"], _quantize(feeds[name], d))
+        for d, name in zip(self.input_details, self._feed_names):
+            self.interp.set_tensor(d["index"], quantize(feeds[name], d))
         # Stateful ops (LSTM) keep their state in variable tensors between invokes; each call is an
         # independent sample, so results must not depend on what ran before.
         self.interp.reset_all_variables()
         self.interp.invoke()
-        return [_dequantize(self.interp.get_tensor(d["index"]), d) for d in self._out]
+        return [dequantize(self.interp.get_tensor(d["index"]), d) for d in self.output_details]
 
     def op_histogram(self) -> dict[str, int]:
         from collections import Counter
@@ -79,14 +79,14 @@ class TFLiteSession(Session):
     def parameter_count(self) -> int:
         """Elements of constant tensors: op inputs that no op produces and that are not model inputs."""
         ops = self.interp._get_ops_details()
-        produced = {i for op in ops for i in op["outputs"]} | {d["index"] for d in self._in}
+        produced = {i for op in ops for i in op["outputs"]} | {d["index"] for d in self.input_details}
         constants = {i for op in ops for i in op["inputs"] if i >= 0 and i not in produced}
         shapes = {d["index"]: d["shape"] for d in self.interp.get_tensor_details()}
         return int(sum(np.prod(shapes[i]) for i in constants if i in shapes))
 
     def quantization(self) -> dict:
         """Scale and zero point of quantized inputs and outputs (int8 I/O models)."""
-        return {d["name"]: d["quantization"] for d in self._in + self._out if d["quantization"] != (0.0, 0)}
+        return {d["name"]: d["quantization"] for d in self.input_details + self.output_details if d["quantization"] != (0.0, 0)}
 
 
 def _is_quantized(d) -> bool:
@@ -97,15 +97,18 @@ def _real_dtype(d) -> str:
     return "float32" if _is_quantized(d) else np.dtype(d["dtype"]).name
 
 
-def _quantize(x: np.ndarray, d) -> np.ndarray:
+def quantize(x: np.ndarray, d) -> np.ndarray:
     if not _is_quantized(d) or np.dtype(x.dtype).kind in "iu":
         return x
+    # round(x / scale) + zero, in float32, ties to even: as ONNX QuantizeLinear (and TFLite's QUANTIZE but for
+    # ties) do; rounding x / scale + zero instead moves inputs that sit on a half step (x / 127.5 - 1 images) by one
     scale, zero = d["quantization"]
     info = np.iinfo(d["dtype"])
-    return np.clip(np.round(x / scale + zero), info.min, info.max).astype(d["dtype"])
+    q = np.round(np.asarray(x, np.float32) / np.float32(scale)) + zero
+    return np.clip(q, info.min, info.max).astype(d["dtype"])
 
 
-def _dequantize(x: np.ndarray, d) -> np.ndarray:
+def dequantize(x: np.ndarray, d) -> np.ndarray:
     if not _is_quantized(d):
         return x
     scale, zero = d["quantization"]

@@ -23,9 +23,10 @@ from optkit.onnx.io import Staging
 from optkit.onnx.session import ort_session, spec_of
 from optkit.passes.convert.common import check_model, choose_opset, unsupported_nodes, validate, validation_feeds
 from optkit.runtimes.tf import import_tf, load_keras, load_signature
-from optkit.runtimes.tflite import TFLiteSession, interpreter_class
+from optkit.runtimes.tflite import TFLiteSession, dequantize, interpreter_class, quantize
 
 PASS = "convert.tf"
+log = logging.getLogger(__name__)
 
 
 def convert_tf(artifact: Artifact, config, ctx: PassContext) -> Artifact:
@@ -138,12 +139,14 @@ class Reference:
     """The source model as the framework runs it: named inputs -> list of outputs in ONNX output order."""
 
     def __init__(self, specs: list[TensorSpec], run, batch: int | None = None, steps: dict | None = None,
-                 source: str = "TensorFlow"):
+                 source: str = "TensorFlow", depths: dict | None = None, plain=None):
         self.specs = specs
         self.run = run
         self.batch = batch
         self.steps = steps or {}   # output name -> quantization step (int8 outputs exposed as real values)
         self.source = source
+        self.depths = depths or {}   # output name -> requantizations on the longest path from an input
+        self.plain = plain   # plain tf2onnx's conversion run like `run` (same feeds and outputs), or None
 
 
 def _tflite_io(path: Path, session, source_path: str) -> dict[str, float]:
@@ -289,8 +292,9 @@ def _convert_tflite(path: str, opset: int, dest: Path, ctx: PassContext) -> Refe
         raise _tf2onnx_error(e, path) from None
     if _LSTM_NOTES:
         raise PassError(_LSTM_NOTES[0])
-    steps = _tflite_io(dest, session, path)
     ops = {op["op_name"] for op in session.interp._get_ops_details()}
+    plain = None if "UNIDIRECTIONAL_SEQUENCE_LSTM" in ops else _plain_tf2onnx(dest.read_bytes(), session)
+    steps = _tflite_io(dest, session, path)
     if steps and "UNIDIRECTIONAL_SEQUENCE_LSTM" in ops:
         ctx.note("the int8 LSTM runs in float in ONNX (ONNX has no integer LSTM), so outputs may move by a few "
                  "quantization steps; judged in output steps like every int8 output")
@@ -302,7 +306,49 @@ def _convert_tflite(path: str, opset: int, dest: Path, ctx: PassContext) -> Refe
         return session.run(feeds)
 
     batch = session.inputs[0].shape[0] if session.inputs and session.inputs[0].shape and session.inputs[0].shape[0] else None
-    return Reference(session.inputs, run, batch=batch, steps=steps, source="TFLite")
+    depths = _requantization_depths(path, session) if steps else {}
+    return Reference(session.inputs, run, batch=batch, steps=steps, source="TFLite", depths=depths,
+                     plain=plain if steps else None)
+
+
+def _plain_tf2onnx(model: bytes, session: TFLiteSession):
+    """tf2onnx's own conversion (before optkit gives it TFLite's interface) run as the TFLite session runs: real
+    inputs quantized and outputs dequantized with the TFLite model's own scales. Its distance from TFLite is what a
+    faithful conversion gives (validation's step limits). None where its names are not the TFLite tensors'."""
+    sess = ort_session(model)
+    names = [o.name for o in sess.get_outputs()]
+    ins, outs = session.input_details, session.output_details
+    if {i.name for i in sess.get_inputs()} != {d["name"] for d in ins} or set(names) != {d["name"] for d in outs}:
+        return None
+
+    def run(feeds):
+        got = dict(zip(names, sess.run(None, {d["name"]: quantize(feeds[spec.name], d)
+                                                for d, spec in zip(ins, session.inputs)})))
+        return [dequantize(got[d["name"]], d) for d in outs]
+
+    return run
+
+
+def _requantization_depths(path: str, session: TFLiteSession) -> dict[str, int]:
+    """Each output's depth: the most requantizations on a path from an input, an op that writes an integer
+    tensor with a scale or zero point other than its first input's (QUANTIZE, convolutions, adds, means, ...;
+    a reshape or max pool keeps its input's and adds none)."""
+    interp = _undelegated(path, session.interp)
+    tensors = {t["index"]: t for t in interp.get_tensor_details()}
+
+    def qparams(i):
+        t = tensors.get(i)
+        quantized = t is not None and np.dtype(t["dtype"]).kind in "iu" and t["quantization"][0] != 0.0
+        return t["quantization"] if quantized else None
+
+    depth: dict[int, int] = {}
+    for op in interp._get_ops_details():   # in execution order: inputs before their consumers
+        ins = [i for i in op["inputs"] if i >= 0]
+        base = max((depth.get(i, 0) for i in ins), default=0)
+        for o in op["outputs"]:
+            q = qparams(o)
+            depth[o] = base + int(q is not None and (not ins or qparams(ins[0]) != q))
+    return {spec.name: depth.get(d["index"], 0) for d, spec in zip(session.output_details, session.outputs)}
 
 
 def _convert_keras(tf, path: str, opset: int, dest: Path, work: Path, config, ctx: PassContext) -> Reference:
@@ -493,8 +539,16 @@ def _validate(ref: Reference, onnx_path: Path, config, ctx: PassContext) -> dict
     except Exception as e:  # noqa: BLE001 - onnxruntime errors
         raise PassError(f"onnxruntime cannot run the converted model: {first_line(e)[:300]}") from None
     names = [o.name for o in onnx_outputs]
+    plain_out = None
+    if ref.plain is not None and config.atol is None and config.rtol is None:
+        try:
+            plain_out = run_batched(lambda f: ref.plain({src_for[k]: v for k, v in f.items()}), feed_specs, feeds,
+                                    batch)
+        except Exception as e:  # noqa: BLE001 - then the limits come from the depth
+            log.debug("plain tf2onnx's conversion does not run: %s", first_line(e))
     figures = validate(source_out, out, names, [str(np.asarray(r).dtype) for r in source_out], config, ref.source,
-                       labels, steps={n: ref.steps[n] for n in names if n in ref.steps})
+                       labels, steps={n: ref.steps[n] for n in names if n in ref.steps},
+                       depths=ref.depths, plain=plain_out)
     figures["inputs"] = where
     for name, o in figures["outputs"].items():
         q = o.get("step_error")
@@ -504,6 +558,10 @@ def _validate(ref: Reference, onnx_path: Path, config, ctx: PassContext) -> dict
                      f"sample{'s' if q['clear_samples'] != 1 else ''} whose top class is clear by over "
                      f"{q['clear_margin']:g} steps" if q["clear_samples"] else
                      f"; no sample's top class is clear by over {q['clear_margin']:g} steps, so top-1 is not judged")
+            lim = q["limits"]
             ctx.note(f"int8 output {name!r} judged in quantization steps ({q['step']:.4g}) on {where}: median "
-                     f"{q['median']:.3g}, p99 {q['p99']:.3g}, max {q['max']:.3g} steps{agree}")
+                     f"{q['median']:.3g}, p99 {q['p99']:.3g}, max {q['max']:.3g} steps, gain {q['gain'] or 0:+.3f}, "
+                     f"offset {q['offset']:+.2f}{agree} (limits from {lim['from']}: median {lim['median']:.3g}, "
+                     f"p90 {lim['p90']:.3g}, max {lim['max']:.3g}, |gain| {lim['gain']:.3g}, |offset| "
+                     f"{lim['offset']:.3g})")
     return figures

@@ -1,0 +1,82 @@
+"""Issue 31: a full-int8 MobileNetV2 at 224x224 (alpha 1.0, random weights, batch-norm statistics and calibration
+from the 100 real ImageNet images of ../shared/realcases/imagenet100), converted by `optkit convert` with default
+flags and by plain tf2onnx: top-1 agreement with TFLite on the images, the step distribution of each, and the
+verdict on a conversion with the output scale 10% off.
+
+    TF_USE_LEGACY_KERAS=1 .venv/bin/python benchmarks/tflite_int8.py
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+
+def main() -> None:
+    import tf2onnx
+    from test_tflite_int8 import images, run_broken
+    from test_tflite_int8_deep import mobilenet_v2_int8
+
+    from optkit.core.artifact import Artifact
+    from optkit.core.formats import Format
+    from optkit.measure.fidelity import step_errors
+    from optkit.onnx.session import ort_session
+    from optkit.runtimes.tflite import TFLiteSession, dequantize, quantize
+
+    tmp = Path(tempfile.mkdtemp(prefix="optkit-bench-"))
+    x = images(100, 224, keras=True)
+    model = tmp / "mobilenet_v2_224_int8.tflite"
+    mobilenet_v2_int8(model, x, alpha=1.0)
+    np.savez(tmp / "data.npz", input_1=x)
+
+    r = subprocess.run([sys.executable, "-m", "optkit", "convert", str(model), "-o", str(tmp / "optkit.onnx"),
+                        "--data", str(tmp / "data.npz"), "--json"], capture_output=True, text=True, cwd=ROOT)
+    print(f"optkit convert, default flags: exit {r.returncode}")
+    if r.returncode:
+        print(r.stderr.strip().splitlines()[-1])
+        return
+    judged = json.loads(r.stdout)["stages"][-1]["measurements"]["validation"]["outputs"]["logits"]["step_error"]
+    print(f"  its check (64 images): depth {judged['depth']}, limits from {judged['limits']['from']}: "
+          f"{ {k: v for k, v in judged['limits'].items() if k != 'from'} }")
+
+    tfl = TFLiteSession(Artifact(path=str(model), format=Format.TFLITE, sha256=""))
+    k = [s.name for s in tfl.outputs].index("logits")
+    d_in, d_out = tfl.input_details[0], tfl.output_details[k]
+    ref = np.concatenate([tfl.run({"input_1": x[i:i + 1]})[k] for i in range(len(x))])
+    ours = ort_session(tmp / "optkit.onnx")
+    mine = np.concatenate([ours.run(["logits"], {"input_1": x[i:i + 1]})[0] for i in range(len(x))])
+    tf2onnx.convert.from_tflite(str(model), output_path=str(tmp / "plain.onnx"))
+    plain = ort_session(tmp / "plain.onnx")
+    theirs = dequantize(np.concatenate([plain.run([d_out["name"]], {d_in["name"]: quantize(x[i:i + 1], d_in)})[0]
+                                        for i in range(len(x))]), d_out)
+    step = d_out["quantization"][0]
+    print(f"\non {len(x)} real images, against the TFLite interpreter (logits, step {step:.4g}):")
+    print(f"{'conversion':<14} {'top-1 agree':>11} {'median':>6} {'p90':>5} {'p99':>5} {'max':>5} {'gain':>7} "
+          f"{'offset':>7}")
+    for name, out in (("optkit", mine), ("plain tf2onnx", theirs)):
+        q = step_errors(ref, out, step, 8)
+        print(f"{name:<14} {np.mean(out.argmax(1) == ref.argmax(1)):>11.3f} {q['median']:>6.3g} {q['p90']:>5.3g} "
+              f"{q['p99']:>5.3g} {q['max']:>5.3g} {q['gain']:>+7.4f} {q['offset']:>+7.3f}")
+    print(f"optkit vs plain tf2onnx: outputs equal on {np.mean(np.abs(mine - theirs) < step / 2):.4%} of elements")
+
+    print()
+    for factor, shift, limits in ((1.1, 0, "plain"), (1.1, 0, "depth"), (1.0, 1, "plain"), (1.0, 1, "depth")):
+        out = tmp / f"broken_{factor}_{shift}_{limits}.onnx"
+        b = run_broken(model, out, tmp / "data.npz", factor=factor, shift=shift, limits=limits)
+        what = f"scale x{factor}" if factor != 1 else f"zero point {shift:+d}"
+        last = (b.stderr.strip().splitlines() or [""])[-1]
+        print(f"{what:<14} limits from {limits:<5}: exit {b.returncode}, output written: {out.exists()}")
+        print(f"    {last}")
+
+
+if __name__ == "__main__":
+    main()
