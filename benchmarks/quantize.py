@@ -139,6 +139,106 @@ def show(name, row):
     print(f"  {name:<34} size {row['size']:.3f}x  {lat}  cosine {row['cosine']:.5f}  {extra}")
 
 
+def encoders(tmp: Path, sizes=("minilm", "bert-base")) -> None:
+    """Dynamic INT8 of two BERT-style sentence encoders (tests/_encoders.py: a transformers config, seeded weights,
+    a 30,522-token table; real sentence pairs): onnxruntime's one-line calls beside optkit, in one run. Size vs
+    FP32, p50 latency at batch 1 on one thread at sequence 16 and 128 (interleaved rounds, plain onnxruntime on
+    the written files), cosine to FP32 over every pair (padding masked, optkit.measure's figure), wall time."""
+    import time
+
+    import onnx
+    from _encoders import encoder, pairs
+    from onnxruntime.quantization import quantize_dynamic
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    cache = Path(tempfile.gettempdir()) / "optkit-bench-cache"
+    data = {seq: tmp / f"pairs{seq}.npz" for seq in (16, 128)}
+    for seq, path in data.items():
+        np.savez(path, **pairs(seq))
+    for size in sizes:
+        model = encoder(size, cache)
+        print(f"{size} encoder ({model.stat().st_size / 1e6:.0f} MB FP32; {len(np.load(data[16])['input_ids'])} "
+              "sentence pairs)")
+        rows: dict[str, tuple[Path | None, float, str]] = {}
+
+        def ort(label, fn, out):
+            t0 = time.perf_counter()
+            try:
+                fn(out)
+                rows[label] = (out, time.perf_counter() - t0, "")
+            except Exception as e:  # noqa: BLE001 - the one-line call may fail on this graph: say so
+                rows[label] = (None, time.perf_counter() - t0, str(e).strip().splitlines()[-1][:110])
+
+        ort("quantize_dynamic(per_channel=True)", lambda o: quantize_dynamic(str(model), str(o), per_channel=True),
+            tmp / f"{size}_ort.onnx")
+
+        def pre_then_quantize(o):
+            pre = tmp / f"{size}_pre.onnx"
+            quant_pre_process(str(model), str(pre), skip_symbolic_shape=True)
+            quantize_dynamic(str(pre), str(o), per_channel=True,
+                             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+
+        ort("quant_pre_process + quantize_dynamic(pc)", pre_then_quantize, tmp / f"{size}_ort_pre.onnx")
+        for label, extra in (("optkit before (tables float, unfused)", ["--exclude-op", "Gather", "--no-fusion"]),
+                             ("optkit quantize --mode dynamic", [])):
+            out = tmp / f"{size}_optkit_{len(extra)}.onnx"
+            t0 = time.perf_counter()
+            r = subprocess.run([sys.executable, "-m", "optkit", "quantize", str(model), "-o", str(out), "--mode",
+                                "dynamic", "--eval-data", str(data[16]), "--allow-slower", "--json", *extra],
+                               capture_output=True, text=True)
+            took = time.perf_counter() - t0
+            why = "" if r.returncode == 0 else (r.stderr.strip().splitlines() or ["?"])[-1][:110]
+            rows[label] = (out if not why else None, took, why)
+            if not why:
+                import json
+
+                q = json.loads(r.stdout)["stages"][-1]["measurements"]["quantize"]
+                chosen = next(c["variant"] for c in q["candidates"] if c["chosen"])
+                rows[label] = (out, took, f"chose {chosen}; {len(q['candidates'])} candidates, " + ", ".join(
+                    f"{k} {v:.0f} s" for k, v in q["phases_s"].items()))
+        encoder_table(model, rows, data)
+
+
+def encoder_table(model: Path, rows: dict, data: dict) -> None:
+    """One interleaved timing run of FP32 and every file written, at each sequence length; then one line each."""
+    import time
+
+    import onnxruntime as rt
+
+    from optkit.core.artifact import Artifact
+    from optkit.measure.model import DataSpec, MeasureSettings, measure
+
+    files = {"FP32": model, **{k: v[0] for k, v in rows.items() if v[0] is not None}}
+    opts = rt.SessionOptions()
+    opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+    sessions = {k: rt.InferenceSession(str(f), opts, providers=["CPUExecutionProvider"]) for k, f in files.items()}
+    lat: dict[tuple[str, int], float] = {}
+    for seq, path in data.items():
+        feeds = {k: v[:1] for k, v in np.load(path).items()}
+        times: dict[str, list[float]] = {k: [] for k in sessions}
+        for sess in sessions.values():
+            for _ in range(5):
+                sess.run(None, feeds)
+        for _ in range(60 if seq == 16 else 15):
+            for k, sess in sessions.items():
+                t0 = time.perf_counter()
+                sess.run(None, feeds)
+                times[k].append(time.perf_counter() - t0)
+        for k in sessions:
+            lat[(k, seq)] = float(np.median(times[k]))
+    settings = MeasureSettings(threads=1)
+    for label, (out, took, why) in rows.items():
+        if out is None:
+            print(f"  {label:<40} FAILED ({took:.1f} s): {why}")
+            continue
+        cos = measure(Artifact.load(out), settings, latency=False, data=DataSpec(path=str(data[16])),
+                      reference=Artifact.load(model))["fidelity"]["cosine"]
+        ratios = "  ".join(f"lat s{seq} {lat[(label, seq)] / lat[('FP32', seq)]:.2f}x" for seq in data)
+        print(f"  {label:<40} size {out.stat().st_size / model.stat().st_size:.3f}x  {ratios}  cosine {cos:.4f}  "
+              f"({took:.1f} s{'; ' + why if why else ''})")
+    print("  FP32 p50: " + ", ".join(f"s{seq} {lat[('FP32', seq)] * 1e3:.2f} ms" for seq in data))
+
+
 TR = {"vocab": 64, "d_model": 256, "layers": 4, "heads": 4, "seq": 32, "steps": 60, "batch": 16, "lr": 1e-3}
 
 

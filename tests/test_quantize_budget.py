@@ -89,6 +89,10 @@ def test_pick_order_speed_then_size_then_accuracy_beyond_its_noise():
     # more than 10% larger: size first, even for a real accuracy gain inside the budget
     exact_big = _timed(4, **tie, drop=0.0, size=1200, per_sample=_wrong(2))
     assert b.pick([lossy, exact_big]) is lossy
+    # onnxruntime's fused ops only where they are faster: a tie goes to standard ONNX ops, even a bit larger
+    fused = _timed(5, **tie, drop=0.0, size=990, per_sample=_wrong(10))
+    fused.settings = Settings(fused=True)
+    assert b.pick([fused, lossy]) is lossy
     # untimed (no latency search): the same order without the speed step - the smallest file here
     untimed = [Candidate(index=i, settings=Settings(), path=Path("c.onnx"), bytes=n) for i, n in ((0, 30), (1, 20))]
     for c in untimed:

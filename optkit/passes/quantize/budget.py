@@ -83,7 +83,8 @@ class Budget:
         2. a file smaller by more than SMALLER: of those, the ones within that margin of the smallest;
         3. more accurate beyond the accuracy figure's own noise (`more_accurate`, a paired test on the same check
            samples): of those, the ones no other beats;
-        4. then the smallest file (then the first built).
+        4. then standard ONNX ops over onnxruntime's fused contrib ops (a file more runtimes run: a fused candidate
+           is kept only where it is faster), then the smallest file (then the first built).
         A cosine or top-1 difference inside its noise never buys a larger file."""
         timed = [c for c in pool if c.latency_ratio is not None]
 
@@ -97,7 +98,7 @@ class Budget:
         smallest = min(c.bytes for c in fastest)
         small = [c for c in fastest if c.bytes * (1 - SMALLER) <= smallest]
         accurate = [c for c in small if not any(self.more_accurate(d, c) for d in small)]
-        return min(accurate, key=lambda c: (c.bytes, c.index))
+        return min(accurate, key=lambda c: (bool(c.settings.fused), c.bytes, c.index))
 
     def more_accurate(self, a: Candidate, b: Candidate) -> bool:
         """`a` is more accurate than `b` beyond the noise of the figure the budget bounds: on the same check
