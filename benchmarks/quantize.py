@@ -1,8 +1,10 @@
 """Quantization side by side: the naive onnxruntime call vs optkit, in one run.
 
-    .venv/bin/python benchmarks/quantize.py            # MNIST (full 10k test set), sample CNN, transformer
+    .venv/bin/python benchmarks/quantize.py                     # every section, in one run (~30 min on 2 cores)
+    .venv/bin/python benchmarks/quantize.py --only encoders      # MiniLM- and BERT-base-sized encoders, dynamic
+    .venv/bin/python benchmarks/quantize.py --only efficientnet  # EfficientNet-Lite1 static (25/75 and 100/900) and
+                                                                 # dynamic
     .venv/bin/python benchmarks/quantize.py --only transformer   # one section (mnist, cnn, transformer)
-    .venv/bin/python benchmarks/quantize.py --only efficientnet  # EfficientNet-Lite1: ImageNet, 25 calibrate, 75 evaluate
 
 Prints size ratio, accuracy drop (or cosine) and latency ratio at batch 1 and 32 (p50 vs the FP32 parent, one
 thread, best of 3 interleaved optkit.measure calls: the machine may be shared) for each. optkit runs with
@@ -101,6 +103,14 @@ def efficientnet(tmp: Path) -> None:
     print("  the search's cost at scale: 100 calibration images, 900 evaluation views (9 crops of each image)")
     search("optkit --max-accuracy-drop 0.01", model, *imagenet100_views(tmp), ["--max-accuracy-drop", "0.01"], tmp,
            table=False)
+    print("  dynamic INT8 (no calibration): onnxruntime's one-line call beside optkit's search")
+    from onnxruntime.quantization import quantize_dynamic
+
+    out = tmp / "ort_dynamic.onnx"
+    t0 = time.perf_counter()
+    quantize_dynamic(str(pre), str(out), per_channel=True)
+    show(f"onnxruntime quantize_dynamic(pc) ({time.perf_counter() - t0:.0f} s)", figures(out, model, str(ev), "top1"))
+    search("optkit --mode dynamic", model, calib, ev, ["--mode", "dynamic"], tmp, table=False)
 
 
 def search(label: str, model: Path, calib: Path, ev: Path, budget: list[str], tmp: Path, table: bool = True) -> None:
@@ -110,8 +120,9 @@ def search(label: str, model: Path, calib: Path, ev: Path, budget: list[str], tm
 
     out = tmp / f"optkit_{budget[0][2:]}_{ev.stem}.onnx"
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "optkit", "quantize", str(model), "-o", str(out), "--calibration-data",
-                        str(calib), "--eval-data", str(ev), "--metric", "top1", *budget, "--allow-slower", "--json"],
+    data = ["--eval-data", str(ev)] if "dynamic" in budget else ["--calibration-data", str(calib), "--eval-data", str(ev)]
+    r = subprocess.run([sys.executable, "-m", "optkit", "quantize", str(model), "-o", str(out), *data, "--metric",
+                        "top1", *budget, "--allow-slower", "--json"],
                        capture_output=True, text=True)
     wall = time.perf_counter() - t0
     if r.returncode:
@@ -304,14 +315,17 @@ def main() -> None:
     from optkit.measure.datasets import load_dataset
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", choices=("mnist", "cnn", "transformer", "efficientnet"), help="run one section")
+    ap.add_argument("--only", choices=("encoders", "efficientnet", "mnist", "cnn", "transformer"),
+                    help="run one section")
     only = ap.parse_args().only
     tmp = Path(tempfile.mkdtemp(prefix="optkit-bench-"))
-    if only == "efficientnet":  # not in the default run: a few minutes on a laptop
-        if not (REAL / "efficientnet_lite1.onnx").exists():
-            sys.exit(f"no {REAL / 'efficientnet_lite1.onnx'} here")
-        efficientnet(tmp)
-        return
+    if only in (None, "encoders"):
+        encoders(tmp)
+    if only in (None, "efficientnet"):
+        if (REAL / "efficientnet_lite1.onnx").exists():
+            efficientnet(tmp)
+        else:
+            print(f"EfficientNet-Lite1: no {REAL / 'efficientnet_lite1.onnx'} here, skipped")
     if (REAL / "mnist.onnx").exists() and only in (None, "mnist"):
         images = str(REAL / "t10k-images-idx3-ubyte.gz")
         print("MNIST (mnist.onnx, 10k test images; calibration 256 images)")
@@ -358,7 +372,7 @@ def main() -> None:
         optkit(samples / "torch_cnn.onnx", "-o", out, "--calibration-data", cal, "--eval-data", ev, "--allow-slower")
         show("optkit static", figures(out, samples / "torch_cnn.onnx", ev, "top1"))
 
-    if only and only != "transformer":
+    if only not in (None, "transformer"):
         return
     cache = Path(tempfile.gettempdir()) / "optkit-bench-cache"
     tr, acc = trained_transformer(cache)
