@@ -295,3 +295,17 @@ def test_the_search_skips_what_the_table_says_cannot_win_and_full_search_builds_
     q, _ = _quantize(cli, tmp_path, model, "--per-channel", "--no-reduce-range", "--full-search")
     assert sorted(map(sorted, (c["op_types"] for c in q["candidates"]))) == [["Conv", "MatMul"], ["MatMul"]]
     assert "skipped" not in q["settings"] and "kernel_table" not in q["settings"]
+
+
+def test_only_skips_that_might_meet_the_budget_are_retried(tmp_path):
+    from optkit.passes.quantize.candidates import Candidate
+
+    space = Static(QuantizeConfig(mode="static"), tmp_path).space()
+    tried = [Candidate(index=i, settings=s, path=tmp_path / f"c{i}.onnx", fidelity={"loss": 1.0})
+             for i, s in enumerate(space) if s.format == "qdq" and s.activation_type == "uint8" and not s.reduce_range]
+    held = [s for s in space if s not in {c.settings for c in tried}]
+    retry = kernels.worth_retrying(held, tried)
+    # QOp u8 (the tried QDQ u8's twins) and the reduce-range twins of what was tried are not retried
+    assert all(not (s.activation_type == "uint8" and s.format == "qoperator") for s in retry)
+    assert all(not (s.reduce_range and s.activation_type == "uint8") for s in retry)
+    assert {(s.format, s.activation_type) for s in retry} == {("qdq", "int8"), ("qoperator", "int8")}

@@ -454,3 +454,15 @@ def slow_convs_lose(model, nodes: list[str], settings: Settings, ratios: dict) -
         return None
     return (f"the {len(layers)} small-channel convs run at {est:.2f}x float time in int8 on this CPU (kernel table): "
             "keeping them float cannot be faster")
+
+
+def worth_retrying(held: list[Settings], tried: list) -> list[Settings]:
+    """The skipped settings that might meet the budgets where every tried candidate missed them: not one whose
+    arithmetic a tried candidate already had (its other format: QDQ and QOperator compute the same numbers), nor a
+    reduce-range one whose full-range twin was tried (7-bit weights are only coarser)."""
+    def same_numbers(s: Settings) -> Settings:  # the format changes speed, not the outputs
+        return replace(s, format="qdq") if s.format else s
+
+    done = {same_numbers(c.settings) for c in tried if c.fidelity is not None}
+    return [s for s in held if same_numbers(s) not in done
+            and not (s.reduce_range and same_numbers(replace(s, reduce_range=False)) in done)]

@@ -112,7 +112,8 @@ class Quantizer:
         self.settings.update(budget=self.budget.kind, budget_value=self.budget.value)
         space, held = self._prune(self.strategy.space())
         tried = self._try_all(space) if self.cfg.latency_search else self._first_that_builds(space)
-        if not any(c.passed for c in tried) and held:  # the kernel table's skips, since accuracy needs them
+        held = kernels.worth_retrying(held, tried) if not any(c.passed for c in tried) else []
+        if held:  # the kernel table's skips that might meet the budgets where the others missed them
             self.settings["skipped_tried"] = len(held)
             tried += self._try_all(held)
         if not any(c.passed for c in tried):
