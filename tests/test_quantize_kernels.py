@@ -241,11 +241,19 @@ def test_static_skips_the_format_and_activation_type_that_lose(tmp_path):
     slow = _ratios(**{c: {"qop_s8": 6.0, "qdq_u8": 0.5, "qdq_s8": 0.5, "qop_u8": 0.5}
                       for c in ("conv3x3_small", "gemv")})
     keep, skipped = kernels.prune("static", space, _model(tmp_path), slow)
-    assert {(s.format, s.activation_type) for s, _ in skipped} == {("qoperator", "int8")}
-    assert {(s.format, s.activation_type) for s in keep} == {("qdq", "uint8"), ("qdq", "int8"), ("qoperator", "uint8")}
-    assert "QOp s8" in skipped[0][1] and "kernel table" in skipped[0][1]
-    # all within SLOWER of the best: all kept; a format the user fixed is never compared with another
-    assert kernels.prune("static", space, _model(tmp_path), _ratios())[1] == []
+    why = {(s.format, s.activation_type): w for s, w in skipped}
+    assert set(why) == {("qoperator", "int8"), ("qoperator", "uint8")}
+    assert {(s.format, s.activation_type) for s in keep} == {("qdq", "uint8"), ("qdq", "int8")}
+    assert "QOp s8 kernels run" in why["qoperator", "int8"] and "kernel table" in why["qoperator", "int8"]
+    assert "the same numbers as QDQ u8" in why["qoperator", "uint8"]  # a format twin, not clearly faster
+    # a QOperator twin clearly faster: the QDQ one is skipped instead
+    fast_qop = _ratios(**{c: {"qop_u8": 0.3, "qdq_u8": 0.5, "qdq_s8": 0.3, "qop_s8": 6.0}
+                          for c in ("conv3x3_small", "gemv")})
+    skipped = kernels.prune("static", space, _model(tmp_path), fast_qop)[1]
+    assert {(s.format, s.activation_type) for s, _ in skipped} == {("qoperator", "int8"), ("qdq", "uint8")}
+    # a format the user fixed is never compared with another
+    assert kernels.prune("static", Static(QuantizeConfig(mode="static", format="qdq"), tmp_path).space(),
+                         _model(tmp_path), _ratios())[1] == []
     one = Static(QuantizeConfig(mode="static", format="qoperator", activation_type="int8"), tmp_path).space()
     assert kernels.prune("static", one, _model(tmp_path), slow)[1] == []
 

@@ -406,7 +406,8 @@ def prune(mode: str, space: list[Settings], model, ratios: dict,
     """(the settings worth building, [(a setting skipped, why)]). Dynamic: the settings that quantize Conv when
     ConvInteger runs SLOWER than float Conv for this model's convs and a setting keeping Conv float is in the
     space. Static: a format and activation type whose kernels, for this model's Conv and MatMul/Gemm layers, run
-    SLOWER than the best pair's. Both: reduce_range where the CPU's int8 dot products do not saturate (`flags`,
+    SLOWER than the best pair's; of two format twins (QDQ and QOperator of one activation type: the same numbers)
+    the QOperator one unless it runs FASTER than the QDQ one (then the QDQ one). Both: reduce_range where the CPU's int8 dot products do not saturate (`flags`,
     the table's key: DOT_PRODUCT) and the same setting without it is in the space: 7-bit weights only avoid the
     u8 x s8 saturation of older CPUs, so here they run on the same kernels with coarser weights. Nothing is
     skipped that would leave the space empty."""
@@ -433,12 +434,20 @@ def prune(mode: str, space: list[Settings], model, ratios: dict,
             best = min(est, key=est.get)
             losers = {v for v, e in est.items() if e > SLOWER * est[best]}
             names = {"qdq_u8": "QDQ u8", "qdq_s8": "QDQ s8", "qop_u8": "QOp u8", "qop_s8": "QOp s8"}
+            why = {v: f"{names[v]} kernels run this model's {len(anchors)} Conv/MatMul layers at {est[v]:.2f}x float "
+                      f"time on this CPU, {names[best]} at {est[best]:.2f}x (kernel table)" for v in losers}
+            for act in ("u8", "s8"):  # format twins: the same numbers; the other is built only if clearly faster
+                qdq, qop = f"qdq_{act}", f"qop_{act}"
+                if qdq in est and qop in est and not {qdq, qop} & losers:
+                    twin, other = (qdq, qop) if est[qop] < FASTER * est[qdq] else (qop, qdq)
+                    losers.add(twin)
+                    why[twin] = (f"{names[twin]} computes the same numbers as {names[other]}, and its kernels are not "
+                                 f"clearly faster here ({est[twin]:.2f}x float time against {est[other]:.2f}x for this "
+                                 "model's layers, kernel table)")
             for s in space:
                 v = static_variant(s) if s.format else None
                 if v in losers and all(s is not t for t, _ in skipped):
-                    skipped.append((s, f"{names[v]} kernels run this model's {len(anchors)} Conv/MatMul layers at "
-                                       f"{est[v]:.2f}x float time on this CPU, {names[best]} at {est[best]:.2f}x "
-                                       "(kernel table)"))
+                    skipped.append((s, why[v]))
     held = {id(s) for s, _ in skipped}
     if len(held) >= len(space):
         return space, []
