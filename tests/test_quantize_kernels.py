@@ -27,7 +27,7 @@ def cache(tmp_path, monkeypatch) -> Path:
 
 def _ratios(**over) -> dict:
     """A table: every class and variant at 1.0 but those given as {class: {variant: ratio}}."""
-    table = {c: {v: 1.0 for v in kernels.VARIANTS} for c in kernels.CLASSES}
+    table = {c: {v: 1.0 for v in kernels.variants_of(c)} for c in kernels.CLASSES}
     for cls, row in over.items():
         table[cls].update(row)
     return table
@@ -48,8 +48,8 @@ def test_the_real_table_is_measured_once_then_read_back(cache):
     first = kernels.load_table()
     assert not first.cached and first.path.parent == cache and first.path.is_file()
     assert set(first.ratios) == set(kernels.CLASSES)
-    for row in first.ratios.values():
-        assert set(row) == set(kernels.VARIANTS)
+    for cls, row in first.ratios.items():
+        assert set(row) == set(kernels.variants_of(cls)) and set(kernels.VARIANTS) <= set(row)
         assert all(math.isfinite(r) and kernels.RATIO_BOUNDS[0] <= r <= kernels.RATIO_BOUNDS[1] for r in row.values())
     doc = json.loads(first.path.read_text())
     assert doc["schema"] == kernels.SCHEMA and doc["key"] == kernels.table_key()
@@ -264,6 +264,11 @@ def test_keeping_small_convs_float_is_skipped_only_where_their_int8_kernels_win(
     why = kernels.slow_convs_lose(model, ["dw"], setting, _ratios(dwconv_small={"qdq_u8": 0.5}))
     assert why and "0.50x float" in why
     assert kernels.slow_convs_lose(model, ["dw"], setting, _ratios(dwconv_small={"qdq_u8": 1.3})) is None
+    # a MobileNet block with its depthwise convs float clearly slower than all-int8: the variant cannot win either
+    block = _ratios(dwconv_small={"qdq_u8": 1.3}, mbconv={"qdq_u8": 0.8, "qdq_u8_dwfloat": 1.2})
+    assert "1.50x the time of the all-int8 block" in kernels.slow_convs_lose(model, ["dw"], setting, block)
+    block = _ratios(dwconv_small={"qdq_u8": 1.3}, mbconv={"qdq_u8": 0.8, "qdq_u8_dwfloat": 0.6})
+    assert kernels.slow_convs_lose(model, ["dw"], setting, block) is None
 
 
 def test_layer_classes_name_the_shape_classes(tmp_path):

@@ -39,7 +39,7 @@ from optkit.passes.quantize.candidates import Settings
 
 log = logging.getLogger("optkit.passes.quantize.search")
 
-SCHEMA = 1
+SCHEMA = 2
 MAX_BYTES = 64 * 1024            # a table is about 2 kB; anything larger is not ours
 RATIO_BOUNDS = (1e-3, 1e3)       # a ratio outside these is not a measurement
 FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8", "amx_bf16", "amx_tile", "asimd",
@@ -57,8 +57,16 @@ CLASSES: dict[str, tuple] = {
     "matmul_small": ("matmul", 32, 128, 128),
     "matmul_large": ("matmul", 32, 512, 512),
     "gemv": ("matmul", 1, 512, 512),
+    # a MobileNet block (1x1 expand, depthwise 3x3, 1x1 project) x2, also timed with its depthwise convs kept float
+    "mbconv": ("mbconv", 32, 96, 28),
 }
 VARIANTS = ("dynamic", "qdq_u8", "qdq_s8", "qop_u8", "qop_s8")  # each against "float"
+STATIC = VARIANTS[1:]
+EXTRA = {"mbconv": tuple(f"{v}_dwfloat" for v in STATIC)}    # the block with its depthwise convs float
+
+
+def variants_of(cls: str) -> tuple[str, ...]:
+    return VARIANTS + EXTRA.get(cls, ())
 DOT_PRODUCT = ("avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")  # int8 dot products that do not saturate
 SLOWER = 1.10        # a variant this much slower than float (dynamic Conv) or than the best variant (static) loses
 FASTER = 0.90        # int8 this much faster than float: keeping those layers float cannot win
@@ -130,7 +138,7 @@ def read_cached(path: Path, key: dict[str, Any]) -> dict[str, dict[str, float]] 
     if not isinstance(ratios, dict) or set(ratios) != set(CLASSES):
         return _bad(path, "classes missing or unknown")
     for cls, row in ratios.items():
-        if not isinstance(row, dict) or set(row) != set(VARIANTS):
+        if not isinstance(row, dict) or set(row) != set(variants_of(cls)):
             return _bad(path, f"{cls}: variants missing or unknown")
         for v in row.values():
             if type(v) not in (int, float) or not math.isfinite(v) or not RATIO_BOUNDS[0] <= v <= RATIO_BOUNDS[1]:
@@ -190,16 +198,22 @@ def measure_ratios(classes: dict[str, tuple] | None = None) -> dict[str, dict[st
     classes = classes or CLASSES
     with tempfile.TemporaryDirectory(prefix="optkit-kernels-") as tmp:
         work = Path(tmp)
-        models = {"float": work / "float.onnx"}
+        models = {"float": work / "float.onnx", "extra": work / "extra.onnx"}
+        extra = {c: classes[c] for c in EXTRA if c in classes}  # the classes timed with some layers float
         _save(_float_graph(classes), models["float"])
+        _save(_float_graph(extra), models["extra"])
         for variant in VARIANTS:
             models[variant] = work / f"{variant}.onnx"
             _quantize(models["float"], models[variant], variant, classes)
+        for variant in dict.fromkeys(v for c in extra for v in EXTRA[c]):
+            models[variant] = work / f"{variant}.onnx"
+            _quantize(models["extra"], models[variant], variant.removesuffix("_dwfloat"), extra,
+                      [f"dw{b}_{c}" for c in extra for b in range(2)])
         loaded = {v: _load(p) for v, p in models.items()}
         out = {}
         for cls in classes:
-            sessions = {v: onnx_session.ort_session(_branch(m, cls).SerializeToString(), threads=1)
-                        for v, m in loaded.items()}
+            sessions = {v: onnx_session.ort_session(_branch(loaded[v], cls).SerializeToString(), threads=1)
+                        for v in ("float", *variants_of(cls))}
             out[cls] = _time_class(sessions, _feed(classes[cls]))
     return out
 
@@ -219,7 +233,7 @@ def _time_class(sessions: dict, feed: dict) -> dict[str, float]:
             break
     base = statistics.median(times["float"])
     return {v: round(min(max(statistics.median(times[v]) / base, RATIO_BOUNDS[0]), RATIO_BOUNDS[1]), 4)
-            for v in VARIANTS}
+            for v in sessions if v != "float"}
 
 
 def _float_graph(classes: dict[str, tuple]):
@@ -250,6 +264,21 @@ def _float_graph(classes: dict[str, tuple]):
                 last = i == layers - 1
                 nodes.append(helper.make_node("Relu", [conv], [y if last else f"r{i}_{cls}"], name=f"relu{i}_{cls}"))
                 prev = f"r{i}_{cls}"
+        elif spec[0] == "mbconv":
+            _, cin, mid, hw = spec
+            inputs.append(helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, cin, hw, hw]))
+            outputs.append(helper.make_tensor_value_info(y, TensorProto.FLOAT, [1, cin, hw, hw]))
+            prev, layers = x, []
+            for b in range(2):
+                layers += [(f"pw{b}_{cls}", (mid, cin, 1, 1), 1, 0), (f"dw{b}_{cls}", (mid, 1, 3, 3), mid, 1),
+                           (f"pj{b}_{cls}", (cin, mid, 1, 1), 1, 0)]
+            for i, (name, shape, group, pad) in enumerate(layers):
+                inits.append(numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32) * 0.1, f"w_{name}"))
+                nodes.append(helper.make_node("Conv", [prev, f"w_{name}"], [name], name=name, group=group,
+                                              pads=[pad] * 4))
+                out = y if i == len(layers) - 1 else f"r_{name}"
+                nodes.append(helper.make_node("Relu", [name], [out], name=f"relu_{name}"))
+                prev = out
         else:
             _, rows, kk, n = spec
             inputs.append(helper.make_tensor_value_info(x, TensorProto.FLOAT, [rows, kk]))
@@ -268,21 +297,22 @@ def _float_graph(classes: dict[str, tuple]):
 
 def _feed(spec: tuple) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(1)
-    shape = [1, spec[1], spec[5], spec[5]] if spec[0] == "conv" else [spec[1], spec[2]]
+    hw = {"conv": 5, "mbconv": 3}.get(spec[0])
+    shape = [1, spec[1], spec[hw], spec[hw]] if hw else [spec[1], spec[2]]
     return {"x": rng.standard_normal(shape).astype(np.float32)}
 
 
-def _quantize(src: Path, dest: Path, variant: str, classes: dict[str, tuple]) -> None:
+def _quantize(src: Path, dest: Path, variant: str, classes: dict[str, tuple], exclude=()) -> None:
     root = logging.getLogger()
     level = root.level
     root.setLevel(logging.ERROR)  # onnxruntime's quantizers warn through the root logger (pre-processing, QOp s8)
     try:
-        _quantize_quietly(src, dest, variant, classes)
+        _quantize_quietly(src, dest, variant, classes, list(exclude))
     finally:
         root.setLevel(level)
 
 
-def _quantize_quietly(src: Path, dest: Path, variant: str, classes: dict[str, tuple]) -> None:
+def _quantize_quietly(src: Path, dest: Path, variant: str, classes: dict[str, tuple], exclude: list) -> None:
     from onnxruntime.quantization import (
         CalibrationDataReader,
         QuantFormat,
@@ -310,7 +340,7 @@ def _quantize_quietly(src: Path, dest: Path, variant: str, classes: dict[str, tu
 
         quantize_static(str(src), str(dest), Reader(), quant_format=QuantFormat.QDQ if fmt == "qdq" else QuantFormat.QOperator,
                         per_channel=fmt == "qdq", activation_type=QuantType.QUInt8 if act == "u8" else QuantType.QInt8,
-                        weight_type=QuantType.QInt8,
+                        weight_type=QuantType.QInt8, nodes_to_exclude=exclude,
                         extra_options={"QDQDisableWeightAdjustForInt32Bias": True, "WeightAdjustForInt32Bias": False})
 
 
@@ -455,14 +485,21 @@ def prune(mode: str, space: list[Settings], model, ratios: dict,
 
 
 def slow_convs_lose(model, nodes: list[str], settings: Settings, ratios: dict) -> str | None:
-    """Why keeping the small-channel convs `nodes` float cannot win with these (static) settings: their int8
-    kernels run FASTER than float here; None when it might."""
+    """Why keeping the small-channel convs `nodes` float cannot win with these (static) settings, or None when it
+    might: their int8 kernels run FASTER than float here, or a MobileNet block with its depthwise convs float
+    (between int8 layers: the conversions around them included) takes SLOWER times the all-int8 block's time."""
+    v = static_variant(settings)
     layers = [x for x in layer_classes(model)["Conv"] if x[0] in set(nodes)]
-    est = estimate(layers, ratios, static_variant(settings))
-    if est is None or est > FASTER:
-        return None
-    return (f"the {len(layers)} small-channel convs run at {est:.2f}x float time in int8 on this CPU (kernel table): "
-            "keeping them float cannot be faster")
+    est = estimate(layers, ratios, v)
+    if est is not None and est <= FASTER:
+        return (f"the {len(layers)} small-channel convs run at {est:.2f}x float time in int8 on this CPU (kernel "
+                "table): keeping them float cannot be faster")
+    block = ratios.get("mbconv", {})
+    if f"{v}_dwfloat" in block and block[f"{v}_dwfloat"] >= SLOWER * block[v]:
+        return (f"a MobileNet block with its depthwise convs float runs at {block[f'{v}_dwfloat'] / block[v]:.2f}x "
+                "the time of the all-int8 block on this CPU (kernel table: the conversions around float layers "
+                "cost more than their int8 kernels lose)")
+    return None
 
 
 def worth_retrying(held: list[Settings], tried: list) -> list[Settings]:
