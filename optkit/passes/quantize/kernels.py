@@ -68,7 +68,9 @@ EXTRA = {"mbconv": tuple(f"{v}_dwfloat" for v in STATIC)}    # the block with it
 def variants_of(cls: str) -> tuple[str, ...]:
     return VARIANTS + EXTRA.get(cls, ())
 DOT_PRODUCT = ("avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")  # int8 dot products that do not saturate
-SLOWER = 1.10        # a variant this much slower than float (dynamic Conv) or than the best variant (static) loses
+SLOWER = 1.10        # dynamic Conv this much slower than float, or a block with float layers than all-int8, loses
+LOSES = 1.25         # a static format and activation type this much slower than the best pair loses (wider: the
+                     # pairs are often within 10% of each other, and the table is measured once, maybe under load)
 FASTER = 0.90        # int8 this much faster than float: keeping those layers float cannot win
 ROUNDS, ROUND_LIMIT_S = 30, 0.5   # interleaved calls per class at most, and seconds per class
 
@@ -436,11 +438,12 @@ def prune(mode: str, space: list[Settings], model, ratios: dict,
     """(the settings worth building, [(a setting skipped, why)]). Dynamic: the settings that quantize Conv when
     ConvInteger runs SLOWER than float Conv for this model's convs and a setting keeping Conv float is in the
     space. Static: a format and activation type whose kernels, for this model's Conv and MatMul/Gemm layers, run
-    SLOWER than the best pair's; of two format twins (QDQ and QOperator of one activation type: the same numbers)
-    the QOperator one unless it runs FASTER than the QDQ one (then the QDQ one). Both: reduce_range where the CPU's int8 dot products do not saturate (`flags`,
-    the table's key: DOT_PRODUCT) and the same setting without it is in the space: 7-bit weights only avoid the
-    u8 x s8 saturation of older CPUs, so here they run on the same kernels with coarser weights. Nothing is
-    skipped that would leave the space empty."""
+    LOSES times slower than the best pair's; of two format twins (QDQ and QOperator of one activation type: the
+    same numbers) the QOperator one unless it runs FASTER than the QDQ one (then the QDQ one). Both:
+    reduce_range where the CPU's int8 dot products do not saturate (`flags`, the table's key: DOT_PRODUCT) and
+    the same setting without it is in the space: 7-bit weights only avoid the u8 x s8 saturation of older CPUs,
+    so here they run on the same kernels with coarser weights. Nothing is skipped that would leave the space
+    empty."""
     layers = layer_classes(model)
     skipped: list[tuple[Settings, str]] = []
     dot = sorted(set(flags) & set(DOT_PRODUCT))
@@ -462,7 +465,7 @@ def prune(mode: str, space: list[Settings], model, ratios: dict,
         est = {v: estimate(anchors, ratios, v) for v in pairs}
         if len(pairs) > 1 and None not in est.values():
             best = min(est, key=est.get)
-            losers = {v for v, e in est.items() if e > SLOWER * est[best]}
+            losers = {v for v, e in est.items() if e > LOSES * est[best]}
             names = {"qdq_u8": "QDQ u8", "qdq_s8": "QDQ s8", "qop_u8": "QOp u8", "qop_s8": "QOp s8"}
             why = {v: f"{names[v]} kernels run this model's {len(anchors)} Conv/MatMul layers at {est[v]:.2f}x float "
                       f"time on this CPU, {names[best]} at {est[best]:.2f}x (kernel table)" for v in losers}
