@@ -1,9 +1,12 @@
 """Shared fixtures: paths to the sample models and real cases, and a way to run the real CLI."""
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +18,10 @@ REALCASES = ROOT.parent / "shared" / "realcases"
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# the per-user cache (quantize's kernel table, the TensorRT timing cache) is the suite's own, never the real one
+_CACHE = tempfile.mkdtemp(prefix="optkit-test-cache-")
+os.environ["OPTKIT_CACHE_DIR"] = _CACHE
+atexit.register(shutil.rmtree, _CACHE, True)
 
 
 @dataclass

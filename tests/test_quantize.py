@@ -123,12 +123,13 @@ def test_static_sample_cnn_accuracy_and_size(cli, samples, tmp_path):
     out = tmp_path / "q.onnx"
     r = cli("quantize", samples / "torch_cnn.onnx", "-o", out, "--mode", "static",
             "--calibration-data", samples / "digits_calib_nchw.npz", "--eval-data", samples / "digits_eval_nchw.npz",
-            "--metric", "top1", "--allow-slower", "--json")
+            "--metric", "top1", "--allow-slower", "--json", "--full-search")
     rep = _json(r)
     inp, res = _stages(rep)
     assert out.exists()
     assert res["size"]["bytes"] <= 0.30 * inp["size"]["bytes"]
-    cands = res["quantize"]["candidates"]  # the settings space: formats x activation types x per-channel x rr
+    # the whole settings space (--full-search: nothing skipped by this CPU's kernel table, tests/test_quantize_kernels)
+    cands = res["quantize"]["candidates"]  # formats x activation types x per-channel x rr
     assert {c["format"] for c in cands} == {"qdq", "qoperator"}
     assert {c["activation_type"] for c in cands} == {"uint8", "int8"} and {c["per_channel"] for c in cands} == {
         True, False} and {c["reduce_range"] for c in cands} == {True, False}
@@ -449,8 +450,9 @@ def test_search_is_bounded_and_says_so(cli, samples, tmp_path):
     assert len(q["candidates"]) == 3
     assert any("the search stopped after 3 candidates" in n for n in rep["stages"][1]["notes"])
     # how long each phase took: in the report, and logged at -v
-    assert set(q["phases_s"]) == {"build", "score", "time"} and all(v >= 0 for v in q["phases_s"].values())
-    assert "quantize search: 3 candidates; build" in r.err and "timing" in r.err
+    # (kernels: this CPU's kernel table, read from the cache or measured, before any candidate)
+    assert set(q["phases_s"]) == {"kernels", "build", "score", "time"} and all(v >= 0 for v in q["phases_s"].values())
+    assert "quantize search: kernel table" in r.err and "3 candidates (" in r.err and "timing" in r.err
 
 
 def test_check_samples_subset_is_reported_with_its_noise(cli, samples, tmp_path):
@@ -507,7 +509,7 @@ def test_qoperator_twins_of_settings_that_missed_are_not_built(cli, samples, tmp
     calibrations."""
     r = cli("quantize", samples / "torch_cnn.onnx", "-o", tmp_path / "q.onnx", "--calibration-data",
             samples / "digits_calib_nchw.npz", "--eval-data", samples / "digits_eval_nchw.npz",
-            "--max-fidelity-loss", "1e-9", "--json")
+            "--max-fidelity-loss", "1e-9", "--json", "--full-search")  # the twin rule alone, not the kernel table's
     assert r.rc == 3 and not (tmp_path / "q.onnx").exists()
     variants = [c["variant"] for c in json.loads(r.out)["candidates"]]
     assert variants[:8] == [f"QDQ {a} {c}{rr} minmax" for a in ("u8", "s8") for c in ("pc", "pt")

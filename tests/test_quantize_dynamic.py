@@ -89,7 +89,8 @@ def _not_slower_or_refused(r, data, out: Path) -> dict | None:
 
 def test_conv_net_with_a_matmul_head_keeps_conv_float_or_is_refused(cli, models, tmp_path):
     out = tmp_path / "q.onnx"
-    r, data = _quantize(cli, models["conv_head"], out, "--per-channel")
+    r, data = _quantize(cli, models["conv_head"], out, "--per-channel", "--full-search")  # both tiers, whatever
+    # this CPU's kernel table says of ConvInteger (its skip: tests/test_quantize_kernels.py)
     cands = data.get("stages", [{}, {}])[1].get("measurements", {}).get("quantize", {}).get("candidates") or \
         data.get("candidates")
     # both tiers were tried: Linear layers alone (Conv float), then with Conv (no duplicates)

@@ -113,6 +113,11 @@ class QuantizeConfig(PassConfig):
                                  json_schema_extra=cli("--no-latency-search", sets=False,
                                                        help="Build only the first setting (no search over formats, "
                                                             "types, per-channel, reduce-range, calibration)."))
+    # static / dynamic INT8 for the CPU: settings this CPU's kernel table (kernels.py, cached per machine) says cannot
+    # win are skipped unless none of the others meets the budgets; full_search builds them all
+    full_search: bool = Field(default=False, description="Build every setting of the search, also those this CPU's "
+                                                         "int8 kernel table says cannot win.",
+                              json_schema_extra=cli("--full-search"))
     # size budget: output bytes / input bytes
     max_size_ratio: Optional[float] = Field(default=None, gt=0, description="Budget: output size / input size (e.g. "
                                                                             "0.3).",

@@ -65,9 +65,17 @@ class Teller:
             ctx.note(f"{len(slow)} candidates not scored on the whole set nor timed: on the screening subset they ran "
                      f"at least {CLEARLY_SLOWER:g}x slower than one that met the budgets ("
                      + ", ".join(f"{c.settings.label()}: slower than #{c.slower_than}" for c in slow) + ")")
-        if self.settings.get("skipped"):
-            ctx.note(f"skipped {len(self.settings['skipped'])} QOperator settings whose QDQ twin missed the budget "
+        skipped = self.settings.get("skipped", [])
+        twins = [s for s in skipped if s.get("rule") != "kernels"]
+        if twins:
+            ctx.note(f"skipped {len(twins)} QOperator settings whose QDQ twin missed the budget "
                      "(the same integer kernels: the format changes speed, not the outputs)")
+        by_table = [s for s in skipped if s.get("rule") == "kernels"]
+        if by_table:  # kernels.py: this CPU's int8 kernels against float, per shape class
+            ctx.note(f"skipped {len(by_table)} settings this CPU's kernel table says cannot win ("
+                     + "; ".join(dict.fromkeys(s["why"] for s in by_table)) + "); full_search (--full-search) "
+                     "builds them" + (", and they were built since no other met the budgets"
+                                      if self.settings.get("skipped_tried") else ""))
         if self.settings.get("stopped"):
             ctx.note(f"the search stopped {self.settings['stopped']} (max_candidates / --max-candidates, time_budget / --time-budget)")
 

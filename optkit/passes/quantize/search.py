@@ -31,10 +31,11 @@ import numpy as np
 from optkit.core.artifact import Artifact
 from optkit.core.errors import UsageError
 from optkit.core.registry import PassContext, require_extra
+from optkit.core.text import first_line
 from optkit.onnx import graph
 from optkit.onnx import io as onnx_io
 from optkit.onnx import session as onnx_session
-from optkit.passes.quantize import fusion
+from optkit.passes.quantize import fusion, kernels
 from optkit.passes.quantize.budget import Budget
 from optkit.passes.quantize.build import Builder, rank, schedule, small_channel_convs, twin_missed
 from optkit.passes.quantize.candidates import Candidate, Settings
@@ -72,6 +73,7 @@ class Quantizer:
         self.quantizable: list[str] = []  # "Conv x12": the ops of the mode the model holds
         self.budget = Budget.of(cfg)
         self.phases = {"build": 0.0, "score": 0.0, "time": 0.0}  # seconds spent in each phase of the search
+        self.kernel_table: kernels.Table | None = None  # this CPU's int8 kernels against float (_prune)
         self.nothing_faster: str | None = None  # dynamic: the one line saying no op here gets faster
         self.chooser = Chooser(cfg, self.budget, ctx, self.candidates)
         # set once the model is prepared and the check data loaded (_execute)
@@ -92,8 +94,7 @@ class Quantizer:
             return self._execute()
         finally:
             phases = {k: round(v, 3) for k, v in self.phases.items()}
-            log.info("quantize search: %d candidates; build %.1f s, score %.1f s, timing %.1f s",
-                     len(self.candidates), *self.phases.values())
+            log.info("quantize search: %s", self._where_the_time_went())
             self.ctx.measurements["quantize"] = {"mode": self.mode, "settings": self.settings,
                                                  "candidates": [c.public() for c in self.candidates],
                                                  "phases_s": phases}
@@ -120,8 +121,12 @@ class Quantizer:
                                                         self.prepared)
         self._start(load_reference(self.artifact.path, self.cfg, self.ctx, self.settings))
         self.settings.update(budget=self.budget.kind, budget_value=self.budget.value)
-        space = self.strategy.space()
+        space, held = self._prune(self.strategy.space())
         tried = self._try_all(space) if self.cfg.latency_search else self._first_that_builds(space)
+        held = kernels.worth_retrying(held, tried) if not any(c.passed for c in tried) else []
+        if held:  # the kernel table's skips that might meet the budgets where the others missed them
+            self.settings["skipped_tried"] = len(held)
+            tried += self._try_all(held)
         if not any(c.passed for c in tried):
             best = self._best_settings(tried, 2)
             tried += self._try_all(self.strategy.slower_tier(best) if self.cfg.latency_search else [])
@@ -173,6 +178,42 @@ class Quantizer:
                 continue
             out.append(self._candidate(settings))
         return out
+
+    # ------------------------------------------------------------ the kernel table's pruning (kernels.py)
+    def _prune(self, space: list[Settings]) -> tuple[list[Settings], list[Settings]]:
+        """(the settings to build, those this CPU's kernel table says cannot win: built only when none of the
+        others meets the budgets), recorded in settings["skipped"]. Only where speed decides the search (static or
+        dynamic INT8 for the CPU, timed, searched) and full_search is off."""
+        if self.cfg.full_search or not (self._speed_matters() and self.cfg.latency_search) or len(space) < 2:
+            return space, []
+        self.phases["kernels"] = 0.0
+        with self._phase("kernels"):
+            try:
+                self.kernel_table = kernels.load_table()
+            except Exception as e:  # noqa: BLE001 - the table only saves time: without it, everything is built
+                log.info("kernel table unavailable (%s): every setting is built", first_line(e))
+                return space, []
+        table = self.kernel_table
+        self.settings["kernel_table"] = {"cached": table.cached, "path": str(table.path),
+                                         "seconds": round(table.seconds, 3)}
+        keep, skipped = kernels.prune(self.mode, space, self.float_model, table.ratios, table.key["cpu"]["flags"])
+        for s, why in skipped:
+            label = s.label() + (f" {'+'.join(s.op_types)}" if s.op_types else "")
+            self.settings.setdefault("skipped", []).append({"variant": label, "why": why, "rule": "kernels"})
+            log.info("skipped %s: %s", s.label(), why)
+        return keep, [s for s, _ in skipped]
+
+    def _where_the_time_went(self) -> str:
+        p, cands = self.phases, self.candidates
+        table = self.kernel_table
+        head = (f"kernel table {p.get('kernels', 0.0):.1f} s ({'cached' if table.cached else 'measured'}), "
+                if table is not None else "")
+        skipped = len(self.settings.get("skipped", []))
+        built = sum(1 for c in cands if c.bytes)
+        scored = sum(1 for c in cands if c.fidelity is not None)
+        timed = sum(1 for c in cands if c.latency_ratio is not None)
+        return (f"{head}{len(cands)} candidates ({skipped} skipped); build {p['build']:.1f} s ({built}), "
+                f"score {p['score']:.1f} s ({scored}), timing {p['time']:.1f} s ({timed})")
 
     def _first_that_builds(self, space: list[Settings]) -> list[Candidate]:
         """Without the search: the first setting, or the next when onnxruntime cannot build it."""
@@ -247,6 +288,14 @@ class Quantizer:
         often run slower in int8 than in float; the variant that keeps them float is timed like the others."""
         slow = small_channel_convs(self.float_model, [*self.cfg.nodes_exclude, *cand.float_nodes])
         if not slow or not self.cfg.latency_search or len(self.candidates) >= self.cfg.max_candidates:
+            return []
+        lose = (kernels.slow_convs_lose(self.float_model, slow, cand.settings, self.kernel_table.ratios)
+                if self.kernel_table is not None else None)
+        if lose:
+            self.settings.setdefault("skipped", []).append(
+                {"variant": cand.settings.with_float([*cand.float_nodes, *slow]).label() + " small convs float",
+                 "why": lose, "rule": "kernels"})
+            log.info("skipped the small-channel-conv variant: %s", lose)
             return []
         self.settings["int8_slow_nodes"] = slow
         variant = self._candidate(cand.settings.with_float([*cand.float_nodes, *slow]))
