@@ -101,7 +101,14 @@ def mobilenet_like_int8(dest: Path, x: np.ndarray, classes: int = 1000) -> None:
     h = L.GlobalAveragePooling2D()(bn(L.Conv2D(320, 1, use_bias=False)(h)))
     model = keras.Model(inp, L.Dense(classes, name="dense")(h))
     model(x, training=True)
-    conv = tf.lite.TFLiteConverter.from_keras_model(model)
+    full_int8(tf.lite.TFLiteConverter.from_keras_model(model), x, dest)
+
+
+def full_int8(conv, x: np.ndarray, dest: Path) -> None:
+    """Full-integer TFLite from a converter: `x` one sample at a time as the representative dataset, int8 ops,
+    int8 input and outputs; written to `dest`."""
+    import tensorflow as tf
+
     conv.optimizations = [tf.lite.Optimize.DEFAULT]
     conv.representative_dataset = lambda: ([x[i:i + 1]] for i in range(len(x)))
     conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_tflite_int8 import images, run_broken
+from test_tflite_int8 import full_int8, images, run_broken
 
 from conftest import one_error_line
 
@@ -39,12 +39,7 @@ def mobilenet_v2_int8(dest: Path, x: np.ndarray, alpha: float = 0.35) -> None:
         logits, features = both(input_1, training=False)
         return {"logits": logits, "features": features}
 
-    conv = tf.lite.TFLiteConverter.from_concrete_functions([serve.get_concrete_function()], both)
-    conv.optimizations = [tf.lite.Optimize.DEFAULT]
-    conv.representative_dataset = lambda: ([x[i:i + 1]] for i in range(len(x)))
-    conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-    conv.inference_input_type = conv.inference_output_type = tf.int8
-    dest.write_bytes(conv.convert())
+    full_int8(tf.lite.TFLiteConverter.from_concrete_functions([serve.get_concrete_function()], both), x, dest)
 
 
 @pytest.fixture(scope="module")

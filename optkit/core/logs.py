@@ -6,6 +6,7 @@ measurement children (which may be spawned) in OPTKIT_LOG_LEVEL, which the flags
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -50,3 +51,18 @@ def _apply(level: int) -> None:
         handler.setFormatter(logging.Formatter("optkit: %(levelname)s %(name)s: %(message)s"))
         logger.addHandler(handler)
         logger.propagate = False
+
+
+@contextlib.contextmanager
+def quieted(*names: str, level: int = logging.CRITICAL):
+    """Loggers of a library that logs what optkit says itself (tracebacks around its own fallbacks, every
+    fusion it makes) raised to `level` for the block; their levels restored after."""
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(level)
+    try:
+        yield
+    finally:
+        for lg, old in zip(loggers, levels):
+            lg.setLevel(old)

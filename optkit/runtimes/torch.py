@@ -4,14 +4,13 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
-import logging
 import os
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from optkit.core import tmp, trust
+from optkit.core import logs, tmp, trust
 from optkit.core.artifact import Artifact
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format, split_factory
@@ -90,7 +89,7 @@ def load_program(path: str):
     import torch
 
     try:
-        with _weights_only_unless_trusted(), _quiet("torch.export", "torch._export"):
+        with _weights_only_unless_trusted(), logs.quieted("torch.export", "torch._export"):
             return torch.export.load(path)
     except pickle.UnpicklingError:
         trust.require(f"{path} holds pickled Python objects, and loading them")
@@ -114,20 +113,6 @@ def _weights_only_unless_trusted():
             os.environ.pop(k, None)
             if saved[k] is not None:
                 os.environ[k] = saved[k]
-
-
-@contextlib.contextmanager
-def _quiet(*loggers: str):
-    """torch.export logs tracebacks at WARNING around its own fallbacks; our one-line error says enough."""
-    logs = [logging.getLogger(name) for name in loggers]
-    levels = [log.level for log in logs]
-    for log in logs:
-        log.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        for log, level in zip(logs, levels):
-            log.setLevel(level)
 
 
 def load_weights(model, weights: str) -> None:
@@ -206,7 +191,7 @@ class TorchSession(Session):
             return
         tiny, x, path = torch.nn.Linear(2, 2).eval(), torch.zeros(1, 2), folder / f"optkit-warm{os.getpid()}"
         try:
-            with _quiet("torch._dynamo", "torch._export", "torch.export"):
+            with logs.quieted("torch._dynamo", "torch._export", "torch.export"):
                 if fmt == Format.TORCH_EXPORT:
                     torch.export.save(torch.export.export(tiny, (x,)), str(path))
                     torch.export.load(str(path)).module()(x)

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 from onnx import helper, numpy_helper
 
+from optkit.core import logs
 from optkit.core.text import first_line
 from optkit.onnx import io as onnx_io
 from optkit.onnx.graph import name_nodes
@@ -27,6 +28,8 @@ log = logging.getLogger("optkit.passes.quantize.search")
 # the fused ops that change the kernels run (LayerNormalization alone is a rename onnxruntime makes anyway)
 FUSED = ("Attention", "MultiHeadAttention", "EmbedLayerNormalization", "SkipLayerNormalization", "BiasGelu",
          "FastGelu", "Gelu")
+# the optimizer logs every fusion at INFO and warns where it cannot fuse; optkit says what fused
+CHATTY = ("onnxruntime.transformers", "fusion_base", "onnx_model", "onnx_model_bert", "fusion_utils", "optimizer")
 SAME_OUTPUTS = 1e-4  # the fused float model's outputs agree with the parent's to this (relative to their scale)
 
 
@@ -82,7 +85,7 @@ def fuse(prepared: Path, dest: Path) -> dict[str, int] | None:
     try:
         from onnxruntime.transformers.optimizer import optimize_model
 
-        with contextlib.redirect_stdout(sys.stderr), _quiet():
+        with contextlib.redirect_stdout(sys.stderr), logs.quieted(*CHATTY, level=logging.ERROR):
             fused = optimize_model(model, model_type="bert", num_heads=heads, hidden_size=hidden, opt_level=0)
     except Exception as e:  # noqa: BLE001 - the optimizer fails on graphs it half recognises
         log.info("transformer fusion skipped: %s", first_line(e)[:160])
@@ -113,17 +116,3 @@ def same_outputs(parent_outputs: list, fused_outputs: list) -> bool:
             return False
     return True
 
-
-@contextlib.contextmanager
-def _quiet():
-    """The optimizer logs every fusion at INFO and warns where it cannot fuse; optkit says what fused."""
-    names = ("onnxruntime.transformers", "fusion_base", "onnx_model", "onnx_model_bert", "fusion_utils", "optimizer")
-    loggers = [logging.getLogger(n) for n in names]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
