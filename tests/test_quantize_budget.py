@@ -157,3 +157,22 @@ def test_a_clearly_slower_candidate_is_not_scored_further(tmp_path):
     # nothing met the budgets yet: no verdict on speed
     winner.passed = False
     assert scorer.clearly_faster_winner(slower, onnx_session.session(slow), done) is None
+
+
+def test_a_runoff_times_the_pick_against_the_fastest_head_to_head(tmp_path):
+    """Two candidates a few % apart often share an interval in the race against the parent; timed against each
+    other the difference shows (timing.runoff): a model with 8x the MatMuls is slower beyond its interval, a
+    copy of the same model is not."""
+    import numpy as np
+
+    from optkit.passes.quantize.timing import runoff
+
+    fast, slow = _matmuls(tmp_path / "fast.onnx", 4), _matmuls(tmp_path / "slow.onnx", 32)
+    specs = Reference.of(fast, {"x": np.ones((1, 64), np.float32)}).specs
+    feeds = {"x": np.ones((4, 64), np.float32)}
+    notes: list[str] = []
+    a = Candidate(index=0, settings=Settings(), path=fast)
+    ratio, lo, hi = runoff(a, Candidate(index=1, settings=Settings(), path=slow), specs, feeds, notes.append)
+    assert lo > 1.5 and lo <= ratio <= hi, (ratio, lo, hi)
+    ratio, lo, hi = runoff(a, Candidate(index=2, settings=Settings(), path=fast), specs, feeds, notes.append)
+    assert lo < 1.2 and hi > 0.8 and not notes, (ratio, lo, hi, notes)

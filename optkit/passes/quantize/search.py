@@ -36,7 +36,7 @@ from optkit.onnx import graph
 from optkit.onnx import io as onnx_io
 from optkit.onnx import session as onnx_session
 from optkit.passes.quantize import fusion, kernels
-from optkit.passes.quantize.budget import Budget
+from optkit.passes.quantize.budget import SAME_SPEED, Budget
 from optkit.passes.quantize.build import Builder, rank, schedule, small_channel_convs, twin_missed
 from optkit.passes.quantize.candidates import Candidate, Settings
 from optkit.passes.quantize.choose import Chooser
@@ -52,11 +52,12 @@ from optkit.passes.quantize.prepare import (
     prepare,
 )
 from optkit.passes.quantize.score import CLEARLY_SLOWER, Scorer
-from optkit.passes.quantize.timing import time_candidates
+from optkit.passes.quantize.timing import runoff, time_candidates
 
 __all__ = ["Quantizer", "CLEARLY_SLOWER"]  # CLEARLY_SLOWER lives in score.py; imported from here by tests
 
 log = logging.getLogger(__name__)
+RUNOFFS = 2   # head-to-head timings of the candidate to keep against the fastest (_runoffs)
 
 
 class Quantizer:
@@ -273,12 +274,45 @@ class Quantizer:
             with self._phase("time"):
                 self.settings.update(time_candidates(self.artifact, fits, self.ref.specs, self.ref.check_feeds,
                                                      self.ctx.note))
-        chosen = self.chooser.pick(fits)
+        chosen = self._runoffs(fits)
         self.settings.update(chosen.settings.to_dict())
         self.tell.say_chosen(chosen)
         if self._speed_matters():
             self.chooser.check_speed(chosen, fits, self.settings, self.tell.slower_hint)
         return chosen.path
+
+    def _runoffs(self, fits: list[Candidate]) -> Candidate:
+        """Budget.pick's candidate, unless it ties for fastest only within the race's noise and, timed head to
+        head against the fastest, is slower beyond its interval and SAME_SPEED: then it leaves the pool and the
+        pick is made again (at most RUNOFFS times)."""
+        pool = list(fits)
+        chosen = self.chooser.pick(pool)
+        for _ in range(RUNOFFS):
+            timed = [c for c in pool if c.latency_ratio is not None]
+            if chosen.latency_ratio is None or len(timed) < 2:
+                break
+            fastest = min(timed, key=lambda c: c.latency_ratio)
+            if fastest is chosen:
+                break
+            with self._phase("time"):
+                r = runoff(fastest, chosen, self.ref.specs, self.ref.check_feeds, self.ctx.note)
+            if r is None:
+                break
+            ratio, lo, hi = r
+            slower = lo > 1 and ratio > 1 + SAME_SPEED
+            self.settings.setdefault("runoffs", []).append(
+                {"chosen": chosen.settings.label(), "fastest": fastest.settings.label(), "ratio": ratio,
+                 "ratio_ci95": [lo, hi], "slower": slower})
+            log.info("run-off: %s takes %.3fx the time of %s (95%% CI %.3f-%.3f)%s", chosen.settings.label(), ratio,
+                     fastest.settings.label(), lo, hi, "; dropped" if slower else "")
+            if not slower:
+                break
+            pool.remove(chosen)
+            chosen.chosen = False
+            self.ctx.note(f"run-off: {chosen.settings.label()} ran {ratio:.2f}x the time of "
+                          f"{fastest.settings.label()} head to head (95% CI {lo:.2f}-{hi:.2f}x), so it was not kept")
+            chosen = self.chooser.pick(pool)
+        return chosen
 
     def _speed_matters(self) -> bool:
         return self.mode in ("static", "dynamic") and self.cfg.target == "cpu" and self.cfg.measure_candidates

@@ -18,6 +18,8 @@ TIMING_LIMIT_S = 14.0     # the timing of all candidates against the parent, ses
                           # phase, with its child process and loading, stays within 15 s)
 TIMING_TRIALS = 8         # fresh sessions each; the race drops clearly slower candidates after trials 3 and 5
 TIMING_RUNS = 100         # calls of each model a trial at most (the time limit usually stops it first)
+RUNOFF_LIMIT_S = 5.0      # a head-to-head of the candidate to keep against the fastest one
+RUNOFF_TRIALS = 5
 
 
 def time_candidates(parent: Artifact, pool: list[Candidate], specs: list, check_feeds: dict,
@@ -42,3 +44,20 @@ def time_candidates(parent: Artifact, pool: list[Candidate], specs: list, check_
     return {"parent_p50_ms": longest["before"]["p50_ms"],
             "latency_settings": f"batch 1, 1 thread, paired with the parent call by call, up to "
                                 f"{TIMING_TRIALS} trials (clearly slower candidates dropped early)"}
+
+
+def runoff(fastest: Candidate, chosen: Candidate, specs: list, check_feeds: dict,
+           note: Callable[[str], None]) -> tuple[float, float, float] | None:
+    """`chosen`'s latency over `fastest`'s, timed head to head (call by call, interleaved, one child process):
+    (ratio, low, high) of its 95% interval. Each was timed against the parent in the race, where two candidates
+    a few % apart often share an interval; timed against each other the difference shows. None when the timing
+    failed (said with `note`)."""
+    feeds = first_call(specs, check_feeds, 1)
+    settings = MeasureSettings(provider="cpu", threads=1, batch=1, warmup=10, runs=TIMING_RUNS)
+    try:
+        [r] = paired_latencies(Artifact.load(str(fastest.path)), [Artifact.load(str(chosen.path))], settings,
+                               trials=RUNOFF_TRIALS, data=feeds, limit_s=RUNOFF_LIMIT_S, race=False)
+    except Exception as e:  # noqa: BLE001 - latency informs the choice; a failure must not hide the result
+        note(f"run-off not timed: {first_line(e)}")
+        return None
+    return r["ratio"], r["ratio_ci95"][0], r["ratio_ci95"][1]
