@@ -14,18 +14,18 @@ def split_cmd(
     model: str = typer.Argument(..., help="ONNX model to split."),
     output: str = typer.Option(..., "-o", "--output", help="Folder to write pre.onnx / core.onnx / post.onnx (only "
                                "the parts needed) and split.json; new, empty, or a previous split output."),
-    provider: str = typer.Option("tensorrt", "--provider", help="What runs the GPU part: tensorrt (trt check's "
-                                 "table), cuda (onnxruntime's CUDA provider) or cpu (nothing to split)."),
+    provider: str = typer.Option("tensorrt", "--provider", help=options.OPTIONS["provider"].help),
     cut: Optional[list[str]] = typer.Option(None, "--cut", help="auto (default: the cut with the fewest bytes "
                                             "crossing CPU<->GPU per sample) or node names whose outputs are the cut "
                                             "points (repeatable)."),
     dim: Optional[list[str]] = typer.Option(None, "--dim", help="Size of a dynamic input dim, NAME=SIZE "
                                             "(repeatable; default: batch 1, images 224, stated in the report)."),
-    data: Optional[str] = typer.Option(None, "--data", help="Sample inputs (.npz, one array per input) the chain "
-                                       "is checked on (default: synthesized)."),
+    data: Optional[str] = options.typer_option("data"),
     as_json: bool = options.JSON,
 ) -> None:
-    """Cut an ONNX model into CPU / GPU / CPU parts where the fewest bytes cross, checked bit-exact against it."""
+    """Cut an ONNX model into CPU / GPU / CPU parts where the fewest bytes cross, checked bit-exact against it
+    (on --data, an .npz with one array per input, or synthesized inputs). The GPU part is placed for --provider
+    tensorrt by default (trt check's table); cuda uses onnxruntime's CUDA provider's ops; cpu has nothing to split."""
     from optkit.split import split_model
 
     cuts = "auto" if not cut or cut == ["auto"] else cut

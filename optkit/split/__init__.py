@@ -1,6 +1,5 @@
 """`optkit split`: cut an ONNX model into pre (CPU) / core (GPU) / post (CPU) parts where the fewest bytes cross.
 
-    from optkit.split import split_model
     doc = split_model(Path("det.onnx"), Path("det_split"), provider="tensorrt", cuts="auto", dims={"batch": 1})
 
 `doc` is what DIR/split.json holds (schema 1): the parts with their file, device, why, op counts, inputs and
@@ -15,6 +14,18 @@ from collections import Counter
 from pathlib import Path
 
 from optkit.core.errors import UsageError
+from optkit.core.shapes import LADDERS, dim_kind
+from optkit.core.text import first_line
+from optkit.measure.inputs import synthesize
+from optkit.onnx import io as onnx_io
+from optkit.onnx.graph import all_nodes, subgraphs
+from optkit.onnx.session import ort_session, spec_of, with_hints
+from optkit.split import cuts as C
+from optkit.split import graph as G
+from optkit.split import write
+from optkit.split.graph import parse_dims
+from optkit.split.placement import CPU, EITHER, GPU, PROVIDERS, Place, place
+from optkit.split.write import META_KEY, extract, part_io, run_plain
 
 SCHEMA = 1
 
@@ -26,7 +37,6 @@ def split_model(model: Path, out_dir: Path, provider: str = "tensorrt", cuts="au
     UsageError (exit 2) for bad input, ValidationError (exit 3, nothing written) when the chain differs.
     `dims` maps dynamic dim names to sizes ({"batch": 1} or ["batch=1"]); `data` is an .npz of sample inputs
     (one array per input name) the chain is checked on instead of synthesized ones."""
-    from optkit.split import write
 
     model, out_dir = Path(model), Path(out_dir)
     if not model.exists():
@@ -57,11 +67,6 @@ def plan_split(model: Path, provider: str = "tensorrt", cuts="auto", dims=None, 
 
 
 def _plan(model: Path, provider: str, cuts, dims, data=None) -> dict:
-    from optkit.onnx import io as onnx_io
-    from optkit.split import cuts as C
-    from optkit.split import graph as G
-    from optkit.split.placement import CPU, EITHER, PROVIDERS, Place, place
-    from optkit.split.write import extract, part_io
 
     if provider not in PROVIDERS:
         raise UsageError(f"unknown --provider {provider!r}; choose {', '.join(PROVIDERS)}")
@@ -148,7 +153,6 @@ def _io(graph, name: str) -> dict:
 
 
 def _why(graph, idx, places, level, provider) -> str:
-    from optkit.split.placement import CPU, GPU
 
     counts = Counter()
     for i in idx:
@@ -166,8 +170,6 @@ def _why(graph, idx, places, level, provider) -> str:
 def _sizes(model, dims) -> tuple[dict[str, int], dict]:
     """The size of every dynamic input dim: from `dims` (NAME=SIZE), else assumed by its name (batch 1, images
     224...); returns ({key: size}, {"given": {...}, "assumed": {...}})."""
-    from optkit.core.shapes import LADDERS, dim_kind
-    from optkit.split.graph import parse_dims
 
     given = parse_dims(dims) if isinstance(dims, (list, tuple)) else dict(dims or {})
     for k, v in given.items():
@@ -196,14 +198,11 @@ def _sizes(model, dims) -> tuple[dict[str, int], dict]:
 
 
 def _feeds(source: bytes, path: Path, graph) -> dict:
-    from optkit.measure.inputs import synthesize
-    from optkit.onnx.session import ort_session, spec_of, with_hints
 
     try:
         sess = ort_session(source, optimize=False)
     except Exception as e:  # noqa: BLE001
-        from optkit.core.text import first_line
-
+    
         raise UsageError(f"cannot load {path} with onnxruntime: {first_line(e)}") from None
     specs = with_hints([spec_of(i) for i in sess.get_inputs()], path)
     shapes = {s.name: graph.info[s.name].concrete for s in specs if graph.info.get(s.name) and
@@ -246,7 +245,6 @@ def _observe(graph, source: bytes, feeds: dict) -> None:
     import onnx
     from onnx import helper
 
-    from optkit.split.write import run_plain
 
     missing = [t for t in graph.producer if graph.info.get(t) is None or graph.info[t].concrete is None]
     if not missing:
@@ -269,7 +267,6 @@ def _observe(graph, source: bytes, feeds: dict) -> None:
 
 def _preprocess_nodes(model, graph, path: Path) -> set[int]:
     """The nodes between the `optkit.preprocess` metadata's input and outputs (exit 2 on a malformed entry)."""
-    from optkit.split.write import META_KEY
 
     raw = next((p.value for p in model.metadata_props if p.key == META_KEY), None)
     if raw is None:
@@ -292,7 +289,6 @@ def _preprocess_nodes(model, graph, path: Path) -> set[int]:
 
 
 def _preprocess_bytes(model, graph) -> int | None:
-    from optkit.split.write import META_KEY
 
     meta = json.loads(next(p.value for p in model.metadata_props if p.key == META_KEY))
     sizes = [_nbytes(graph, o) for o in meta["outputs"]]
@@ -301,7 +297,6 @@ def _preprocess_bytes(model, graph) -> int | None:
 
 def _picks(model, graph, names: list[str]) -> list[int]:
     """Node indices for --cut names (exit 2: missing, a Constant, or inside a subgraph)."""
-    from optkit.onnx.graph import all_nodes, subgraphs
 
     index = {n.name: i for i, n in enumerate(graph.nodes) if n.name}
     consts = {n.name for n in graph.constants.values() if n.name}

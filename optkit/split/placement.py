@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from optkit.passes.tensorrt import check
+
 GPU, CPU, EITHER = "gpu", "cpu", "either"
 PROVIDERS = ("tensorrt", "cuda", "cpu")
 
@@ -88,8 +90,6 @@ _NAMES = {"tensorrt": "TensorRT", "cuda": "onnxruntime's CUDA provider"}
 
 def _trt_supported(node) -> tuple[bool, str]:
     """`optkit trt check`'s verdict on one op (its table and plugin rules, not a copy of them)."""
-    from optkit.passes.tensorrt import check
-
     op, domain = node.op_type, node.domain or ""
     if op in check.TRT_NATIVE_OPS or check._plugin_op(domain, op):
         return True, ""

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
+from optkit.core import interrupts
 from optkit.core.atomic import normal_mode, tmp_prefix
 from optkit.core.errors import UsageError, ValidationError
+from optkit.onnx.session import ort_session
 from optkit.split.cuts import PART_NAMES
 from optkit.split.graph import Graph
 
@@ -83,8 +85,6 @@ def extract(graph: Graph, levels: list[int], part: int, keep_meta: bool):
 def run_plain(model_bytes: bytes, feeds: dict, names: list[str]) -> list[np.ndarray]:
     """onnxruntime on the CPU, graph optimizations off, one thread: the same kernels on the same values give the
     same bits, whichever part a node is in."""
-    from optkit.onnx.session import ort_session
-
     sess = ort_session(model_bytes, threads=1, optimize=False)
     wanted = {i.name for i in sess.get_inputs()}
     return sess.run(names, {k: v for k, v in feeds.items() if k in wanted})
@@ -154,8 +154,6 @@ def commit(tmp: Path, out_dir: Path) -> None:
     """Move the staged folder into place: a new folder by rename; into an empty folder or a previous split
     output file by file, split.json removed first and written last, so a half-done replacement never looks
     like a result."""
-    from optkit.core import interrupts
-
     interrupts.check()
     if not out_dir.exists():
         os.rename(tmp, out_dir)
