@@ -24,6 +24,7 @@ LAYERS = {
     "measure": 3,
     "passes": 4,
     "report": 4,
+    "split": 4.2,     # CPU/GPU parts of a model; reads trt check's table (passes), the package writes its parts
     "package": 4.5,   # a server's repository from a model, its report and its tuned settings; recipes run it
     "pipeline": 5,
     "cli": 6,

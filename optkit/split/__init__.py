@@ -1,0 +1,324 @@
+"""`optkit split`: cut an ONNX model into pre (CPU) / core (GPU) / post (CPU) parts where the fewest bytes cross.
+
+    doc = split_model(Path("det.onnx"), Path("det_split"), provider="tensorrt", cuts="auto", dims={"batch": 1})
+
+`doc` is what DIR/split.json holds (schema 1): the parts with their file, device, why, op counts, inputs and
+outputs (wired by tensor name), the cuts with the tensors and bytes crossing each, and the naive cut's bytes.
+A model with nothing to split (no GPU work, or all of it in one part) gets a document with no parts and
+`nothing_to_split` saying why; nothing is written then.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from optkit.core.errors import UsageError
+from optkit.core.shapes import LADDERS, dim_kind
+from optkit.core.text import first_line
+from optkit.measure.inputs import synthesize
+from optkit.onnx import io as onnx_io
+from optkit.onnx.graph import all_nodes, subgraphs
+from optkit.onnx.session import ort_session, spec_of, with_hints
+from optkit.split import cuts as C
+from optkit.split import graph as G
+from optkit.split import write
+from optkit.split.graph import parse_dims
+from optkit.split.placement import CPU, EITHER, GPU, PROVIDERS, Place, place
+from optkit.split.write import META_KEY, extract, part_io, run_plain
+
+SCHEMA = 1
+
+
+def split_model(model: Path, out_dir: Path, provider: str = "tensorrt", cuts="auto", dims=None, *,
+                data=None) -> dict:
+    """Split `model` into the parts its placement needs, check the chain bit-exact on onnxruntime CPU, write
+    DIR/{pre,core,post}.onnx and DIR/split.json (only the parts needed, all or nothing), and return the document.
+    UsageError (exit 2) for bad input, ValidationError (exit 3, nothing written) when the chain differs.
+    `dims` maps dynamic dim names to sizes ({"batch": 1} or ["batch=1"]); `data` is an .npz of sample inputs
+    (one array per input name) the chain is checked on instead of synthesized ones."""
+
+    model, out_dir = Path(model), Path(out_dir)
+    if not model.exists():
+        raise UsageError(f"model {model} does not exist")
+    write.check_out_dir(out_dir, model)
+    plan = _plan(model, provider, cuts, dims, data)
+    doc = plan["doc"]
+    if not doc["parts"]:
+        return doc
+    tmp = write.stage(out_dir)
+    try:
+        parts = []
+        for part in doc["parts"]:
+            data = plan["models"][part["name"]].SerializeToString()
+            (tmp / part["file"]).write_bytes(data)
+            parts.append(((tmp / part["file"]).read_bytes(), [o["name"] for o in part["outputs"]]))
+        doc["check"] = write.check_chain(plan["source"], parts, plan["feeds"], [o["name"] for o in doc["outputs"]])
+        (tmp / write.DOC).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        write.commit(tmp, out_dir)
+    finally:
+        write.remove_tmp(tmp)
+    return doc
+
+
+def plan_split(model: Path, provider: str = "tensorrt", cuts="auto", dims=None, *, data=None) -> dict:
+    """The split.json document without writing anything (parts not checked)."""
+    return _plan(Path(model), provider, cuts, dims, data)["doc"]
+
+
+def _plan(model: Path, provider: str, cuts, dims, data=None) -> dict:
+
+    if provider not in PROVIDERS:
+        raise UsageError(f"unknown --provider {provider!r}; choose {', '.join(PROVIDERS)}")
+    if not model.exists():
+        raise UsageError(f"model {model} does not exist")
+    if model.is_dir() or model.suffix.lower() != ".onnx":
+        raise UsageError(f"optkit split reads ONNX models (.onnx); {model} is not one (convert it first: optkit "
+                         "convert)")
+    names = None if cuts in (None, "auto") or cuts == ["auto"] else ([cuts] if isinstance(cuts, str) else list(cuts))
+    if names is not None and (not names or "auto" in names):
+        raise UsageError("--cut takes auto or node names, not both")
+    onnx_model = onnx_io.load(model)
+    source = model.read_bytes()
+    graph = G.build(onnx_model)
+    sizes, assumed = _sizes(onnx_model, dims)
+    G.infer(graph, sizes)
+    feeds = _feeds(source, model, graph) if data is None else _data_feeds(Path(data), graph)
+    _observe(graph, source, feeds)
+    pre_nodes = _preprocess_nodes(onnx_model, graph, model)
+    functions = {(f.domain, f.name) for f in onnx_model.functions}
+    places = []
+    for i, node in enumerate(graph.nodes):
+        if (node.domain or "", node.op_type) in functions:
+            places.append(Place(EITHER, f"{node.domain}.{node.op_type}: a model-local function: placed by the cut"))
+        else:
+            places.append(place(node, provider, i in pre_nodes))
+    picks = _picks(onnx_model, graph, names) if names is not None else None
+    base = {"schema": SCHEMA, "model": model.name, "provider": provider,
+            "inputs": [_io(graph, t) for t in graph.inputs], "outputs": [_io(graph, t) for t in graph.outputs]}
+    lay = C.layout(graph, places)
+    if lay is None or provider == "cpu":
+        why = ("--provider cpu runs everything on the CPU" if provider == "cpu" else
+               f"no op is meant for the GPU under {provider} (no compute-heavy op it supports)")
+        return {"doc": {**base, "parts": [], "cuts": [], "naive_cut_bytes_per_sample": None,
+                        "nothing_to_split": why, "dims": assumed}}
+    places = lay.places
+    naive = C.naive(graph, lay)
+    levels = C.auto(graph, lay, pre_nodes) if picks is None else C.named(graph, lay, picks)
+    used = sorted(set(levels))
+    if used == [C.CORE]:
+        doc = {**base, "parts": [], "cuts": [], "naive_cut_bytes_per_sample": C.gpu_bytes(graph, naive),
+               "nothing_to_split": f"every op can run on the GPU under {provider}: the whole model is the core",
+               "dims": assumed}
+        return {"doc": doc}
+    parts, models = [], {}
+    for lv in used:
+        meta = bool(pre_nodes) and lv == C.PRE and pre_nodes <= {i for i, x in enumerate(levels) if x == lv}
+        m, ins, outs = extract(graph, levels, lv, meta)
+        idx = part_io(graph, levels, lv)[0]
+        name = C.PART_NAMES[lv]
+        models[name] = m
+        parts.append({"name": name, "file": f"{name}.onnx", "device": "gpu" if lv == C.CORE else "cpu",
+                      "why": _why(graph, idx, places, lv, provider),
+                      "ops": dict(Counter(graph.nodes[i].op_type for i in idx).most_common()),
+                      "inputs": [_io(graph, t) for t in ins], "outputs": [_io(graph, t) for t in outs]})
+    cut_list = []
+    for (src, dst) in ((C.PRE, C.CORE), (C.CORE, C.POST), (C.PRE, C.POST)):
+        tensors = [t for t, a, b in C.crossings(graph, levels) if a == src and b == dst]
+        if tensors:
+            rows = [{**_io(graph, t), "bytes_per_sample": _nbytes(graph, t)} for t in tensors]
+            total = sum(r["bytes_per_sample"] or 0 for r in rows)
+            cut_list.append({"from": C.PART_NAMES[src], "to": C.PART_NAMES[dst], "tensors": rows,
+                             "bytes_per_sample": total})
+    doc = {**base, "parts": parts, "cuts": cut_list, "naive_cut_bytes_per_sample": C.gpu_bytes(graph, naive),
+           "gpu_bytes_per_sample": C.gpu_bytes(graph, levels), "cut": "auto" if picks is None else "named",
+           "dims": assumed,
+           "cpu_nodes": [{"node": graph.nodes[i].name, "op": graph.nodes[i].op_type,
+                          "part": C.PART_NAMES[levels[i]], "why": places[i].why}
+                         for i in range(graph.n) if places[i].kind == CPU][:50]}
+    if pre_nodes:
+        doc["preprocess_boundary_bytes_per_sample"] = _preprocess_bytes(onnx_model, graph)
+    return {"doc": doc, "models": models, "source": source, "feeds": feeds}
+
+
+def _nbytes(graph, name: str) -> int | None:
+    info = graph.info.get(name)
+    return info.nbytes() if info else None
+
+
+def _io(graph, name: str) -> dict:
+    info = graph.info.get(name)
+    return {"name": name, "dtype": info.dtype if info else None,
+            "shape": list(info.shape) if info and info.shape is not None else None}
+
+
+def _why(graph, idx, places, level, provider) -> str:
+
+    counts = Counter()
+    for i in idx:
+        p = places[i]
+        key = p.why if p.kind == CPU else p.why.split(":", 1)[1].strip() if ":" in p.why else p.why
+        counts[(p.kind, key)] += 1
+    order = (CPU, GPU, "either") if level != 1 else (GPU, "either", CPU)
+    rows = sorted(counts.items(), key=lambda kv: (order.index(kv[0][0]), -kv[1]))
+    text = "; ".join(f"{n} node{'s' if n > 1 else ''}: {why}" if kind != CPU else why for (kind, why), n in rows[:4])
+    if level != 1 and not any(k == CPU for k, _ in counts):
+        text = "light ops the cut puts on the CPU (fewer bytes cross): " + text
+    return text
+
+
+def _sizes(model, dims) -> tuple[dict[str, int], dict]:
+    """The size of every dynamic input dim: from `dims` (NAME=SIZE), else assumed by its name (batch 1, images
+    224...); returns ({key: size}, {"given": {...}, "assumed": {...}})."""
+
+    given = parse_dims(dims) if isinstance(dims, (list, tuple)) else dict(dims or {})
+    for k, v in given.items():
+        if not isinstance(v, int) or v <= 0:
+            raise UsageError(f"--dim {k}={v}: SIZE must be a positive integer")
+    init = {t.name for t in model.graph.initializer}
+    known, assumed = set(), {}
+    sizes = dict(given)
+    for vi in model.graph.input:
+        if vi.name in init:
+            continue
+        shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in vi.type.tensor_type.shape.dim]
+        for k, d in enumerate(shape):
+            if isinstance(d, int) and d > 0:
+                continue
+            key = d or f"{vi.name}:{k}"
+            known.add(key)
+            if key not in sizes:
+                sizes[key] = LADDERS[dim_kind(shape, k)][0]
+                assumed[key] = sizes[key]
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise UsageError(f"--dim {unknown[0]}: the model's inputs have no dynamic dim of that name "
+                         f"({', '.join(sorted(known)) or 'all dims are fixed'})")
+    return sizes, {"given": given, "assumed": assumed}
+
+
+def _feeds(source: bytes, path: Path, graph) -> dict:
+
+    try:
+        sess = ort_session(source, optimize=False)
+    except Exception as e:  # noqa: BLE001
+    
+        raise UsageError(f"cannot load {path} with onnxruntime: {first_line(e)}") from None
+    specs = with_hints([spec_of(i) for i in sess.get_inputs()], path)
+    shapes = {s.name: graph.info[s.name].concrete for s in specs if graph.info.get(s.name) and
+              graph.info[s.name].concrete is not None}
+    return synthesize(specs, shapes=shapes)
+
+
+def _data_feeds(path: Path, graph) -> dict:
+    """Sample inputs from an .npz: one array per model input (a lone array for a one-input model)."""
+    import zipfile
+
+    import numpy as np
+
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
+        raise UsageError(f"cannot read --data {path} as .npz: {e}") from None
+    if len(graph.inputs) == 1 and len(arrays) == 1:
+        arrays = {graph.inputs[0]: next(iter(arrays.values()))}
+    missing = [n for n in graph.inputs if n not in arrays]
+    if missing:
+        raise UsageError(f"--data {path} has no array named {missing[0]!r} (an input of the model); it holds "
+                         f"{', '.join(arrays) or 'nothing'}")
+    feeds = {}
+    for name in graph.inputs:
+        info, arr = graph.info.get(name), arrays[name]
+        if info is not None and info.dtype and arr.dtype != np.dtype(info.dtype):
+            raise UsageError(f"--data {path}: array {name!r} is {arr.dtype}, the model's input is {info.dtype}")
+        if info is not None and info.concrete is not None and list(arr.shape) != info.concrete:
+            raise UsageError(f"--data {path}: array {name!r} has shape {list(arr.shape)}, the model's input at the "
+                             f"chosen dims is {info.concrete} (set dynamic dims with --dim)")
+        feeds[name] = arr
+    return feeds
+
+
+def _observe(graph, source: bytes, feeds: dict) -> None:
+    """Concrete shapes of the tensors shape inference left open (data-dependent sizes), measured on the sample
+    inputs."""
+    import onnx
+    from onnx import helper
+
+
+    missing = [t for t in graph.producer if graph.info.get(t) is None or graph.info[t].concrete is None]
+    if not missing:
+        return
+    model = onnx.load_from_string(source)
+    have = {o.name for o in model.graph.output}
+    for t in missing:
+        info = graph.info.get(t)
+        if t not in have and info is not None and info.elem:
+            model.graph.output.append(helper.make_tensor_value_info(t, info.elem, None))
+    names = [t for t in missing if graph.info.get(t) is not None and graph.info[t].elem]
+    try:
+        values = run_plain(model.SerializeToString(), feeds, names)
+    except Exception:  # noqa: BLE001 - the chain check reports what fails; sizes stay unknown
+        return
+    for t, v in zip(names, values):
+        graph.info[t].concrete = list(v.shape)
+        graph.info[t].observed = True
+
+
+def _preprocess_nodes(model, graph, path: Path) -> set[int]:
+    """The nodes between the `optkit.preprocess` metadata's input and outputs (exit 2 on a malformed entry)."""
+
+    raw = next((p.value for p in model.metadata_props if p.key == META_KEY), None)
+    if raw is None:
+        return set()
+    try:
+        meta = json.loads(raw)
+    except ValueError:
+        raise UsageError(f"{path}: metadata {META_KEY} is not JSON") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("input"), str) or not isinstance(
+            meta.get("outputs"), list) or not all(isinstance(o, str) for o in meta["outputs"]):
+        raise UsageError(f"{path}: metadata {META_KEY} must be {{\"input\": name, \"outputs\": [names], ...}}")
+    if meta["input"] not in graph.inputs:
+        raise UsageError(f"{path}: metadata {META_KEY}.input {meta['input']!r} is not an input of the model")
+    bad = [o for o in meta["outputs"] if o not in graph.producer]
+    if bad:
+        raise UsageError(f"{path}: metadata {META_KEY}.outputs names {bad[0]!r}, which no node produces")
+    start = set(graph.readers.get(meta["input"], ()))
+    ends = {graph.producer[o] for o in meta["outputs"]}
+    return graph.descendants(start) & graph.ancestors(ends) | ends
+
+
+def _preprocess_bytes(model, graph) -> int | None:
+
+    meta = json.loads(next(p.value for p in model.metadata_props if p.key == META_KEY))
+    sizes = [_nbytes(graph, o) for o in meta["outputs"]]
+    return None if None in sizes else sum(sizes)
+
+
+def _picks(model, graph, names: list[str]) -> list[int]:
+    """Node indices for --cut names (exit 2: missing, a Constant, or inside a subgraph)."""
+
+    index = {n.name: i for i, n in enumerate(graph.nodes) if n.name}
+    consts = {n.name for n in graph.constants.values() if n.name}
+    inner = {}
+    for node in model.graph.node:
+        for sub in subgraphs(node):
+            for n in all_nodes(sub):
+                if n.name:
+                    inner.setdefault(n.name, node)
+    out = []
+    for name in names:
+        if name in index:
+            out.append(index[name])
+        elif name in inner:
+            parent = inner[name]
+            raise UsageError(f"--cut {name}: the node lies inside a subgraph of {parent.op_type} "
+                             f"{parent.name or '(unnamed)'}; a cut cannot go through a subgraph, cut at "
+                             f"{parent.name or 'that node'} instead")
+        elif name in consts:
+            raise UsageError(f"--cut {name}: a Constant node is copied into every part that reads it; name another "
+                             "node")
+        else:
+            raise UsageError(f"--cut {name}: no node of that name in the model (see the node names with optkit "
+                             "split --json or a graph viewer)")
+    return out
