@@ -49,8 +49,8 @@ def check_flags(cfg: QuantizeConfig, data: dict) -> None:
                              "(add a 'labels' array, or use max_fidelity_loss / --max-fidelity-loss)")
     if cfg.mode == "static" and data.get("calibration") is None and not cfg.synthetic_calibration:
         raise UsageError("static quantization needs calibration data (data.calibration / --calibration-data), or "
-                         "synthetic_calibration (--synthetic-calibration) to calibrate on random inputs, which usually "
-                         "costs accuracy")
+                         "mode dynamic (--mode dynamic) which needs none, or synthetic_calibration "
+                         "(--synthetic-calibration) to calibrate on random inputs, which usually costs accuracy")
 
 
 def check_quantizable(model, cfg: QuantizeConfig, path) -> list[str]:
