@@ -119,13 +119,16 @@ class PreprocessOnnx(Pass):
         record = None
         if pre is not None:
             g.image_input(model, pre)  # a spec that does not fit is refused before any work
-            try:
-                model, opset = g.upgrade_opset(model)
-            except Exception as e:  # noqa: BLE001  onnx's converter has no adapter for some op
-                raise PassError(f"cannot upgrade {artifact.path} from opset to {g.MIN_OPSET} (Resize with "
-                                f"antialias needs it): {first_line(e)[:200]}") from None
-            if opset < g.MIN_OPSET:
-                ctx.note(f"opset upgraded {opset} -> {g.MIN_OPSET} (onnx version converter) for Resize's antialias")
+        # Resize's antialias needs opset 18; post-processing alone Softmax(axis=-1) and TopK's k input: 13
+        target = g.MIN_OPSET if pre is not None else 13
+        try:
+            model, opset = g.upgrade_opset(model, target)
+        except Exception as e:  # noqa: BLE001  onnx's converter has no adapter for some op
+            raise PassError(f"cannot upgrade {artifact.path} from opset {g.opset(model)} to {target}: "
+                            f"{first_line(e)[:200]}") from None
+        if opset < target:
+            ctx.note(f"opset upgraded {opset} -> {target} (onnx version converter)")
+        if pre is not None:
             model, record = g.add_preprocess(model, pre, config.input_name)
         pre_model = copy.deepcopy(model)
         heads = None

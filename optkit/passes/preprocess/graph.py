@@ -145,14 +145,20 @@ def all_names(model) -> set[str]:
     return names
 
 
-def upgrade_opset(model, opset: int = MIN_OPSET):
-    """The model at default-domain opset >= `opset` (onnx's version converter where it is lower), IR >= 8."""
+def opset(model) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+
+
+def upgrade_opset(model, target: int = MIN_OPSET):
+    """The model at default-domain opset >= `target` (onnx's version converter where it is lower), IR >= 8 at
+    opset 18 and later."""
     from onnx import version_converter
 
-    current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
-    if current < opset:
-        model = version_converter.convert_version(model, opset)
-    model.ir_version = max(model.ir_version, 8)
+    current = opset(model)
+    if current < target:
+        model = version_converter.convert_version(model, target)
+    # IR 4 lets the added initializers be no graph inputs; opset 18 needs IR 8
+    model.ir_version = max(model.ir_version, 8 if target >= 18 else 4)
     return model, current
 
 
@@ -360,7 +366,10 @@ def add_detections(model, threshold: float | None, max_detections: int) -> Heads
     b = Builder(all_names(model))
     s = b.op("Concat", [o.name for o in scores], axis=1) if len(scores) > 1 else scores[0].name
     bx = b.op("Concat", [o.name for o in boxes], axis=1) if len(boxes) > 1 else boxes[0].name
-    best = b.op("ReduceMax", [s, b.const([2], np.int64, "axes")], keepdims=0)
+    if opset(model) >= 18:
+        best = b.op("ReduceMax", [s, b.const([2], np.int64, "axes")], keepdims=0)
+    else:  # axes an attribute before opset 18
+        best = b.op("ReduceMax", [s], axes=[2], keepdims=0)
     vals, idx = b.op("TopK", [best, b.const([k], np.int64, "k")], n_out=2, axis=1, largest=1, sorted=1)
     if threshold is not None:  # sorted: the kept ones are a prefix
         above = b.op("Cast", [b.op("GreaterOrEqual", [vals, b.const(threshold, np.float32, "threshold")])],
