@@ -34,6 +34,10 @@ from optkit.core.errors import PassError, UsageError, ValidationError
 from optkit.core.formats import Format
 from optkit.core.registry import Pass, PassConfig, PassContext, cli, register
 from optkit.core.text import first_line
+from optkit.measure.preprocess import parse_preprocess
+from optkit.onnx import io as onnx_io
+from optkit.passes.preprocess import graph as g
+from optkit.passes.preprocess.check import check
 
 META_PRE = "optkit.preprocess"
 META_POST = "optkit.postprocess"
@@ -76,7 +80,6 @@ class PreprocessConfig(PassConfig):
     @field_validator("preprocess", mode="before")
     @classmethod
     def _spec(cls, v: Any) -> Any:
-        from optkit.measure.preprocess import parse_preprocess
 
         if v is None:
             return None
@@ -102,9 +105,6 @@ class PreprocessOnnx(Pass):
     def run(self, artifact: Artifact, config: PreprocessConfig, ctx: PassContext) -> Artifact:
         import onnx
 
-        from optkit.measure.preprocess import parse_preprocess
-        from optkit.onnx import io as onnx_io
-        from optkit.passes.preprocess import graph as g
 
         detect = config.score_threshold is not None or config.max_detections is not None
         if config.preprocess is None and config.top_k is None and not detect:
@@ -150,7 +150,6 @@ class PreprocessOnnx(Pass):
                 except Exception as e:  # noqa: BLE001  our graph edit made an invalid model: a pass failure
                     raise PassError(f"the model with pre/post-processing is invalid: {first_line(e)[:200]}") from None
                 onnx_io.save(m, paths[key])
-            from optkit.passes.preprocess.check import check
 
             figures = check(artifact, pre, heads, paths, config, ctx)
             with atomic_path(ctx.output) as out_tmp:

@@ -7,15 +7,20 @@ from typing import Any
 
 import numpy as np
 
+from optkit.core.batching import trim
 from optkit.core.errors import UsageError, ValidationError
 from optkit.core.text import first_line
+from optkit.measure.images import image_files
+from optkit.measure.inputs import probe, synthesize
+from optkit.measure.preprocess import pair, prepare
+from optkit.onnx import session as onnx_session
+from optkit.passes.preprocess.graph import produced_size
 
 POST_TOLERANCE = 1e-5   # post-processing against numpy on the same outputs: only float rounding may differ
 
 
 def check(artifact, pre, heads, paths: dict[str, Path], config, ctx) -> dict[str, Any]:
     """Figures of both checks (ValidationError past a tolerance: the caller writes nothing)."""
-    from optkit.onnx import session as onnx_session
 
     pre_sess = onnx_session.session(paths["pre"])
     final_sess = onnx_session.session(paths["final"]) if heads is not None else None
@@ -38,9 +43,6 @@ def check(artifact, pre, heads, paths: dict[str, Path], config, ctx) -> dict[str
 
 def _samples(sess, artifact, config, ctx) -> list[dict[str, np.ndarray]]:
     """Feeds of one sample each for a model without preprocessing: from --data, else synthesized."""
-    from optkit.core.batching import trim
-    from optkit.measure.inputs import probe, synthesize
-    from optkit.onnx import session as onnx_session
 
     specs = onnx_session.input_specs(sess)
     data = ctx.data.get("eval") or ctx.data.get("calibration")
@@ -57,7 +59,6 @@ def _images(pre, config, ctx) -> tuple[list, np.ndarray | None, str]:
     several sizes around the spec's."""
     from PIL import Image
 
-    from optkit.measure.images import image_files
 
     data = ctx.data.get("eval") or ctx.data.get("calibration")
     mode = "L" if pre.color == "gray" else "RGB"
@@ -92,7 +93,6 @@ def _images(pre, config, ctx) -> tuple[list, np.ndarray | None, str]:
 
 def _sizes(pre) -> list[tuple[int, int]]:
     """(height, width) of synthesized images: shrinking and enlarging, portrait, landscape and square."""
-    from optkit.measure.preprocess import pair
 
     if pre.resize is None:
         h, w = pair(pre.center_crop) if pre.center_crop is not None else (64, 64)
@@ -109,8 +109,6 @@ def _client_array(im, pre) -> np.ndarray:
 
 
 def _check_pre(artifact, pre, images, labels, feeds, pre_sess, config, source, ctx) -> dict[str, Any]:
-    from optkit.measure.preprocess import prepare
-    from optkit.onnx import session as onnx_session
 
     ref_sess = onnx_session.session(artifact.path)
     ref_name = ref_sess.get_inputs()[0].name
@@ -180,7 +178,6 @@ def _check_pre(artifact, pre, images, labels, feeds, pre_sess, config, source, c
 
 
 def _at_model_size(pre) -> int | None:
-    from optkit.passes.preprocess.graph import produced_size
 
     size = produced_size(pre)
     return None if size is None else size[0] * size[1] * (1 if pre.color == "gray" else 3)
