@@ -9,6 +9,7 @@ COMMANDS = [
     ('passes', 'Every registered pass (built-in and plugins), what it accepts and produces, and whether it can run here.'),
     ('convert', 'Convert a PyTorch or TensorFlow model to ONNX, validated against the source framework.'),
     ('simplify', 'onnxslim + onnxruntime offline optimizations, checked for equal outputs and bounded growth.'),
+    ('preprocess', "Put image preprocessing (uint8 images in) and top-k / detection post-processing into an ONNX model, checked\nagainst optkit's PIL preprocessing + the original model; states the bytes that cross per request."),
     ('quantize', 'Quantize an ONNX model, checked against its parent; accuracy-aware with a budget.'),
     ('prune', 'Prune a Keras or PyTorch model and fine-tune it on your data; the result continues to convert/quantize.'),
     ('qat', 'Quantization-aware training for a Keras model; export it with `optkit tflite --mode int8`.'),
@@ -23,4 +24,4 @@ COMMANDS = [
     ('report', 'Render and compare reports.'),
     ('recipe', 'Write and check recipes.'),
 ]
-COMMAND_MODULES = {'inspect': 'inspect', 'bench': 'bench', 'eval': 'eval', 'passes': 'passes', 'convert': 'convert', 'simplify': 'simplify', 'quantize': 'quantize', 'prune': 'prune', 'qat': 'qat', 'tflite': 'tflite', 'trt': 'trt', 'tune': 'tune', 'profile': 'profile', 'split': 'split', 'package': 'package', 'run': 'run', 'gate': 'gate', 'report': 'report', 'recipe': 'recipe'}
+COMMAND_MODULES = {'inspect': 'inspect', 'bench': 'bench', 'eval': 'eval', 'passes': 'passes', 'convert': 'convert', 'simplify': 'simplify', 'preprocess': 'preprocess', 'quantize': 'quantize', 'prune': 'prune', 'qat': 'qat', 'tflite': 'tflite', 'trt': 'trt', 'tune': 'tune', 'profile': 'profile', 'split': 'split', 'package': 'package', 'run': 'run', 'gate': 'gate', 'report': 'report', 'recipe': 'recipe'}

@@ -25,6 +25,17 @@ PASSES = {
         {'key': 'dynamic', 'flag': '--dynamic', 'type': 'list', 'default': [], 'required': False, 'optional': False, 'help': 'Dynamic axes (PyTorch) besides the batch: NAME:DIM[=LABEL] (repeatable).'},
         {'key': 'fallback', 'flag': '--no-fallback', 'type': 'bool', 'default': True, 'required': False, 'optional': False, 'help': 'Fail instead of falling back to the legacy exporter.', 'sets': False},
     ],
+    'preprocess.onnx': [
+        {'key': 'preprocess', 'flag': '--preprocess', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': "The image preprocessing to put in the graph, as `optkit eval --preprocess` takes it (YAML/JSON), e.g. '{resize: 272, resample: bicubic, center_crop: 240, mean: 127, std: 128, scale: 1}'.", 'metavar': 'SPEC'},
+        {'key': 'input_name', 'flag': '--input-name', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': 'Name of the new uint8 image input (default: image, or image_uint8 where the model has that name).'},
+        {'key': 'top_k', 'flag': '--top-k', 'type': 'int', 'default': None, 'required': False, 'optional': True, 'min': 1, 'help': 'Classifiers: softmax + top-k in the graph; outputs scores and indices [N,K] instead of every class.'},
+        {'key': 'scores_output', 'flag': '--scores-output', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': 'The class-score output --top-k reads (default: the only float [N, classes] output).'},
+        {'key': 'score_threshold', 'flag': '--score-threshold', 'type': 'float', 'default': None, 'required': False, 'optional': True, 'help': 'Detectors: keep anchors whose best class score is at least this.'},
+        {'key': 'max_detections', 'flag': '--max-detections', 'type': 'int', 'default': None, 'required': False, 'optional': True, 'min': 1, 'help': 'Detectors: keep at most this many anchors, best first (default 100 with a threshold).'},
+        {'key': 'tolerance', 'flag': '--tolerance', 'type': 'float', 'default': 0.05, 'required': False, 'optional': False, 'min': 0, 'help': 'Max output difference against PIL preprocessing + the original model (scaled by max(1, |reference|)).', 'group': 'budgets'},
+        {'key': 'max_top1_changes', 'flag': '--max-top1-changes', 'type': 'int', 'default': 1, 'required': False, 'optional': False, 'min': 0, 'help': "Checked images whose top-1 class may differ from the PIL path's.", 'group': 'budgets'},
+        {'key': 'check_samples', 'flag': '--check-samples', 'type': 'int', 'default': 256, 'required': False, 'optional': False, 'min': 1, 'help': 'Images the outputs are compared on (from --data, else synthesized).', 'group': 'evaluation'},
+    ],
     'profile.onnx': [
         {'key': 'top', 'flag': '--top', 'type': 'int', 'default': 10, 'required': False, 'optional': False, 'min': 1, 'max': 1000, 'help': 'Op types and nodes shown (and kept in the figures).'},
         {'key': 'runs', 'flag': '--runs', 'type': 'int', 'default': 50, 'required': False, 'optional': False, 'min': 1, 'max': 100000, 'help': 'Profiled calls (after 10 warm-up calls); fewer on a large graph: nodes x calls stays under 200,000 (the output says so).', 'group': 'measurement'},

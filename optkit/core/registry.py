@@ -113,6 +113,9 @@ class Pass:
     produces: ClassVar[Format]
     extra: ClassVar[str | None] = None
     Config: ClassVar[type[PassConfig]] = PassConfig
+    # False: the result takes other inputs than its input (preprocessing into the graph): the runner measures it on
+    # its own, not on the input's data nor against the input
+    keeps_inputs: ClassVar[bool] = True
 
     def run(self, artifact: Artifact, config: PassConfig, ctx: PassContext) -> Artifact:
         raise NotImplementedError

@@ -17,6 +17,15 @@ IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".ppm", ".pg
 def image_folder(path: Path, pre: Preprocess, labels: str | Path | None = None
                  ) -> tuple[LazyArray, np.ndarray, list[str]]:
     """The folder's images (read lazily, prepared), their class indices and the class names (none from a CSV)."""
+    files, ys, classes = image_files(path, labels)
+    shape = _prepared_shape(files, pre, path)
+    images = LazyArray(lambda idx: _read_images(files, idx, pre, shape, path), len(files), shape, pre.dtype,
+                       checks=True)
+    return images, np.array(ys, dtype=np.int64), classes
+
+
+def image_files(path: Path, labels: str | Path | None = None) -> tuple[list[Path], list[int], list[str]]:
+    """The folder's image files in the order image_folder reads them, their class indices and class names."""
     subdirs = sorted(d.name for d in path.iterdir() if d.is_dir())
     if labels is None and not subdirs and (path / "labels.csv").is_file():
         labels = path / "labels.csv"
@@ -45,10 +54,7 @@ def image_folder(path: Path, pre: Preprocess, labels: str | Path | None = None
                     ys.append(index[cls])
     if not files:
         raise UsageError(f"no images found under {path}")
-    shape = _prepared_shape(files, pre, path)
-    images = LazyArray(lambda idx: _read_images(files, idx, pre, shape, path), len(files), shape, pre.dtype,
-                       checks=True)
-    return images, np.array(ys, dtype=np.int64), classes
+    return files, ys, classes
 
 
 def _prepared_shape(files: list[Path], pre: Preprocess, folder: Path) -> tuple:

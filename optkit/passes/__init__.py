@@ -18,6 +18,7 @@ from optkit.core.registry import Pass, register, registered
 BUILTIN_MODULES = (
     "optkit.passes.convert",
     "optkit.passes.simplify",
+    "optkit.passes.preprocess",
     "optkit.passes.quantize",
     "optkit.passes.prune",
     "optkit.passes.qat",

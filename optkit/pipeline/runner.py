@@ -136,8 +136,10 @@ def execute(loaded, opts: RunOptions | None = None) -> RunOutcome:
                 out = _relocate(result.output, tmp, final_dir)
                 result.output = out
                 measured_art = _relocate(out, final_dir, tmp)  # measure where the files are now
-                stage, before = _measure_stage(loaded, measured_art, result, data, progress, name=name,
-                                               reference=source)
+                keeps = getattr(cls, "keeps_inputs", True)  # else the result takes other inputs: measured on its own
+                stage, before = _measure_stage(loaded, measured_art, result,
+                                               data if keeps else {"datasets": {}, "specs": {}}, progress,
+                                               name=name, reference=source if keeps else None)
                 input_latency = input_latency or before
                 stage.output.path = out.path
                 run.write_stage(tmp, stage)
@@ -305,7 +307,8 @@ def _measure_stage(loaded, art, result, data, progress, *, name: str, reference=
                       + (" + reference workload" if r.measure.normalize else ""))
         figures["latency"] = latency_trials(art, settings, trials=r.measure.trials, normalize=r.measure.normalize,
                                             data=ev)
-    if r.measure.latency and result is not None:
+    # a result that takes other inputs (reference None) is not timed: no figure would compare with the input's
+    if r.measure.latency and result is not None and reference is not None:
         progress.step("timing against the input, call by call")
         change = change_against(reference, art, settings, data=ev)
         if change is not None:  # the speedup against the input: timed call by call, as commands do
