@@ -324,9 +324,10 @@ def cut_preprocess(model: Path, meta_text: str) -> Plan:
     parts = []
     for role, part, why in (("pre", pre, "preprocessing (optkit.preprocess): " + ", ".join(sorted(pre_ops))),
                             ("core", core, "the model after its preprocessing")):
-        for m in (part,):
-            del m.metadata_props[:]
-            m.ir_version, m.opset_import[:] = proto.ir_version, list(proto.opset_import)
+        del part.metadata_props[:]
+        part.ir_version = proto.ir_version
+        del part.opset_import[:]
+        part.opset_import.extend(proto.opset_import)
         f = tmp / f"{role}.onnx"
         onnx.save(part, str(f))
         ops: dict[str, int] = {}
