@@ -337,6 +337,7 @@ PACKAGE = [
     {'key': 'data', 'flag': '--data', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': 'Sample data: .npz, an image folder or IDX images; the command feeds it instead of random inputs (with labels, accuracy is measured too).'},
     {'key': 'shape', 'flag': '--shape', 'type': 'list', 'default': [], 'required': False, 'optional': False, 'help': "Dims the warm-up needs where the model's are dynamic: name=1x128 (repeatable; or the --data .npz's samples)."},
     {'key': 'queue_delay_us', 'flag': '--queue-delay-us', 'type': 'int', 'default': None, 'required': False, 'optional': True, 'min': 0, 'help': 'Triton dynamic batching queue delay (default 100).'},
+    {'key': 'gpu', 'flag': '--gpu', 'type': 'bool', 'default': None, 'required': False, 'optional': True, 'help': "Serve the model (a split model's core) on KIND_GPU.", 'sets': True},
     {'key': 'manifests', 'flag': '--manifests', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': 'Also write deployment manifests: kserve,seldon,kubedl (comma-separated).'},
     {'key': 'storage_uri', 'flag': '--storage-uri', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': 'Where the cluster reads REPO (s3://..., gs://..., pvc://...).'},
     {'key': 'memory_margin', 'flag': '--memory-margin', 'type': 'float', 'default': None, 'required': False, 'optional': True, 'help': 'Margin on the measured peak memory (default 0.5 = 50%).'},

@@ -42,8 +42,9 @@ def register(app: typer.Typer) -> None:
 
 
 @flags.package_options()
-def build_cmd(model: str = typer.Argument(..., help="ONNX model."), as_json: bool = options.JSON, *,
-              config: dict) -> None:
+def build_cmd(model: str = typer.Argument(..., help="ONNX model, or a folder `optkit split` wrote (a Triton "
+                                                     "ensemble)."),
+              as_json: bool = options.JSON, *, config: dict) -> None:
     """Package MODEL for a server; the version is built aside and renamed into place."""
     from optkit.package.build import package
 

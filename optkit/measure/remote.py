@@ -82,6 +82,7 @@ def measure_remote(url: str, settings, data=None) -> dict[str, Any]:
                                 "shapes": {k: list(np.shape(v)) for k, v in feeds.items()}, "dims": "from the data"}
         session.check_feeds(feeds)
         session.run(feeds)  # the server refuses these inputs: one line, before any timing
+        result["request"] = session.request_bytes(feeds)  # what each timed call sends
         result["latency"] = measure_latency(session, feeds, warmup=settings.warmup, runs=settings.runs,
                                             duration=settings.duration, batch=settings.batch, limit_s=limit)
         if settings.concurrency:

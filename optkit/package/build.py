@@ -3,10 +3,13 @@ folder beside its destination, and rename it into place (nothing half-written, n
 from __future__ import annotations
 
 import json
+import os
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from optkit.core import interrupts
 from optkit.core.artifact import Artifact, external_data_files
 from optkit.core.atomic import normal_mode, remove
 from optkit.core.errors import OptkitError, PassError, UsageError
@@ -14,10 +17,10 @@ from optkit.core.formats import Format
 from optkit.core.registry import key_and_flag
 from optkit.core.shapes import parse_shapes
 from optkit.measure.size import measure_size
-from optkit.package import lineage, repo, schemas
+from optkit.package import ensemble, lineage, repo, schemas
 from optkit.package import manifests as mf
 from optkit.package.config import PackageConfig
-from optkit.package.signature import read_signature
+from optkit.package.signature import Signature, read_signature
 from optkit.package.target import Job, Target, choices, get_target, takers
 from optkit.package.tuned import Tuned, defaults, load_tuned
 from optkit.report.schema import ArtifactRef, Report, Stage
@@ -54,11 +57,25 @@ def package(model: str, config: PackageConfig | dict | None = None, *, tuned: Tu
     target = check_options(cfg)
     if not Path(model).exists():
         raise UsageError(f"model {model} does not exist")
-    artifact = Artifact.load(model)
+    plan = ensemble.detect(model)  # a split folder, or a model with preprocessing in its graph: parts
+    try:
+        return _package(model, cfg, target, plan, tuned, shapes)
+    finally:
+        if plan is not None and plan.tmp is not None:
+            remove(plan.tmp)
+
+
+def _package(model: str, cfg: PackageConfig, target: Target, plan, tuned: Tuned | None,
+             shapes: dict | None) -> Result:
+    if plan is not None and not target.ensembles:
+        raise UsageError(f"{model} is a model in parts ({', '.join(p.role for p in plan.parts)}); --to "
+                         f"{target.name} packages one model: use --to triton (an ensemble), or package one part file")
+    artifact = Artifact.load(model if plan is None or plan.kind == "preprocess" else plan.core.path)
     if artifact.format != Format.ONNX:
         raise UsageError(f"{model} is {artifact.format.value}; package takes an ONNX model: convert it first "
                          f"(optkit convert {model} -o model.onnx)")
-    name = repo.check_name(cfg.name if cfg.name is not None else _name_from(model))  # a --name given: as it is
+    named = model if plan is None or plan.kind == "preprocess" else str(plan.source.parent)
+    name = repo.check_name(cfg.name if cfg.name is not None else _name_from(named))  # a --name given: as it is
     tag = repo.check_tag(cfg.tag)
     kinds = mf.parse_kinds(cfg.manifests)
     if kinds and cfg.storage_uri:
@@ -72,12 +89,21 @@ def package(model: str, config: PackageConfig | dict | None = None, *, tuned: Tu
                                                or out.resolve() in Path(other).resolve().parents):
             raise UsageError(f"-o {cfg.output} is or holds an input of this command ({other}); choose another "
                              "folder")
-    repo.next_version(repo.precheck(out, name, target.name), cfg.version, tag)  # refused early; chosen under lock
-    externals = external_data_files(model)
-    sig = read_signature(model)
+    part_names = [f"{name}.{p.role}" for p in plan.parts] if plan is not None else []
+    repo.next_version(repo.precheck(out, name, target.name, part_names), cfg.version, tag)  # chosen under lock
+    if plan is None:
+        externals = external_data_files(model)
+        sig = read_signature(model)
+    else:
+        externals = []
+        for p in plan.parts:
+            if external_data_files(p.path):
+                raise UsageError(f"{p.path}: its weights are in external data files; a part of an ensemble is "
+                                 "packaged as one file here (save it with its weights inside)")
+        sig = Signature(plan.inputs, plan.outputs, plan.batchable)
     given = tuned is not None or bool(cfg.tuned)
     if tuned is None:
-        tuned = load_tuned(cfg.tuned, artifact.sha256, model) if cfg.tuned else defaults()
+        tuned = _tuned(cfg.tuned, artifact, model, plan) if cfg.tuned else defaults()
     report = Report.load(cfg.report) if cfg.report else None
     measured = lineage.chain_from_report(report, artifact.sha256)[1] if report is not None else {}  # else exit 2
     if report is not None:
@@ -87,10 +113,10 @@ def package(model: str, config: PackageConfig | dict | None = None, *, tuned: Tu
         "`optkit tune` for measured ones"]
     job = Job(model=model, artifact=artifact, config=cfg, name=name, tag=tag, tuned=tuned, sig=sig,
               externals=externals, shapes={**(shapes or {}), **parse_shapes(cfg.shape or None)}, report=report,
-              measured=measured, notes=notes)
+              measured=measured, notes=notes, plan=plan)
     target.prepare(job)
 
-    with repo.writing(out, name, target.name) as index:  # the version is chosen and written under the model's lock
+    with repo.writing(out, name, target.name, part_names) as index:  # the version is chosen and written under the model's lock
         number = repo.next_version(index, cfg.version, tag)
         docs = {}
         if kinds:
@@ -102,10 +128,32 @@ def package(model: str, config: PackageConfig | dict | None = None, *, tuned: Tu
                                        local_dir=(out / name / str(number)).resolve())
             docs = {kind: mf.render(kind, doc) for kind, doc in docs.items()}
             job.notes.extend(man_notes + uri_notes)
-        served_before, files_before = _write(out, number, index, target, job, docs)
+        write = _write if plan is None else _write_parts
+        served_before, files_before = write(out, number, index, target, job, docs)
         target.after_commit(job, out / name, number)
     return Result(target=target.name, repo=str(out), name=name, version=number, path=str(out / name / str(number)),
                   served_before=served_before, files=files_before, mapping=job.mapping, notes=job.notes, tag=tag)
+
+
+def _tuned(path: str, artifact, model: str, plan) -> Tuned:
+    """best.json for this model; for a model in parts, a tune of the core part (the tuned setting is the core's)
+    or of the model it was split from."""
+    try:
+        return load_tuned(path, artifact.sha256, str(artifact.path))
+    except UsageError:
+        if plan is None:
+            raise
+        first = sys.exc_info()[1]
+    source = Path(model) if plan.kind == "preprocess" else None
+    if plan.kind == "split":
+        named = plan.source.parent / json.loads(plan.source.read_text(encoding="utf-8"))["model"]
+        source = named if named.is_file() else None
+    if source is None or source.resolve() == Path(artifact.path).resolve():
+        raise first
+    try:
+        return load_tuned(path, Artifact.load(source).sha256, str(source))
+    except UsageError:
+        raise first from None
 
 
 def check_options(cfg: PackageConfig, flag: str = "--to") -> Target:
@@ -166,6 +214,71 @@ def _write(out: Path, number: int, index: dict | None, target: Target, job: Job,
     finally:
         remove(staged)
     return served_before, files
+
+
+def _write_parts(out: Path, number: int, index: dict | None, target: Target, job: Job,
+                 docs: dict[str, str]) -> tuple[int | None, dict[str, str]]:
+    """_write for a model in parts: the ensemble's version and each part model's version N are built in one
+    temporary folder (laid out as a repository) and renamed into place, the parts first and the index last; a new
+    repository is renamed into place whole."""
+    name, parts = job.name, job.state.get("part_names") or []
+    new_repo = not out.exists()
+    staged = Path(tempfile.mkdtemp(prefix=repo.temp_prefix(out if new_repo else out / name),
+                                   dir=out.parent if new_repo else out))
+    try:
+        normal_mode(staged)
+        vdir = staged / name / str(number)
+        vdir.mkdir(parents=True)
+        job.parts_root = staged
+        model_level = _target_wrote(target, job, vdir, number)
+        part_level = job.state.get("part_level") or {}
+        for model in parts:
+            _only_files(target, staged / model)
+            if set(part_level.get(model, {})) - set(target.model_files):
+                raise PassError(f"package target {target.name!r} wrote model-level files of {model} that are not "
+                                "its model_files")
+        report_obj = job.report if job.report is not None else _size_report(job.artifact)
+        (vdir / lineage.REPORT_FILE).write_text(report_obj.to_json(), encoding="utf-8")
+        if docs:
+            (vdir / "manifests").mkdir()
+            for kind, text in docs.items():
+                (vdir / "manifests" / f"{kind}.yaml").write_text(text, encoding="utf-8")
+        job.split = {**job.plan.record(),
+                     "models": {m: lineage.file_hashes(staged / m / str(number)) for m in parts}}
+        files = lineage.file_hashes(vdir)
+        (vdir / lineage.LINEAGE_FILE).write_text(json.dumps(job.lineage(number, files), indent=2, default=str) +
+                                                 "\n", encoding="utf-8")
+        index = index or repo.new_index(target.name, name)
+        served_before = index.get("served")
+        repo.add_version(index, number, job.tag, job.artifact.sha256, job.tuned.label)
+        index["parts"] = sorted({*index.get("parts", []), *parts})
+        levels = {**{m: part_level.get(m, {}) for m in parts}, name: {**model_level, repo.INDEX: repo.index_text(index)}}
+        if new_repo:
+            for model, files_at in levels.items():
+                for f, text in files_at.items():
+                    (staged / model / f).write_text(text, encoding="utf-8")
+            repo.commit(staged, out, {})
+        else:
+            interrupts.check()
+            for model, files_at in levels.items():  # the parts, then the ensemble; its index last
+                if not (out / model).exists():
+                    for f, text in files_at.items():
+                        (staged / model / f).write_text(text, encoding="utf-8")
+                    os.rename(staged / model, out / model)
+                else:
+                    os.rename(staged / model / str(number), out / model / str(number))
+                    for f in sorted(files_at, key=lambda f: f == repo.INDEX):
+                        repo.replace_text(out / model / f, files_at[f])
+    finally:
+        remove(staged)
+    return served_before, files
+
+
+def _only_files(target: Target, folder: Path) -> None:
+    for p in sorted(folder.rglob("*")):
+        if p.is_symlink() or not (p.is_dir() or p.is_file()):
+            raise PassError(f"package target {target.name!r} wrote {p}, a link or special file; a version holds "
+                            "regular files only (nothing was written)")
 
 
 def _target_wrote(target: Target, job: Job, vdir: Path, number: int) -> dict[str, str]:

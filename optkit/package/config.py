@@ -42,6 +42,11 @@ class PackageConfig(BaseModel):
     queue_delay_us: int | None = Field(default=None, ge=0, description="Triton dynamic batching queue delay "
                                                                        "(default 100).",
                                        json_schema_extra=cli("--queue-delay-us"))
+    gpu: bool | None = Field(default=None, description="Triton: serve the model (a split model's core) on a GPU "
+                                                        "instance group (KIND_GPU) although the tuned provider is the "
+                                                        "CPU's; a tune on tensorrt adds its TensorRT accelerator.",
+                             json_schema_extra=cli("--gpu", sets=True, help="Serve the model (a split model's core) on "
+                                                                 "KIND_GPU."))
     manifests: str | None = Field(default=None, description="Also write deployment manifests: kserve,seldon,kubedl "
                                                             "(comma-separated).", json_schema_extra=cli("--manifests"))
     storage_uri: str | None = Field(default=None, description="Where the cluster reads REPO (s3://..., gs://..., "

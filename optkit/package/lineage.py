@@ -37,12 +37,13 @@ def chain_from_report(report, model_sha256: str) -> tuple[list[dict], dict[str, 
 
 
 def build_lineage(*, artifact, target: str, name: str, version: int, tag: str | None, tuned, report,
-                  report_path: str | None, files: dict[str, str], mapping: list[dict], notes: list[str]) -> dict:
+                  report_path: str | None, files: dict[str, str], mapping: list[dict], notes: list[str],
+                  split: dict | None = None) -> dict:
     chain, figures, source = [], {}, None
     if report is not None:
         chain, figures, first = chain_from_report(report, artifact.sha256)
         source = {"path": first.path, "sha256": first.sha256, "format": first.format}
-    return {
+    out = {
         "schema": SCHEMA,
         "optkit": optkit.__version__,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -61,6 +62,9 @@ def build_lineage(*, artifact, target: str, name: str, version: int, tag: str | 
         "machine": machine_info(),
         "versions": library_versions(),
     }
+    if split is not None:  # a model in parts: the split, and each part model's files (serve-version checks them)
+        out["split"] = split
+    return out
 
 
 def file_hashes(folder: Path) -> dict[str, str]:

@@ -26,8 +26,10 @@ def serve_version(model_dir: str, version: str | None = None, tag: str | None = 
             raise UsageError(f"--registry is for --to {choices(takers('registry'))} packages, not {target.name}")
         served = target.serve(d, index, number, recorded, registry)
         before, replace, out_registry = served.before, dict(served.replace), served.record
-        for path in replace:  # a target replaces its own model-level files, nothing else
-            if not (isinstance(path, Path) and path.parent == d and path.name in target.model_files):
+        parts = {d.parent / p for p in index.get("parts", [])}  # an ensemble's part model folders
+        for path in replace:  # a target replaces its own model-level files (and its parts'), nothing else
+            if not (isinstance(path, Path) and (path.parent == d or path.parent in parts)
+                    and path.name in target.model_files):
                 raise PassError(f"package target {target.name!r} asked to replace {path}, which is not one of its "
                                 f"model_files in {d} (nothing was changed)")
         index["served"] = number

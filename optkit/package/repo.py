@@ -137,9 +137,11 @@ def _old_temp(folder: Path, entry: Path) -> UsageError:
 
 # ------------------------------------------------------------------ what a repository may hold
 
-def check_repo(repo: Path, name: str, target: str, *, clean: bool = False) -> dict[str, Any] | None:
+def check_repo(repo: Path, name: str, target: str, *, clean: bool = False,
+               parts: list[str] | tuple[str, ...] = ()) -> dict[str, Any] | None:
     """Refuse (exit 2) a repository holding what optkit did not create; the model's index, or None when new.
-    `clean` (under the lock): clear optkit's stale temporaries first."""
+    `clean` (under the lock): clear optkit's stale temporaries first. `parts`: the model folders an ensemble
+    `name` writes beside its own (none may be another model; each may be one of its own parts)."""
     if repo.is_symlink():
         raise UsageError(f"{repo} is a symbolic link; a package holds no links (a server would follow it): name "
                          "the repository folder itself")
@@ -163,12 +165,21 @@ def check_repo(repo: Path, name: str, target: str, *, clean: bool = False) -> di
             link = entry if entry.is_symlink() else entry / INDEX
             raise UsageError(f"{link} is a symbolic link; a package holds no links (a server would follow it): "
                              "remove it (nothing was written)")
+        if entry.is_dir() and not (entry / INDEX).exists() and _part_of(repo, entry, clean) is not None:
+            continue
         if not entry.is_dir() or not (entry / INDEX).is_file():
             if OLD_TEMP_RE.fullmatch(entry.name) and entry.is_dir():
                 raise _old_temp(repo, entry)
             raise UsageError(f"-o {repo} holds {entry.name!r}, which optkit did not create; give a new folder or "
                              "one optkit packaged into (nothing was written)")
     model_dir = repo / name
+    for part in parts:
+        if (repo / part / INDEX).is_file():
+            raise UsageError(f"{repo / part} is a model of its own; the parts of ensemble {name} are named "
+                             f"{name}.pre, {name}.core, {name}.post: give another --name")
+    owner = _part_of(repo, model_dir, False) if model_dir.is_dir() and not (model_dir / INDEX).exists() else None
+    if owner is not None:
+        raise UsageError(f"{model_dir} is a part of ensemble {owner['name']}; give another --name")
     if not model_dir.exists():
         return None
     index = load_index(model_dir)
@@ -197,6 +208,36 @@ def check_repo(repo: Path, name: str, target: str, *, clean: bool = False) -> di
         raise UsageError(f"{model_dir} holds {entry.name!r}, which optkit did not create; move it away "
                          "(nothing was written)")
     return index
+
+
+def _part_of(repo: Path, entry: Path, clean: bool) -> dict[str, Any] | None:
+    """The index of the ensemble whose part model folder `entry` is (REPO/<name>.<part>, listed in its index's
+    parts), once its contents are what optkit writes there (config.pbtxt, version folders of the ensemble's
+    versions); None when no ensemble claims it."""
+    owner_dir = repo / entry.name.rpartition(".")[0]
+    if "." not in entry.name or not (owner_dir / INDEX).is_file() or owner_dir.is_symlink():
+        return None
+    owner = load_index(owner_dir)
+    if entry.name not in owner.get("parts", []):
+        return None
+    if clean:
+        sweep(entry)
+    known = {str(v["version"]) for v in owner["versions"]}
+    model_level = get_target(owner["target"], "target").model_files
+    for p in sorted(entry.iterdir()):
+        if p.name in model_level and p.is_file() and not p.is_symlink():
+            continue
+        if p.name in known and p.is_dir() and not p.is_symlink():
+            _no_links(p)
+            continue
+        if is_temp(p):
+            continue
+        if p.name.isascii() and p.name.isdigit() and p.is_dir() and not p.is_symlink():
+            raise UsageError(f"{entry} holds version folder {p.name!r}, which {owner_dir / INDEX} does not list (a "
+                             "packager killed as it finished?); move it away (nothing was written)")
+        raise UsageError(f"{entry} (a part of ensemble {owner['name']}) holds {p.name!r}, which optkit did not "
+                         "create; move it away (nothing was written)")
+    return owner
 
 
 def _no_links(vdir: Path) -> None:
@@ -231,16 +272,17 @@ def _lock(folder: Path) -> int:
     return fd
 
 
-def _acquire(repo: Path, name: str) -> int:
+def _acquire(repo: Path, name: str, whole: bool = False) -> int:
     """The lock guarding `repo/name`: the model folder's, else the repository's, else its parent's (while the
-    folder below it is new: whoever creates it holds the level above)."""
+    folder below it is new: whoever creates it holds the level above). `whole`: the repository's (an ensemble
+    writes several model folders)."""
     if not repo.exists():
         fd = _lock(repo.parent)
         if not repo.exists():
             return fd
         os.close(fd)
     fd = _lock(repo)
-    if not (repo / name).exists():
+    if whole or not (repo / name).exists():
         return fd
     try:
         return _lock(repo / name)
@@ -248,33 +290,37 @@ def _acquire(repo: Path, name: str) -> int:
         os.close(fd)
 
 
-def precheck(repo: Path, name: str, target: str) -> dict[str, Any] | None:
+def precheck(repo: Path, name: str, target: str, parts: list[str] | tuple[str, ...] = ()) -> dict[str, Any] | None:
     """check_repo before any work, without holding the lock; a refusal is confirmed under the lock, since an
     unlocked look can catch another packager between renaming its version in and writing the index (a version
     folder the index does not list yet)."""
     try:
-        return check_repo(repo, name, target)
+        return check_repo(repo, name, target, parts=parts)
     except UsageError:
         if repo.is_symlink() or not repo.is_dir():
             raise
     fd = _acquire(repo, name)
     try:
-        return check_repo(repo, name, target)
+        return check_repo(repo, name, target, parts=parts)
     finally:
         os.close(fd)
 
 
 @contextlib.contextmanager
-def writing(repo: Path, name: str, target: str) -> Iterator[dict[str, Any] | None]:
+def writing(repo: Path, name: str, target: str, parts: list[str] | tuple[str, ...] = ()) -> Iterator[dict[str, Any] | None]:
     """Hold the lock of `repo/name` and yield its index read again under it (None when new). The repository
     is checked first (precheck), so a folder optkit did not make is refused before anything happens."""
-    precheck(repo, name, target)
-    fd = _acquire(repo, name)
+    precheck(repo, name, target, parts)
+    fd = _acquire(repo, name, bool(parts))
+    # an ensemble holds the repository (its part folders) and its model folder (serve-version's lock) both
+    model_fd = _lock(repo / name) if parts and (repo / name).is_dir() and not (repo / name).is_symlink() else None
     try:
         if not repo.exists():
             sweep(repo.parent, repo.name)
-        yield check_repo(repo, name, target, clean=True)
+        yield check_repo(repo, name, target, clean=True, parts=parts)
     finally:
+        if model_fd is not None:
+            os.close(model_fd)
         os.close(fd)
 
 

@@ -209,6 +209,7 @@ class VersionIndex(Strict):
     versions: list[VersionEntry]
     served: Version | None = None
     history: list[HistoryEntry]
+    parts: list[Name] = Field(default_factory=list)   # model folders an ensemble's versions own (Triton)
 
     @model_validator(mode="after")
     def _consistent(self):
@@ -258,6 +259,17 @@ class TunedRecord(Strict):
     confirmed: Confirmed | None = None
 
 
+class SplitRecord(Strict):
+    """A model in parts (package/ensemble.py): where the split came from, its parts, and each part model's files
+    as written (model folder -> {file: sha256})."""
+    kind: Literal["split", "preprocess"]
+    source: str
+    source_sha256: Sha256
+    parts: list[dict[str, Any]]
+    cuts: list[dict[str, Any]] = Field(default_factory=list)
+    models: dict[Name, dict[str, Sha256]]
+
+
 class Lineage(Strict):
     schema_: Literal["optkit-package/1"] = Field(alias="schema")
     optkit: str
@@ -277,6 +289,7 @@ class Lineage(Strict):
     files: dict[str, Sha256]
     machine: dict[str, Any] = Field(default_factory=dict)
     versions: dict[str, Any] = Field(default_factory=dict)
+    split: SplitRecord | None = None
 
 
 # ------------------------------------------------------------------ reading

@@ -44,12 +44,15 @@ class Job:
     mapping: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     state: dict[str, Any] = field(default_factory=dict)   # the target's own, between prepare and write
+    plan: Any = None                   # package.ensemble.Plan: a model in parts (a target with `ensembles` only)
+    parts_root: Any = None             # Path: where write_version puts the part models (REPO-like, staged)
+    split: dict[str, Any] | None = None  # the lineage's record of the parts (the plan's, and each part's files)
 
     def lineage(self, number: int, files: dict[str, str]) -> dict[str, Any]:
         return lineage.build_lineage(artifact=self.artifact, target=self.config.to, name=self.name, version=number,
                                      tag=self.tag, tuned=self.tuned, report=self.report,
                                      report_path=self.config.report, files=files, mapping=self.mapping,
-                                     notes=self.notes)
+                                     notes=self.notes, split=self.split)
 
 
 @dataclass
@@ -70,6 +73,7 @@ class Target:
     manifest_format: ClassVar[str] = ""           # the model format deployment manifests name
     manifest_runtime: ClassVar[str | None] = None  # KServe's serving runtime, where it needs one named
     manifest_level: ClassVar[str] = "version"     # what a cluster reads: "repository", or a "version" folder
+    ensembles: ClassVar[bool] = False             # serves a model in parts (job.plan): writes part models too
 
     def check(self, config) -> None:
         """Before anything is read or written: what this target cannot do with these options (UsageError)."""

@@ -160,6 +160,13 @@ class RemoteSession(V2Connections, Session):
                              f"{self.where.name!r}{said(data)}", details={"status": status})
         return self._decode(resp, data, batch)
 
+    def request_bytes(self, feeds: dict[str, np.ndarray]) -> dict[str, Any]:
+        """What one inference request of `feeds` sends: the body's bytes (JSON header and tensors as this session
+        encodes them) and the tensors' own bytes."""
+        body, _, _ = self._encoded(feeds)
+        return {"body_bytes": len(body), "tensor_bytes": int(sum(np.asarray(v).nbytes for v in feeds.values())),
+                "encoding": "binary tensors" if self.binary else "json tensors"}
+
     def _encoded(self, feeds: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str], int | None]:
         cached = self._body
         if cached is not None and cached[0] is feeds and all(a is b for a, b in zip(cached[1], feeds.values())):

@@ -13,11 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from optkit.core.artifact import path_sha256
 from optkit.core.errors import PassError, UsageError
 from optkit.package import pbtxt, scalars, schemas
 from optkit.package.pbtxt import Ident
 from optkit.package.signature import Signature, signature_of, warmup_dims
 from optkit.package.target import Job, Served, Target
+from optkit.package.targets import triton_ensemble
 from optkit.package.targets.triton_check import parse_if_installed
 from optkit.package.tuned import Tuned
 
@@ -27,6 +29,7 @@ CONFIG = "config.pbtxt"
 GRAPH_LEVEL = {"basic": -1, "extended": 1, "disable": 2, "all": None}
 # Triton holds a request this long for more to batch with; no tune figure says otherwise (stated default)
 QUEUE_DELAY_US = 100
+INDEX_FILE = "optkit-versions.json"
 # ModelConfig's map fields (printed as repeated { key value } entries) and its repeated fields
 MAPS = frozenset({"parameters", "inputs", "input_map", "output_map", "cc_model_filenames", "metric_tags"})
 REPEATED = frozenset({"input", "output", "dims", "instance_group", "preferred_batch_size", "versions",
@@ -69,8 +72,10 @@ def loads(text: str, where: str | Path = CONFIG) -> dict[str, Any]:
     return config
 
 
-def build_config(name: str, sig: Signature, tuned: Tuned, warmup: dict[str, list[int]], version: int,
-                 queue_delay_us: int = QUEUE_DELAY_US) -> TritonConfig:
+def build_config(name: str, sig: Signature, tuned: Tuned, warmup: dict[str, list[int]] | None, version: int,
+                 queue_delay_us: int = QUEUE_DELAY_US, gpu: bool = False) -> TritonConfig:
+    """`gpu` (--gpu): a GPU instance group where the tuned provider is the CPU's (CUDA, no accelerator); no
+    `warmup` (dims not known): no model_warmup."""
     cfg = TritonConfig(config={})
     c, m, notes = cfg.config, cfg.mapping, cfg.notes
 
@@ -93,6 +98,9 @@ def build_config(name: str, sig: Signature, tuned: Tuned, warmup: dict[str, list
     # instances: requests in flight and sessions
     conc, sessions = int(tuned.get("concurrency") or 1), tuned.get("sessions") or "shared"
     provider = tuned.get("provider") or "cpu"
+    if gpu and provider == "cpu":
+        mapped("--gpu", True, "instance_group.kind", "KIND_GPU")
+        provider = "cuda"
     kind = "KIND_CPU" if provider == "cpu" else "KIND_GPU"
     mapped("concurrency", conc, "instance_group.count", conc)
     mapped("sessions", sessions, "instance_group.count (one session per instance)", conc)
@@ -139,6 +147,8 @@ def build_config(name: str, sig: Signature, tuned: Tuned, warmup: dict[str, list
         c["optimization"] = opt
 
     # warm-up with zero data of the served shapes
+    if warmup is None:
+        return cfg
     c["model_warmup"] = [{"name": "zeros", "batch_size": 1 if batching else 0, "inputs": {
         t.name: {"data_type": Ident(t.triton_type), "dims": list(warmup[t.name] or [1]), "zero_data": True}
         for t in sig.inputs}}]
@@ -179,13 +189,17 @@ def schema_check(text: str) -> dict | None:
 class TritonTarget(Target):
     name = "triton"
     describe = "a Triton model repository (onnxruntime backend)"
-    options = ("queue_delay_us",)
+    options = ("queue_delay_us", "gpu")
     model_files = frozenset({CONFIG})
+    ensembles = True
     manifest_format = "onnx"
     manifest_runtime = "kserve-tritonserver"
     manifest_level = "repository"  # KServe's Triton runtime reads a repository root, Seldon's a model folder
 
     def prepare(self, job: Job) -> None:
+        if job.plan is not None:
+            triton_ensemble.prepare(job, job.plan, scalars.scalars)
+            return
         sig = job.sig
         if any(scalars.scalars(sig)):
             lifted, lift_notes = scalars.lift(job.model, sig)
@@ -198,8 +212,11 @@ class TritonTarget(Target):
 
     def write_version(self, job: Job, vdir: Path, number: int) -> dict[str, str]:
         delay = job.config.queue_delay_us
-        cfg = build_config(job.name, job.sig, job.tuned, job.state["warmup"], number,
-                           queue_delay_us=QUEUE_DELAY_US if delay is None else delay)
+        delay = QUEUE_DELAY_US if delay is None else delay
+        if job.plan is not None:
+            return triton_ensemble.write(job, job.parts_root, vdir, number, build_config, dumps, delay)
+        cfg = build_config(job.name, job.sig, job.tuned, job.state["warmup"], number, queue_delay_us=delay,
+                           gpu=bool(job.config.gpu))
         job.mapping[:], text = cfg.mapping, cfg.text
         job.notes.extend(cfg.notes)
         if job.state.get("lifted") is not None:
@@ -216,17 +233,26 @@ class TritonTarget(Target):
         return {CONFIG: text}
 
     def validate(self, job: Job, vdir: Path) -> None:
-        text = (vdir / CONFIG).read_text(encoding="utf-8")
+        parsed = self._read_back(vdir / CONFIG, job.state["config"])
+        if job.plan is not None:
+            root, number = job.parts_root, vdir.name
+            for model, config in job.state["part_configs"].items():
+                self._read_back(root / model / number / CONFIG, config)
+            triton_ensemble.check_wiring(job.state["config"], job.state["part_configs"], str(vdir / CONFIG))
+        what = "config.pbtxt" + (" (the ensemble's and each part's)" if job.plan is not None else "")
+        job.notes.append(f"{what} parsed with Triton's ModelConfig (tritonclient)" if parsed is not None else
+                         f"{what} not checked against Triton's ModelConfig: pip install tritonclient to check it")
+
+    @staticmethod
+    def _read_back(path: Path, built: dict[str, Any]) -> dict | None:
+        text = path.read_text(encoding="utf-8")
         try:
-            again = loads(text, vdir / CONFIG)
+            again = loads(text, path)
         except UsageError as e:
             raise PassError(f"optkit's own config.pbtxt does not read back: {e.message}") from None
-        if again != job.state["config"]:
-            raise PassError(f"{vdir / CONFIG} does not read back as the config optkit built (printer/parser bug)")
-        parsed = schema_check(text)
-        job.notes.append("config.pbtxt parsed with Triton's ModelConfig (tritonclient)" if parsed is not None else
-                         "config.pbtxt not checked against Triton's ModelConfig: pip install tritonclient to check "
-                         "it")
+        if again != built:
+            raise PassError(f"{path} does not read back as the config optkit built (printer/parser bug)")
+        return schema_check(text)
 
     def serve(self, model_dir: Path, index: dict, number: int, recorded: dict, registry: str | None) -> Served:
         current = schemas.read_bytes(model_dir / CONFIG, schemas.MAX_CONFIG_BYTES)
@@ -242,7 +268,27 @@ class TritonTarget(Target):
         before = was if was in {v["version"] for v in index["versions"]} else index.get("served")
         own = self.version_config(model_dir / str(number) / CONFIG, name=index["name"], version=number,
                                   sha256=recorded["files"].get(CONFIG))
-        return Served(replace={model_dir / CONFIG: dumps(with_version(own, number))}, before=before)
+        replace = {model_dir / CONFIG: dumps(with_version(own, number))}
+        for model, files in ((recorded.get("split") or {}).get("models") or {}).items():
+            replace[model_dir.parent / model / CONFIG] = self._part_served(model_dir.parent / model, index, number,
+                                                                           files)
+        return Served(replace=replace, before=before)
+
+    def _part_served(self, part_dir: Path, index: dict, number: int, files: dict[str, str]) -> str:
+        """A part of an ensemble version: in the index's parts, its files as recorded, its config serving N."""
+        if part_dir.name not in index.get("parts", []):
+            raise UsageError(f"{part_dir}: not a part of {index['name']} in its {INDEX_FILE} (key parts); package "
+                             "the model again")
+        vdir = part_dir / str(number)
+        for rel, digest in files.items():
+            p = vdir / rel
+            if Path(rel).is_absolute() or ".." in Path(rel).parts or p.is_symlink() or not p.is_file():
+                raise UsageError(f"{p} is missing (the lineage lists it); restore it or package the model again")
+            if path_sha256(p) != digest:
+                raise UsageError(f"{p} was edited after optkit packaged it (its sha256 is not the lineage's); restore "
+                                 "it or package the model again")
+        own = self.version_config(vdir / CONFIG, name=part_dir.name, version=number, sha256=files.get(CONFIG))
+        return dumps(with_version(own, number))
 
     @staticmethod
     def version_config(path: Path, *, name: str, version: int, sha256: str | None) -> dict[str, Any]:

@@ -1,0 +1,343 @@
+"""A model in parts, as a package reads it: `optkit split`'s folder (DIR/split.json and its part files) or an ONNX
+model with preprocessing in its graph (metadata `optkit.preprocess`, cut at the preprocessing boundary into a CPU
+`pre` part and the `core`). Either becomes a Plan: the parts in order, each with its file, device and signature,
+wired by tensor name; a target serves it as an ensemble (Triton: one model per part and an ensemble model).
+
+split.json is input like any file optkit reads back: one schema, and every problem is one line naming the file and
+the key (exit 2) before anything is written: a corrupt file, a part file missing or not the one recorded (sha256),
+a part whose inputs or outputs are not its graph's, a tensor no part produces.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from optkit.core.errors import UsageError
+from optkit.package import schemas
+from optkit.package.signature import DTYPES, Signature, Tensor, signature_of
+
+SPLIT_FILE = "split.json"
+PREPROCESS_KEY = "optkit.preprocess"
+ROLES = ("pre", "core", "post")
+HINT = "write it again with `optkit split MODEL -o DIR`"
+# ONNX type names (as split.json may spell a dtype) -> numpy's
+_ONNX_NAMES = {"float": "float32", "double": "float64", "float16": "float16", "bfloat16": "bfloat16", "bool": "bool",
+               "string": "object", **{n: n for _, n in DTYPES.values()}}
+
+Dim = Annotated[int, Field(ge=-1)] | str | None
+
+
+class _Doc(BaseModel):
+    # strict types for what a package uses; keys split may add later are kept, not refused
+    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False, populate_by_name=True)
+
+
+class TensorSpec(_Doc):
+    name: str = Field(min_length=1)
+    dtype: str
+    shape: list[Dim]
+
+
+class CutTensor(TensorSpec):
+    bytes_per_sample: Annotated[int, Field(ge=0)] | None = None
+
+
+class PartSpec(_Doc):
+    name: Literal["pre", "core", "post"]
+    file: str = Field(min_length=1)
+    device: Literal["cpu", "gpu"]
+    why: str = ""
+    ops: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)
+    inputs: list[TensorSpec] = Field(min_length=1)
+    outputs: list[TensorSpec] = Field(min_length=1)
+    sha256: schemas.Sha256 | None = None
+
+
+class Cut(_Doc):
+    from_: str = Field(alias="from")
+    to: str
+    tensors: list[CutTensor]
+    bytes_per_sample: Annotated[int, Field(ge=0)] | None = None
+
+
+class SplitFile(_Doc):
+    schema_: Literal[1] = Field(alias="schema")
+    model: str
+    provider: str | None = None
+    inputs: list[TensorSpec] = Field(min_length=1)
+    outputs: list[TensorSpec] = Field(min_length=1)
+    parts: list[PartSpec] = Field(min_length=2, max_length=3)
+    cuts: list[Cut] = Field(default_factory=list)
+    naive_cut_bytes_per_sample: Annotated[int, Field(ge=0)] | None = None
+
+
+@dataclass
+class Part:
+    role: str                   # pre, core, post
+    path: Path
+    device: str                 # cpu, gpu (the split's intent; --gpu decides where the core runs)
+    sha256: str
+    sig: Signature
+    why: str = ""
+    ops: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Plan:
+    kind: str                   # "split" (a split folder) or "preprocess" (a model with preprocessing in its graph)
+    source: Path                # split.json, or the model
+    source_sha256: str
+    inputs: list[Tensor]        # the ensemble's: the original model's inputs and outputs, as the parts have them
+    outputs: list[Tensor]
+    parts: list[Part]
+    cuts: list[dict]
+    batchable: bool
+    notes: list[str] = field(default_factory=list)
+    tmp: Path | None = None     # a folder of parts cut here (removed by the caller)
+
+    @property
+    def core(self) -> Part:
+        return next(p for p in self.parts if p.role == "core")
+
+    def record(self) -> dict[str, Any]:
+        """What the lineage keeps of the split (the parts' own files are listed per part by the target)."""
+        return {"kind": self.kind, "source": str(self.source), "source_sha256": self.source_sha256,
+                "parts": [{"name": p.role, "file": p.path.name, "sha256": p.sha256, "device": p.device,
+                           "why": p.why, "ops": p.ops} for p in self.parts],
+                "cuts": self.cuts}
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def split_json(model: str | Path) -> Path | None:
+    """DIR/split.json when `model` names a split folder or its split.json; None for anything else."""
+    p = Path(model)
+    if p.is_dir():
+        return p / SPLIT_FILE if (p / SPLIT_FILE).exists() or (p / SPLIT_FILE).is_symlink() else None
+    return p if p.name == SPLIT_FILE else None
+
+
+def preprocess_meta(proto) -> dict | None:
+    """The model's `optkit.preprocess` metadata, or None."""
+    for prop in proto.metadata_props:
+        if prop.key == PREPROCESS_KEY:
+            return {"text": prop.value}
+    return None
+
+
+def detect(model: str | Path) -> Plan | None:
+    """The model as parts, or None for a plain model (packaged as one). A split folder without split.json is
+    exit 2 (a folder is not a model)."""
+    p = Path(model)
+    found = split_json(p)
+    if found is not None:
+        return read_split(found)
+    if p.is_dir():
+        raise UsageError(f"{model} is a folder without {SPLIT_FILE}; give an ONNX model or a folder `optkit split` "
+                         "wrote")
+    if p.suffix.lower() != ".onnx" or not p.is_file():
+        return None
+    import onnx
+
+    try:
+        proto = onnx.load(str(p), load_external_data=False)
+    except Exception:  # noqa: BLE001 - the plain path reports an unreadable model in its own words
+        return None
+    meta = preprocess_meta(proto)
+    return None if meta is None else cut_preprocess(p, meta["text"])
+
+
+# ------------------------------------------------------------------ split.json
+
+def read_split(path: Path) -> Plan:
+    where = f"{path}"
+    raw = schemas.read_bytes(path, links=True) if path.exists() or path.is_symlink() else None
+    if raw is None:
+        raise UsageError(f"{path} does not exist; give a folder `optkit split` wrote (it holds {SPLIT_FILE})")
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{where}: not UTF-8 text (byte {e.start}); {HINT}") from None
+    except (ValueError, RecursionError) as e:
+        raise UsageError(f"{where}: not JSON ({str(e).splitlines()[0][:120]}); {HINT}") from None
+    try:
+        doc = SplitFile.model_validate(data)
+    except ValidationError as e:
+        raise UsageError(f"{where}: {schemas.problem(e)}; {HINT}") from None
+    folder = path.parent
+    roles = [p.name for p in doc.parts]
+    if len(set(roles)) != len(roles) or roles != sorted(roles, key=ROLES.index):
+        raise UsageError(f"{where}: key parts: {roles} is not pre, core, post in order, each once; {HINT}")
+    if "core" not in roles:
+        raise UsageError(f"{where}: key parts: no core part; {HINT}")
+    parts = []
+    for i, spec in enumerate(doc.parts):
+        key = f"parts.{i}"
+        f = folder / spec.file
+        if Path(spec.file).is_absolute() or ".." in Path(spec.file).parts or f.parent.resolve() != folder.resolve():
+            raise UsageError(f"{where}: key {key}.file: {spec.file!r} is not a file of the split folder; {HINT}")
+        if f.is_symlink() or not f.is_file():
+            raise UsageError(f"{where}: key {key}.file: {f} is missing (or not a regular file); {HINT}")
+        digest = sha256_of(f)
+        if spec.sha256 is not None and spec.sha256 != digest:
+            raise UsageError(f"{where}: key {key}.sha256: {f.name} is not the file the split wrote (its sha256 is "
+                             f"{digest[:12]}..., recorded {spec.sha256[:12]}...); {HINT}")
+        sig = _part_signature(f, where, key)
+        for role, declared, have in (("inputs", spec.inputs, sig.inputs), ("outputs", spec.outputs, sig.outputs)):
+            _match(declared, have, where, f"{key}.{role}", f.name)
+        parts.append(Part(spec.name, f, spec.device, digest, sig, spec.why, dict(spec.ops)))
+    inputs, outputs = _wire(parts, [t.name for t in doc.inputs], [t.name for t in doc.outputs], where)
+    for role, declared, have in (("inputs", doc.inputs, inputs), ("outputs", doc.outputs, outputs)):
+        _match(declared, have, where, role, "the parts")
+    return _plan("split", path, sha256_of(path), inputs, outputs, parts,
+                 [c.model_dump(by_alias=True) for c in doc.cuts])
+
+
+def _part_signature(f: Path, where: str, key: str) -> Signature:
+    import onnx
+
+    try:
+        proto = onnx.load(str(f), load_external_data=False)
+    except Exception as e:  # noqa: BLE001 - protobuf's errors: one line
+        raise UsageError(f"{where}: key {key}.file: {f.name} is not a readable ONNX model ({type(e).__name__}); "
+                         f"{HINT}") from None
+    try:
+        return signature_of(proto, f)
+    except UsageError as e:
+        raise UsageError(f"{where}: key {key}.file: {e.message}") from None
+
+
+def _dtype(name: str) -> str | None:
+    n = name.lower()
+    return _ONNX_NAMES.get(n) or (n if n in _ONNX_NAMES.values() else None)
+
+
+def _match(declared: list[TensorSpec], have: list[Tensor], where: str, key: str, what: str) -> None:
+    """The declared tensors are the graph's: the same names in order, dtypes, ranks and fixed dims."""
+    names = [t.name for t in declared]
+    if names != [t.name for t in have]:
+        raise UsageError(f"{where}: key {key}: {names} are not the {key.rsplit('.', 1)[-1]} of {what} "
+                         f"({[t.name for t in have]}); {HINT}")
+    for i, (d, t) in enumerate(zip(declared, have)):
+        if _dtype(d.dtype) != t.numpy_dtype:
+            raise UsageError(f"{where}: key {key}.{i}.dtype: {d.dtype!r}, but {what} has {t.numpy_dtype} for "
+                             f"{t.name!r}; {HINT}")
+        fixed = [s if isinstance(s, int) and s > 0 else -1 for s in d.shape]
+        if len(fixed) != len(t.dims) or any(a != -1 and b != -1 and a != b for a, b in zip(fixed, t.dims)):
+            raise UsageError(f"{where}: key {key}.{i}.shape: {d.shape} does not fit {t.name!r} of {what} "
+                             f"({t.dims}, -1 dynamic); {HINT}")
+
+
+def _wire(parts: list[Part], inputs: list[str], outputs: list[str], where: str) -> tuple[list[Tensor], list[Tensor]]:
+    """Each part's inputs are original inputs or earlier parts' outputs; every original output is produced; no
+    tensor is produced twice. Returns the ensemble's inputs and outputs as the parts have them."""
+    known: dict[str, Tensor] = {}
+    first_use: dict[str, Tensor] = {}
+    for i, part in enumerate(parts):
+        for t in part.sig.inputs:
+            if t.name in known:
+                if known[t.name].elem_type != t.elem_type:
+                    raise UsageError(f"{where}: key parts.{i}.inputs: {t.name!r} is {t.numpy_dtype} here but "
+                                     f"{known[t.name].numpy_dtype} where it is made; {HINT}")
+                continue
+            if t.name not in inputs:
+                raise UsageError(f"{where}: key parts.{i}.inputs: {t.name!r} is neither an input of the model nor "
+                                 f"an output of an earlier part (no part produces it); {HINT}")
+            first_use.setdefault(t.name, t)
+        for t in part.sig.outputs:
+            if t.name in known or t.name in inputs:
+                raise UsageError(f"{where}: key parts.{i}.outputs: {t.name!r} is produced twice; {HINT}")
+            known[t.name] = t
+    missing = [n for n in inputs if n not in first_use]
+    if missing:
+        raise UsageError(f"{where}: key inputs: {missing[0]!r} is an input of the model that no part takes; {HINT}")
+    absent = [n for n in outputs if n not in known]
+    if absent:
+        raise UsageError(f"{where}: key outputs: {absent[0]!r} is an output of the model that no part produces "
+                         f"({HINT})")
+    return [first_use[n] for n in inputs], [known[n] for n in outputs]
+
+
+def _plan(kind, source, digest, inputs, outputs, parts, cuts, tmp=None) -> Plan:
+    every = [t for p in parts for t in p.sig.inputs + p.sig.outputs]
+    batchable = all(t.dims and t.dims[0] == -1 for t in every)
+    notes = [] if batchable else ["the parts are served without batching (max_batch_size 0): a part's first dim "
+                                  "is not a dynamic batch axis in every input and output"]
+    return Plan(kind, source, digest, inputs, outputs, parts, cuts, batchable, notes, tmp)
+
+
+# ------------------------------------------------------------------ a model with preprocessing in its graph
+
+def cut_preprocess(model: Path, meta_text: str) -> Plan:
+    """pre (the preprocessing, on the CPU) + core, cut at the metadata's boundary tensors.
+    TODO(i32-split): cut with optkit.split.split_model at these tensors once it is on main; this small cut with
+    onnx.utils.Extractor stands in for it."""
+    import onnx
+    from onnx.utils import Extractor
+
+    where = f"{model}: metadata {PREPROCESS_KEY}"
+    try:
+        meta = json.loads(meta_text)
+        inp, boundary = meta["input"], meta["outputs"]
+        if not isinstance(inp, str) or not isinstance(boundary, list) or not boundary or \
+                not all(isinstance(b, str) for b in boundary):
+            raise TypeError
+    except (ValueError, TypeError, KeyError):
+        raise UsageError(f"{where}: not {{\"input\": name, \"outputs\": [tensor names], ...}}; run `optkit "
+                         "preprocess` again") from None
+    proto = onnx.load(str(model))
+    whole = signature_of(proto, model)
+    names = [t.name for t in whole.inputs]
+    if inp not in names:
+        raise UsageError(f"{where}: key input: {inp!r} is not an input of the model ({names})")
+    produced = {o for n in proto.graph.node for o in n.output}
+    lost = [b for b in boundary if b not in produced]
+    if lost:
+        raise UsageError(f"{where}: key outputs: {lost[0]!r} is not a tensor the graph computes")
+    try:
+        inferred = onnx.shape_inference.infer_shapes(proto)
+        ex = Extractor(inferred)
+        pre = ex.extract_model([inp], boundary)
+        core_inputs = [*boundary, *(n for n in names if n != inp)]
+        core = ex.extract_model(core_inputs, [t.name for t in whole.outputs])
+    except Exception as e:  # noqa: BLE001 - onnx's own errors: one line
+        raise UsageError(f"{where}: the graph does not cut at {boundary} ({type(e).__name__}: "
+                         f"{(str(e).splitlines() or [''])[0][:120]})") from None
+    pre_ops = {n.op_type for n in pre.graph.node}
+    core_consumes = {i for n in core.graph.node for i in n.input}
+    if inp in core_consumes:
+        raise UsageError(f"{where}: the model reads {inp!r} after the preprocessing too; it does not cut at "
+                         f"{boundary}")
+    tmp = Path(tempfile.mkdtemp(prefix="optkit-cut-"))
+    parts = []
+    for role, part, why in (("pre", pre, "preprocessing (optkit.preprocess): " + ", ".join(sorted(pre_ops))),
+                            ("core", core, "the model after its preprocessing")):
+        del part.metadata_props[:]
+        part.ir_version = proto.ir_version
+        del part.opset_import[:]
+        part.opset_import.extend(proto.opset_import)
+        f = tmp / f"{role}.onnx"
+        onnx.save(part, str(f))
+        ops: dict[str, int] = {}
+        for n in part.graph.node:
+            ops[n.op_type] = ops.get(n.op_type, 0) + 1
+        parts.append(Part(role, f, "cpu" if role == "pre" else "gpu", sha256_of(f), signature_of(part, f), why, ops))
+    try:
+        inputs, outputs = _wire(parts, names, [t.name for t in whole.outputs], where)
+    except UsageError:
+        raise UsageError(f"{where}: the parts cut at {boundary} do not wire back into the model") from None
+    cut_tensors = [{"name": t.name, "dtype": t.numpy_dtype, "shape": t.dims} for t in parts[0].sig.outputs]
+    return _plan("preprocess", model, sha256_of(model), inputs, outputs, parts,
+                 [{"from": "pre", "to": "core", "tensors": cut_tensors}], tmp)
