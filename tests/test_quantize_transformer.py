@@ -110,3 +110,38 @@ def test_a_fusion_that_removes_a_returned_tensor_is_not_used_and_prints_nothing(
     out, err = capfd.readouterr()
     assert out == "" and err == "", (out, err)
     assert not fusion.same_outputs([np.ones(3)], [np.ones(3), np.ones(3)])  # another output count: not the same
+
+
+def _ops(path) -> set[str]:
+    return {n.op_type for n in onnx.load(str(path)).graph.node}
+
+
+def test_an_op_type_kept_float_stays_float_in_the_fused_candidates(tiny, cli, tmp_path):
+    """--exclude-op Attention: no candidate, fused or not, holds QAttention."""
+    model, data = tiny
+    out = tmp_path / "q.onnx"
+    r = cli("quantize", str(model), "-o", str(out), "--mode", "dynamic", "--eval-data", str(data),
+            "--allow-slower", "--exclude-op", "Attention", "--json")
+    assert r.rc == 0, r.err
+    assert "QAttention" not in _ops(out) and _ops(out) & {"MatMulInteger", "DynamicQuantizeMatMul"}
+
+
+@pytest.mark.parametrize("flag", ["--exclude-node", "--include-node"])
+def test_named_nodes_are_honoured_the_fusion_is_not_tried(tiny, cli, tmp_path, flag):
+    """Node names are the unfused graph's: the fused one merges the query projection into Attention, where it
+    was quantized although excluded (QAttention), or where none of the included nodes is found (exit 3)."""
+    model, data = tiny
+    query = next(n.name for n in onnx.load(str(model)).graph.node
+                 if n.op_type == "MatMul" and "layer.0/attention/self/query" in n.name)
+    out = tmp_path / "q.onnx"
+    r = cli("quantize", str(model), "-o", str(out), "--mode", "dynamic", "--eval-data", str(data),
+            "--allow-slower", flag, query, "--json")
+    assert r.rc == 0, r.err
+    stage = json.loads(r.out)["stages"][-1]
+    assert not any("fused" in c["variant"] for c in stage["measurements"]["quantize"]["candidates"])
+    assert any("fusions not tried" in n for n in stage.get("notes", [])), stage.get("notes")
+    q = onnx.load(str(out))
+    assert "QAttention" not in _ops(out)
+    integer = [n for n in q.graph.node if n.op_type in ("MatMulInteger", "DynamicQuantizeMatMul")]
+    assert (len(integer) == 1) if flag == "--include-node" else (len(integer) >= 1)
+    assert all(n.domain in ("", "ai.onnx") for n in q.graph.node)
