@@ -3,7 +3,8 @@ deterministic weights (no hub download), exported to ONNX, and real English sent
 
 The sizes: "minilm" is the shape of all-MiniLM-L6-v2 (6 layers, 384 wide, 12 heads, a 30,522-token table),
 "bert-base" the shape of bert-base-uncased (12 layers, 768 wide); "tiny" is a 2-layer, 64-wide encoder with the
-same 30,522-token table, so the embedding table dominates its size as in a real small encoder.
+same 30,522-token table, so the embedding table dominates its size as in a real small encoder; "tiny-1head" the
+same with a single attention head.
 
 The sentences are the descriptions scikit-learn ships with its bundled datasets (real English prose), split into
 sentences and paired with their neighbours; a WordPiece vocabulary is trained on them with `tokenizers`, so the
@@ -19,6 +20,7 @@ import numpy as np
 
 SIZES = {
     "tiny": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 256},
+    "tiny-1head": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 1, "intermediate_size": 256},
     "minilm": {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12, "intermediate_size": 1536},
     "bert-base": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072},
 }

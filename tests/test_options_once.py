@@ -102,12 +102,12 @@ def test_only_given_flags_reach_the_config(cli, samples, tmp_path):
     assert yaml.safe_load(r.out)["stages"][0] == {"pass": "quantize.onnx-static", "config": {}}
     r = cli("quantize", model, "-o", tmp_path / "q.onnx", "--print-recipe", "--mode", "dynamic", "--per-tensor",
             "--no-latency-search", "--include-op", "Conv", "--include-op", "Gemm", "--time-budget", "30",
-            "--fp16-io", "--metric", "top1")
+            "--no-fusion", "--metric", "top1")
     assert r.rc == 0, r.err
     stage = yaml.safe_load(r.out)["stages"][0]
     assert stage["pass"] == "quantize.onnx-dynamic"
     assert stage["config"] == {"per_channel": False, "latency_search": False, "op_types_include": ["Conv", "Gemm"],
-                               "time_budget": 30.0, "keep_io_types": False, "metric": "top1"}
+                               "time_budget": 30.0, "fusion": False, "metric": "top1"}
     r = cli("simplify", model, "-o", tmp_path / "s.onnx", "--print-recipe", "--no-ort", "--max-growth", "2")
     assert r.rc == 0, r.err
     assert yaml.safe_load(r.out)["stages"][0]["config"] == {"ort_optimize": False, "max_growth": 2.0}
@@ -120,6 +120,40 @@ def test_pass_errors_name_the_key_and_the_flag(cli, samples, tmp_path):
     assert "max_accuracy_drop (--max-accuracy-drop) needs a metric (metric / --metric, e.g. top1)" in r.err
     r = cli("quantize", samples / "torch_cnn.onnx", "-o", tmp_path / "q.onnx", "--max-size-ratio", "0", "--print-recipe")
     assert r.rc == 2 and "max_size_ratio (--max-size-ratio): input should be greater than 0" in r.err
+
+
+@pytest.mark.parametrize("args, key", [
+    (["--mode", "static", "--no-fusion"], "fusion (--no-fusion): applies to mode dynamic only, not static"),
+    (["--mode", "int4", "--no-fusion"], "fusion (--no-fusion): applies to mode dynamic only, not int4"),
+    (["--mode", "fp16", "--full-search"], "full_search (--full-search): applies to mode static or dynamic only"),
+    (["--mode", "int4", "--full-search"], "full_search (--full-search): applies to mode static or dynamic only"),
+    (["--mode", "dynamic", "--full-search", "--no-latency-search"], "full_search (--full-search): builds every"),
+    (["--mode", "static", "--target", "tensorrt", "--full-search"], "full_search (--full-search): target tensorrt"),
+    (["--mode", "dynamic", "--format", "qdq"], "format (--format): applies to mode static only, not dynamic"),
+    (["--mode", "fp16", "--block-size", "64"], "block_size (--block-size): applies to mode int4 only, not fp16"),
+    (["--block-size", "64"], "block_size (--block-size): applies to mode int4 only, not static"),
+    (["--mode", "int4", "--fp16-io"], "keep_io_types (--keep-io-types): applies to mode fp16 only, not int4"),
+    (["--mode", "fp16", "--allow-slower"], "allow_slower (--allow-slower): applies to mode static or dynamic"),
+    (["--mode", "dynamic", "--synthetic-calibration"], "synthetic_calibration (--synthetic-calibration): applies"),
+])
+def test_a_setting_its_mode_would_ignore_is_refused_naming_it(cli, samples, tmp_path, args, key):
+    r = cli("quantize", samples / "torch_cnn.onnx", "-o", tmp_path / "q.onnx", "--print-recipe", *args)
+    assert r.rc == 2 and key in r.err and len(r.err.strip().splitlines()) == 1, (r.rc, r.err)
+    assert not (tmp_path / "q.onnx").exists()
+
+
+def test_a_recipe_field_its_mode_would_ignore_is_refused_and_defaults_pass(cli, samples, tmp_path):
+    import yaml
+
+    for config, ok in (({"fusion": False}, False), ({"full_search": True}, False), ({"fusion": True}, True),
+                       ({"full_search": False, "block_size": 32}, True)):
+        recipe = tmp_path / "r.yaml"
+        recipe.write_text(yaml.safe_dump({"version": 1, "name": "r", "model": {"path": str(samples / "torch_cnn.onnx")},
+                                          "stages": [{"pass": "quantize.onnx-fp16", "config": config}]}))
+        r = cli("run", recipe, "--dry-run", "--workspace", tmp_path / "runs")
+        assert (r.rc == 0) == ok, (config, r.rc, r.err)
+        if not ok:
+            assert "applies to mode" in r.err and next(iter(config)) in r.err and "Traceback" not in r.err
 
 
 def test_one_data_help_text():

@@ -323,3 +323,79 @@ def test_only_skips_that_might_meet_the_budget_are_retried(tmp_path):
     assert {(s.format, s.activation_type, bool(s.reduce_range)) for s in retry} == {
         (f, a, rr) for f in ("qdq", "qoperator") for a in ("uint8", "int8") for rr in (False, True)} - {
         ("qdq", "uint8", False), ("qoperator", "uint8", False)}
+
+
+# ------------------------------------------------------------------ where the cache folder is: never the cwd or /
+
+@pytest.mark.parametrize("env", [{"XDG_CACHE_HOME": "relative-xdg"}, {"HOME": ""}, {"HOME": "relative-home"},
+                                 {"HOME": "/"}])
+def test_a_relative_or_empty_cache_location_is_never_the_cwd_nor_the_root(tmp_path, monkeypatch, env):
+    from optkit.core.cachedir import NoCacheDir, cache_dir
+
+    monkeypatch.delenv("OPTKIT_CACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    try:
+        where = cache_dir()
+    except NoCacheDir:
+        return
+    assert where.is_absolute() and work not in where.parents and where != Path("/.cache/optkit")
+
+
+def test_a_relative_xdg_cache_home_is_ignored_and_nothing_lands_in_the_cwd(tmp_path, monkeypatch):
+    monkeypatch.delenv("OPTKIT_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative-xdg")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    work = tmp_path / "cwd"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    table = kernels.load_table(Counting())
+    assert table.path.parent == tmp_path / "home" / ".cache" / "optkit" and table.path.is_file()
+    assert list(work.iterdir()) == []
+
+
+def test_no_home_at_all_measures_without_caching(tmp_path, monkeypatch):
+    from optkit.core import cachedir
+
+    monkeypatch.delenv("OPTKIT_CACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", "relative")
+    monkeypatch.setattr(cachedir, "_home", lambda: None)  # no passwd entry either (a uid of a bare container)
+    monkeypatch.chdir(tmp_path)
+    counting = Counting()
+    table = kernels.load_table(counting)
+    assert not table.cached and table.path is None and counting.calls == 1 and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("what", ["fifo", "socket"])
+def test_a_special_file_at_the_cache_path_is_left_as_it_is(cache, what):
+    import socket
+
+    key = kernels.table_key()
+    path = kernels.cache_path(key)
+    cache.mkdir(parents=True)
+    if what == "fifo":
+        os.mkfifo(path)
+    else:
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(path))
+    counting = Counting()
+    table = kernels.load_table(counting)
+    assert not table.cached and counting.calls == 1 and table.ratios == counting.ratios
+    import stat as st
+
+    mode = os.lstat(path).st_mode
+    assert (st.S_ISFIFO(mode) if what == "fifo" else st.S_ISSOCK(mode))  # not replaced by our file
+    assert [p.name for p in cache.iterdir()] == [path.name]  # and no temporary file left
+
+
+def test_a_table_read_back_names_its_file_at_verbose(cache, caplog):
+    counting = Counting()
+    kernels.load_table(counting)
+    with caplog.at_level("INFO", logger="optkit.passes.quantize.search"):
+        table = kernels.load_table(counting)
+    assert table.cached and str(table.path) in caplog.text and "read from" in caplog.text

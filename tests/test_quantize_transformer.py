@@ -77,3 +77,71 @@ def test_a_fused_model_that_computes_something_else_is_refused():
 def test_a_model_that_is_no_transformer_is_left_alone(samples, tmp_path):
     assert fusion.fuse(samples / "torch_cnn.onnx", tmp_path / "f.onnx") is None
     assert not (tmp_path / "f.onnx").exists()
+
+
+def test_a_single_head_encoder_is_fused_too(tmp_path):
+    model = encoder("tiny-1head", tmp_path)
+    assert fusion.fusion_shape(onnx.load(str(model))) == (1, 64)   # view(batch, seq, 1, 64): the head is the width
+    fused = fusion.fuse(model, tmp_path / "fused.onnx")
+    assert fused and fused.get("Attention") == 2, fused
+
+
+def test_heads_the_graph_does_not_say_are_left_to_the_optimizer(tiny):
+    """A width without heads is refused by onnxruntime's optimizer (which then fuses nothing at all, not even the
+    LayerNorm and Gelu subgraphs): the shape is (0, 0) unless both are known."""
+    model = onnx.load(str(tiny[0]))
+    model.graph.input.append(onnx.helper.make_tensor_value_info("shape", onnx.TensorProto.INT64, [4]))
+    for n in model.graph.node:  # every reshape's target given at run time: the heads are not in the graph
+        if n.op_type == "Reshape":
+            n.input[1] = "shape"
+    assert fusion.fusion_shape(model) == (0, 0)
+
+
+def test_a_fusion_that_removes_a_returned_tensor_is_not_used_and_prints_nothing(tiny, capfd, tmp_path):
+    """The optimizer fuses attention even where its probabilities are also a graph output: the fused file would
+    not load. Not written; and the optimizer's own prints stay off the console (said at -v)."""
+    model = onnx.load(str(tiny[0]))
+    probs = next(n for n in model.graph.node if n.op_type == "Softmax").output[0]
+    model.graph.output.append(onnx.helper.make_tensor_value_info(probs, onnx.TensorProto.FLOAT, None))
+    onnx.save(model, tmp_path / "probs.onnx")
+    capfd.readouterr()
+    assert fusion.fuse(tmp_path / "probs.onnx", tmp_path / "fused.onnx") is None
+    assert not (tmp_path / "fused.onnx").exists()
+    out, err = capfd.readouterr()
+    assert out == "" and err == "", (out, err)
+    assert not fusion.same_outputs([np.ones(3)], [np.ones(3), np.ones(3)])  # another output count: not the same
+
+
+def _ops(path) -> set[str]:
+    return {n.op_type for n in onnx.load(str(path)).graph.node}
+
+
+def test_an_op_type_kept_float_stays_float_in_the_fused_candidates(tiny, cli, tmp_path):
+    """--exclude-op Attention: no candidate, fused or not, holds QAttention."""
+    model, data = tiny
+    out = tmp_path / "q.onnx"
+    r = cli("quantize", str(model), "-o", str(out), "--mode", "dynamic", "--eval-data", str(data),
+            "--allow-slower", "--exclude-op", "Attention", "--json")
+    assert r.rc == 0, r.err
+    assert "QAttention" not in _ops(out) and _ops(out) & {"MatMulInteger", "DynamicQuantizeMatMul"}
+
+
+@pytest.mark.parametrize("flag", ["--exclude-node", "--include-node"])
+def test_named_nodes_are_honoured_the_fusion_is_not_tried(tiny, cli, tmp_path, flag):
+    """Node names are the unfused graph's: the fused one merges the query projection into Attention, where it
+    was quantized although excluded (QAttention), or where none of the included nodes is found (exit 3)."""
+    model, data = tiny
+    query = next(n.name for n in onnx.load(str(model)).graph.node
+                 if n.op_type == "MatMul" and "layer.0/attention/self/query" in n.name)
+    out = tmp_path / "q.onnx"
+    r = cli("quantize", str(model), "-o", str(out), "--mode", "dynamic", "--eval-data", str(data),
+            "--allow-slower", flag, query, "--json")
+    assert r.rc == 0, r.err
+    stage = json.loads(r.out)["stages"][-1]
+    assert not any("fused" in c["variant"] for c in stage["measurements"]["quantize"]["candidates"])
+    assert any("fusions not tried" in n for n in stage.get("notes", [])), stage.get("notes")
+    q = onnx.load(str(out))
+    assert "QAttention" not in _ops(out)
+    integer = [n for n in q.graph.node if n.op_type in ("MatMulInteger", "DynamicQuantizeMatMul")]
+    assert (len(integer) == 1) if flag == "--include-node" else (len(integer) >= 1)
+    assert all(n.domain in ("", "ai.onnx") for n in q.graph.node)

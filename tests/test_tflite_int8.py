@@ -180,3 +180,22 @@ def test_step_check_refuses_what_rounding_cannot_explain():
                         (ref - 12 * (np.arange(100) == 7), "change it")]:   # 12 steps flip the top class
         with pytest.raises(ValidationError, match=why):
             check_steps("y", ref, broken, 1.0, "TFLite", {"outputs": {"y": {}}})
+
+
+def test_one_step_on_too_few_distinct_values_is_rounding_not_a_zero_point():
+    """A 1- or 2-element output, or one whose values are all equal (a constant, a saturated output), one step
+    off: the same inputs round alike, so there is no telling a systematic step from rounding; judged by the
+    median / p90 / max limits only (two steps are still refused). With many values, a zero point off by one and
+    a 10% scale still are."""
+    from optkit.core.errors import ValidationError
+    from optkit.passes.convert.common import check_steps
+
+    for ref in (np.array([[5.0]]), np.array([[5.0], [3.0]]), np.full((64, 10), 3.0)):
+        check_steps("y", ref, ref + 1, 1.0, "TFLite", {"outputs": {"y": {}}})
+        with pytest.raises(ValidationError, match="more than 1 steps"):
+            check_steps("y", ref, ref + 2, 1.0, "TFLite", {"outputs": {"y": {}}})
+    ref = np.random.default_rng(0).integers(-60, 60, (64, 1)).astype(np.float64)   # a 1-element output, 64 samples
+    for broken, why in [(ref + 1, "shifted by"), (ref - 1, "shifted by"), (np.round(ref * 1.1), "larger"),
+                        (np.round(ref * 0.9), "smaller")]:
+        with pytest.raises(ValidationError, match=why):
+            check_steps("y", ref, broken, 1.0, "TFLite", {"outputs": {"y": {}}})

@@ -229,11 +229,14 @@ def step_errors(ref: np.ndarray, out: np.ndarray, step: float, clear_margin: flo
 
 
 def _systematic(ref: np.ndarray, err: np.ndarray) -> dict:
-    """The mean of `err` and its slope against `ref` (both in steps), with standard errors, over finite pairs."""
+    """The mean of `err` and its slope against `ref` (both in steps), with standard errors, over finite pairs.
+    Elements of one reference value round alike (the same inputs to the same kernels), so they are not
+    independent draws: with fewer than 3 distinct reference values (1 or 2 elements; a constant output) the
+    standard errors are None, there being no telling a systematic step from rounding."""
     ok = np.isfinite(ref) & np.isfinite(err)
     r, e = ref[ok], err[ok]
     n = r.size
-    if n < 3:
+    if n < 3 or np.unique(r).size < 3:
         return {"offset": float(e.mean()) if n else None, "offset_se": None, "gain": None, "gain_se": None}
     offset = float(e.mean())
     rc, ec = r - r.mean(), e - offset

@@ -28,8 +28,11 @@ def provider_list(provider: str) -> list:
     names = PROVIDERS[provider]
     if provider != "tensorrt":
         return list(names)
-    cache = cache_dir() / "ort-tensorrt"
-    cache.mkdir(parents=True, exist_ok=True)
+    try:
+        cache = cache_dir() / "ort-tensorrt"
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError:  # no per-user cache folder, or one that cannot be written: engines built each session
+        return list(names)
     cache = str(cache)
     options = {"trt_engine_cache_enable": True, "trt_engine_cache_path": cache,
                "trt_timing_cache_enable": True, "trt_timing_cache_path": cache}

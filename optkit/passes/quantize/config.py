@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import Field, create_model
+from pydantic import Field, create_model, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
+from pydantic_core import ValidationError as PydanticValidationError
 
 from optkit.core.registry import PassConfig, cli
 
@@ -12,6 +14,15 @@ MODES = ("dynamic", "static", "fp16", "int4")
 TOLERANCE = {"fp16": 1e-3, "dynamic": 0.01, "static": 0.02, "int4": 0.03}
 MIN_OPSET = {"dynamic": 13, "static": 13, "fp16": 0, "int4": 0}  # per-channel QDQ needs 13
 LOWER_IS_BETTER = ("mse", "mae")
+# The modes each mode-specific setting acts in. Set to anything but its default under another mode it would be
+# ignored, so it is refused (exit 2, naming the key and its flag) instead.
+STATIC, DYNAMIC, INT8 = ("static",), ("dynamic",), ("static", "dynamic")
+APPLIES: dict[str, tuple[str, ...]] = {
+    "format": STATIC, "activation_type": STATIC, "calibration_method": STATIC, "calibration_size": STATIC,
+    "synthetic_calibration": STATIC, "per_channel": INT8, "reduce_range": INT8, "weight_type": INT8,
+    "fusion": DYNAMIC, "full_search": INT8, "max_latency_ratio": INT8, "allow_slower": INT8,
+    "keep_io_types": ("fp16",), "block_size": ("int4",), "symmetric": ("int4",), "accuracy_level": ("int4",),
+}
 
 
 class QuantizeConfig(PassConfig):
@@ -135,6 +146,25 @@ class QuantizeConfig(PassConfig):
                                json_schema_extra=cli("--allow-slower", group="budgets"))
     compact: bool = Field(default=True, description="Short internal names: smaller files, same math.",
                           json_schema_extra=cli(recipe_only="file-size detail; the math is the same either way"))
+
+    @model_validator(mode="after")
+    def _settings_apply(self):
+        """A setting the mode (or the other settings) would ignore is an error naming it, never dropped silently."""
+        for key, modes in APPLIES.items():
+            value = getattr(self, key)
+            if self.mode not in modes and value != type(self).model_fields[key].get_default(call_default_factory=True):
+                _refuse(self, key, value, f"applies to mode {' or '.join(modes)} only, not {self.mode}; remove it")
+        if self.full_search and not self.latency_search:
+            _refuse(self, "full_search", True, "builds every setting of the search, and latency_search is off "
+                    "(--no-latency-search: the first setting only); give one of them")
+        if self.full_search and self.target != "cpu":
+            _refuse(self, "full_search", True, f"target {self.target} builds one setting (no search); remove it")
+        return self
+
+
+def _refuse(cfg, key: str, value, message: str):
+    raise PydanticValidationError.from_exception_data(type(cfg).__name__, [InitErrorDetails(
+        type=PydanticCustomError("value_error", message), loc=(key,), input=value)])
 
 
 def single_mode(mode: str):

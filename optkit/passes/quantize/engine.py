@@ -130,7 +130,7 @@ class Dynamic(Strategy):
         with contextlib.redirect_stdout(sys.stderr):  # onnxruntime prints progress; keep --json clean
             ops = list(settings.op_types) if settings.op_types is not None else op_types(cfg, "dynamic")
             if settings.fused:
-                prepared, ops = self.fused, fused_ops(ops)
+                prepared, ops = self.fused, fused_ops(ops, cfg.op_types_exclude)
             # DefaultTensorType: outputs of contrib ops (and of graphs shape inference gives up on) have no type
             # onnxruntime's quantizer can read; every tensor it asks about here is float
             quantize_dynamic(str(prepared), str(dest), op_types_to_quantize=ops,
@@ -140,11 +140,12 @@ class Dynamic(Strategy):
                              extra_options={"MatMulConstBOnly": True, "DefaultTensorType": TensorProto.FLOAT})
 
 
-def fused_ops(ops: list[str]) -> list[str]:
+def fused_ops(ops: list[str], exclude=()) -> list[str]:
     """A tier's op types as the fused model holds them: the attention MatMuls are inside Attention, the
-    embedding tables (Gather) inside EmbedLayerNormalization."""
+    embedding tables (Gather) inside EmbedLayerNormalization; an op type the user keeps float (`exclude`,
+    op_types_exclude) stays float there too."""
     extra = (["Attention"] if "MatMul" in ops else []) + (["EmbedLayerNormalization"] if "Gather" in ops else [])
-    return [*ops, *(op for op in extra if op not in ops)]
+    return [*ops, *(op for op in extra if op not in ops and op not in exclude)]
 
 
 class Static(Strategy):

@@ -10,8 +10,8 @@ a Concat, so the heads and width are read here from the graph (fusion_shape) and
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -39,7 +39,7 @@ def looks_like_transformer(model) -> bool:
 
 
 def fusion_shape(model) -> tuple[int, int]:
-    """(heads, hidden width) of a BERT-style graph, or (0, 0) where the graph does not say: the width is the
+    """(heads, hidden width) of a BERT-style graph, or (0, 0) where the graph does not say both: the width is the
     commonest LayerNormalization scale length; the heads N from a 4-D Reshape target [batch, seq, N, H] with
     N * H == width, or [batch, seq, -1, H] with H dividing the width (the split of the attention heads)."""
     consts = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
@@ -70,9 +70,11 @@ def fusion_shape(model) -> tuple[int, int]:
         if len(dims) != 4:
             continue
         a, b = dims[2], dims[3]  # [batch, seq, heads, head size]; heads may be -1 (view(..., -1, head_size))
-        if 0 < b < hidden and (a * b == hidden or (a == -1 and hidden % b == 0)):
+        if 0 < b <= hidden and (a * b == hidden or (a == -1 and hidden % b == 0)):  # one head: b == hidden
             heads[hidden // b] += 1
-    return (heads.most_common(1)[0][0], hidden) if heads else (0, hidden)
+    # heads unknown: (0, 0) lets the optimizer look for itself (it refuses a width without heads outright, and
+    # would then fuse nothing, not even the LayerNorm and Gelu subgraphs)
+    return (heads.most_common(1)[0][0], hidden) if heads else (0, 0)
 
 
 def fuse(prepared: Path, dest: Path) -> dict[str, int] | None:
@@ -82,16 +84,24 @@ def fuse(prepared: Path, dest: Path) -> dict[str, int] | None:
     if not looks_like_transformer(model):
         return None
     heads, hidden = fusion_shape(model)
+    said = io.StringIO()  # the optimizer prints ("failed in shape inference ..."): said at -v, not on the console
     try:
         from onnxruntime.transformers.optimizer import optimize_model
 
-        with contextlib.redirect_stdout(sys.stderr), logs.quieted(*CHATTY, level=logging.ERROR):
+        with contextlib.redirect_stdout(said), logs.quieted(*CHATTY, level=logging.ERROR):
             fused = optimize_model(model, model_type="bert", num_heads=heads, hidden_size=hidden, opt_level=0)
     except Exception as e:  # noqa: BLE001 - the optimizer fails on graphs it half recognises
         log.info("transformer fusion skipped: %s", first_line(e)[:160])
         return None
+    finally:
+        for line in filter(None, (x.strip() for x in said.getvalue().splitlines())):
+            log.info("transformer optimizer: %s", line[:200])
     counts = {op: c for op, c in Counter(n.op_type for n in fused.model.graph.node).items() if op in FUSED}
     if not counts:
+        return None
+    lost = lost_outputs(model, fused.model)
+    if lost:  # an intermediate the model also returns (attention probabilities, a layer's hidden state) fused away
+        log.info("transformer fusion skipped: it removes what outputs %s come from", ", ".join(lost[:5]))
         return None
     if not any(o.domain == "com.microsoft" for o in fused.model.opset_import):
         fused.model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
@@ -100,10 +110,20 @@ def fuse(prepared: Path, dest: Path) -> dict[str, int] | None:
     return counts
 
 
+def lost_outputs(parent, fused) -> list[str]:
+    """The parent's graph outputs the fused graph no longer returns or computes."""
+    g = fused.graph
+    made = {o for n in g.node for o in n.output} | {i.name for i in g.input} | {i.name for i in g.initializer}
+    returned = {o.name for o in g.output}
+    return [o.name for o in parent.graph.output if o.name not in returned or o.name not in made]
+
+
 def same_outputs(parent_outputs: list, fused_outputs: list) -> bool:
     """The fused float model computes what its parent does (the optimizer's patterns can match a graph they
     do not fit): every output the same shape and within SAME_OUTPUTS of the parent's scale."""
-    for a, b in zip(parent_outputs, fused_outputs, strict=True):
+    if len(parent_outputs) != len(fused_outputs):
+        return False
+    for a, b in zip(parent_outputs, fused_outputs):
         a, b = np.asarray(a), np.asarray(b)
         if a.shape != b.shape:
             return False

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from optkit.core.cachedir import cache_dir
+from optkit.core.cachedir import NoCacheDir, cache_dir
 from optkit.onnx import session as onnx_session
 from optkit.passes.quantize.candidates import Settings
 
@@ -167,8 +167,10 @@ def write_cached(path: Path, key: dict[str, Any], ratios: dict[str, dict[str, fl
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(doc, f, indent=1, sort_keys=True)
-            if path.is_dir() and not path.is_symlink():
-                raise OSError(f"{path} is a folder")
+            with contextlib.suppress(FileNotFoundError):  # only our own file or a link is replaced, never a
+                mode = os.lstat(path).st_mode                 # folder, FIFO, socket or device at the cache path
+                if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+                    raise OSError(f"{path} is not a regular file; left as it is")
             os.replace(tmp, path)
         finally:
             with contextlib.suppress(FileNotFoundError):
@@ -184,12 +186,19 @@ def load_table(measure=None) -> Table:
     cached."""
     start = time.perf_counter()
     key = table_key()
-    path = cache_path(key)
-    ratios = read_cached(path, key)
+    try:
+        path: Path | None = cache_path(key)
+    except NoCacheDir as e:
+        log.info("kernel table not cached (%s)", e)
+        path = None
+    ratios = read_cached(path, key) if path is not None else None
     cached = ratios is not None
     if ratios is None:
         ratios = (measure or measure_ratios)()
-        write_cached(path, key, ratios)
+        if path is not None and write_cached(path, key, ratios):
+            log.info("kernel table measured and cached in %s", path)
+    else:  # said at -v: a table read back decides which settings are built (delete the file to measure again)
+        log.info("kernel table read from %s (delete it to measure again)", path)
     return Table(ratios, key, cached, time.perf_counter() - start, path)
 
 

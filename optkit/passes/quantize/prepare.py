@@ -159,7 +159,14 @@ def _prepare_dynamic(prepared: Path, cfg: QuantizeConfig, ctx: PassContext, stra
                      "(onnxruntime's dynamic quantizer takes MatMul, not Gemm)")
     counts = qops.dynamic_ops(onnx_io.load(prepared))
     strategy.present = set(counts)
-    if cfg.fusion and cfg.latency_search and not cfg.op_types_include and cfg.target == "cpu":
+    tried = cfg.fusion and cfg.latency_search and not cfg.op_types_include and cfg.target == "cpu"
+    if tried and (cfg.nodes_include or cfg.nodes_exclude):
+        # the names are the unfused graph's: the fused one merges those nodes into Attention and friends, where
+        # the quantizer would quantize an excluded node, or find none of the included ones
+        if fusion.looks_like_transformer(onnx_io.load(prepared)):
+            ctx.note("dynamic: onnxruntime's transformer fusions not tried: they merge the nodes named by "
+                     "nodes_include / nodes_exclude (--include-node / --exclude-node) into fused ops")
+    elif tried:
         fused = fusion.fuse(prepared, prepared.parent / "fused.onnx")
         if fused:
             strategy.fused = prepared.parent / "fused.onnx"

@@ -195,7 +195,7 @@ class Quantizer:
                 log.info("kernel table unavailable (%s): every setting is built", first_line(e))
                 return space, []
         table = self.kernel_table
-        self.settings["kernel_table"] = {"cached": table.cached, "path": str(table.path),
+        self.settings["kernel_table"] = {"cached": table.cached, "path": str(table.path) if table.path else None,
                                          "seconds": round(table.seconds, 3)}
         keep, skipped = kernels.prune(self.mode, space, self.float_model, table.ratios, table.key["cpu"]["flags"])
         for s, why in skipped:

@@ -26,7 +26,7 @@ from pydantic import Field
 
 from optkit.core.artifact import Artifact
 from optkit.core.atomic import atomic_path
-from optkit.core.cachedir import cache_dir
+from optkit.core.cachedir import NoCacheDir, cache_dir
 from optkit.core.errors import DependencyError, PassError, UsageError, ValidationError
 from optkit.core.formats import Format
 from optkit.core.isolate import run_isolated
@@ -231,7 +231,10 @@ def timing_cache_path(setting: str | None) -> Path | None:
         version = metadata.version("tensorrt")
     except metadata.PackageNotFoundError:
         version = "unknown"
-    return cache_dir() / f"tensorrt-{version}-timing.cache"
+    try:
+        return cache_dir() / f"tensorrt-{version}-timing.cache"
+    except NoCacheDir:  # no absolute per-user folder: built without a timing cache
+        return None
 
 
 # -- precision: TensorRT 10's builder flags or a strongly typed network ----------------------------------------
