@@ -23,7 +23,7 @@ def check(artifact, pre, heads, paths: dict[str, Path], config, ctx) -> dict[str
     """Figures of both checks (ValidationError past a tolerance: the caller writes nothing)."""
 
     pre_sess = onnx_session.session(paths["pre"])
-    final_sess = onnx_session.session(paths["final"]) if heads is not None else None
+    final_sess = _post_session(paths["final"], heads) if heads is not None else None
     figures: dict[str, Any] = {}
     if pre is not None:
         images, labels, source = _images(pre, config, ctx)
@@ -39,6 +39,21 @@ def check(artifact, pre, heads, paths: dict[str, Path], config, ctx) -> dict[str
             final_out = [final_sess.run(None, f) for f in feeds]
         figures["postprocess"] = _check_post(heads, pre_sess, final_sess, pre_out, final_out, ctx)
     return figures
+
+
+def _post_session(path: Path, heads):
+    """The session of the model with post-processing; a UsageError in the user's words (not the temporary file's)
+    when onnxruntime refuses it, e.g. --top-k larger than the classes a dynamic [N, classes] output has."""
+    from optkit.onnx.session import ort_session
+
+    try:
+        return ort_session(path, threads=1)
+    except Exception as e:  # noqa: BLE001 - onnxruntime raises several exception types
+        why = first_line(e).replace(str(path), "the model").split("] ")[-1][:300].rstrip(".")
+        flag = (f"--top-k {heads.details.get('k')}" if heads.kind == "classifier"
+                else f"--max-detections {heads.details.get('max_detections')}")
+        raise UsageError(f"the model with {flag} in its graph does not load in onnxruntime: {why}; give a smaller "
+                         f"{flag.split()[0]}") from None
 
 
 def _samples(sess, artifact, config, ctx) -> list[dict[str, np.ndarray]]:
