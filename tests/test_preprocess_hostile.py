@@ -59,3 +59,16 @@ def test_k_past_int64_or_past_the_classes_is_one_line(cli, tmp_path):
     assert not out.exists()
     r = cli("preprocess", model, "-o", out, "--top-k", "10")
     assert r.rc == 0, r.err
+
+
+def test_the_largest_resize_is_checked_on_images_that_fit_in_memory():
+    """resize 8192 is a valid spec; the check synthesized images up to 3.1x that a side (25,395 x 18,842 x 3,
+    1.4 GB each, six held at once) and the process was killed for memory (exit 137, no line)."""
+    from optkit.measure.preprocess import parse_preprocess
+    from optkit.passes.preprocess.check import MAX_PIXELS, _sizes
+
+    for spec in ({"resize": 8192, "center_crop": 16}, {"resize": [8192, 8192]}, {"resize": 224}):
+        sizes = _sizes(parse_preprocess(spec, "--preprocess"))
+        assert all(h * w <= MAX_PIXELS for h, w in sizes), sizes
+        assert len(set(sizes)) == len(sizes)  # still shrinking, enlarging and several aspects
+    assert (314, 426) in _sizes(parse_preprocess({"resize": 224}, "--preprocess"))  # small specs unchanged

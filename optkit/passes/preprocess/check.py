@@ -16,6 +16,7 @@ from optkit.measure.preprocess import pair, prepare
 from optkit.onnx import session as onnx_session
 from optkit.passes.preprocess.graph import produced_size
 
+MAX_PIXELS = 4096 * 4096  # the largest synthesized check image
 POST_TOLERANCE = 1e-5   # post-processing against numpy on the same outputs: only float rounding may differ
 
 
@@ -113,8 +114,18 @@ def _sizes(pre) -> list[tuple[int, int]]:
         h, w = pair(pre.center_crop) if pre.center_crop is not None else (64, 64)
         return [(h, w), (h + 7, w + 12), (h + 20, w + 3), (h + 1, w + 1)]
     t = pre.resize if isinstance(pre.resize, int) else max(pre.resize)
-    return [(round(t * 1.4), round(t * 1.9)), (round(t * 1.7), round(t * 1.2)), (t + 5, t + 5),
-            (max(1, round(t * 0.8)), max(1, round(t * 0.95))), (round(t * 3.1), round(t * 2.3)), (t, round(t * 1.33))]
+    sizes = [(round(t * 1.4), round(t * 1.9)), (round(t * 1.7), round(t * 1.2)), (t + 5, t + 5),
+             (max(1, round(t * 0.8)), max(1, round(t * 0.95))), (round(t * 3.1), round(t * 2.3)), (t, round(t * 1.33))]
+    return [_within(h, w) for h, w in sizes]
+
+
+def _within(h: int, w: int) -> tuple[int, int]:
+    """(h, w) scaled down, aspect kept, to at most MAX_PIXELS: a spec may resize to 8192, but images of 3x that a
+    side (25,000 x 19,000, 1.4 GB each) do not fit in memory; what is left of the size still differs per image."""
+    if h * w <= MAX_PIXELS:
+        return h, w
+    f = (MAX_PIXELS / (h * w)) ** 0.5
+    return max(1, int(h * f)), max(1, int(w * f))
 
 
 def _client_array(im, pre) -> np.ndarray:
