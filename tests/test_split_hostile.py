@@ -103,3 +103,21 @@ def test_ctrl_c_while_replacing_a_previous_split_leaves_a_whole_one(cli, preproc
     assert interrupted, "no SIGINT landed; the test proves nothing"
     assert broken == 0, "an interrupted replacement left part files without split.json"
     assert sorted(p.name for p in out.iterdir()) == sorted(files)
+
+
+def test_a_huge_name_read_from_a_file_is_one_bounded_line(cli, preprocessed, tmp_path):
+    """A 10 MB tensor name in forged metadata was echoed whole: a 10 MB error line. Still exit 2, one line, the
+    start and the end (what to do) kept."""
+    proto = onnx.load(str(preprocessed))
+    for p in proto.metadata_props:
+        if p.key == "optkit.preprocess":
+            p.value = '{"input": "image", "outputs": ["' + "x" * 10_000_000 + '"]}'
+    forged = tmp_path / "forged.onnx"
+    onnx.save(proto, str(forged))
+    for args in (("split", forged, "-o", tmp_path / "split"), ("package", forged, "--to", "triton", "-o",
+                                                                tmp_path / "repo")):
+        r = cli(*args)
+        line = one_error_line(r)
+        assert r.rc == 2 and len(r.err) < 3000 and "characters left out" in line, len(r.err)
+        assert line.startswith("error: ") and "optkit.preprocess" in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["forged.onnx"]
