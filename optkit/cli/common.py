@@ -93,8 +93,14 @@ def run_app(app, argv: Optional[list[str]] = None) -> int:
         return _internal(e)
 
 
+MAX_ERROR_CHARS = 2000
+
+
 def _fail(message: str, code: int) -> int:
     text = printable(redact_url(" ".join(str(message).split()))) or "failed"  # no password, whoever raised
+    if len(text) > MAX_ERROR_CHARS:  # a name read from a file (10 MB of it, say) is still one readable line
+        cut = len(text) - MAX_ERROR_CHARS
+        text = f"{text[:MAX_ERROR_CHARS * 3 // 4]} [... {cut:,} characters left out ...] {text[-MAX_ERROR_CHARS // 4:]}"
     try:
         print(f"error: {text}", file=sys.stderr)
     except (BrokenPipeError, OSError):

@@ -28,6 +28,7 @@ from optkit.split.placement import CPU, EITHER, GPU, PROVIDERS, Place, place
 from optkit.split.write import META_KEY, extract, part_io, run_plain
 
 SCHEMA = 1
+MAX_SAMPLE_BYTES = 1 << 30   # synthesized sample inputs of one call, all inputs together
 
 
 def split_model(model: Path, out_dir: Path, provider: str = "tensorrt", cuts="auto", dims=None, *,
@@ -83,6 +84,8 @@ def _plan(model: Path, provider: str, cuts, dims, data=None) -> dict:
     graph = G.build(onnx_model)
     sizes, assumed = _sizes(onnx_model, dims)
     G.infer(graph, sizes)
+    if data is None:
+        _fits_memory(graph, assumed)
     feeds = _feeds(source, model, graph) if data is None else _data_feeds(Path(data), graph)
     _observe(graph, source, feeds)
     pre_nodes = _preprocess_nodes(onnx_model, graph, model)
@@ -197,6 +200,17 @@ def _sizes(model, dims) -> tuple[dict[str, int], dict]:
     return sizes, {"given": given, "assumed": assumed}
 
 
+def _fits_memory(graph, dims: dict) -> None:
+    """Exit 2 before synthesizing sample inputs that would not fit in memory (--dim height=1048576 width=...): the
+    chain check runs the model and every part on them."""
+    total = sum(graph.info[t].nbytes() or 0 for t in graph.inputs if graph.info.get(t) is not None)
+    if total > MAX_SAMPLE_BYTES:
+        chosen = {**dims.get("assumed", {}), **dims.get("given", {})}
+        raise UsageError(f"the sample inputs at the chosen dims ({', '.join(f'{k}={v}' for k, v in chosen.items())}) "
+                         f"take {total / (1 << 30):.1f} GiB, over the {MAX_SAMPLE_BYTES >> 30} GiB the chain check "
+                         "runs on; give smaller --dim sizes")
+
+
 def _feeds(source: bytes, path: Path, graph) -> dict:
 
     try:
@@ -273,7 +287,7 @@ def _preprocess_nodes(model, graph, path: Path) -> set[int]:
         return set()
     try:
         meta = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deep
         raise UsageError(f"{path}: metadata {META_KEY} is not JSON") from None
     if not isinstance(meta, dict) or not isinstance(meta.get("input"), str) or not isinstance(
             meta.get("outputs"), list) or not all(isinstance(o, str) for o in meta["outputs"]):

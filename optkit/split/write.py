@@ -159,15 +159,19 @@ def commit(tmp: Path, out_dir: Path) -> None:
         os.rename(tmp, out_dir)
         return
     new = {p.name for p in tmp.iterdir()}
-    with contextlib.suppress(FileNotFoundError):
-        (out_dir / DOC).unlink()
-    for name in sorted(new - {DOC}):
-        os.replace(tmp / name, out_dir / name)
-    for name in OURS - new:
+    # Ctrl-C or SIGTERM between the renames would leave part files without split.json: a folder the next run
+    # refuses as foreign. The renames run whole and the interrupt is raised after them.
+    with interrupts.deferred():
         with contextlib.suppress(FileNotFoundError):
-            (out_dir / name).unlink()
-    os.replace(tmp / DOC, out_dir / DOC)
-    shutil.rmtree(tmp, ignore_errors=True)
+            (out_dir / DOC).unlink()
+        for name in sorted(new - {DOC}):
+            os.replace(tmp / name, out_dir / name)
+        for name in OURS - new:
+            with contextlib.suppress(FileNotFoundError):
+                (out_dir / name).unlink()
+        os.replace(tmp / DOC, out_dir / DOC)
+        with contextlib.suppress(OSError):
+            tmp.rmdir()  # empty now; whatever else is left, the caller's remove_tmp removes
 
 
 def remove_tmp(tmp: Path) -> None:

@@ -42,6 +42,7 @@ from optkit.passes.preprocess.check import check
 META_PRE = "optkit.preprocess"
 META_POST = "optkit.postprocess"
 MAX_DETECTIONS = 100   # --max-detections when only --score-threshold is given
+MAX_K = 2**31 - 1      # --top-k / --max-detections: TopK's k is an int64 in the graph; no model has more classes
 
 
 class PreprocessConfig(PassConfig):
@@ -54,8 +55,9 @@ class PreprocessConfig(PassConfig):
                                                                           "(default: image, or image_uint8 where "
                                                                           "the model has that name).",
                             json_schema_extra=cli("--input-name"))
-    top_k: Optional[int] = Field(default=None, ge=1, description="Classifiers: softmax + top-k in the graph; outputs "
-                                                                 "scores and indices [N,K] instead of every class.",
+    top_k: Optional[int] = Field(default=None, ge=1, le=MAX_K,
+                                 description="Classifiers: softmax + top-k in the graph; outputs scores and indices "
+                                             "[N,K] instead of every class.",
                                  json_schema_extra=cli("--top-k"))
     scores_output: Optional[str] = Field(default=None, description="The class-score output --top-k reads (default: "
                                                                    "the only float [N, classes] output).",
@@ -63,9 +65,9 @@ class PreprocessConfig(PassConfig):
     score_threshold: Optional[float] = Field(default=None, description="Detectors: keep anchors whose best class "
                                                                        "score is at least this.",
                                              json_schema_extra=cli("--score-threshold"))
-    max_detections: Optional[int] = Field(default=None, ge=1, description="Detectors: keep at most this many "
-                                                                          f"anchors, best first (default "
-                                                                          f"{MAX_DETECTIONS} with a threshold).",
+    max_detections: Optional[int] = Field(default=None, ge=1, le=MAX_K,
+                                          description=f"Detectors: keep at most this many anchors, best first "
+                                                      f"(default {MAX_DETECTIONS} with a threshold).",
                                           json_schema_extra=cli("--max-detections"))
     tolerance: float = Field(default=0.05, ge=0, description="Max output difference against PIL preprocessing + the "
                                                              "original model (scaled by max(1, |reference|)).",
@@ -115,6 +117,7 @@ class PreprocessOnnx(Pass):
                              "one kind")
         pre = parse_preprocess(config.preprocess) if config.preprocess is not None else None
         source = onnx_io.load(artifact.path)
+        _not_twice(source, artifact.path, pre is not None, config.top_k is not None or detect)
         model = copy.deepcopy(source)
         record = None
         if pre is not None:
@@ -158,6 +161,19 @@ class PreprocessOnnx(Pass):
             shutil.rmtree(tmp, ignore_errors=True)
         ctx.measurements["preprocess"] = figures
         return artifact.derive(ctx.output, Format.ONNX, self.name, config.model_dump(mode="json"))
+
+
+def _not_twice(model, path, pre: bool, post: bool) -> None:
+    """Exit 2 when the model already holds what this run would add: preprocessing in front of an input that takes
+    uint8 images already (a second resize/normalize on top of the first), or top-k / detections on outputs that
+    are top-k / detections already (softmax over the kept scores, indices into the kept rows: silently wrong).
+    The metadata optkit wrote is the record; a model from before `optkit preprocess` is what to give."""
+    keys = {p.key for p in model.metadata_props}
+    for wanted, key, flag in ((pre, META_PRE, "--preprocess"), (post, META_POST, "--top-k / --score-threshold")):
+        if wanted and key in keys:
+            raise UsageError(f"{path} has {'pre' if key == META_PRE else 'post'}-processing in its graph already "
+                             f"(metadata {key}, written by optkit preprocess); give the model from before it, or "
+                             f"leave out {flag}")
 
 
 def _meta(model, key: str, value: Any) -> None:

@@ -16,6 +16,7 @@ from optkit.measure.preprocess import pair, prepare
 from optkit.onnx import session as onnx_session
 from optkit.passes.preprocess.graph import produced_size
 
+MAX_PIXELS = 4096 * 4096  # the largest synthesized check image
 POST_TOLERANCE = 1e-5   # post-processing against numpy on the same outputs: only float rounding may differ
 
 
@@ -23,7 +24,7 @@ def check(artifact, pre, heads, paths: dict[str, Path], config, ctx) -> dict[str
     """Figures of both checks (ValidationError past a tolerance: the caller writes nothing)."""
 
     pre_sess = onnx_session.session(paths["pre"])
-    final_sess = onnx_session.session(paths["final"]) if heads is not None else None
+    final_sess = _post_session(paths["final"], heads) if heads is not None else None
     figures: dict[str, Any] = {}
     if pre is not None:
         images, labels, source = _images(pre, config, ctx)
@@ -39,6 +40,21 @@ def check(artifact, pre, heads, paths: dict[str, Path], config, ctx) -> dict[str
             final_out = [final_sess.run(None, f) for f in feeds]
         figures["postprocess"] = _check_post(heads, pre_sess, final_sess, pre_out, final_out, ctx)
     return figures
+
+
+def _post_session(path: Path, heads):
+    """The session of the model with post-processing; a UsageError in the user's words (not the temporary file's)
+    when onnxruntime refuses it, e.g. --top-k larger than the classes a dynamic [N, classes] output has."""
+    from optkit.onnx.session import ort_session
+
+    try:
+        return ort_session(path, threads=1)
+    except Exception as e:  # noqa: BLE001 - onnxruntime raises several exception types
+        why = first_line(e).replace(str(path), "the model").split("] ")[-1][:300].rstrip(".")
+        flag = (f"--top-k {heads.details.get('k')}" if heads.kind == "classifier"
+                else f"--max-detections {heads.details.get('max_detections')}")
+        raise UsageError(f"the model with {flag} in its graph does not load in onnxruntime: {why}; give a smaller "
+                         f"{flag.split()[0]}") from None
 
 
 def _samples(sess, artifact, config, ctx) -> list[dict[str, np.ndarray]]:
@@ -98,8 +114,18 @@ def _sizes(pre) -> list[tuple[int, int]]:
         h, w = pair(pre.center_crop) if pre.center_crop is not None else (64, 64)
         return [(h, w), (h + 7, w + 12), (h + 20, w + 3), (h + 1, w + 1)]
     t = pre.resize if isinstance(pre.resize, int) else max(pre.resize)
-    return [(round(t * 1.4), round(t * 1.9)), (round(t * 1.7), round(t * 1.2)), (t + 5, t + 5),
-            (max(1, round(t * 0.8)), max(1, round(t * 0.95))), (round(t * 3.1), round(t * 2.3)), (t, round(t * 1.33))]
+    sizes = [(round(t * 1.4), round(t * 1.9)), (round(t * 1.7), round(t * 1.2)), (t + 5, t + 5),
+             (max(1, round(t * 0.8)), max(1, round(t * 0.95))), (round(t * 3.1), round(t * 2.3)), (t, round(t * 1.33))]
+    return [_within(h, w) for h, w in sizes]
+
+
+def _within(h: int, w: int) -> tuple[int, int]:
+    """(h, w) scaled down, aspect kept, to at most MAX_PIXELS: a spec may resize to 8192, but images of 3x that a
+    side (25,000 x 19,000, 1.4 GB each) do not fit in memory; what is left of the size still differs per image."""
+    if h * w <= MAX_PIXELS:
+        return h, w
+    f = (MAX_PIXELS / (h * w)) ** 0.5
+    return max(1, int(h * f)), max(1, int(w * f))
 
 
 def _client_array(im, pre) -> np.ndarray:
