@@ -2,6 +2,7 @@
 sample CNN with nothing to split, and bad input: exit 2 or 3 with one line and nothing written."""
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -43,6 +44,7 @@ def _wired(doc: dict, folder: Path) -> None:
     for part in doc["parts"]:
         m = onnx.load(str(folder / part["file"]))
         onnx.checker.check_model(m)
+        assert part["sha256"] == hashlib.sha256((folder / part["file"]).read_bytes()).hexdigest()
         assert [i.name for i in m.graph.input] == [t["name"] for t in part["inputs"]]
         assert {t["name"] for t in part["inputs"]} <= have, part["name"]
         have |= {t["name"] for t in part["outputs"]}
