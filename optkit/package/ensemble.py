@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from optkit.core.errors import UsageError
 from optkit.package import schemas
 from optkit.package.signature import DTYPES, Signature, Tensor, signature_of
+from optkit.split import PREPROCESS, split_model
 
 SPLIT_FILE = "split.json"
 PREPROCESS_KEY = "optkit.preprocess"
@@ -295,8 +296,6 @@ def cut_preprocess(model: Path, meta_text: str) -> Plan | None:
     metadata's boundary (split_model(cuts="preprocess"): the same parts, checks and split.json as `optkit split
     --cut` at those nodes), written to a temporary folder the caller removes. None when the split finds nothing
     to split (the model is then packaged as one)."""
-    from optkit.split import PREPROCESS, split_model
-
     where = f"{model}: metadata {PREPROCESS_KEY}"
     try:
         meta = json.loads(meta_text)
