@@ -2,6 +2,7 @@
 sample CNN with nothing to split, and bad input: exit 2 or 3 with one line and nothing written."""
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -43,6 +44,7 @@ def _wired(doc: dict, folder: Path) -> None:
     for part in doc["parts"]:
         m = onnx.load(str(folder / part["file"]))
         onnx.checker.check_model(m)
+        assert part["sha256"] == hashlib.sha256((folder / part["file"]).read_bytes()).hexdigest()
         assert [i.name for i in m.graph.input] == [t["name"] for t in part["inputs"]]
         assert {t["name"] for t in part["inputs"]} <= have, part["name"]
         have |= {t["name"] for t in part["outputs"]}
@@ -205,3 +207,51 @@ def test_chain_that_differs_exits_3_nothing_written(tmp_path, monkeypatch):
     with pytest.raises(ValidationError, match="differs from the original"):
         split_model(model, tmp_path / "out")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["if.onnx"]
+
+
+def test_picodet_chain_from_optkit_preprocess_to_a_served_ensemble(realcases, cli, tmp_path):
+    """The real chain on layout_cdla: `optkit preprocess` (uint8 page in, resize + normalize, and the dense head's
+    best anchors over a threshold out: --score-threshold / --max-detections) -> `optkit split` -> `optkit package`
+    -> tritonserver (when the tool folder is here), answering like the preprocessed model. tests/_detectors.py
+    still writes the NMS variant above by hand: DFL decoding and NMS are not something preprocess puts in the
+    graph (it leaves them to the client, cheap on the kept rows)."""
+    model = tmp_path / "layout_u8.onnx"
+    r = cli("preprocess", realcases / "layout_cdla.onnx", "-o", model, "--preprocess",
+            "{resize: [800, 608], mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225]}",
+            "--score-threshold", "0.5", "--max-detections", "100", "--json")
+    assert r.rc == 0, r.err
+    page = D.page_image((1754, 1240))[None]
+    np.savez(tmp_path / "page.npz", image_uint8=page)   # the model's own input is `image`: the pass names it so
+    r = cli("split", model, "-o", tmp_path / "split", "--data", tmp_path / "page.npz", "--dim", "height=1754",
+            "--dim", "width=1240", "--json")
+    assert r.rc == 0, r.err
+    doc = json.loads(r.out)
+    _wired(doc, tmp_path / "split")
+    parts = {p["name"]: p for p in doc["parts"]}
+    assert parts["core"]["device"] == "gpu" and parts["core"]["ops"]["Conv"] == 102
+    assert doc["check"]["bit_exact"] and doc["preprocess_boundary_bytes_per_sample"] == 800 * 608 * 3 * 4
+    # the page crosses at most once, as uint8: never the 4x larger float tensor at the preprocessing boundary
+    assert doc["gpu_bytes_per_sample"] <= doc["naive_cut_bytes_per_sample"]
+    pre_core = next(c for c in doc["cuts"] if c["to"] == "core") if "pre" in parts else None
+    assert pre_core is None or pre_core["bytes_per_sample"] <= 1754 * 1240 * 3
+    r = cli("package", tmp_path / "split", "--to", "triton", "-o", tmp_path / "repo", "--name", "layout",
+            "--data", tmp_path / "page.npz", "--json")
+    assert r.rc == 0, r.err
+    assert sorted(p.name for p in (tmp_path / "repo").iterdir()) == sorted(
+        ["layout"] + [f"layout.{p['name']}" for p in doc["parts"]])
+    import _triton
+    import onnxruntime as ort
+
+    if _triton.missing():
+        pytest.skip(f"packaged; not served: {_triton.missing()}")
+    want = dict(zip([o.name for o in ort.InferenceSession(str(model)).get_outputs()],
+                    ort.InferenceSession(str(model)).run(None, {"image_uint8": page})))
+    proof = _triton.proof_repository(tmp_path / "repo", tmp_path / "proof")
+    with _triton.tritonserver(proof, tmp_path, start_timeout=120) as (url, _):
+        assert url, _triton.log_tail(tmp_path)
+        got = _triton.infer(url, "layout", {"image_uint8": page})
+    assert set(got) == set(want)
+    for name, (_, shape, data) in got.items():
+        assert list(shape) == list(want[name].shape), name
+        np.testing.assert_allclose(np.array(data, want[name].dtype).reshape(shape), want[name], rtol=1e-4,
+                                   atol=1e-4)

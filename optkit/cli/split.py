@@ -16,8 +16,9 @@ def split_cmd(
                                "the parts needed) and split.json; new, empty, or a previous split output."),
     provider: str = typer.Option("tensorrt", "--provider", help=options.OPTIONS["provider"].help),
     cut: Optional[list[str]] = typer.Option(None, "--cut", help="auto (default: the cut with the fewest bytes "
-                                            "crossing CPU<->GPU per sample) or node names whose outputs are the cut "
-                                            "points (repeatable)."),
+                                            "crossing CPU<->GPU per sample), preprocess (at the boundary optkit "
+                                            "preprocess recorded; what optkit package cuts at) or node names whose "
+                                            "outputs are the cut points (repeatable)."),
     dim: Optional[list[str]] = typer.Option(None, "--dim", help="Size of a dynamic input dim, NAME=SIZE "
                                             "(repeatable; default: batch 1, images 224, stated in the report)."),
     data: Optional[str] = options.typer_option("data"),

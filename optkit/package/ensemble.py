@@ -5,12 +5,15 @@ wired by tensor name; a target serves it as an ensemble (Triton: one model per p
 
 split.json is input like any file optkit reads back: one schema, and every problem is one line naming the file and
 the key (exit 2) before anything is written: a corrupt file, a part file missing or not the one recorded (sha256),
-a part whose inputs or outputs are not its graph's, a tensor no part produces.
+a part whose inputs or outputs are not its graph's, a tensor no part produces. Schema 2 (what `optkit split`
+writes) requires each part's sha256; schema 1 (split as first landed) is read with a note that its parts were not
+checked. A model with preprocessing is cut by optkit.split itself (cuts="preprocess"): one way of cutting.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from optkit.core.errors import UsageError
 from optkit.package import schemas
 from optkit.package.signature import DTYPES, Signature, Tensor, signature_of
+from optkit.split import PREPROCESS, split_model
 
 SPLIT_FILE = "split.json"
 PREPROCESS_KEY = "optkit.preprocess"
@@ -67,7 +71,7 @@ class Cut(_Doc):
 
 
 class SplitFile(_Doc):
-    schema_: Literal[1] = Field(alias="schema")
+    schema_: Literal[1, 2] = Field(alias="schema")   # 2: each part's sha256 is required
     model: str
     provider: str | None = None
     inputs: list[TensorSpec] = Field(min_length=1)
@@ -191,6 +195,9 @@ def read_split(path: Path) -> Plan:
         if f.is_symlink() or not f.is_file():
             raise UsageError(f"{where}: key {key}.file: {f} is missing (or not a regular file); {HINT}")
         digest = sha256_of(f)
+        if spec.sha256 is None and doc.schema_ >= 2:
+            raise UsageError(f"{where}: key {key}.sha256: missing (split.json schema 2 records each part's sha256); "
+                             f"{HINT}")
         if spec.sha256 is not None and spec.sha256 != digest:
             raise UsageError(f"{where}: key {key}.sha256: {f.name} is not the file the split wrote (its sha256 is "
                              f"{digest[:12]}..., recorded {spec.sha256[:12]}...); {HINT}")
@@ -201,8 +208,12 @@ def read_split(path: Path) -> Plan:
     inputs, outputs = _wire(parts, [t.name for t in doc.inputs], [t.name for t in doc.outputs], where)
     for role, declared, have in (("inputs", doc.inputs, inputs), ("outputs", doc.outputs, outputs)):
         _match(declared, have, where, role, "the parts")
-    return _plan("split", path, sha256_of(path), inputs, outputs, parts,
+    plan = _plan("split", path, sha256_of(path), inputs, outputs, parts,
                  [c.model_dump(by_alias=True) for c in doc.cuts])
+    if doc.schema_ == 1 and any(spec.sha256 is None for spec in doc.parts):
+        plan.notes.append(f"{path.name} is schema 1 (before parts carried a sha256): its part files are packaged "
+                          "as found; split the model again to have them checked")
+    return plan
 
 
 def _part_signature(f: Path, where: str, key: str) -> Signature:
@@ -280,64 +291,29 @@ def _plan(kind, source, digest, inputs, outputs, parts, cuts, tmp=None) -> Plan:
 
 # ------------------------------------------------------------------ a model with preprocessing in its graph
 
-def cut_preprocess(model: Path, meta_text: str) -> Plan:
-    """pre (the preprocessing, on the CPU) + core, cut at the metadata's boundary tensors.
-    TODO(i32-split): cut with optkit.split.split_model at these tensors once it is on main; this small cut with
-    onnx.utils.Extractor stands in for it."""
-    import onnx
-    from onnx.utils import Extractor
-
+def cut_preprocess(model: Path, meta_text: str) -> Plan | None:
+    """pre (the preprocessing, on the CPU) + core (+ post where placement needs one), cut by `optkit split` at the
+    metadata's boundary (split_model(cuts="preprocess"): the same parts, checks and split.json as `optkit split
+    --cut` at those nodes), written to a temporary folder the caller removes. None when the split finds nothing
+    to split (the model is then packaged as one)."""
     where = f"{model}: metadata {PREPROCESS_KEY}"
     try:
         meta = json.loads(meta_text)
-        inp, boundary = meta["input"], meta["outputs"]
-        if not isinstance(inp, str) or not isinstance(boundary, list) or not boundary or \
-                not all(isinstance(b, str) for b in boundary):
+        if not isinstance(meta, dict) or not isinstance(meta.get("input"), str) or \
+                not isinstance(meta.get("outputs"), list) or not meta["outputs"]:
             raise TypeError
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError):
         raise UsageError(f"{where}: not {{\"input\": name, \"outputs\": [tensor names], ...}}; run `optkit "
                          "preprocess` again") from None
-    proto = onnx.load(str(model))
-    whole = signature_of(proto, model)
-    names = [t.name for t in whole.inputs]
-    if inp not in names:
-        raise UsageError(f"{where}: key input: {inp!r} is not an input of the model ({names})")
-    produced = {o for n in proto.graph.node for o in n.output}
-    lost = [b for b in boundary if b not in produced]
-    if lost:
-        raise UsageError(f"{where}: key outputs: {lost[0]!r} is not a tensor the graph computes")
-    try:
-        inferred = onnx.shape_inference.infer_shapes(proto)
-        ex = Extractor(inferred)
-        pre = ex.extract_model([inp], boundary)
-        core_inputs = [*boundary, *(n for n in names if n != inp)]
-        core = ex.extract_model(core_inputs, [t.name for t in whole.outputs])
-    except Exception as e:  # noqa: BLE001 - onnx's own errors: one line
-        raise UsageError(f"{where}: the graph does not cut at {boundary} ({type(e).__name__}: "
-                         f"{(str(e).splitlines() or [''])[0][:120]})") from None
-    pre_ops = {n.op_type for n in pre.graph.node}
-    core_consumes = {i for n in core.graph.node for i in n.input}
-    if inp in core_consumes:
-        raise UsageError(f"{where}: the model reads {inp!r} after the preprocessing too; it does not cut at "
-                         f"{boundary}")
     tmp = Path(tempfile.mkdtemp(prefix="optkit-cut-"))
-    parts = []
-    for role, part, why in (("pre", pre, "preprocessing (optkit.preprocess): " + ", ".join(sorted(pre_ops))),
-                            ("core", core, "the model after its preprocessing")):
-        del part.metadata_props[:]
-        part.ir_version = proto.ir_version
-        del part.opset_import[:]
-        part.opset_import.extend(proto.opset_import)
-        f = tmp / f"{role}.onnx"
-        onnx.save(part, str(f))
-        ops: dict[str, int] = {}
-        for n in part.graph.node:
-            ops[n.op_type] = ops.get(n.op_type, 0) + 1
-        parts.append(Part(role, f, "cpu" if role == "pre" else "gpu", sha256_of(f), signature_of(part, f), why, ops))
     try:
-        inputs, outputs = _wire(parts, names, [t.name for t in whole.outputs], where)
-    except UsageError:
-        raise UsageError(f"{where}: the parts cut at {boundary} do not wire back into the model") from None
-    cut_tensors = [{"name": t.name, "dtype": t.numpy_dtype, "shape": t.dims} for t in parts[0].sig.outputs]
-    return _plan("preprocess", model, sha256_of(model), inputs, outputs, parts,
-                 [{"from": "pre", "to": "core", "tensors": cut_tensors}], tmp)
+        doc = split_model(model, tmp / "split", provider="tensorrt", cuts=PREPROCESS)
+        if not doc["parts"]:
+            shutil.rmtree(tmp, ignore_errors=True)
+            return None
+        plan = read_split(tmp / "split" / SPLIT_FILE)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    plan.kind, plan.source, plan.source_sha256, plan.tmp = "preprocess", model, sha256_of(model), tmp
+    return plan

@@ -2,13 +2,18 @@
 
     doc = split_model(Path("det.onnx"), Path("det_split"), provider="tensorrt", cuts="auto", dims={"batch": 1})
 
-`doc` is what DIR/split.json holds (schema 1): the parts with their file, device, why, op counts, inputs and
-outputs (wired by tensor name), the cuts with the tensors and bytes crossing each, and the naive cut's bytes.
+`doc` is what DIR/split.json holds (schema 2): the parts with their file, sha256, device, why, op counts, inputs
+and outputs (wired by tensor name), the cuts with the tensors and bytes crossing each, and the naive cut's bytes.
 A model with nothing to split (no GPU work, or all of it in one part) gets a document with no parts and
 `nothing_to_split` saying why; nothing is written then.
+
+`cuts="preprocess"` cuts a model with `optkit.preprocess` metadata exactly at that metadata's boundary (pre = the
+preprocessing, core = the model; post only where placement needs one): the cut `optkit package` serves a model
+with preprocessing in its graph at, so there is one way of cutting in the project.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import Counter
 from pathlib import Path
@@ -27,7 +32,8 @@ from optkit.split.graph import parse_dims
 from optkit.split.placement import CPU, EITHER, GPU, PROVIDERS, Place, place
 from optkit.split.write import META_KEY, extract, part_io, run_plain
 
-SCHEMA = 1
+SCHEMA = 2          # 2: every part carries its file's sha256 (schema 1, from 2c0591f, did not)
+PREPROCESS = "preprocess"
 MAX_SAMPLE_BYTES = 1 << 30   # synthesized sample inputs of one call, all inputs together
 
 
@@ -53,7 +59,9 @@ def split_model(model: Path, out_dir: Path, provider: str = "tensorrt", cuts="au
         for part in doc["parts"]:
             data = plan["models"][part["name"]].SerializeToString()
             (tmp / part["file"]).write_bytes(data)
-            parts.append(((tmp / part["file"]).read_bytes(), [o["name"] for o in part["outputs"]]))
+            written = (tmp / part["file"]).read_bytes()
+            part["sha256"] = hashlib.sha256(written).hexdigest()
+            parts.append((written, [o["name"] for o in part["outputs"]]))
         doc["check"] = write.check_chain(plan["source"], parts, plan["feeds"], [o["name"] for o in doc["outputs"]])
         (tmp / write.DOC).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
         write.commit(tmp, out_dir)
@@ -76,7 +84,9 @@ def _plan(model: Path, provider: str, cuts, dims, data=None) -> dict:
     if model.is_dir() or model.suffix.lower() != ".onnx":
         raise UsageError(f"optkit split reads ONNX models (.onnx); {model} is not one (convert it first: optkit "
                          "convert)")
-    names = None if cuts in (None, "auto") or cuts == ["auto"] else ([cuts] if isinstance(cuts, str) else list(cuts))
+    at_preprocess = cuts == PREPROCESS or cuts == [PREPROCESS]
+    names = None if cuts in (None, "auto") or cuts == ["auto"] or at_preprocess else (
+        [cuts] if isinstance(cuts, str) else list(cuts))
     if names is not None and (not names or "auto" in names):
         raise UsageError("--cut takes auto or node names, not both")
     onnx_model = onnx_io.load(model)
@@ -97,6 +107,11 @@ def _plan(model: Path, provider: str, cuts, dims, data=None) -> dict:
         else:
             places.append(place(node, provider, i in pre_nodes))
     picks = _picks(onnx_model, graph, names) if names is not None else None
+    if at_preprocess:
+        if not pre_nodes:
+            raise UsageError(f"{model} has no {META_KEY} metadata (written by optkit preprocess), so there is no "
+                             "preprocessing boundary to cut at; use --cut auto or node names")
+        picks = _boundary(onnx_model, graph)
     base = {"schema": SCHEMA, "model": model.name, "provider": provider,
             "inputs": [_io(graph, t) for t in graph.inputs], "outputs": [_io(graph, t) for t in graph.outputs]}
     lay = C.layout(graph, places)
@@ -134,7 +149,8 @@ def _plan(model: Path, provider: str, cuts, dims, data=None) -> dict:
             cut_list.append({"from": C.PART_NAMES[src], "to": C.PART_NAMES[dst], "tensors": rows,
                              "bytes_per_sample": total})
     doc = {**base, "parts": parts, "cuts": cut_list, "naive_cut_bytes_per_sample": C.gpu_bytes(graph, naive),
-           "gpu_bytes_per_sample": C.gpu_bytes(graph, levels), "cut": "auto" if picks is None else "named",
+           "gpu_bytes_per_sample": C.gpu_bytes(graph, levels),
+           "cut": "auto" if picks is None else PREPROCESS if at_preprocess else "named",
            "dims": assumed,
            "cpu_nodes": [{"node": graph.nodes[i].name, "op": graph.nodes[i].op_type,
                           "part": C.PART_NAMES[levels[i]], "why": places[i].why}
@@ -300,6 +316,12 @@ def _preprocess_nodes(model, graph, path: Path) -> set[int]:
     start = set(graph.readers.get(meta["input"], ()))
     ends = {graph.producer[o] for o in meta["outputs"]}
     return graph.descendants(start) & graph.ancestors(ends) | ends
+
+
+def _boundary(model, graph) -> list[int]:
+    """The nodes producing the `optkit.preprocess` metadata's outputs: the cut points of cuts="preprocess"."""
+    meta = json.loads(next(p.value for p in model.metadata_props if p.key == META_KEY))
+    return sorted({graph.producer[o] for o in meta["outputs"]})
 
 
 def _preprocess_bytes(model, graph) -> int | None:

@@ -115,13 +115,13 @@ def check_chain(original: bytes, parts: list[tuple[bytes, list[str]]], feeds: di
 
 # -- the output folder ------------------------------------------------------------------------------------------
 def is_split_output(path: Path) -> bool:
-    """A folder optkit split wrote: its split.json (schema 1) and part files, nothing else."""
+    """A folder optkit split wrote: its split.json (schema 1 or 2) and part files, nothing else."""
     try:
         names = {p.name for p in path.iterdir()}
         doc = json.loads((path / DOC).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return isinstance(doc, dict) and doc.get("schema") == 1 and names <= OURS and all(
+    return isinstance(doc, dict) and doc.get("schema") in (1, 2) and names <= OURS and all(
         (path / n).is_file() and not (path / n).is_symlink() for n in names)
 
 

@@ -216,6 +216,13 @@ def add_preprocess(model, pre: Preprocess, new_input: str | None) -> tuple[Any, 
     last.output[0] = img.name
     g = model.graph
     kept = [i for i in g.input if i.name != img.name]
+    # the boundary keeps the old input's declared type and shape ([batch,3,240,240]): shape inference cannot see
+    # through the computed resize and crop sizes, and `optkit split` / `optkit package` give a cut tensor the
+    # shape inference finds (unknown dims would make the core a model of any shape, with nothing to tune at)
+    declared = next(i for i in g.input if i.name == img.name)
+    boundary = helper.make_tensor_value_info(img.name, declared.type.tensor_type.elem_type, None)
+    boundary.type.CopyFrom(declared.type)
+    g.value_info.append(boundary)
     del g.input[:]
     g.input.extend([helper.make_tensor_value_info(new_input, TensorProto.UINT8, [batch, *hw, img.channels])] + kept)
     nodes = list(b.nodes) + list(g.node)
