@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from optkit.core.errors import UsageError
+from optkit.package.capacity import forecast as fmod
 from optkit.package.capacity import hpa as hpa_mod
 from optkit.package.capacity.replica import PerReplica
 from optkit.package.capacity.traffic import Traffic
@@ -34,6 +35,11 @@ class Options:
     cpu_cores: float | None = None
     memory_mb: float | None = None
     forecast: bool = True
+
+    @classmethod
+    def from_config(cls, cfg) -> Options:
+        """From a CapacityConfig (the command's and a recipe's options)."""
+        return cls(**{k: getattr(cfg, k) for k in cls.__dataclass_fields__ if k in type(cfg).model_fields})
 
 
 @dataclass
@@ -163,8 +169,6 @@ def make_plan(per: PerReplica, traffic: Traffic, opts: Options) -> Plan:
     fc = None
     begin = 0
     if opts.forecast and traffic.source != "--peak":
-        from optkit.package.capacity import forecast as fmod
-
         fc = fmod.forecast(rates, traffic.start, thr, opts.headroom, opts.startup_s, opts.lead_s,
                            opts.min_replicas, opts.max_replicas)
         if isinstance(fc, str):

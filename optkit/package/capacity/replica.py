@@ -13,6 +13,9 @@ from typing import Any
 
 from optkit.core.errors import UsageError
 from optkit.core.readback import read_regular
+from optkit.package import schemas
+from optkit.package.lineage import LINEAGE_FILE
+from optkit.report.schema import Report
 
 MAX_FILE = 64 << 20
 
@@ -54,8 +57,6 @@ def _finite(value, where: str, key: str, *, positive: bool = False) -> float | N
 def load(path: str | Path) -> PerReplica:
     """The per-replica figures from FILE: best.json (optkit tune -o), a report.json, optkit-package.json or a
     package version folder holding it."""
-    from optkit.package.lineage import LINEAGE_FILE
-
     p = Path(path)
     if p.is_dir() and (p / LINEAGE_FILE).is_file():
         p = p / LINEAGE_FILE
@@ -112,8 +113,6 @@ def _tuned(figures: dict, confirmed: dict | None, setting: dict, where: str, sou
 
 
 def _from_best(p: Path) -> PerReplica:
-    from optkit.package import schemas
-
     data, _ = schemas.load_tuned(p)
     best = data["best"]
     r = _tuned(best.get("figures") or {}, best.get("confirmed"), best["setting"], str(p),
@@ -123,8 +122,6 @@ def _from_best(p: Path) -> PerReplica:
 
 
 def _from_lineage(p: Path) -> PerReplica:
-    from optkit.package import schemas
-
     data, _ = schemas.load_lineage(p)
     tuned = data["tuned"]
     if tuned.get("source") is None:
@@ -140,8 +137,6 @@ def _from_lineage(p: Path) -> PerReplica:
 
 
 def _from_report(p: Path) -> PerReplica:
-    from optkit.report.schema import Report
-
     rep = Report.load(p)
     stages = [s for s in rep.stages if isinstance(s.measurements, dict)
               and any(isinstance(s.measurements.get(g), dict) and s.measurements[g].get("throughput_per_s")
