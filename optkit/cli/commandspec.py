@@ -17,6 +17,7 @@ COMMANDS = [
     ('tune', 'Find the serving settings (threads, batch, requests in flight, sessions, onnxruntime options) that\nbest meet an objective, by Bayesian search (Optuna TPE); writes the best settings, an onnxruntime\nSessionOptions snippet and the recipe lines that serve and gate the model that way.'),
     ('profile', "Where the time goes: per op type and per node (onnxruntime's profiler), against the p50 latency."),
     ('split', "Cut an ONNX model into CPU / GPU / CPU parts where the fewest bytes cross, checked bit-exact against it\n(on --data, an .npz with one array per input, or synthesized inputs). The GPU part is placed for --provider\ntensorrt by default (trt check's table); cuda uses onnxruntime's CUDA provider's ops; cpu has nothing to split."),
+    ('capacity', "Replicas and autoscaling from per-replica figures and traffic: the HPA rule replayed minute by minute\n(fixed for the peak, reactive, and with a forecast's KEDA cron schedule), the target utilisation searched."),
     ('run', 'Run a recipe: every stage, measured, cached and resumable; reports; exit 1 when a gate fails.'),
     ('gate', "Check gates on a report: exit 1 when one fails or cannot be judged (its figure's noise straddles the\nthreshold), with a table of every gate, its margin and its verdict (pass, FAIL, cannot judge)."),
     ('trt', 'TensorRT: build an engine from ONNX (needs an NVIDIA GPU), or check a model for TensorRT on any machine.'),
@@ -24,4 +25,4 @@ COMMANDS = [
     ('report', 'Render and compare reports.'),
     ('recipe', 'Write and check recipes.'),
 ]
-COMMAND_MODULES = {'inspect': 'inspect', 'bench': 'bench', 'eval': 'eval', 'passes': 'passes', 'convert': 'convert', 'simplify': 'simplify', 'preprocess': 'preprocess', 'quantize': 'quantize', 'prune': 'prune', 'qat': 'qat', 'tflite': 'tflite', 'trt': 'trt', 'tune': 'tune', 'profile': 'profile', 'split': 'split', 'package': 'package', 'run': 'run', 'gate': 'gate', 'report': 'report', 'recipe': 'recipe'}
+COMMAND_MODULES = {'inspect': 'inspect', 'bench': 'bench', 'eval': 'eval', 'passes': 'passes', 'convert': 'convert', 'simplify': 'simplify', 'preprocess': 'preprocess', 'quantize': 'quantize', 'prune': 'prune', 'qat': 'qat', 'tflite': 'tflite', 'trt': 'trt', 'tune': 'tune', 'profile': 'profile', 'split': 'split', 'package': 'package', 'capacity': 'capacity', 'run': 'run', 'gate': 'gate', 'report': 'report', 'recipe': 'recipe'}

@@ -88,7 +88,7 @@ def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks, de
 
 # Command modules in help order; each has register(app). Frameworks are imported inside the commands.
 COMMANDS = ("inspect", "bench", "eval", "passes", "convert", "simplify", "preprocess", "quantize", "prune", "qat",
-            "tflite", "trt", "tune", "profile", "split", "package", "run", "gate", "report", "recipe")
+            "tflite", "trt", "tune", "profile", "split", "package", "capacity", "run", "gate", "report", "recipe")
 
 
 def _modules() -> dict[str, str]:

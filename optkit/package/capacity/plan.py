@@ -1,0 +1,226 @@
+"""The plan: per-replica figures and a traffic history -> replicas over time (with the headroom), the
+autoscaling target searched so that the HPA replay meets the SLO with the fewest replica-hours, the forecast's
+schedule, and the three strategies side by side (fixed for the peak, reactive HPA, HPA + forecast schedule).
+`to_contract` is CAPACITY.json (schema 1), which `optkit package --capacity` reads."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from optkit.core.errors import UsageError
+from optkit.package.capacity import forecast as fmod
+from optkit.package.capacity import hpa as hpa_mod
+from optkit.package.capacity.replica import PerReplica
+from optkit.package.capacity.traffic import Traffic
+
+TARGETS = tuple(round(0.30 + 0.05 * i, 2) for i in range(14))   # 0.30 .. 0.95
+
+
+@dataclass
+class Options:
+    headroom: float = 0.2
+    min_replicas: int = 1
+    max_replicas: int = 100
+    startup_s: int = 60
+    lead_s: int = 120
+    tolerance: float = 0.1
+    down_window_s: int = 300
+    up_window_s: int = 0
+    max_slo_minutes: int = 0
+    slo_p99_ms: float | None = None
+    cpu_cores: float | None = None
+    memory_mb: float | None = None
+    forecast: bool = True
+
+    @classmethod
+    def from_config(cls, cfg) -> Options:
+        """From a CapacityConfig (the command's and a recipe's options)."""
+        return cls(**{k: getattr(cfg, k) for k in cls.__dataclass_fields__ if k in type(cfg).model_fields})
+
+
+@dataclass
+class Strategy:
+    name: str
+    target: float | None
+    replay: hpa_mod.Replay
+    max_replicas: int
+    floor: np.ndarray | None = None
+
+    def summary(self) -> dict:
+        return {**self.replay.summary(), "target_utilization": self.target}
+
+
+@dataclass
+class Plan:
+    per: PerReplica
+    traffic: Traffic
+    opts: Options
+    needed: np.ndarray
+    begin: int                                 # the first minute replayed
+    strategies: dict[str, Strategy | None]
+    chosen: str
+    searched: dict[str, list[dict]]
+    forecast: Any = None
+    notes: list[str] = field(default_factory=list)
+    resources: dict = field(default_factory=dict)
+    slo_p99_ms: float | None = None
+    fixed_replicas: int = 0
+
+    @property
+    def autoscaled(self) -> Strategy:
+        return self.strategies[self.chosen]
+
+    def to_contract(self) -> dict[str, Any]:
+        s = self.autoscaled
+        metric = "cpu" if self.per.cpu_cores is not None else "rps"
+        strategies = {k: (v.summary() if v else None) for k, v in self.strategies.items()}
+        fc = self.forecast if self.chosen == "forecast" else None
+        return {
+            "schema": 1,
+            "model": self.per.model,
+            "slo": {"p99_ms": self.slo_p99_ms},
+            "per_replica": self.per.to_contract(),
+            "headroom": self.opts.headroom,
+            "replicas": {"min": self.opts.min_replicas, "max": s.max_replicas,
+                         "peak": int(s.replay.replicas.max()) if len(s.replay.replicas) else self.fixed_replicas,
+                         "needed_at_peak": int(self.needed.max()), "fixed_for_peak": self.fixed_replicas},
+            "resources": self.resources,
+            "autoscaling": {"metric": metric, "target_utilization": s.target,
+                            "target_rps_per_replica": round(s.target * self.per.throughput_per_s, 3),
+                            "tolerance": self.opts.tolerance,
+                            "scale_down_stabilization_s": self.opts.down_window_s,
+                            "scale_up_stabilization_s": self.opts.up_window_s,
+                            "startup_s": self.opts.startup_s, "strategy": self.chosen},
+            "schedule": list(fc.schedule) if fc is not None else [],
+            "replay": {"strategies": strategies, "minutes": int(len(self.traffic.rates) - self.begin),
+                       "from": self.traffic.time_of(self.begin) if self.traffic.start else None,
+                       "repairs": list(self.traffic.repairs),
+                       "forecast": ({"method": self.forecast.method, "error_pct": round(self.forecast.error_pct, 1),
+                                     "split_minute": self.forecast.split,
+                                     "schedule_entries": len(self.forecast.schedule)}
+                                    if self.forecast is not None else None),
+                       "search": self.searched},
+            "notes": list(self.notes),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_contract(), indent=2)
+
+
+def _mi(mb: float) -> str:
+    return f"{max(1, math.ceil(mb * 1e6 / 2 ** 20))}Mi"
+
+
+def resources(per: PerReplica, opts: Options, notes: list[str]) -> dict:
+    cpu = opts.cpu_cores if opts.cpu_cores is not None else per.cpu_cores
+    mem = opts.memory_mb if opts.memory_mb is not None else per.memory_mb
+    req: dict[str, Any] = {"cpu": None, "memory": None}
+    lim: dict[str, Any] = {"cpu": None, "memory": None}
+    if cpu is not None:
+        milli = max(1, math.ceil(cpu * 1000))
+        req["cpu"] = f"{milli}m"
+        lim["cpu"] = f"{max(milli, 1000 * per.threads) if per.threads else 2 * milli}m"
+        notes.append(f"CPU request {milli}m: the CPU a replica uses at {per.throughput_per_s:,.1f}/s "
+                     + ("(--cpu)" if opts.cpu_cores is not None else
+                        f"({per.cpu_per_1000_samples_s:.4g} CPU s per 1,000 samples, measured)")
+                     + (f"; limit: its {per.threads} threads" if per.threads else "; limit: twice the request"))
+    else:
+        notes.append("no CPU figure (the source carries none; give --cpu CORES): no CPU request, and the "
+                     "autoscaling metric is requests per second per replica")
+    if mem is not None:
+        req["memory"], lim["memory"] = _mi(mem * (1 + opts.headroom)), _mi(mem * 2)
+        notes.append(f"memory request: the measured peak {mem:.1f} MB + {opts.headroom:.0%} headroom, limit twice "
+                     "the peak" + ("" if opts.memory_mb is not None else
+                                   "; it is the model's own memory, not the serving process's: give --memory-mb "
+                                   "for the whole container"))
+    else:
+        notes.append("no memory figure (give --memory-mb): no memory request")
+    return {"requests": req, "limits": lim}
+
+
+def make_plan(per: PerReplica, traffic: Traffic, opts: Options) -> Plan:
+    thr = per.throughput_per_s
+    notes = [f"per-replica throughput: {per.throughput_source}"] + list(per.notes)
+    slo = opts.slo_p99_ms if opts.slo_p99_ms is not None else per.slo_p99_ms
+    if slo is not None and per.p99_ms is not None and per.p99_ms > slo:
+        raise UsageError(f"{per.source}: its p99 {per.p99_ms:.3g} ms is over the SLO p99 {slo:g} ms at any load: no "
+                         "replica count meets it; tune for the SLO (optkit tune --slo 'p99<=...')")
+    if slo is None:
+        notes.append("no latency SLO stated (--slo-p99 or tune's --slo): 'over the SLO' means a minute's load "
+                     "above what the ready replicas serve at their measured throughput")
+    rates = traffic.rates
+    peak_at = int(np.argmax(rates))
+    peak = float(rates[peak_at])
+    bare = math.ceil(peak / thr - 1e-9)
+    if bare > opts.max_replicas:
+        raise UsageError(f"{traffic.source} {traffic.row_at(peak_at) or 'peak'}: {peak:,.1f} requests/s needs "
+                         f"{bare:,} replicas of {thr:,.1f}/s, over --max-replicas {opts.max_replicas}; raise it or "
+                         "serve a faster model")
+    needed = np.maximum(opts.min_replicas, np.ceil(rates * (1 + opts.headroom) / thr - 1e-9)).astype(np.int64)
+    fixed_n = int(needed.max())
+    if fixed_n > opts.max_replicas:
+        notes.append(f"the peak with {opts.headroom:.0%} headroom needs {fixed_n} replicas; --max-replicas "
+                     f"{opts.max_replicas} caps it (the headroom at the peak is {opts.max_replicas * thr / peak - 1:.0%})")
+        fixed_n = opts.max_replicas
+    fc = None
+    begin = 0
+    if opts.forecast and traffic.source != "--peak":
+        fc = fmod.forecast(rates, traffic.start, thr, opts.headroom, opts.startup_s, opts.lead_s,
+                           opts.min_replicas, opts.max_replicas)
+        if isinstance(fc, str):
+            notes.append(fc)
+            fc = None
+        else:
+            begin = fc.split
+            notes.append(f"forecast: {fc.method}; its error on the held-out part: {fc.error_pct:.1f}% of the "
+                         "traffic; the three strategies are replayed on that part only")
+            notes.extend(fc.notes)
+    load = rates[begin:]
+    strategies: dict[str, Strategy | None] = {
+        "fixed": Strategy("fixed", None, hpa_mod.fixed(load, thr, fixed_n), fixed_n)}
+    searched: dict[str, list[dict]] = {}
+    for name, floor in (("reactive", None), ("forecast", fc.floor if fc is not None else None)):
+        if name == "forecast" and fc is None:
+            strategies[name] = None
+            continue
+        rows = []
+        best = None
+        for t in TARGETS:
+            top = min(opts.max_replicas, max(fixed_n, hpa_mod.needed(peak, thr, t)))
+            h = hpa_mod.HPA(target=t, min_replicas=opts.min_replicas, max_replicas=top, tolerance=opts.tolerance,
+                            down_window_s=opts.down_window_s, up_window_s=opts.up_window_s, startup_s=opts.startup_s)
+            r = hpa_mod.replay(load, thr, h, floor=floor)
+            s = Strategy(name, t, r, top, floor)
+            summary = r.summary()
+            rows.append({"target_utilization": t, **summary})
+            key = (summary["slo_minutes"] > opts.max_slo_minutes, summary["replica_hours"] if
+                   summary["slo_minutes"] <= opts.max_slo_minutes else summary["slo_minutes"], -t)
+            if best is None or key < best[0]:
+                best = (key, s)
+        searched[name] = rows
+        strategies[name] = best[1]
+        if best[0][0]:
+            notes.append(f"{name}: no target utilisation in {TARGETS[0]}..{TARGETS[-1]} meets the SLO within "
+                         f"{opts.max_slo_minutes} minutes over it; the fewest ({best[1].replay.summary()['slo_minutes']}) "
+                         f"is at {best[1].target}" + (": the forecast's schedule can raise the minimum ahead of "
+                                                      "surges" if name == "reactive" else ""))
+    chosen = "reactive"
+    f, r = strategies.get("forecast"), strategies["reactive"]
+    if f is not None:
+        def rank(st: Strategy) -> tuple:
+            m = st.replay.summary()
+            return max(0, m["slo_minutes"] - opts.max_slo_minutes), m["replica_hours"]
+        if rank(f) < rank(r):
+            chosen = "forecast"
+    notes.append(f"autoscaling written: {chosen} (target utilisation {strategies[chosen].target})")
+    plan = Plan(per=per, traffic=traffic, opts=opts, needed=needed, begin=begin, strategies=strategies,
+                chosen=chosen, searched=searched, forecast=fc, notes=notes, slo_p99_ms=slo, fixed_replicas=fixed_n)
+    plan.resources = resources(per, opts, plan.notes)
+    if traffic.source == "--peak":
+        plan.notes.append("--peak: a flat hour at the peak rate is replayed; give --history for the replay of "
+                          "real traffic and the forecast")
+    return plan

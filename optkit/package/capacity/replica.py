@@ -1,0 +1,177 @@
+"""The figures of one replica: what it serves at the latency objective, its CPU and its memory, read from a tune
+best.json, a report (`bench --concurrency` or `bench --url`) or a package version's lineage. Every file goes
+through its schema (exit 2 naming the file and key). The throughput used is the LOWER end of its 95% band where
+the file carries one, and `throughput_source` says which figure it is: a figure carries its noise."""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from optkit.core.errors import UsageError
+from optkit.core.readback import read_regular
+from optkit.package import schemas
+from optkit.package.lineage import LINEAGE_FILE
+from optkit.report.schema import Report
+
+MAX_FILE = 64 << 20
+
+
+@dataclass
+class PerReplica:
+    throughput_per_s: float            # what the plan uses: the low end of the band where there is one
+    throughput_source: str
+    p99_ms: float | None = None
+    cpu_cores: float | None = None     # CPU a replica uses at that throughput (cpu per 1,000 samples x rate)
+    cpu_per_1000_samples_s: float | None = None
+    memory_mb: float | None = None
+    source: str = ""
+    model: str | None = None
+    slo_p99_ms: float | None = None    # the objective the figures were measured against, where the file says
+    threads: int | None = None
+    request_bytes: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_contract(self) -> dict[str, Any]:
+        keys = ("throughput_per_s", "throughput_source", "p99_ms", "cpu_cores", "cpu_per_1000_samples_s",
+                "memory_mb", "source")
+        d = asdict(self)
+        out = {k: d[k] for k in keys}
+        out["request_bytes"] = self.request_bytes
+        return out
+
+
+def _finite(value, where: str, key: str, *, positive: bool = False) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 \
+            or (positive and value == 0):
+        raise UsageError(f"{where}: key {key} is {str(value)[:40]}, not a {'positive' if positive else ''} "
+                         "finite number; give the file optkit wrote, unedited")
+    return float(value)
+
+
+def load(path: str | Path) -> PerReplica:
+    """The per-replica figures from FILE: best.json (optkit tune -o), a report.json, optkit-package.json or a
+    package version folder holding it."""
+    p = Path(path)
+    if p.is_dir() and (p / LINEAGE_FILE).is_file():
+        p = p / LINEAGE_FILE
+    if not p.exists():
+        raise UsageError(f"{path} does not exist; give a tune best.json, a bench report.json or a package's "
+                         f"{LINEAGE_FILE}")
+    raw = read_regular(p, MAX_FILE, hint="give a best.json, a report.json or an optkit-package.json")
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as e:
+        raise UsageError(f"{p}: not JSON ({str(e).splitlines()[0][:80]}); give a best.json, a report.json or "
+                         f"an {LINEAGE_FILE}") from None
+    if isinstance(doc, dict) and doc.get("schema") == "optkit-package/1":
+        return _from_lineage(p)
+    if isinstance(doc, dict) and "stages" in doc and "schema_version" in doc:
+        return _from_report(p)
+    if isinstance(doc, dict) and "best" in doc:
+        return _from_best(p)
+    raise UsageError(f"{p} is none of a tune best.json (key best), a report.json (key stages) or an "
+                     f"{LINEAGE_FILE} (schema optkit-package/1)")
+
+
+def _slo_p99(slos: list) -> float | None:
+    """'p99<=20ms' (tune's --slo) as 20.0."""
+    for s in slos or []:
+        m = re.fullmatch(r"\s*p99\s*<=?\s*([0-9.eE+-]+)\s*(ms|s)?\s*", str(s))
+        if m:
+            v = float(m.group(1))
+            return v * 1e3 if m.group(2) == "s" else v
+    return None
+
+
+def _tuned(figures: dict, confirmed: dict | None, setting: dict, where: str, source: str) -> PerReplica:
+    thr = _finite(figures.get("throughput_per_s"), where, "best.figures.throughput_per_s", positive=True)
+    if thr is None:
+        raise UsageError(f"{where}: key best.figures.throughput_per_s is missing; tune with --objective "
+                         "throughput so the best setting has a throughput at the objective")
+    if confirmed and confirmed.get("figure") == "throughput_per_s":
+        low = _finite(confirmed["ci95"][0], where, "best.confirmed.ci95.0")
+        rounds = confirmed.get("rounds")
+        used = low if low and low > 0 else thr
+        text = (f"lower end of the 95% band of tune's confirmation ({rounds or '?'} rounds): {used:,.1f}/s "
+                f"(mean {confirmed['mean']:,.1f}/s)")
+    else:
+        used = thr
+        text = (f"tune's best trial: {thr:,.1f}/s; no 95% band (tune --confirm 0, or the objective was not "
+                "throughput): the point figure is used, its noise unknown")
+    cpu_1k = _finite(figures.get("cpu_s_per_1k"), where, "best.figures.cpu_s_per_1k")
+    mem = _finite(figures.get("memory_mb"), where, "best.figures.memory_mb")
+    return PerReplica(throughput_per_s=used, throughput_source=text,
+                      p99_ms=_finite(figures.get("p99_ms"), where, "best.figures.p99_ms"),
+                      cpu_per_1000_samples_s=cpu_1k, cpu_cores=cpu_1k * used / 1000 if cpu_1k is not None else None,
+                      memory_mb=mem, source=source, threads=setting.get("threads"))
+
+
+def _from_best(p: Path) -> PerReplica:
+    data, _ = schemas.load_tuned(p)
+    best = data["best"]
+    r = _tuned(best.get("figures") or {}, best.get("confirmed"), best["setting"], str(p),
+               f"tune best.json {p.name} (setting: {best.get('label') or 'unlabelled'})")
+    r.model, r.slo_p99_ms = data.get("model"), _slo_p99(data.get("slo"))
+    return r
+
+
+def _from_lineage(p: Path) -> PerReplica:
+    data, _ = schemas.load_lineage(p)
+    tuned = data["tuned"]
+    if tuned.get("source") is None:
+        raise UsageError(f"{p}: the package was made without --tuned (key tuned.source is null): it carries no "
+                         "measured throughput; tune the model, or give a bench report")
+    r = _tuned(tuned.get("figures") or {}, tuned.get("confirmed"), tuned["setting"], str(p),
+               f"package lineage {p} (version {data['version']} of {data['name']}, tuned: {tuned['label']})")
+    peak = ((data.get("measured") or {}).get("memory") or {}).get("peak_mb")
+    if r.memory_mb is None and peak is not None:
+        r.memory_mb = _finite(peak, str(p), "measured.memory.peak_mb")
+    r.model = data["model"]["path"]
+    return r
+
+
+def _from_report(p: Path) -> PerReplica:
+    rep = Report.load(p)
+    stages = [s for s in rep.stages if isinstance(s.measurements, dict)
+              and any(isinstance(s.measurements.get(g), dict) and s.measurements[g].get("throughput_per_s")
+                      for g in ("concurrency", "latency"))]
+    if not stages:
+        raise UsageError(f"{p}: no stage has a throughput (measurements.concurrency or measurements.latency); "
+                         "give the report of `optkit bench --url URL --concurrency N --report FILE`")
+    stage = stages[-1]
+    m = stage.measurements
+    group = "concurrency" if isinstance(m.get("concurrency"), dict) and m["concurrency"].get("throughput_per_s") \
+        else "latency"
+    g = m[group]
+    key = f"stages.{rep.stages.index(stage)}.measurements.{group}"
+    thr = _finite(g.get("throughput_per_s"), str(p), f"{key}.throughput_per_s", positive=True)
+    band = (g.get("ci95") or {}).get("throughput_per_s") if isinstance(g.get("ci95"), dict) else None
+    low = _finite(band[0], str(p), f"{key}.ci95.throughput_per_s.0") if isinstance(band, list) and band else None
+    load_text = (f"under load, {g.get('concurrency')} requests in flight" if group == "concurrency"
+                 else "one request at a time (no --concurrency: the throughput under load was not measured)")
+    if low is not None and low > 0:
+        used, text = low, (f"lower end of the 95% band of {stage.name!r}'s throughput {load_text}: {low:,.1f}/s "
+                           f"(measured {thr:,.1f}/s)")
+    else:
+        used, text = thr, f"{stage.name!r}'s throughput {load_text}: {thr:,.1f}/s; no 95% band in the report"
+    mem = m.get("memory") if isinstance(m.get("memory"), dict) else {}
+    req = m.get("request") if isinstance(m.get("request"), dict) else {}
+    served = isinstance(m.get("served"), dict)
+    r = PerReplica(throughput_per_s=used, throughput_source=text,
+                   p99_ms=_finite(g.get("p99_ms"), str(p), f"{key}.p99_ms"),
+                   memory_mb=_finite(mem.get("peak_mb"), str(p), "measurements.memory.peak_mb"),
+                   source=f"{'bench --url' if served else rep.command or 'report'} report {p.name} "
+                          f"(stage {stage.name!r})",
+                   model=stage.output.path if stage.output else None)
+    if req.get("body_bytes") is not None:
+        r.request_bytes = int(_finite(req.get("body_bytes"), str(p), "measurements.request.body_bytes"))
+    if served:
+        r.notes.append("served figures (bench --url): the server's CPU and memory are not in the report; give "
+                       "--cpu and --memory-mb for the requests, or the autoscaling metric is requests per second")
+    return r

@@ -1,0 +1,231 @@
+"""optkit capacity: the HPA rule against a hand-computed trace, the target search, the forecast's schedule against
+reactive scaling on a surge, figures from a real best.json and bench report, bad traffic input, the HTML page."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from optkit.core.errors import UsageError
+from optkit.package.capacity import hpa, plan, replica, traffic
+
+from conftest import SAMPLES, one_error_line, run_cli
+
+CNN = SAMPLES / "torch_cnn.onnx"
+MIDNIGHT = 1_700_006_400  # 2023-11-15 00:00 UTC
+
+
+# ------------------------------------------------------------------ the HPA rule, by hand
+
+def test_hpa_rule_against_a_hand_computed_trace():
+    """10/s per replica, target 0.5 (5/s each), tolerance 0.1, scale-down window 300 s, start-up 60 s.
+
+    m0-1  load 10: ready 2, ratio 1.0                         -> 2
+    m2    load 10.4: ratio 1.04, within the tolerance          -> 2 (ceil(2 x 1.04) = 3 without it)
+    m3    load 40: ratio 4 -> ceil(2 x 4) = 8 (cap max(2n, n+4) x4 per minute: 48); 6 pods start, serve from m5
+    m4    8 pods, 2 ready: over; not-ready at 0%: 40/80/0.5 = 1.0 -> no change
+    m5-6  8 ready, load 40: ratio 1.0
+    m7-10 load 10: desired 2, but the max over the window (this and the 4 before) is still 8
+    m11   the window holds only 2s                             -> 2 from m12
+    """
+    load = np.array([10, 10, 10.4, 40, 40, 40, 40, 10, 10, 10, 10, 10, 10, 10], float)
+    r = hpa.replay(load, 10.0, hpa.HPA(target=0.5, tolerance=0.1, down_window_s=300, startup_s=60))
+    assert r.replicas.tolist() == [2, 2, 2, 2, 8, 8, 8, 8, 8, 8, 8, 8, 2, 2]
+    assert r.ready.tolist() == [2, 2, 2, 2, 2, 8, 8, 8, 8, 8, 8, 8, 2, 2]
+    assert np.flatnonzero(r.over).tolist() == [3, 4]
+    assert r.summary() == {"slo_minutes": 2, "replica_hours": round(sum(r.replicas) / 60, 2), "peak_replicas": 8}
+    assert r.utilisation[3] == pytest.approx(2.0) and r.utilisation[5] == pytest.approx(0.5)
+    # no tolerance: m2 scales to 3; no start-up: the new pods serve from m4, one minute over
+    assert hpa.replay(load, 10.0, hpa.HPA(target=0.5, tolerance=0.0)).replicas[3] == 3
+    assert hpa.replay(load, 10.0, hpa.HPA(target=0.5, startup_s=0)).over.sum() == 1
+    # no stabilisation window: down to 2 right after the surge
+    assert hpa.replay(load, 10.0, hpa.HPA(target=0.5, down_window_s=0)).replicas[8] == 2
+
+
+def test_scale_up_policy_and_bounds():
+    h = hpa.HPA(target=0.5, max_replicas=100)
+    assert h.up_limit(1) == 40                # 1 -> 5 (+4 beats +100%) -> 10 -> 20 -> 40: four 15 s periods
+    assert h.up_limit(2) == 48                # 2 -> 6 -> 12 -> 24 -> 48
+    load = np.array([5, 5000, 5000, 5000], float)
+    r = hpa.replay(load, 10.0, h)             # wants 1000: the policy caps the minute at 40, then max replicas
+    assert r.replicas.tolist() == [1, 1, 40, 100]
+    assert hpa.replay(load, 10.0, hpa.HPA(target=0.5, max_replicas=30)).replicas.tolist() == [1, 1, 30, 30]
+
+
+# ------------------------------------------------------------------ the plan and its search
+
+def _surge(days=6, base=100.0, surge=6.0):
+    m = np.arange(days * 1440)
+    tod = m % 1440
+    rate = base * (1 + 0.5 * np.sin(2 * np.pi * (tod - 360) / 1440))
+    rate = np.where((tod >= 540) & (tod < 600), rate * surge, rate)       # 09:00-10:00 UTC, every day
+    return rate * (1 + 0.03 * np.random.default_rng(0).standard_normal(len(m)))
+
+
+def _write_csv(path, rates, start=MIDNIGHT, iso=False):
+    with open(path, "w") as f:
+        f.write("timestamp,requests_per_s\n")
+        for i, v in enumerate(rates):
+            t = start + 60 * i
+            stamp = np.datetime_as_string(np.datetime64(t, "s")) + "Z" if iso else str(t)
+            f.write(f"{stamp},{v:.4f}\n")
+    return path
+
+
+def _per(thr=50.0):
+    return replica.PerReplica(throughput_per_s=thr, throughput_source="test", cpu_cores=0.5,
+                              cpu_per_1000_samples_s=10.0, memory_mb=100.0, source="test")
+
+
+def test_the_chosen_target_meets_the_slo_in_the_replay_with_the_fewest_replica_hours():
+    rates = _surge(days=2, surge=1.0)          # no surge: reactive scaling can meet the SLO
+    tr = traffic.Traffic(rates=rates, start=MIDNIGHT, source="t")
+    p = plan.make_plan(_per(), tr, plan.Options(forecast=False))
+    s = p.strategies["reactive"]
+    assert s.replay.summary()["slo_minutes"] == 0
+    again = hpa.replay(rates, 50.0, hpa.HPA(target=s.target, max_replicas=s.max_replicas))
+    assert again.summary() == s.replay.summary()
+    meeting = [row for row in p.searched["reactive"] if row["slo_minutes"] == 0]
+    assert s.replay.summary()["replica_hours"] == min(row["replica_hours"] for row in meeting)
+    c = p.to_contract()
+    assert c["autoscaling"]["target_utilization"] == s.target and c["schedule"] == []
+
+
+def test_forecast_beats_reactive_on_a_surge_and_fixed_costs_the_most():
+    tr = traffic.Traffic(rates=_surge(), start=MIDNIGHT, source="t")
+    p = plan.make_plan(_per(), tr, plan.Options())
+    got = {k: v.replay.summary() for k, v in p.strategies.items()}
+    assert got["forecast"]["slo_minutes"] < got["reactive"]["slo_minutes"]
+    assert got["forecast"]["slo_minutes"] == 0
+    assert got["fixed"]["replica_hours"] > max(got["reactive"]["replica_hours"], got["forecast"]["replica_hours"])
+    c = p.to_contract()
+    assert c["autoscaling"]["strategy"] == "forecast" and c["schedule"]
+    surge = [e for e in c["schedule"] if e["desired_replicas"] == max(x["desired_replicas"] for x in c["schedule"])]
+    assert surge[0]["start"] == "57 8 * * *" and surge[0]["timezone"] == "UTC"  # 09:00 less start-up + lead (3 min)
+    assert c["replay"]["minutes"] == 2 * 1440 and "fitted on 4 days" in c["replay"]["forecast"]["method"]
+
+
+# ------------------------------------------------------------------ real figures, the CLI, the contract
+
+@pytest.fixture(scope="module")
+def best(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cap") / "best.json"
+    r = run_cli("tune", CNN, "--objective", "throughput", "--trials", "2", "--trial-seconds", "0.3",
+                "--confirm", "1", "--slo", "p99<=50ms", "-o", path)
+    assert r.rc == 0, r.err
+    return path
+
+
+def test_capacity_from_a_real_best_json_with_a_surge(best, tmp_path):
+    tuned = json.loads(best.read_text())
+    low = tuned["best"]["confirmed"]["ci95"][0]
+    csv = _write_csv(tmp_path / "traffic.csv", _surge() * (3 * low / 100), iso=True)
+    out, page = tmp_path / "CAPACITY.json", tmp_path / "capacity.html"
+    r = run_cli("capacity", best, "--history", csv, "-o", out, "--html", page)
+    assert r.rc == 0, r.err
+    c = json.loads(out.read_text())
+    assert c["schema"] == 1 and c["model"] == tuned["model"] and c["slo"] == {"p99_ms": 50.0}
+    per = c["per_replica"]
+    assert per["throughput_per_s"] == pytest.approx(low) and "lower end of the 95% band" in per["throughput_source"]
+    assert per["cpu_per_1000_samples_s"] == tuned["best"]["figures"]["cpu_s_per_1k"]
+    assert per["memory_mb"] == tuned["best"]["figures"]["memory_mb"]
+    assert c["resources"]["requests"]["cpu"].endswith("m") and c["resources"]["requests"]["memory"].endswith("Mi")
+    assert c["autoscaling"]["metric"] == "cpu" and 0.3 <= c["autoscaling"]["target_utilization"] <= 0.95
+    assert c["autoscaling"]["tolerance"] == 0.1 and c["autoscaling"]["scale_down_stabilization_s"] == 300
+    assert set(c["replay"]["strategies"]) == {"fixed", "reactive", "forecast"}
+    s = c["replay"]["strategies"]
+    assert s["forecast"]["slo_minutes"] < s["reactive"]["slo_minutes"]
+    assert s["fixed"]["replica_hours"] > s["forecast"]["replica_hours"]
+    assert c["replicas"]["min"] == 1 and c["replicas"]["peak"] <= c["replicas"]["max"]
+    assert all(set(e) >= {"start", "end", "desired_replicas", "timezone"} for e in c["schedule"])
+    text = " ".join(r.out.split())
+    assert "fixed for the peak" in text and "reactive HPA" in text and "SLO minutes" in text
+    assert "<svg" in page.read_text() and "over the SLO" in page.read_text()
+
+
+def test_capacity_from_a_real_bench_report(tmp_path):
+    rep = tmp_path / "report.json"
+    r = run_cli("bench", CNN, "--concurrency", "2", "--warmup", "3", "--runs", "30", "--report", rep)
+    assert r.rc == 0, r.err
+    load = json.loads(rep.read_text())["stages"][0]["measurements"]["concurrency"]
+    out = tmp_path / "CAPACITY.json"
+    r = run_cli("capacity", rep, "--peak", str(load["ci95"]["throughput_per_s"][0] * 4.5), "-o", out, "--json")
+    assert r.rc == 0, r.err
+    c = json.loads(out.read_text())
+    assert json.loads(r.out) == c
+    assert c["per_replica"]["throughput_per_s"] == pytest.approx(load["ci95"]["throughput_per_s"][0])
+    assert "under load, 2 requests in flight" in c["per_replica"]["throughput_source"]
+    assert c["replicas"]["fixed_for_peak"] == math.ceil(4.5 * 1.2 - 1e-9) == 6
+    assert c["per_replica"]["cpu_cores"] is None and c["autoscaling"]["metric"] == "rps"
+    assert c["resources"]["requests"]["cpu"] is None and c["resources"]["requests"]["memory"].endswith("Mi")
+
+
+# ------------------------------------------------------------------ bad input
+
+def test_gaps_are_filled_and_counted(tmp_path):
+    rows = [(MIDNIGHT + 60 * i, 10.0 + i) for i in range(10) if i not in (3, 4, 7)]
+    path = tmp_path / "gaps.csv"
+    path.write_text("".join(f"{t},{v}\n" for t, v in rows))
+    tr = traffic.load(path)
+    assert tr.minutes == 10 and tr.rates[3] == pytest.approx(13.0) and tr.rates[7] == pytest.approx(17.0)
+    assert tr.repairs and tr.repairs[0].startswith("3 missing minutes in 2 gaps")
+
+
+@pytest.mark.parametrize("body, words", [
+    ("", "is empty"),
+    ("timestamp,rate\n", "holds no rows"),
+    ("1700000000,5\n1700000060,-3\n", "row 2: rate -3 is negative"),
+    ("1700000000,5\n1700000060,nan\n", "row 2: rate is nan"),
+    ("1700000000,5\n1700000060,abc\n", "row 2: rate 'abc' is not a number"),
+    ("1700000060,5\n1700000000,6\n", "row 2: timestamp is before row 1's"),
+    ("1700000000,5\n1700000000,6\n", "row 2: timestamp repeats row 1's"),
+    ("2023-11-15T00:00:00Z,5\nyesterday,6\n", "row 2: timestamp 'yesterday' is neither ISO 8601"),
+    ('{"status":"success","data":{"resultType":"vector","result":[]}}', "not 'matrix'"),
+    ('{"status":"success","data":{"resultType":"matrix","result":[{"values":[[1700000000,"1"],'
+     '[1700000060,"NaN"]]}]}}', "values.1: rate is nan"),
+])
+def test_bad_history_is_exit_2_one_line_naming_the_file_and_row(tmp_path, best, body, words):
+    path = tmp_path / ("h.json" if body.startswith("{") else "h.csv")
+    path.write_text(body)
+    out = tmp_path / "CAPACITY.json"
+    r = run_cli("capacity", best, "--history", path, "-o", out)
+    assert r.rc == 2, r.err
+    line = one_error_line(r)
+    assert str(path) in line and words in line, line
+    assert not out.exists()
+
+
+def test_a_rate_no_replica_count_serves_and_a_huge_file(tmp_path, best, monkeypatch):
+    low = json.loads(best.read_text())["best"]["confirmed"]["ci95"][0]
+    path = tmp_path / "h.csv"
+    path.write_text(f"{MIDNIGHT},1\n{MIDNIGHT + 60},{low * 50}\n")
+    r = run_cli("capacity", best, "--history", path, "--max-replicas", "10", "-o", tmp_path / "c.json")
+    assert r.rc == 2 and "row 2" in one_error_line(r) and "over --max-replicas 10" in one_error_line(r)
+    monkeypatch.setattr(traffic, "MAX_BYTES", 16)
+    with pytest.raises(UsageError, match="is over"):
+        traffic.load(path)
+    r = run_cli("capacity", best, "-o", tmp_path / "c.json")
+    assert r.rc == 2 and "--peak RATE or --history FILE" in one_error_line(r)
+
+
+def test_prometheus_range_query(tmp_path):
+    values = [[MIDNIGHT + 60 * i, str(5.0 + i)] for i in range(5)]
+    path = tmp_path / "prom.json"
+    path.write_text(json.dumps({"status": "success", "data": {"resultType": "matrix",
+                                                              "result": [{"metric": {}, "values": values}]}}))
+    tr = traffic.load(path)
+    assert tr.rates.tolist() == [5.0, 6.0, 7.0, 8.0, 9.0] and tr.start == MIDNIGHT
+
+
+# ------------------------------------------------------------------ the page
+
+def test_html_fits_1280_pixels(tmp_path):
+    from test_report_html import layout
+
+    from optkit.package.capacity.pictures import to_html
+
+    p = plan.make_plan(_per(), traffic.Traffic(rates=_surge(), start=MIDNIGHT, source="t"), plan.Options())
+    m = layout(to_html(p), tmp_path)
+    assert m["scrollWidth"] <= 1280, m["scrollWidth"]
