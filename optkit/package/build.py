@@ -17,7 +17,7 @@ from optkit.core.formats import Format
 from optkit.core.registry import key_and_flag
 from optkit.core.shapes import parse_shapes
 from optkit.measure.size import measure_size
-from optkit.package import ensemble, lineage, repo, schemas
+from optkit.package import capacity_schema, ensemble, lineage, repo, schemas
 from optkit.package import manifests as mf
 from optkit.package.config import PackageConfig
 from optkit.package.signature import Signature, read_signature
@@ -85,8 +85,6 @@ def _package(model: str, cfg: PackageConfig, target: Target, plan, tuned: Tuned 
         if not kinds:
             raise UsageError(f"--capacity {cfg.capacity}: give --manifests kserve,seldon,kubedl too (the capacity "
                              "goes into the deployment manifests)")
-        from optkit.package import capacity_schema
-
         capacity = capacity_schema.load(cfg.capacity)
     margin = mf.MARGIN if cfg.memory_margin is None else cfg.memory_margin
     if not 0 <= margin <= 10:

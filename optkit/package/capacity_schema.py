@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from optkit.core.errors import UsageError
 from optkit.package import schemas
 from optkit.package.schemas import MAX_MIB, MiB, Ms, Open, Strict
 
@@ -162,7 +163,5 @@ def load(path: str | Path) -> CapacityFile:
     """The validated CAPACITY.json (a file the user named: a link to it is read); exit 2 naming file and key."""
     p = Path(path)
     if not p.exists() and not p.is_symlink():
-        from optkit.core.errors import UsageError
-
         raise UsageError(f"--capacity {path} does not exist; write it with `optkit capacity ... -o {p.name}`")
     return schemas.load(p, CapacityFile, HINT, links=True)[1]  # type: ignore[return-value]
