@@ -258,7 +258,8 @@ BAD = {
     "desired-above-max": (_set("schedule.0.desired_replicas", 50), "schedule.0.desired_replicas 50 is above"),
     "timezone-bad": (_set("schedule.0.timezone", "../../etc/passwd"), "key schedule.0.timezone"),
     "schedule-unknown-key": (_set("schedule.0.weekday", "mon"), "key schedule.0.weekday"),
-    "replicas-unknown-key": (_set("replicas.desired", 3), "key replicas.desired"),
+    "replicas-extra-nan": (_set("replicas.fixed_for_peak", math.nan), "fixed_for_peak is nan"),
+    "resources-unknown-key": (_set("resources.requests.gpu", "1"), "key resources.requests.gpu"),
     "replay-nan": (_set("replay.reactive.slo_minutes", math.nan), "replay.reactive.slo_minutes"),
     "per-replica-missing": (_set("per_replica", _DELETE), "key per_replica"),
 }
@@ -276,6 +277,21 @@ def test_bad_capacity_is_refused_naming_the_key(case):
         schemas.validate(data, capacity_schema.CapacityFile, "CAPACITY.json", capacity_schema.HINT)
     line = e.value.message
     assert "\n" not in line and line.startswith("CAPACITY.json: ") and expected in line, line
+
+
+def test_the_figures_optkit_capacity_adds_are_read():
+    """`optkit capacity` (branch i33-capacity) writes a few figures more than the contract names, and resources it
+    has no figure for as null: read, and the null ones left to the package's own."""
+    from optkit.package import capacity_schema, schemas
+
+    doc = copy.deepcopy(CAPACITY)
+    doc["replicas"].update(needed_at_peak=6, fixed_for_peak=7)
+    doc["autoscaling"]["strategy"] = "forecast"
+    doc["per_replica"]["request_bytes"] = 3136
+    doc["resources"] = {"requests": {"cpu": None, "memory": "256Mi"}, "limits": {"cpu": None, "memory": "512Mi"}}
+    doc["notes"] = ["per-replica throughput: bench --url"]
+    cap = schemas.validate(doc, capacity_schema.CapacityFile, "CAPACITY.json", capacity_schema.HINT)
+    assert cap.resources.requests.cpu is None and cap.replicas.max == 8
 
 
 def snapshot(folder: Path) -> dict:

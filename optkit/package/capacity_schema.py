@@ -2,7 +2,10 @@
 `optkit capacity` wrote, turned into each manifest's own fields (package/manifests.py).
 
 It is user input like every file optkit reads back (anyone may have edited it): strict types, finite numbers,
-bounds, min <= max, requests <= limits, cron expressions of five plain fields. A bad one is exit 2, one line
+bounds, min <= max, requests <= limits, cron expressions of five plain fields. The keys package copies into a
+manifest (resources, schedule windows) take nothing else; the sections it reads figures from (per_replica, replicas,
+autoscaling, slo, replay) may carry more figures of `optkit capacity`'s own (replicas.fixed_for_peak,
+autoscaling.strategy, per_replica.request_bytes...), each a finite number or plain value. A bad one is exit 2, one line
 naming the file and the key, before anything is written. The contract (schema 1):
 
     {"schema": 1, "model": str|null, "slo": {"p99_ms": float|null},
@@ -41,11 +44,11 @@ CRON_RE = re.compile(r"^[0-9A-Za-z*/,?-]{1,64}( [0-9A-Za-z*/,?-]{1,64}){4}$")
 TZ_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_+-]{0,30}(/[A-Za-z0-9_+-]{1,30}){0,2}$")
 
 
-class Slo(Strict):
+class Slo(Open):
     p99_ms: Annotated[float, Field(gt=0, le=schemas.MAX_MS)] | None = None
 
 
-class PerReplica(Strict):
+class PerReplica(Open):
     throughput_per_s: Annotated[float, Field(gt=0, le=1e9)]
     throughput_source: Text
     p99_ms: Ms | None = None
@@ -55,7 +58,7 @@ class PerReplica(Strict):
     source: Text
 
 
-class ReplicaCounts(Strict):
+class ReplicaCounts(Open):
     min: Replicas
     max: Replicas
     peak: Replicas
@@ -99,7 +102,7 @@ class Resources(Strict):
         return self
 
 
-class Autoscaling(Strict):
+class Autoscaling(Open):
     metric: Literal["cpu", "rps"]
     target_utilization: Annotated[float, Field(gt=0, le=1)]
     target_rps_per_replica: Annotated[float, Field(gt=0, le=1e9)]
