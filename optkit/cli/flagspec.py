@@ -341,6 +341,7 @@ PACKAGE = [
     {'key': 'manifests', 'flag': '--manifests', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': 'Also write deployment manifests: kserve,seldon,kubedl (comma-separated).'},
     {'key': 'storage_uri', 'flag': '--storage-uri', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': 'Where the cluster reads REPO (s3://..., gs://..., pvc://...).'},
     {'key': 'memory_margin', 'flag': '--memory-margin', 'type': 'float', 'default': None, 'required': False, 'optional': True, 'help': 'Margin on the measured peak memory (default 0.5 = 50%).'},
+    {'key': 'capacity', 'flag': '--capacity', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': 'CAPACITY.json from `optkit capacity`: replicas, autoscaling and resources in each manifest (with --manifests).'},
     {'key': 'registry', 'flag': '--registry', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': "MLflow: also register the version in this model registry (default: MLFLOW_REGISTRY_URI) and point the alias 'served' at it."},
     {'key': 'stage', 'flag': None, 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': 'Whose model (default: the last stage).', 'recipe_only': "a recipe's stage; the command packages MODEL"},
 ]

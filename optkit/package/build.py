@@ -17,7 +17,7 @@ from optkit.core.formats import Format
 from optkit.core.registry import key_and_flag
 from optkit.core.shapes import parse_shapes
 from optkit.measure.size import measure_size
-from optkit.package import ensemble, lineage, repo, schemas
+from optkit.package import capacity_schema, ensemble, lineage, repo, schemas
 from optkit.package import manifests as mf
 from optkit.package.config import PackageConfig
 from optkit.package.signature import Signature, read_signature
@@ -80,11 +80,17 @@ def _package(model: str, cfg: PackageConfig, target: Target, plan, tuned: Tuned 
     kinds = mf.parse_kinds(cfg.manifests)
     if kinds and cfg.storage_uri:
         mf.check_storage_uri(cfg.storage_uri)
+    capacity = None
+    if cfg.capacity is not None:
+        if not kinds:
+            raise UsageError(f"--capacity {cfg.capacity}: give --manifests kserve,seldon,kubedl too (the capacity "
+                             "goes into the deployment manifests)")
+        capacity = capacity_schema.load(cfg.capacity)
     margin = mf.MARGIN if cfg.memory_margin is None else cfg.memory_margin
     if not 0 <= margin <= 10:
         raise UsageError(f"--memory-margin {cfg.memory_margin}: give a fraction between 0 and 10 (0.5 = 50%)")
     out = Path(cfg.output)
-    for other in (model, cfg.tuned, cfg.report, cfg.data):
+    for other in (model, cfg.tuned, cfg.report, cfg.data, cfg.capacity):
         if other and Path(other).exists() and (out.resolve() == Path(other).resolve()
                                                or out.resolve() in Path(other).resolve().parents):
             raise UsageError(f"-o {cfg.output} is or holds an input of this command ({other}); choose another "
@@ -125,7 +131,8 @@ def _package(model: str, cfg: PackageConfig, target: Target, plan, tuned: Tuned 
             docs, man_notes = mf.build(kinds, target=target, name=name, version=number, tag=tag, base_uri=uri,
                                        peak_mb=peak, peak_source=peak_source, margin=margin,
                                        threads=tuned.get("threads"), gpu=(tuned.get("provider") or "cpu") != "cpu",
-                                       local_dir=(out / name / str(number)).resolve())
+                                       local_dir=(out / name / str(number)).resolve(), capacity=capacity,
+                                       capacity_path=cfg.capacity)
             docs = {kind: mf.render(kind, doc) for kind, doc in docs.items()}
             job.notes.extend(man_notes + uri_notes)
         write = _write if plan is None else _write_parts

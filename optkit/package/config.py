@@ -53,6 +53,12 @@ class PackageConfig(BaseModel):
                                                               "pvc://...).", json_schema_extra=cli("--storage-uri"))
     memory_margin: float | None = Field(default=None, description="Margin on the measured peak memory (default 0.5 "
                                                                   "= 50%).", json_schema_extra=cli("--memory-margin"))
+    capacity: str | None = Field(default=None, description="CAPACITY.json from `optkit capacity`: the manifests "
+                                                           "carry its replicas, autoscaling and resources "
+                                                           "(with --manifests).",
+                                 json_schema_extra=cli("--capacity", help=(
+                                     "CAPACITY.json from `optkit capacity`: replicas, autoscaling and resources "
+                                     "in each manifest (with --manifests).")))
     registry: str | None = Field(default=None, description="MLflow: also register the version in this model "
                                                            "registry (default: MLFLOW_REGISTRY_URI) and point the "
                                                            "alias 'served' at it.",

@@ -3,6 +3,10 @@ ModelVersion, written beside the version (`<N>/manifests/*.yaml`). Nothing here 
 
 The memory request is the measured peak (the report's memory.peak_mb, else the tuned setting's memory_mb)
 plus a stated margin, rounded up to a MiB; without a measured peak none is written, and the package says so.
+
+With a CAPACITY.json (`--capacity`, written by `optkit capacity`) each manifest carries the replicas and
+autoscaling in its own fields (see `apply_capacity`), and the capacity's resources win over the package's own
+measured memory and thread count wherever the capacity states them (the package's notes say which came from where).
 """
 from __future__ import annotations
 
@@ -22,7 +26,13 @@ REQUIRED = {
                "spec.predictor.model.protocolVersion", "spec.predictor.model.storageUri"],
     "seldon": ["apiVersion", "kind", "metadata.name", "spec.storageUri", "spec.requirements"],
     "kubedl": ["apiVersion", "kind", "metadata.name", "spec.modelName", "spec.createdBy", "spec.storage"],
+    "kserve-keda": ["apiVersion", "kind", "metadata.name", "spec.scaleTargetRef.name", "spec.minReplicaCount",
+                    "spec.maxReplicaCount", "spec.triggers"],
 }
+# the HPA's own defaults (kube-controller-manager): a capacity asking for others needs an autoscaler that takes them
+HPA_DEFAULT_TOLERANCE = 0.1
+HPA_DEFAULT_SCALE_DOWN_S = 300
+HPA_DEFAULT_SCALE_UP_S = 0
 _K8S_NAME = re.compile(r"[^a-z0-9-]+")
 
 
@@ -51,9 +61,9 @@ def k8s_name(name: str) -> str:
 
 def build(kinds: list[str], *, target, name: str, version: int, tag: str | None, base_uri: str,
           peak_mb: float | None, peak_source: str, margin: float, threads: int | None, gpu: bool,
-          local_dir: Path) -> tuple[dict, list]:
+          local_dir: Path, capacity=None, capacity_path: str | None = None) -> tuple[dict, list]:
     """{kind: manifest dict}, notes. `target` (a package.target.Target) says the model format, KServe's runtime
-    and which folder a cluster reads."""
+    and which folder a cluster reads; `capacity` (a capacity_schema.CapacityFile) adds replicas and autoscaling."""
     notes = []
     resources: dict[str, Any] = {}
     memory = None
@@ -62,8 +72,10 @@ def build(kinds: list[str], *, target, name: str, version: int, tag: str | None,
         resources = {"requests": {"memory": memory, "cpu": str(threads or 1)}, "limits": {"memory": memory}}
         notes.append(f"memory request {memory}: the measured peak {peak_mb:.1f} MiB ({peak_source}) plus a "
                      f"{margin:.0%} margin (--memory-margin)")
-    else:
+    elif capacity is None or not capacity.resources.requests.memory:
         notes.append("no measured memory (give --report or --tuned): the manifests carry no memory request")
+    if capacity is not None:
+        resources, memory = capacity_resources(resources, capacity, capacity_path or "CAPACITY.json", notes)
     if gpu:
         resources.setdefault("limits", {})["nvidia.com/gpu"] = "1"
     k8s = k8s_name(name)
@@ -94,7 +106,113 @@ def build(kinds: list[str], *, target, name: str, version: int, tag: str | None,
                                   "storage": {"localStorage": {"path": str(local_dir), "mountPath": "/models"}}}}
         notes.append(f"KubeDL ModelVersion storage: localStorage {local_dir} (KubeDL reads local, NFS or EFS "
                      "storage; edit it for yours)")
+    if capacity is not None:
+        apply_capacity(out, capacity, capacity_path or "CAPACITY.json", k8s, labels, notes)
     return out, notes
+
+
+def capacity_resources(own: dict, capacity, where: str, notes: list) -> tuple[dict, str | None]:
+    """The resources the manifests carry: the capacity's requests and limits wherever it states them (they size
+    the replicas the capacity counted), else the package's own (memory from the measured peak, cpu from threads).
+    Returns (resources, the memory request)."""
+    out = {part: dict(own.get(part) or {}) for part in ("requests", "limits")}
+    said = []
+    for part in ("requests", "limits"):
+        stated = getattr(capacity.resources, part)
+        for key in ("cpu", "memory"):
+            value = getattr(stated, key)
+            if value is None:
+                continue
+            mine = out[part].get(key)
+            out[part][key] = value
+            said.append(f"{part}.{key} {value}" + (f" (the package's own: {mine})" if mine and mine != value else ""))
+    if said:
+        notes.append(f"resources from {where}: {', '.join(said)}; the rest from the package's own figures")
+    else:
+        notes.append(f"{where} states no resources: the package's own figures size them")
+    resources = {part: v for part, v in out.items() if v}
+    return resources, (resources.get("requests") or {}).get("memory")
+
+
+def apply_capacity(out: dict[str, dict], capacity, where: str, k8s: str, labels: dict, notes: list) -> None:
+    """Replicas and autoscaling in each manifest's own fields.
+
+    KServe: the predictor's minReplicas/maxReplicas always. A cpu target with no schedule and the HPA's default
+    stabilization windows goes in KServe's own scaleMetric/scaleTarget (RawDeployment, autoscalerClass hpa: KServe
+    makes the HPA). A schedule or other windows need an autoscaler KServe's fields cannot describe: KServe
+    documents KEDA for RawDeployment, and its own KEDA class takes no cron trigger, so the InferenceService says
+    autoscalerClass external (KServe makes no autoscaler) and a KEDA ScaledObject beside it (kserve-keda.yaml)
+    scales the predictor Deployment on cpu plus one cron trigger per schedule window, with the HPA behaviour
+    (stabilization windows) KEDA passes on. An rps target is Knative's (Serverless mode, KPA): no schedule there.
+    Seldon Core v2: Model spec.replicas (the minimum, to start), minReplicas, maxReplicas, memory. KubeDL: the
+    ModelVersion carries no replicas (see the note)."""
+    a, r = capacity.autoscaling, capacity.replicas
+    sched = capacity.schedule
+    notes.append(f"replicas and autoscaling from {where}: min {r.min}, max {r.max} (peak {r.peak}), {a.metric} "
+                 + (f"target {a.target_utilization:.0%} of the cpu request" if a.metric == "cpu" else
+                    f"target {a.target_rps_per_replica:g} requests/s per replica")
+                 + (f", {len(sched)} scheduled window(s)" if sched else ""))
+    default_windows = (a.scale_down_stabilization_s == HPA_DEFAULT_SCALE_DOWN_S
+                       and a.scale_up_stabilization_s == HPA_DEFAULT_SCALE_UP_S)
+    if a.tolerance != HPA_DEFAULT_TOLERANCE:
+        notes.append(f"autoscaling.tolerance {a.tolerance:g} is not the HPA's default 0.1, which is cluster-wide "
+                     "(kube-controller-manager --horizontal-pod-autoscaler-tolerance): the manifests cannot set it")
+    notes.append(f"autoscaling.startup_s {a.startup_s}: the replay's pod start-up time; no manifest field sets it "
+                 "(a readiness probe on the server decides when a replica takes traffic)")
+    if "kserve" in out:
+        doc = out["kserve"]
+        pred = doc["spec"]["predictor"]
+        pred["minReplicas"], pred["maxReplicas"] = r.min, r.max
+        ann = doc["metadata"].setdefault("annotations", {})
+        if a.metric == "rps":
+            ann["serving.kserve.io/deploymentMode"] = "Serverless"
+            pred["scaleMetric"], pred["scaleTarget"] = "rps", max(1, round(a.target_rps_per_replica))
+            notes.append("KServe: rps scaling is Knative's (Serverless mode, scaleMetric rps); Knative's autoscaler "
+                         "takes no stabilization windows as the HPA does"
+                         + (f" and no schedule: the {len(sched)} scheduled window(s) are not in the KServe manifest"
+                            if sched else ""))
+        elif sched or not default_windows:
+            ann["serving.kserve.io/deploymentMode"] = "RawDeployment"
+            ann["serving.kserve.io/autoscalerClass"] = "external"
+            out["kserve-keda"] = keda_scaled_object(capacity, k8s, labels)
+            why = "the schedule needs" if sched else "stabilization windows other than the HPA's defaults need"
+            notes.append(f"KServe: {why} KEDA: kserve-keda.yaml scales Deployment {k8s}-predictor (KServe's "
+                         "RawDeployment name) on cpu and cron; the InferenceService says autoscalerClass external, so "
+                         "KServe makes no HPA of its own")
+        else:
+            ann["serving.kserve.io/deploymentMode"] = "RawDeployment"
+            ann["serving.kserve.io/autoscalerClass"] = "hpa"
+            pred["scaleMetric"], pred["scaleTarget"] = "cpu", max(1, round(a.target_utilization * 100))
+    if "seldon" in out:
+        spec = out["seldon"]["spec"]
+        spec["replicas"], spec["minReplicas"], spec["maxReplicas"] = r.min, r.min, r.max
+        notes.append("Seldon Core v2: Model replicas/minReplicas/maxReplicas; Seldon scales models itself between "
+                     "them (or an HPA on the model's infer_rps metric): no cpu target, schedule or stabilization "
+                     "window in a Model, and cpu requests belong to the Server, not the Model")
+    if "kubedl" in out:
+        notes.append("KubeDL: a ModelVersion holds no replicas; KubeDL's Inference predictor takes replicas and "
+                     "autoScale min/max (with an HPA it references) but no metric target, schedule or windows: give "
+                     f"it replicas {r.min}, autoScale {r.min}-{r.max} from {where}")
+
+
+def keda_scaled_object(capacity, k8s: str, labels: dict) -> dict:
+    """A KEDA ScaledObject (keda.sh/v1alpha1) for KServe's RawDeployment predictor: a cpu trigger at the target
+    utilization, a cron trigger per schedule window, and the HPA behaviour (stabilization windows)."""
+    a, r = capacity.autoscaling, capacity.replicas
+    triggers: list[dict[str, Any]] = [{"type": "cpu", "metricType": "Utilization",
+                                       "metadata": {"value": str(max(1, round(a.target_utilization * 100)))}}]
+    for w in capacity.schedule:
+        triggers.append({"type": "cron", "metadata": {"timezone": w.timezone, "start": w.start, "end": w.end,
+                                                      "desiredReplicas": str(w.desired_replicas)}})
+    behavior = {"scaleDown": {"stabilizationWindowSeconds": a.scale_down_stabilization_s},
+                "scaleUp": {"stabilizationWindowSeconds": a.scale_up_stabilization_s}}
+    name = f"{k8s}-predictor"  # the Deployment KServe makes for a RawDeployment predictor
+    return {"apiVersion": "keda.sh/v1alpha1", "kind": "ScaledObject",
+            "metadata": {"name": name, "labels": labels},
+            "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+                     "minReplicaCount": r.min, "maxReplicaCount": r.max,
+                     "advanced": {"horizontalPodAutoscalerConfig": {"name": name, "behavior": behavior}},
+                     "triggers": triggers}}
 
 
 def check(kind: str, doc: Any) -> None:

@@ -28,7 +28,7 @@ def check_specs(loaded) -> None:
             target = check_options(spec, "to")
             if spec.report:
                 raise UsageError("report: a recipe packages with its own run's report; leave report out")
-            for key in ("tuned", "data"):  # relative to the recipe: there before the stages run
+            for key in ("tuned", "data", "capacity"):  # relative to the recipe: there before the stages run
                 given = getattr(spec, key)
                 if given and not Path(loaded.resolve(given)).exists():
                     raise UsageError(f"{key}: {given} does not exist")
@@ -58,6 +58,7 @@ def package_run(loaded, report, run_dir: Path) -> list:
         cfg = spec.model_copy(update={
             "output": loaded.resolve(spec.output), "name": spec.name or loaded.name,
             "tuned": loaded.resolve(spec.tuned), "data": loaded.resolve(spec.data),
+            "capacity": loaded.resolve(spec.capacity),
             "report": str(run_dir / "report.json")})
         results.append(package(stage.output.path, cfg, tuned=tuned, shapes=dict(loaded.recipe.measure.shapes)))
     return results
