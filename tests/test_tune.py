@@ -195,7 +195,8 @@ def test_recipe_tune_stage_is_measured_served_as_tuned_and_gated(cli, samples, t
         "stages": [{"pass": "tune.onnx", "config": {"trials": 4, "trial_seconds": 0.15, "confirm": 0,
                                                      "space": {"batch": [8], "concurrency": [2],
                                                                "sessions": ["per-thread"], "threads": [1]}}}],
-        "measure": {"runs": 20, "trials": 2, "normalize": False},
+        # 2,000 calls: a throughput band from 20 under load is a stall away from bounding nothing (tests/test_bench_load)
+        "measure": {"runs": 2000, "trials": 2, "normalize": False},
         "gates": ["throughput >= 1", "memory_mb <= 100000"]}))
     r = cli("run", recipe, "--workspace", tmp_path / "ws", "--json")
     assert r.rc == 0, r.err

@@ -45,10 +45,8 @@ def check(artifact, pre, heads, paths: dict[str, Path], config, ctx) -> dict[str
 def _post_session(path: Path, heads):
     """The session of the model with post-processing; a UsageError in the user's words (not the temporary file's)
     when onnxruntime refuses it, e.g. --top-k larger than the classes a dynamic [N, classes] output has."""
-    from optkit.onnx.session import ort_session
-
     try:
-        return ort_session(path, threads=1)
+        return onnx_session.ort_session(path, threads=1)
     except Exception as e:  # noqa: BLE001 - onnxruntime raises several exception types
         why = first_line(e).replace(str(path), "the model").split("] ")[-1][:300].rstrip(".")
         flag = (f"--top-k {heads.details.get('k')}" if heads.kind == "classifier"
