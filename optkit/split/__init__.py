@@ -19,6 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 from optkit.core.errors import UsageError
+from optkit.core.locks import locked_output
 from optkit.core.shapes import LADDERS, dim_kind
 from optkit.core.text import first_line
 from optkit.measure.inputs import synthesize
@@ -38,12 +39,15 @@ MAX_SAMPLE_BYTES = 1 << 30   # synthesized sample inputs of one call, all inputs
 
 
 def split_model(model: Path, out_dir: Path, provider: str = "tensorrt", cuts="auto", dims=None, *,
-                data=None) -> dict:
+                data=None, on_wait=None) -> dict:
     """Split `model` into the parts its placement needs, check the chain bit-exact on onnxruntime CPU, write
     DIR/{pre,core,post}.onnx and DIR/split.json (only the parts needed, all or nothing), and return the document.
     UsageError (exit 2) for bad input, ValidationError (exit 3, nothing written) when the chain differs.
     `dims` maps dynamic dim names to sizes ({"batch": 1} or ["batch=1"]); `data` is an .npz of sample inputs
-    (one array per input name) the chain is checked on instead of synthesized ones."""
+    (one array per input name), or an image folder for a model with optkit.preprocess metadata, that the chain is
+    checked on instead of synthesized ones and that sizes the dynamic dims `dims` does not name.
+    Two runs into one DIR: the commit holds DIR's lock (its parent's while DIR is new) and checks DIR again under
+    it; a second run waits for the first (`on_wait()` is called when it starts waiting), then replaces its output."""
 
     model, out_dir = Path(model), Path(out_dir)
     if not model.exists():
@@ -64,7 +68,9 @@ def split_model(model: Path, out_dir: Path, provider: str = "tensorrt", cuts="au
             parts.append((written, [o["name"] for o in part["outputs"]]))
         doc["check"] = write.check_chain(plan["source"], parts, plan["feeds"], [o["name"] for o in doc["outputs"]])
         (tmp / write.DOC).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-        write.commit(tmp, out_dir)
+        with locked_output(out_dir, on_wait):
+            write.check_out_dir(out_dir, model)   # again under the lock: another run may have written it since
+            write.commit(tmp, out_dir)
     finally:
         write.remove_tmp(tmp)
     return doc
