@@ -23,14 +23,14 @@ def split_cmd(
     dim: Optional[list[str]] = typer.Option(None, "--dim", help="Size of a dynamic input dim, NAME=SIZE "
                                             "(repeatable; default: the --data's sizes, else batch 1, images 224, "
                                             "stated in the report; one the data contradicts is refused)."),
-    data: Optional[str] = typer.Option(None, "--data", help="Sample inputs the chain is checked on and the dynamic "
-                                       "dims sized by: .npz (one array per input), or an image folder for a model "
-                                       "taking uint8 images (optkit preprocess): its first image, as is."),
+    data: Optional[str] = options.typer_option("data"),
     as_json: bool = options.JSON,
 ) -> None:
     """Cut an ONNX model into CPU / GPU / CPU parts where the fewest bytes cross, checked bit-exact against it
-    (on --data, an .npz with one array per input, or synthesized inputs). The GPU part is placed for --provider
-    tensorrt by default (trt check's table); cuda uses onnxruntime's CUDA provider's ops; cpu has nothing to split."""
+    (on --data, an .npz with one array per input or, for a model taking uint8 images, an image folder's first
+    image; else synthesized inputs). --data sizes the dynamic dims --dim does not name. The GPU part is placed for
+    --provider tensorrt by default (trt check's table); cuda uses onnxruntime's CUDA provider's ops; cpu has
+    nothing to split."""
     from optkit.split import split_model
 
     cuts = "auto" if not cut or cut == ["auto"] else cut
