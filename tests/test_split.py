@@ -222,11 +222,11 @@ def test_picodet_chain_from_optkit_preprocess_to_a_served_ensemble(realcases, cl
     assert r.rc == 0, r.err
     page = D.page_image((1754, 1240))[None]
     np.savez(tmp_path / "page.npz", image_uint8=page)   # the model's own input is `image`: the pass names it so
-    r = cli("split", model, "-o", tmp_path / "split", "--data", tmp_path / "page.npz", "--dim", "height=1754",
-            "--dim", "width=1240", "--json")
+    r = cli("split", model, "-o", tmp_path / "split", "--data", tmp_path / "page.npz", "--json")
     assert r.rc == 0, r.err
     doc = json.loads(r.out)
     _wired(doc, tmp_path / "split")
+    assert doc["dims"] == {"given": {}, "data": {"height": 1754, "width": 1240}, "assumed": {}}  # the page's size
     parts = {p["name"]: p for p in doc["parts"]}
     assert parts["core"]["device"] == "gpu" and parts["core"]["ops"]["Conv"] == 102
     assert doc["check"]["bit_exact"] and doc["preprocess_boundary_bytes_per_sample"] == 800 * 608 * 3 * 4

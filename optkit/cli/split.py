@@ -13,24 +13,31 @@ from optkit.cli import common, options
 def split_cmd(
     model: str = typer.Argument(..., help="ONNX model to split."),
     output: str = typer.Option(..., "-o", "--output", help="Folder to write pre.onnx / core.onnx / post.onnx (only "
-                               "the parts needed) and split.json; new, empty, or a previous split output."),
+                               "the parts needed) and split.json; new, empty, or a complete previous split output "
+                               "(written under the folder's lock: a second run waits)."),
     provider: str = typer.Option("tensorrt", "--provider", help=options.OPTIONS["provider"].help),
     cut: Optional[list[str]] = typer.Option(None, "--cut", help="auto (default: the cut with the fewest bytes "
                                             "crossing CPU<->GPU per sample), preprocess (at the boundary optkit "
                                             "preprocess recorded; what optkit package cuts at) or node names whose "
                                             "outputs are the cut points (repeatable)."),
     dim: Optional[list[str]] = typer.Option(None, "--dim", help="Size of a dynamic input dim, NAME=SIZE "
-                                            "(repeatable; default: batch 1, images 224, stated in the report)."),
+                                            "(repeatable; default: the --data's sizes, else batch 1, images 224, "
+                                            "stated in the report; one the data contradicts is refused)."),
     data: Optional[str] = options.typer_option("data"),
     as_json: bool = options.JSON,
 ) -> None:
     """Cut an ONNX model into CPU / GPU / CPU parts where the fewest bytes cross, checked bit-exact against it
-    (on --data, an .npz with one array per input, or synthesized inputs). The GPU part is placed for --provider
-    tensorrt by default (trt check's table); cuda uses onnxruntime's CUDA provider's ops; cpu has nothing to split."""
+    (on --data, an .npz with one array per input or, for a model taking uint8 images, an image folder's first
+    image; else synthesized inputs). --data sizes the dynamic dims --dim does not name. The GPU part is placed for
+    --provider tensorrt by default (trt check's table); cuda uses onnxruntime's CUDA provider's ops; cpu has
+    nothing to split."""
     from optkit.split import split_model
 
     cuts = "auto" if not cut or cut == ["auto"] else cut
-    doc = split_model(Path(model), Path(output), provider=provider, cuts=cuts, dims=dim, data=data)
+    def waiting() -> None:
+        typer.echo(f"waiting: another optkit split is writing {output}", err=True)
+
+    doc = split_model(Path(model), Path(output), provider=provider, cuts=cuts, dims=dim, data=data, on_wait=waiting)
     if as_json:
         common.print_json(json.dumps(doc, indent=2))
     else:
@@ -50,6 +57,11 @@ def _render(doc: dict, output: str) -> None:
         return
     con.print(Text(doc["model"], "bold"), f" split for {doc['provider']} into "
               + ", ".join(p["name"] for p in doc["parts"]) + f" ({doc['cut']} cut), written to {output}")
+    from_data = doc.get("dims", {}).get("data")
+    if from_data:
+        source = doc.get("data", {})
+        what = f" ({source['image']}, the first of {source['images']} images)" if source.get("kind") == "images" else ""
+        con.print("dynamic dims from the data" + what + ": " + ", ".join(f"{k}={v}" for k, v in from_data.items()))
     assumed = doc.get("dims", {}).get("assumed")
     if assumed:
         con.print("dynamic dims assumed: " + ", ".join(f"{k}={v}" for k, v in assumed.items())

@@ -123,3 +123,30 @@ def _read_images(files: list[Path], idx: np.ndarray, pre: Preprocess, shape: tup
                              f"{' (in the ' + str(len(idx)) + ' images read)' if shape is not None else ''}; "
                              "check the preprocess mean/std")
     return out
+
+
+def client_images(path: Path, gray: bool = False, limit: int = 1) -> tuple[list[tuple[Path, np.ndarray]], int]:
+    """What a client of a model with preprocessing in its graph sends: the first `limit` images of the folder
+    (a flat folder of images, or image_files' order: class sub-folders or labels.csv), each decoded as is to uint8
+    [1,H,W,C] (C: 3 RGB, 1 gray), no resize; and how many images the folder holds. An image of more than
+    MAX_PIXELS is refused before its pixels are decoded."""
+    from PIL import Image
+
+    has_subdirs = any(d.is_dir() for d in path.iterdir())
+    if has_subdirs or (path / "labels.csv").is_file():
+        files = image_files(path)[0]
+    else:
+        files = sorted(f for f in path.iterdir() if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES)
+        if not files:
+            raise UsageError(f"no images found under {path} ({', '.join(sorted(IMAGE_SUFFIXES))})")
+    raw = Preprocess(color="gray" if gray else "rgb", layout="nhwc", dtype="uint8")
+    out = []
+    for f in files[:limit]:
+        try:
+            with Image.open(f) as im:
+                _geometry(im.size, raw, f)   # the pixel limit, from the header
+                x = np.asarray(im.convert("L" if gray else "RGB"), dtype=np.uint8)
+        except (OSError, Image.DecompressionBombError) as e:
+            raise UsageError(f"cannot read image {f}: {e}") from None
+        out.append((f, np.ascontiguousarray((x[:, :, None] if x.ndim == 2 else x)[None])))
+    return out, len(files)

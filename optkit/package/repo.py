@@ -28,6 +28,7 @@ from typing import Any
 from optkit.core import interrupts
 from optkit.core.atomic import normal_mode, remove
 from optkit.core.errors import UsageError
+from optkit.core.locks import lock_folder
 from optkit.package import schemas
 from optkit.package.target import choices, get_target, target_names
 
@@ -258,18 +259,7 @@ def _no_links(vdir: Path) -> None:
 
 def _lock(folder: Path) -> int:
     """An fd holding an exclusive flock on `folder` itself (no lock file: nothing is written for it)."""
-    import fcntl
-
-    try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    except OSError as e:
-        raise UsageError(f"cannot lock {folder}: {e.strerror or e}") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    return lock_folder(folder)
 
 
 def _acquire(repo: Path, name: str, whole: bool = False) -> int:

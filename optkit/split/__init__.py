@@ -19,6 +19,7 @@ from collections import Counter
 from pathlib import Path
 
 from optkit.core.errors import UsageError
+from optkit.core.locks import locked_output
 from optkit.core.shapes import LADDERS, dim_kind
 from optkit.core.text import first_line
 from optkit.measure.inputs import synthesize
@@ -38,12 +39,15 @@ MAX_SAMPLE_BYTES = 1 << 30   # synthesized sample inputs of one call, all inputs
 
 
 def split_model(model: Path, out_dir: Path, provider: str = "tensorrt", cuts="auto", dims=None, *,
-                data=None) -> dict:
+                data=None, on_wait=None) -> dict:
     """Split `model` into the parts its placement needs, check the chain bit-exact on onnxruntime CPU, write
     DIR/{pre,core,post}.onnx and DIR/split.json (only the parts needed, all or nothing), and return the document.
     UsageError (exit 2) for bad input, ValidationError (exit 3, nothing written) when the chain differs.
     `dims` maps dynamic dim names to sizes ({"batch": 1} or ["batch=1"]); `data` is an .npz of sample inputs
-    (one array per input name) the chain is checked on instead of synthesized ones."""
+    (one array per input name), or an image folder for a model with optkit.preprocess metadata, that the chain is
+    checked on instead of synthesized ones and that sizes the dynamic dims `dims` does not name.
+    Two runs into one DIR: the commit holds DIR's lock (its parent's while DIR is new) and checks DIR again under
+    it; a second run waits for the first (`on_wait()` is called when it starts waiting), then replaces its output."""
 
     model, out_dir = Path(model), Path(out_dir)
     if not model.exists():
@@ -64,7 +68,9 @@ def split_model(model: Path, out_dir: Path, provider: str = "tensorrt", cuts="au
             parts.append((written, [o["name"] for o in part["outputs"]]))
         doc["check"] = write.check_chain(plan["source"], parts, plan["feeds"], [o["name"] for o in doc["outputs"]])
         (tmp / write.DOC).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-        write.commit(tmp, out_dir)
+        with locked_output(out_dir, on_wait):
+            write.check_out_dir(out_dir, model)   # again under the lock: another run may have written it since
+            write.commit(tmp, out_dir)
     finally:
         write.remove_tmp(tmp)
     return doc
@@ -92,11 +98,12 @@ def _plan(model: Path, provider: str, cuts, dims, data=None) -> dict:
     onnx_model = onnx_io.load(model)
     source = model.read_bytes()
     graph = G.build(onnx_model)
-    sizes, assumed = _sizes(onnx_model, dims)
+    arrays, data_doc = (None, None) if data is None else _load_data(Path(data), graph, onnx_model, model)
+    sizes, assumed = _sizes(onnx_model, dims, arrays, data)
     G.infer(graph, sizes)
     if data is None:
         _fits_memory(graph, assumed)
-    feeds = _feeds(source, model, graph) if data is None else _data_feeds(Path(data), graph)
+    feeds = _feeds(source, model, graph) if data is None else _data_feeds(arrays, Path(data), graph)
     _observe(graph, source, feeds)
     pre_nodes = _preprocess_nodes(onnx_model, graph, model)
     functions = {(f.domain, f.name) for f in onnx_model.functions}
@@ -114,6 +121,8 @@ def _plan(model: Path, provider: str, cuts, dims, data=None) -> dict:
         picks = _boundary(onnx_model, graph)
     base = {"schema": SCHEMA, "model": model.name, "provider": provider,
             "inputs": [_io(graph, t) for t in graph.inputs], "outputs": [_io(graph, t) for t in graph.outputs]}
+    if data_doc is not None:
+        base["data"] = data_doc
     lay = C.layout(graph, places)
     if lay is None or provider == "cpu":
         why = ("--provider cpu runs everything on the CPU" if provider == "cpu" else
@@ -186,26 +195,39 @@ def _why(graph, idx, places, level, provider) -> str:
     return text
 
 
-def _sizes(model, dims) -> tuple[dict[str, int], dict]:
-    """The size of every dynamic input dim: from `dims` (NAME=SIZE), else assumed by its name (batch 1, images
-    224...); returns ({key: size}, {"given": {...}, "assumed": {...}})."""
+def _sizes(model, dims, arrays: dict | None = None, data=None) -> tuple[dict[str, int], dict]:
+    """The size of every dynamic input dim: from `dims` (NAME=SIZE), else from the sample data's shapes
+    (`arrays`, one per input), else assumed by its name (batch 1, images 224...); returns ({key: size},
+    {"given": {...}, "data": {...}, "assumed": {...}}). A --dim the data contradicts is exit 2."""
 
     given = parse_dims(dims) if isinstance(dims, (list, tuple)) else dict(dims or {})
     for k, v in given.items():
         if not isinstance(v, int) or v <= 0:
             raise UsageError(f"--dim {k}={v}: SIZE must be a positive integer")
     init = {t.name for t in model.graph.initializer}
-    known, assumed = set(), {}
+    known, assumed, from_data, seen = set(), {}, {}, {}
     sizes = dict(given)
     for vi in model.graph.input:
         if vi.name in init:
             continue
         shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in vi.type.tensor_type.shape.dim]
+        arr = None if arrays is None else arrays.get(vi.name)
         for k, d in enumerate(shape):
             if isinstance(d, int) and d > 0:
                 continue
             key = d or f"{vi.name}:{k}"
             known.add(key)
+            if arr is not None and arr.ndim == len(shape):
+                size = int(arr.shape[k])
+                if key in seen and seen[key][0] != size:
+                    raise UsageError(f"--data {data}: dim {key} is {seen[key][0]} in array {seen[key][1]!r} and "
+                                     f"{size} in array {vi.name!r}; give arrays that agree")
+                seen.setdefault(key, (size, vi.name))
+                if key in given and given[key] != size:
+                    raise UsageError(f"--dim {key}={given[key]} contradicts --data {data}: array {vi.name!r} has "
+                                     f"{key}={size} (axis {k}); drop the --dim or give data of that size")
+                if key not in given and size > 0:
+                    sizes[key] = from_data[key] = size
             if key not in sizes:
                 sizes[key] = LADDERS[dim_kind(shape, k)][0]
                 assumed[key] = sizes[key]
@@ -213,7 +235,7 @@ def _sizes(model, dims) -> tuple[dict[str, int], dict]:
     if unknown:
         raise UsageError(f"--dim {unknown[0]}: the model's inputs have no dynamic dim of that name "
                          f"({', '.join(sorted(known)) or 'all dims are fixed'})")
-    return sizes, {"given": given, "assumed": assumed}
+    return sizes, {"given": given, "data": from_data, "assumed": assumed}
 
 
 def _fits_memory(graph, dims: dict) -> None:
@@ -240,23 +262,69 @@ def _feeds(source: bytes, path: Path, graph) -> dict:
     return synthesize(specs, shapes=shapes)
 
 
-def _data_feeds(path: Path, graph) -> dict:
-    """Sample inputs from an .npz: one array per model input (a lone array for a one-input model)."""
+def _load_data(path: Path, graph, onnx_model, model: Path) -> tuple[dict, dict]:
+    """Sample inputs, one array per model input: an .npz (a lone array for a one-input model), or an image folder
+    for a model whose input is a uint8 image (optkit.preprocess metadata): its first image as a client sends it,
+    uint8 [1,H,W,C], no resize (the graph resizes)."""
     import zipfile
 
     import numpy as np
 
+    if path.is_dir():
+        return _folder_data(path, graph, onnx_model, model)
+    if not path.is_file():
+        raise UsageError(f"--data {path} does not exist; give an .npz (one array per input) or, for a model with "
+                         "preprocessing in its graph, an image folder")
     try:
-        with np.load(path, allow_pickle=False) as z:
+        z = np.load(path, allow_pickle=False)
+        if not isinstance(z, np.lib.npyio.NpzFile):
+            raise ValueError("it is a single .npy array, not an .npz archive of named arrays")
+        with z:
             arrays = {k: z[k] for k in z.files}
-    except (OSError, ValueError, zipfile.BadZipFile) as e:
-        raise UsageError(f"cannot read --data {path} as .npz: {e}") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise UsageError(f"cannot read --data {path} as .npz: {first_line(e)}") from None
     if len(graph.inputs) == 1 and len(arrays) == 1:
         arrays = {graph.inputs[0]: next(iter(arrays.values()))}
     missing = [n for n in graph.inputs if n not in arrays]
     if missing:
         raise UsageError(f"--data {path} has no array named {missing[0]!r} (an input of the model); it holds "
                          f"{', '.join(arrays) or 'nothing'}")
+    return {n: arrays[n] for n in graph.inputs}, {"path": path.name, "kind": "npz"}
+
+
+def _folder_data(path: Path, graph, onnx_model, model: Path) -> tuple[dict, dict]:
+    from optkit.measure.images import client_images
+
+    raw = next((p.value for p in onnx_model.metadata_props if p.key == META_KEY), None)
+    image = None
+    with_meta = raw is not None
+    if with_meta:
+        try:
+            meta = json.loads(raw)
+            image = meta.get("input") if isinstance(meta, dict) else None
+        except (ValueError, RecursionError):
+            image = None
+    vi = next((i for i in onnx_model.graph.input if i.name == image), None) if isinstance(image, str) else None
+    dims = list(vi.type.tensor_type.shape.dim) if vi is not None else []
+    if not with_meta or vi is None or vi.type.tensor_type.elem_type != 2 or len(dims) != 4:  # 2: uint8
+        raise UsageError(f"--data {path} is an image folder, which feeds a model whose input is a uint8 image "
+                         f"(preprocessing in its graph: optkit preprocess); {model.name} has "
+                         f"{'no ' + META_KEY + ' metadata' if not with_meta else 'no such input'}: give an .npz with "
+                         "one array per input")
+    others = [n for n in graph.inputs if n != image]
+    if others:
+        raise UsageError(f"--data {path} is an image folder, but {model.name} has inputs besides the image "
+                         f"{image!r} ({others[0]!r}); give an .npz with one array per input")
+    images, count = client_images(path, gray=dims[3].HasField("dim_value") and dims[3].dim_value == 1)
+    first, arr = images[0]
+    return {image: arr}, {"path": path.name, "kind": "images", "image": str(first.relative_to(path)),
+                          "images": count, "note": "the first image, uint8 as a client sends it (no resize)"}
+
+
+def _data_feeds(arrays: dict, path: Path, graph) -> dict:
+    """The sample inputs checked against the model's inputs at the chosen dims (dtype and shape)."""
+    import numpy as np
+
     feeds = {}
     for name in graph.inputs:
         info, arr = graph.info.get(name), arrays[name]
@@ -264,7 +332,7 @@ def _data_feeds(path: Path, graph) -> dict:
             raise UsageError(f"--data {path}: array {name!r} is {arr.dtype}, the model's input is {info.dtype}")
         if info is not None and info.concrete is not None and list(arr.shape) != info.concrete:
             raise UsageError(f"--data {path}: array {name!r} has shape {list(arr.shape)}, the model's input at the "
-                             f"chosen dims is {info.concrete} (set dynamic dims with --dim)")
+                             f"chosen dims is {info.concrete}; give data of the model's fixed sizes and rank")
         feeds[name] = arr
     return feeds
 

@@ -114,19 +114,62 @@ def check_chain(original: bytes, parts: list[tuple[bytes, list[str]]], feeds: di
 
 
 # -- the output folder ------------------------------------------------------------------------------------------
-def is_split_output(path: Path) -> bool:
-    """A folder optkit split wrote: its split.json (schema 1 or 2) and part files, nothing else."""
+def split_output_problem(path: Path) -> str | None:
+    """Why `path` is not a complete folder optkit split wrote, or None when it is one: a split.json (schema 1 or
+    2) listing its parts, each part file there (a regular file, sha256 as recorded for schema 2), nothing else."""
+    import hashlib
+
     try:
-        names = {p.name for p in path.iterdir()}
+        entries = list(path.iterdir())
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    names = {p.name for p in entries}
+    if DOC not in names:
+        return f"has no {DOC}"
+    try:
         doc = json.loads((path / DOC).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(doc, dict) and doc.get("schema") in (1, 2) and names <= OURS and all(
-        (path / n).is_file() and not (path / n).is_symlink() for n in names)
+    except (OSError, ValueError, RecursionError):
+        return f"has a {DOC} that is not JSON"
+    if not isinstance(doc, dict) or doc.get("schema") not in (1, 2):
+        return f"has a {DOC} without schema 1 or 2"
+    parts = doc.get("parts")
+    if not isinstance(parts, list) or not parts or not all(isinstance(p, dict) for p in parts):
+        return f"has a {DOC} that lists no parts"
+    listed = [p.get("file") for p in parts]
+    if not all(isinstance(f, str) and f in PART_FILES for f in listed) or len(set(listed)) != len(listed):
+        return f"has a {DOC} whose parts' files are not {', '.join(PART_FILES)}, each once"
+    extra = sorted(names - set(listed) - {DOC})
+    if extra:
+        return f"holds {extra[0][:80]!r}, which its {DOC} does not list"
+    for part, name in zip(parts, listed):
+        f = path / name
+        if name not in names:
+            return f"lacks {name}, which its {DOC} lists"
+        if f.is_symlink() or not f.is_file():
+            return f"holds {name} that is not a regular file"
+        if doc["schema"] == 2:
+            digest = hashlib.sha256()
+            try:
+                with open(f, "rb") as fh:
+                    for block in iter(lambda: fh.read(1 << 20), b""):
+                        digest.update(block)
+            except OSError as e:
+                return f"holds {name} that cannot be read ({e.strerror or e})"
+            if part.get("sha256") != digest.hexdigest():
+                return f"holds {name} whose sha256 is not the one its {DOC} records"
+    if (path / DOC).is_symlink():
+        return f"holds a {DOC} that is a symbolic link"
+    return None
+
+
+def is_split_output(path: Path) -> bool:
+    """A complete folder optkit split wrote (split_output_problem finds nothing)."""
+    return split_output_problem(path) is None
 
 
 def check_out_dir(out_dir: Path, model: Path) -> None:
-    """Exit 2 before any work unless DIR is new, empty, or a previous split output, and does not hold the model."""
+    """Exit 2 before any work (and again under the lock, before the commit) unless DIR is new, empty, or a
+    complete previous split output, and does not hold the model."""
     if out_dir.is_symlink():
         raise UsageError(f"output folder {out_dir} is a symbolic link; name the real folder")
     if out_dir.exists() and not out_dir.is_dir():
@@ -139,9 +182,11 @@ def check_out_dir(out_dir: Path, model: Path) -> None:
     with contextlib.suppress(OSError):
         if Path(os.path.realpath(model)).parent == Path(os.path.realpath(out_dir)):
             raise UsageError(f"output folder {out_dir} holds the input model {model}; choose another folder")
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not is_split_output(out_dir):
-        raise UsageError(f"output folder {out_dir} is not empty and is not a previous optkit split output; "
-                         "choose a new or empty folder")
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+        problem = split_output_problem(out_dir)
+        if problem is not None:
+            raise UsageError(f"output folder {out_dir} is not empty and is not a previous optkit split output (it "
+                             f"{problem}); nothing in it is overwritten: choose a new or empty folder")
 
 
 def stage(out_dir: Path) -> Path:
