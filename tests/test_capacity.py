@@ -160,6 +160,17 @@ def test_capacity_from_a_real_bench_report(tmp_path):
     assert c["replicas"]["fixed_for_peak"] == math.ceil(4.5 * 1.2 - 1e-9) == 6
     assert c["per_replica"]["cpu_cores"] is None and c["autoscaling"]["metric"] == "rps"
     assert c["resources"]["requests"]["cpu"] is None and c["resources"]["requests"]["memory"].endswith("Mi")
+    # the user's --cpu / --memory-mb are the figures used, the metric follows, and each says it is the user's
+    r = run_cli("capacity", rep, "--peak", str(load["ci95"]["throughput_per_s"][0] * 4.5), "-o", out,
+                "--cpu", "1.5", "--memory-mb", "300")
+    assert r.rc == 0, r.err
+    c = json.loads(out.read_text())
+    assert c["autoscaling"]["metric"] == "cpu" and c["per_replica"]["cpu_cores"] == 1.5
+    assert c["per_replica"]["cpu_source"].startswith("stated by the user (--cpu)")
+    assert c["per_replica"]["memory_mb"] == 300 and "--memory-mb" in c["per_replica"]["memory_source"]
+    assert c["resources"]["requests"]["cpu"] == "1500m" and not any("served figures" in n for n in c["notes"])
+    from optkit.package import capacity_schema
+    assert capacity_schema.load(out).autoscaling.metric == "cpu"
 
 
 # ------------------------------------------------------------------ bad input
