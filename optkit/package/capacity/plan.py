@@ -172,7 +172,7 @@ def make_plan(per: PerReplica, traffic: Traffic, opts: Options) -> Plan:
     thr = per.throughput_per_s
     stated = opts.cpu_cores is not None and opts.memory_mb is not None
     notes = [f"per-replica throughput: {per.throughput_source}"] + [
-        n for n in per.notes if not (stated and n.startswith("served figures"))]
+        n for n in per.notes if not (stated and n.startswith("served figures"))] + list(traffic.notes)
     slo = opts.slo_p99_ms if opts.slo_p99_ms is not None else per.slo_p99_ms
     if slo is not None and per.p99_ms is not None and per.p99_ms > slo:
         raise UsageError(f"{per.source}: its p99 {per.p99_ms:.3g} ms is over the SLO p99 {slo:g} ms at any load: no "
