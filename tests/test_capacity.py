@@ -359,3 +359,78 @@ def test_option_edges(tmp_path, best, flags, rc, words):
     assert r.rc == rc, r.err
     if words:
         assert words in one_error_line(r)
+
+
+# ------------------------------------------------------------------ a recipe's `capacity:` section
+
+def _recipe(tmp_path, capacity, stages=None):
+    import yaml
+
+    rec = {"version": 1, "name": "cap", "model": {"path": str(CNN)},
+           "stages": stages or [{"pass": "quantize.onnx-fp16"}], "measure": {"latency": False},
+           "capacity": capacity}
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(rec, sort_keys=False))
+    return path
+
+
+def test_recipe_and_command_give_the_same_capacity_json(tmp_path, best):
+    from optkit.report.schema import Report
+
+    csv = _write_csv(tmp_path / "traffic.csv", _surge(days=4) * 40, iso=True)
+    opts = {"headroom": 0.3, "startup_s": 90, "slo_p99_ms": 40, "cpu_cores": 1.5}
+    recipe = _recipe(tmp_path, {"figures": str(best), "history": "traffic.csv", "output": "rc/CAPACITY.json",
+                                "html": "rc/capacity.html", **opts})
+    (tmp_path / "rc").mkdir()
+    r = run_cli("run", recipe, "--workspace", tmp_path / "runs")
+    assert r.rc == 0, r.err
+    cli = tmp_path / "CLI.json"
+    r = run_cli("capacity", best, "--history", csv, "-o", cli, "--headroom", "0.3", "--startup", "90",
+                "--slo-p99", "40", "--cpu", "1.5")
+    assert r.rc == 0, r.err
+    assert (tmp_path / "rc" / "CAPACITY.json").read_bytes() == cli.read_bytes()
+    # the Python API: the same recipe as a dict, through optkit.run
+    import yaml
+
+    import optkit
+
+    rec = yaml.safe_load(recipe.read_text())
+    rec["capacity"].update(history=str(csv), output=str(tmp_path / "api.json"), html=None)
+    report = optkit.run(rec, workspace=tmp_path / "runs-api")
+    assert (tmp_path / "api.json").read_bytes() == cli.read_bytes()
+    # the run's report carries the section and its HTML report shows every strategy's SLO minutes
+    run_dir = next((tmp_path / "runs" / "cap").iterdir())
+    saved = Report.load(run_dir / "report.json")
+    assert saved.capacity is not None and set(saved.capacity.strategies) == {"fixed", "reactive", "forecast"}
+    assert report.capacity.chosen == saved.capacity.chosen
+    page = (run_dir / "report.html").read_text()
+    assert "<h2>Capacity</h2>" in page and page.count("min</text>") >= 2 * 3   # a lane per strategy, two charts
+    assert "capacity.html" in page
+
+
+def test_recipe_capacity_from_its_own_tune_stage(tmp_path):
+    recipe = _recipe(tmp_path, {"peak": 5000, "output": "CAPACITY.json"},
+                     stages=[{"pass": "tune.onnx", "config": {"objective": ["throughput"], "trials": 2,
+                                                              "trial_seconds": 0.3, "confirm": 1}}])
+    r = run_cli("run", recipe, "--workspace", tmp_path / "runs")
+    assert r.rc == 0, r.err
+    c = json.loads((tmp_path / "CAPACITY.json").read_text())
+    assert "stage tune (tune.onnx)" in c["per_replica"]["source"]
+    assert "lower end of the 95% band" in c["per_replica"]["throughput_source"]
+
+
+@pytest.mark.parametrize("capacity, words", [
+    ({"peak": 100, "output": "c.json", "headrom": 0.3}, "capacity.headrom: unknown key"),
+    ({"peak": 100, "output": "c.json", "headroom": -1}, "capacity.headroom"),
+    ({"output": "c.json"}, "capacity: give one of --peak RATE or --history FILE"),
+    ({"history": "missing.csv", "output": "c.json"}, "capacity.history: missing.csv does not exist"),
+    ({"history": "bad.csv", "output": "c.json"}, "capacity.history: "),
+])
+def test_recipe_capacity_typos_are_exit_2_naming_the_line(tmp_path, capacity, words):
+    (tmp_path / "bad.csv").write_text("1700000000,5\n1700000060,-3\n")
+    recipe = _recipe(tmp_path, capacity)
+    r = run_cli("run", recipe, "--workspace", tmp_path / "runs")
+    assert r.rc == 2, r.err
+    line = one_error_line(r)
+    assert f"{recipe}:" in line and words in line, line
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("report.json"))

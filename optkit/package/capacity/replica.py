@@ -159,11 +159,23 @@ def _tuned(figures: dict, confirmed: dict | None, setting: dict, where: str, sou
 
 def _from_best(p: Path) -> PerReplica:
     data, _ = schemas.load_tuned(p)
+    return _from_tuned(data, str(p), f"tune best.json {p.name}")
+
+
+def _from_tuned(data: dict, where: str, what: str) -> PerReplica:
     best = data["best"]
-    r = _tuned(best.get("figures") or {}, best.get("confirmed"), best["setting"], str(p),
-               f"tune best.json {p.name} (setting: {best.get('label') or 'unlabelled'})")
-    r.model, r.slo_p99_ms = data.get("model"), _slo_p99(data.get("slo"), str(p))
+    r = _tuned(best.get("figures") or {}, best.get("confirmed"), best["setting"], where,
+               f"{what} (setting: {best.get('label') or 'unlabelled'})")
+    r.model, r.slo_p99_ms = data.get("model"), _slo_p99(data.get("slo"), where)
     return r
+
+
+def from_tune_result(result: dict, where: str) -> PerReplica:
+    """A recipe's tune stage result (its `measurements.tune`: the object tune writes to best.json), checked by
+    best.json's schema, without a file between."""
+    data = {k: v for k, v in result.items() if k != "trials"}
+    schemas.validate(data, schemas.TunedFile, where, "run the recipe's tune stage again")
+    return _from_tuned(data, where, where)
 
 
 def _from_lineage(p: Path) -> PerReplica:
@@ -182,13 +194,20 @@ def _from_lineage(p: Path) -> PerReplica:
 
 
 def _from_report(p: Path) -> PerReplica:
-    rep = Report.load(p)
+    return from_report(Report.load(p), str(p), p.name)
+
+
+def from_report(rep: Report, where: str, name: str | None = None) -> PerReplica:
+    """The figures of a report (a file read through Report.load, or a run's own report in memory)."""
+    p = where
+    name = name or where
     stages = [s for s in rep.stages if isinstance(s.measurements, dict)
               and any(isinstance(s.measurements.get(g), dict) and s.measurements[g].get("throughput_per_s") is not None
                       for g in ("concurrency", "latency"))]
     if not stages:
         raise UsageError(f"{p}: no stage has a throughput (measurements.concurrency or measurements.latency); "
-                         "give the report of `optkit bench --url URL --concurrency N --report FILE`")
+                         "give the report of `optkit bench --url URL --concurrency N --report FILE` (a recipe: "
+                         "a tune stage, measure.concurrency, or capacity.figures)")
     stage = stages[-1]
     m = stage.measurements
     group = "concurrency" if isinstance(m.get("concurrency"), dict) \
@@ -214,7 +233,7 @@ def _from_report(p: Path) -> PerReplica:
     r = PerReplica(throughput_per_s=used, throughput_source=text,
                    p99_ms=_finite(g.get("p99_ms"), str(p), f"{key}.p99_ms", most=MAX_MS),
                    memory_mb=_finite(mem.get("peak_mb"), str(p), "measurements.memory.peak_mb", most=2 ** 24),
-                   source=f"{'bench --url' if served else rep.command or 'report'} report {p.name} "
+                   source=f"{'bench --url' if served else rep.command or 'report'} report {name} "
                           f"(stage {stage.name!r})",
                    model=stage.output.path if stage.output else None)
     if req.get("body_bytes") is not None:
