@@ -406,6 +406,10 @@ def test_recipe_and_command_give_the_same_capacity_json(tmp_path, best):
     page = (run_dir / "report.html").read_text()
     assert "<h2>Capacity</h2>" in page and page.count("min</text>") >= 2 * 3   # a lane per strategy, two charts
     assert "capacity.html" in page
+    from test_report_html import layout
+
+    m = layout(page, tmp_path)
+    assert m["scrollWidth"] <= 1280, m["scrollWidth"]
 
 
 def test_recipe_capacity_from_its_own_tune_stage(tmp_path):
