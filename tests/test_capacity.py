@@ -160,6 +160,17 @@ def test_capacity_from_a_real_bench_report(tmp_path):
     assert c["replicas"]["fixed_for_peak"] == math.ceil(4.5 * 1.2 - 1e-9) == 6
     assert c["per_replica"]["cpu_cores"] is None and c["autoscaling"]["metric"] == "rps"
     assert c["resources"]["requests"]["cpu"] is None and c["resources"]["requests"]["memory"].endswith("Mi")
+    # the user's --cpu / --memory-mb are the figures used, the metric follows, and each says it is the user's
+    r = run_cli("capacity", rep, "--peak", str(load["ci95"]["throughput_per_s"][0] * 4.5), "-o", out,
+                "--cpu", "1.5", "--memory-mb", "300")
+    assert r.rc == 0, r.err
+    c = json.loads(out.read_text())
+    assert c["autoscaling"]["metric"] == "cpu" and c["per_replica"]["cpu_cores"] == 1.5
+    assert c["per_replica"]["cpu_source"].startswith("stated by the user (--cpu)")
+    assert c["per_replica"]["memory_mb"] == 300 and "--memory-mb" in c["per_replica"]["memory_source"]
+    assert c["resources"]["requests"]["cpu"] == "1500m" and not any("served figures" in n for n in c["notes"])
+    from optkit.package import capacity_schema
+    assert capacity_schema.load(out).autoscaling.metric == "cpu"
 
 
 # ------------------------------------------------------------------ bad input
@@ -229,3 +240,201 @@ def test_html_fits_1280_pixels(tmp_path):
     p = plan.make_plan(_per(), traffic.Traffic(rates=_surge(), start=MIDNIGHT, source="t"), plan.Options())
     m = layout(to_html(p), tmp_path)
     assert m["scrollWidth"] <= 1280, m["scrollWidth"]
+
+
+# ------------------------------------------------------------------ hostile input: exit 2 in one line, or a stated repair
+
+def _rows(n, step=60, rate=lambda i: 10 + i % 7):
+    return "".join(f"{MIDNIGHT + step * i},{rate(i)}\n" for i in range(n))
+
+
+@pytest.mark.parametrize("body, minutes, note", [
+    ("\ufefftimestamp,requests_per_s\n" + _rows(30), 30, None),                              # BOM
+    ("timestamp,requests_per_s\r\n" + _rows(30).replace("\n", "\r\n"), 30, None),          # CRLF
+    ("timestamp,host,requests_per_s\n" + "".join(f"{MIDNIGHT + 60 * i},web{i},{i}\n" for i in range(5)), 5,
+     "the rate is column 3 ('requests_per_s'), the others are ignored"),
+    ("time,errors,rps\n" + "".join(f"{MIDNIGHT + 60 * i},7,{i}\n" for i in range(5)), 5, "column 3 ('rps')"),
+    ("horodatage,requêtes_par_seconde\n" + _rows(5), 5, "header 'horodatage,requêtes_par_seconde' read as "
+                                                       "timestamp,requests_per_s"),
+    ("".join(f"2023-11-15T00:{i:02d}:00\n".replace("\n", f",{i}\n") for i in range(5)), 5,
+     "no time zone: read as UTC"),
+    ("".join(f"2023-11-05T01:{i:02d}:00-04:00,1\n" for i in range(0, 60, 10))
+     + "".join(f"2023-11-05T01:{i:02d}:00-05:00,1\n" for i in range(0, 60, 10)), 120,
+     "UTC offsets -05:00, -04:00 converted to UTC"),
+    (_rows(600, step=5), 50, "resampled: 600 samples every 5 s averaged into 50 minutes"),
+    (_rows(48, step=3600), 48 * 60, "resampled: one sample every 3600 s, each held for its 60 minutes"),
+    (f"{MIDNIGHT},10\n", 1, "the history is one row"),
+    (_rows(60, rate=lambda i: 0), 60, "the traffic is zero throughout"),
+])
+def test_hostile_history_is_read_with_its_repair_stated(tmp_path, body, minutes, note):
+    path = tmp_path / "h.csv"
+    path.write_text(body, encoding="utf-8", newline="")
+    tr = traffic.load(path)
+    assert tr.minutes == minutes
+    if note:
+        assert any(note in n for n in tr.notes), tr.notes
+        p = plan.make_plan(_per(), tr, plan.Options(forecast=False))
+        assert any(note in n for n in p.to_contract()["notes"])   # in CAPACITY.json, not only in memory
+
+
+def test_hourly_samples_hold_for_their_hour_and_a_timezone_offset_is_converted(tmp_path):
+    path = tmp_path / "h.csv"
+    path.write_text("2023-11-15T01:00:00+01:00,5\n2023-11-15T02:00:00+01:00,9\n")
+    tr = traffic.load(path)
+    assert tr.start == MIDNIGHT and tr.rates.tolist() == [5.0] * 60 + [9.0] * 60
+
+
+@pytest.mark.parametrize("body, words", [
+    ("".join(f"{MIDNIGHT + 60 * i},{i},7\n" for i in range(5)), "3 columns and no header naming the rate"),
+    ("time,a,b\n" + "".join(f"{MIDNIGHT + 60 * i},{i},7\n" for i in range(5)), "no column named as the rate"),
+    ("t,rate\n1700006400,1\n1700006460,1,2\n", "row 3: 3 columns where the rows before have 2"),
+    ("2023-11-15T00:00:00Z,1\n2023-11-15T00:01:00,1\n", "some timestamps carry a time zone and some do not"),
+    ("2023-11-05T01:50:00,1\n2023-11-05T01:00:00,1\n", "daylight-saving change"),
+    ("2023-11-05T01:00:00,1\n2023-11-05T01:00:00,1\n", "row 2: timestamp repeats row 1's; one rate per time; local"),
+    (f"{MIDNIGHT * 1000},1\n", "epoch milliseconds? give seconds"),
+    (f"{MIDNIGHT};1\n", "one column"),
+    (f"{MIDNIGHT},1e12\n", "rate 1e+12 is over 1e+09"),
+    ('{"status":"success","data":{"resultType":"matrix","result":[{"values":[[1700006400,"1"]]},'
+     '{"values":[[1700006400,"1"]]}]}}', "holds 2 series; sum them"),
+    ('{"status":"success","data":{"resultType":"matrix","result":[{"values":[[true,"1"]]}]}}',
+     "timestamp true is not a number"),
+])
+def test_hostile_history_is_one_line(tmp_path, body, words):
+    path = tmp_path / ("h.json" if body.startswith("{") else "h.csv")
+    path.write_text(body)
+    with pytest.raises(UsageError) as e:
+        traffic.load(path)
+    assert words in e.value.message and "\n" not in e.value.message, e.value.message
+
+
+@pytest.mark.parametrize("mutate, words", [
+    (lambda b: b["best"]["figures"].update(throughput_per_s=float("nan")), "finite number"),
+    (lambda b: b["best"]["figures"].update(throughput_per_s=-5), "greater than or equal to 0"),
+    (lambda b: b["best"]["figures"].update(throughput_per_s=0), "is 0, not a positive finite number"),
+    (lambda b: b["best"]["figures"].update(throughput_per_s=1e300), "over 1e+09: not one replica's figure"),
+    (lambda b: b["best"]["figures"].update(cpu_s_per_1k=1e300), "over 1024: not one replica's"),
+    (lambda b: b["best"]["confirmed"].update(ci95=[1e300, 1e301]), "ci95.0 is 1e+300, over 1e+09"),
+    (lambda b: b["best"]["confirmed"].update(ci95=[1e8, 2e8]), "not a band of its figure"),
+    (lambda b: b.update(slo=["p99<=1e400ms"]), "key slo: 'p99<=1e400ms' is not a latency objective"),
+    (lambda b: b.update(slo=["p99<=0ms"]), "key slo: 'p99<=0ms'"),
+])
+def test_forged_best_json_is_one_line(tmp_path, best, mutate, words):
+    data = json.loads(best.read_text())
+    mutate(data)
+    path = tmp_path / "best.json"
+    path.write_text(json.dumps(data))
+    r = run_cli("capacity", path, "--peak", "100", "-o", tmp_path / "c.json")
+    assert r.rc == 2 and words in one_error_line(r), r.err
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_forged_bench_report_and_a_band_that_reaches_zero(tmp_path):
+    rep = tmp_path / "report.json"
+    r = run_cli("bench", CNN, "--concurrency", "2", "--warmup", "3", "--runs", "30", "--report", rep)
+    assert r.rc == 0, r.err
+    data = json.loads(rep.read_text())
+    g = data["stages"][0]["measurements"]["concurrency"]
+    g["throughput_per_s"] = 0
+    del g["ci95"]["throughput_per_s"]
+    rep.write_text(json.dumps(data))
+    r = run_cli("capacity", rep, "--peak", "100", "-o", tmp_path / "c.json")
+    assert r.rc == 2 and "concurrency.throughput_per_s is 0, not a positive" in one_error_line(r), r.err
+    g["throughput_per_s"], g["ci95"]["throughput_per_s"] = 1000.0, [0.0, 2000.0]
+    rep.write_text(json.dumps(data))
+    per = replica.load(rep)
+    assert per.throughput_per_s == 1000.0 and "its 95% band reaches 0/s (too noisy to size on)" in \
+        per.throughput_source
+
+
+@pytest.mark.parametrize("flags, rc, words", [
+    (["--headroom", "0"], 0, None), (["--headroom", "4"], 0, None), (["--headroom", "-0.1"], 2, "--headroom"),
+    (["--startup", "0"], 0, None), (["--startup", "3600"], 0, None), (["--startup", "3601"], 2, "--startup"),
+    (["--max-replicas", "0"], 2, "--max-replicas"), (["--max-replicas", "10001"], 2, "--max-replicas"),
+    (["--min-replicas", "5", "--max-replicas", "4"], 2, "--min-replicas 5 is above --max-replicas 4"),
+    (["--peak", "nan"], 2, "--peak"), (["--peak", "1e9", "--max-replicas", "10000"], 2, "over --max-replicas"),
+])
+def test_option_edges(tmp_path, best, flags, rc, words):
+    args = flags if "--peak" in flags else ["--peak", "100", *flags]
+    r = run_cli("capacity", best, *args, "-o", tmp_path / "c.json")
+    assert r.rc == rc, r.err
+    if words:
+        assert words in one_error_line(r)
+
+
+# ------------------------------------------------------------------ a recipe's `capacity:` section
+
+def _recipe(tmp_path, capacity, stages=None):
+    import yaml
+
+    rec = {"version": 1, "name": "cap", "model": {"path": str(CNN)},
+           "stages": stages or [{"pass": "quantize.onnx-fp16"}], "measure": {"latency": False},
+           "capacity": capacity}
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(rec, sort_keys=False))
+    return path
+
+
+def test_recipe_and_command_give_the_same_capacity_json(tmp_path, best):
+    from optkit.report.schema import Report
+
+    csv = _write_csv(tmp_path / "traffic.csv", _surge(days=4) * 40, iso=True)
+    opts = {"headroom": 0.3, "startup_s": 90, "slo_p99_ms": 40, "cpu_cores": 1.5}
+    recipe = _recipe(tmp_path, {"figures": str(best), "history": "traffic.csv", "output": "rc/CAPACITY.json",
+                                "html": "rc/capacity.html", **opts})
+    (tmp_path / "rc").mkdir()
+    r = run_cli("run", recipe, "--workspace", tmp_path / "runs")
+    assert r.rc == 0, r.err
+    cli = tmp_path / "CLI.json"
+    r = run_cli("capacity", best, "--history", csv, "-o", cli, "--headroom", "0.3", "--startup", "90",
+                "--slo-p99", "40", "--cpu", "1.5")
+    assert r.rc == 0, r.err
+    assert (tmp_path / "rc" / "CAPACITY.json").read_bytes() == cli.read_bytes()
+    # the Python API: the same recipe as a dict, through optkit.run
+    import yaml
+
+    import optkit
+
+    rec = yaml.safe_load(recipe.read_text())
+    rec["capacity"].update(history=str(csv), output=str(tmp_path / "api.json"), html=None)
+    report = optkit.run(rec, workspace=tmp_path / "runs-api")
+    assert (tmp_path / "api.json").read_bytes() == cli.read_bytes()
+    # the run's report carries the section and its HTML report shows every strategy's SLO minutes
+    run_dir = next((tmp_path / "runs" / "cap").iterdir())
+    saved = Report.load(run_dir / "report.json")
+    assert saved.capacity is not None and set(saved.capacity.strategies) == {"fixed", "reactive", "forecast"}
+    assert report.capacity.chosen == saved.capacity.chosen
+    page = (run_dir / "report.html").read_text()
+    assert "<h2>Capacity</h2>" in page and page.count("min</text>") >= 2 * 3   # a lane per strategy, two charts
+    assert "capacity.html" in page
+    from test_report_html import layout
+
+    m = layout(page, tmp_path)
+    assert m["scrollWidth"] <= 1280, m["scrollWidth"]
+
+
+def test_recipe_capacity_from_its_own_tune_stage(tmp_path):
+    recipe = _recipe(tmp_path, {"peak": 5000, "output": "CAPACITY.json"},
+                     stages=[{"pass": "tune.onnx", "config": {"objective": ["throughput"], "trials": 2,
+                                                              "trial_seconds": 0.3, "confirm": 1}}])
+    r = run_cli("run", recipe, "--workspace", tmp_path / "runs")
+    assert r.rc == 0, r.err
+    c = json.loads((tmp_path / "CAPACITY.json").read_text())
+    assert "stage tune (tune.onnx)" in c["per_replica"]["source"]
+    assert "lower end of the 95% band" in c["per_replica"]["throughput_source"]
+
+
+@pytest.mark.parametrize("capacity, words", [
+    ({"peak": 100, "output": "c.json", "headrom": 0.3}, "capacity.headrom: unknown key"),
+    ({"peak": 100, "output": "c.json", "headroom": -1}, "capacity.headroom"),
+    ({"output": "c.json"}, "capacity: give one of --peak RATE or --history FILE"),
+    ({"history": "missing.csv", "output": "c.json"}, "capacity.history: missing.csv does not exist"),
+    ({"history": "bad.csv", "output": "c.json"}, "capacity.history: "),
+])
+def test_recipe_capacity_typos_are_exit_2_naming_the_line(tmp_path, capacity, words):
+    (tmp_path / "bad.csv").write_text("1700000000,5\n1700000060,-3\n")
+    recipe = _recipe(tmp_path, capacity)
+    r = run_cli("run", recipe, "--workspace", tmp_path / "runs")
+    assert r.rc == 2, r.err
+    line = one_error_line(r)
+    assert f"{recipe}:" in line and words in line, line
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("report.json"))

@@ -4,7 +4,6 @@ from __future__ import annotations
 import typer
 
 from optkit.cli import common, flags, options
-from optkit.core.atomic import write_text
 
 
 @flags.capacity_options()
@@ -18,22 +17,16 @@ def capacity_cmd(
     """Replicas and autoscaling from per-replica figures and traffic: the HPA rule replayed minute by minute
     (fixed for the peak, reactive, and with a forecast's KEDA cron schedule), the target utilisation searched."""
     from optkit.package.capacity import config as capacity_config
-    from optkit.package.capacity import pictures, plan, replica, traffic
+    from optkit.package.capacity import pictures, replica
+    from optkit.package.capacity import run as capacity_run
 
     cfg = capacity_config.build(config)
     common.guard_outputs({"-o": cfg.output, "--html": cfg.html}, [figures, cfg.history])
-    per = replica.load(figures)
-    tr = traffic.load(cfg.history) if cfg.history else traffic.constant(cfg.peak)
-    p = plan.make_plan(per, tr, plan.Options.from_config(cfg))
-    text = p.to_json()
-    page = pictures.to_html(p) if cfg.html else None
-    write_text(cfg.output, text + "\n")
-    if page is not None:
-        write_text(cfg.html, page)
+    result = capacity_run.run(replica.load(figures), cfg)
     if shared.as_json:
-        common.print_json(text)
+        common.print_json(result.text)
     else:
-        pictures.to_console(p, common.console())
+        pictures.to_console(result.plan, common.console())
 
 
 def register(app: typer.Typer) -> None:

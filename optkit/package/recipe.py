@@ -45,6 +45,8 @@ def package_run(loaded, report, run_dir: Path) -> list:
     """Package each spec's stage model; the tune stage's result (when the recipe has one for that model) is its
     tuned setting, unless the entry names a best.json (`tuned:`)."""
     results = []
+    # the recipe's own `capacity:` (written by this run) goes into the manifests of an entry that names none
+    capacity_out = loaded.resolve(loaded.recipe.capacity.output) if loaded.recipe.capacity else None
     for spec in loaded.recipe.package:
         stages = report.stages
         stage = next((s for s in stages if s.name == spec.stage), None) if spec.stage else stages[-1]
@@ -58,7 +60,7 @@ def package_run(loaded, report, run_dir: Path) -> list:
         cfg = spec.model_copy(update={
             "output": loaded.resolve(spec.output), "name": spec.name or loaded.name,
             "tuned": loaded.resolve(spec.tuned), "data": loaded.resolve(spec.data),
-            "capacity": loaded.resolve(spec.capacity),
+            "capacity": loaded.resolve(spec.capacity) or (capacity_out if spec.manifests else None),
             "report": str(run_dir / "report.json")})
         results.append(package(stage.output.path, cfg, tuned=tuned, shapes=dict(loaded.recipe.measure.shapes)))
     return results

@@ -27,6 +27,7 @@ from optkit.core.shapes import MAX_DIM, MAX_ELEMENTS
 from optkit.measure.datasets import Preprocess
 from optkit.measure.model import MeasureSettings, check_sharing
 from optkit.onnx.session import OrtSettings
+from optkit.package.capacity.config import RecipeCapacity
 from optkit.package.config import PackageConfig
 from optkit.passes import get_pass
 from optkit.pipeline.gates import check_gates_plan, parse_gates
@@ -167,6 +168,8 @@ class Recipe(_Strict):
     baseline: str | None = Field(default=None, description="A report.json for the baseline gates.")
     package: list[PackageConfig] = Field(default_factory=list, description="Package the last (or a named) stage's "
                                                                           "model when every gate passed.")
+    capacity: RecipeCapacity | None = Field(default=None, description="Replicas and autoscaling from this run's "
+                                                                     "figures (optkit capacity's options).")
 
     @field_validator("version")
     @classmethod

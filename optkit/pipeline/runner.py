@@ -18,6 +18,7 @@ from optkit.measure.paired import change_against
 from optkit.measure.serving import Setting
 from optkit.measure.trials import latency_trials
 from optkit.onnx.session import OrtSettings
+from optkit.package.capacity import recipe as capacity_recipe
 from optkit.package.recipe import check_specs, package_run
 from optkit.pipeline.gates import evaluate, gates_of_recipe
 from optkit.pipeline.recipe import validate
@@ -55,6 +56,7 @@ class RunOutcome:
     gate_results: list = field(default_factory=list)
     packages: list = field(default_factory=list)   # optkit.package.build.Result, one per `package:` entry
     package_note: str | None = None
+    capacity: Any = None                           # optkit.package.capacity.run.Result of `capacity:`
 
     @property
     def failed_gates(self) -> list:
@@ -67,6 +69,7 @@ def plan(loaded, baseline: str | None = None) -> list[dict[str, Any]]:
     resolved = validate(loaded, baseline=baseline, allow_missing=True)
     if loaded.recipe.package:
         check_specs(loaded)
+    capacity_recipe.prepare(loaded)
     rows = [{"stage": "00-input", "pass": "-", "from": "-", "accepts": "-",
              "format": detect_format(loaded.resolve(loaded.recipe.model.path)).value, "config": {},
              "available": True, "missing": None}]
@@ -90,6 +93,7 @@ def execute(loaded, opts: RunOptions | None = None) -> RunOutcome:
     resolved = validate(loaded, baseline=opts.baseline)
     if r.package:
         check_specs(loaded)  # a repository optkit may not write into fails the run before any stage
+    capacity = capacity_recipe.prepare(loaded)  # its options and traffic: exit 2 before any stage
     baseline_path = opts.baseline or loaded.resolve(r.baseline)
     baseline = Report.load(baseline_path) if baseline_path else None
     gates = gates_of_recipe(loaded)
@@ -155,6 +159,8 @@ def execute(loaded, opts: RunOptions | None = None) -> RunOutcome:
                         stages=stages, run=run.info())
         if gates:
             report.gates = evaluate(report, gates, baseline)
+        if capacity is not None:
+            outcome_capacity = capacity_recipe.run(capacity, report)
         run.finish(report)
     except BaseException as e:
         run.abort("interrupted" if isinstance(e, KeyboardInterrupt) else "failed")  # SIGTERM's Terminated too
@@ -164,7 +170,8 @@ def execute(loaded, opts: RunOptions | None = None) -> RunOutcome:
     finally:
         run.release()
     progress.end_run(run)
-    outcome = RunOutcome(report=report, run_dir=run.path, gate_results=list(report.gates))
+    outcome = RunOutcome(report=report, run_dir=run.path, gate_results=list(report.gates),
+                         capacity=outcome_capacity if capacity is not None else None)
     if r.package and outcome.failed_gates:
         outcome.package_note = "not packaged: a gate failed"
     elif r.package:

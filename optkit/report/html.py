@@ -8,7 +8,7 @@ from html import escape
 
 from optkit.core.text import printable
 from optkit.report.figures import StageFigures, finite
-from optkit.report.schema import Report, Stage
+from optkit.report.schema import CapacitySection, Report, Stage
 from optkit.report.table import columns, gate_rows, legend, shown_latency, stage_rows
 
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f")
@@ -243,6 +243,98 @@ def pareto(stage: Stage, width: int = 520, height: int = 320) -> str:
             f'ringed: chosen; hollow: misses the SLO)</h3>' + "".join(out) + "</div>")
 
 
+CAPACITY_COLUMNS = (("fixed", "fixed for the peak"), ("reactive", "reactive HPA"),
+                    ("forecast", "HPA + forecast schedule"))
+OVER = "#e15759"
+
+
+def line_chart(title: str, series: list[tuple[str, list, str]], lanes: list[tuple[str, list, str]], unit: str,
+               x_label: str, width: int = 1040, height: int = 260) -> str:
+    """Lines over one x axis (points 0..n-1) and, under the plot, one lane per (label, [[a, b), ...], color):
+    the spans (in points) shaded, e.g. the minutes each strategy is over its SLO."""
+    left, right, top = 60, 12, 26
+    lane_h = 14
+    ph = height - top - 36
+    total = height + lane_h * len(lanes)
+    pw = width - left - right
+    n = max((len(s[1]) for s in series), default=1)
+    hi = max((max(v for v in s[1] if v is not None) for s in series if any(v is not None for v in s[1])),
+             default=1.0) or 1.0
+    yt = _ticks(0.0, hi)
+    ymax = yt[-1] or 1.0
+
+    def sx(i):
+        return left + pw * i / max(1, n - 1)
+
+    def sy(v):
+        return top + ph * (1 - v / ymax)
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{total}" role="img" '
+           f'aria-label="{_text(title)}" style="max-width:100%;height:auto">']
+    for v in yt:
+        out.append(f'<line x1="{left}" x2="{left + pw}" y1="{sy(v):.1f}" y2="{sy(v):.1f}" stroke="#eee"/>'
+                   f'<text x="{left - 6}" y="{sy(v) + 4:.1f}" font-size="11" text-anchor="end">{v:g}</text>')
+    for k, (label, y, color) in enumerate(series):
+        pts = " ".join(f"{sx(i):.1f},{sy(float(v)):.1f}" for i, v in enumerate(y) if v is not None)
+        out.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.3" points="{pts}"/>')
+        out.append(f'<rect x="{left + 10 + 240 * k}" y="6" width="12" height="3" fill="{color}"/>'
+                   f'<text x="{left + 26 + 240 * k}" y="11" font-size="11">{_text(label)}</text>')
+    base = top + ph + 4
+    for j, (label, runs, color) in enumerate(lanes):
+        y0 = base + j * lane_h
+        out.append(f'<rect x="{left}" y="{y0}" width="{pw}" height="{lane_h - 3}" fill="#f5f6f8"/>'
+                   f'<text x="{left - 6}" y="{y0 + 9}" font-size="9" text-anchor="end">{_text(label)}</text>')
+        for a, b in runs:
+            out.append(f'<rect x="{sx(a):.1f}" y="{y0}" width="{max(1.5, sx(b) - sx(a)):.1f}" height="{lane_h - 3}" '
+                       f'fill="{color}" fill-opacity="0.75"><title>{_text(label)}: over the SLO</title></rect>')
+    out.append(f'<text x="{left + pw / 2}" y="{total - 6}" font-size="11" text-anchor="middle">'
+               f'{_text(x_label)}</text>')
+    out.append(f'<text x="12" y="{top + ph / 2}" font-size="11" text-anchor="middle" '
+               f'transform="rotate(-90 12 {top + ph / 2})">{_text(unit)}</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def capacity_section(cap: CapacitySection, *, link: bool = True) -> str:
+    """A recipe's capacity as a section of the report (and the whole of `optkit capacity --html`): the three
+    strategies side by side, traffic and capacity over time, the replicas of every strategy, and under each chart
+    a lane per strategy with its minutes over the SLO shaded."""
+    h = ["<h2>Capacity</h2>",
+         f'<p class="meta">per replica {cap.throughput_per_s:,.1f} requests/s: {_text(cap.throughput_source)}<br>'
+         f"{cap.minutes:,} minutes replayed" + (f" from {_text(cap.start)} UTC" if cap.start else "")
+         + (f"; each point the highest of {cap.bucket_min} minutes" if cap.bucket_min > 1 else "")
+         + (f"; CAPACITY.json: {_text(cap.output)}" if cap.output and link else "")
+         + (f' &middot; <a href="{_text(cap.html)}">the capacity page</a>' if cap.html and link else "") + "</p>",
+         '<table><tr><th class="l"></th>'
+         + "".join(f'<th>{_text(label)}{" (written)" if name == cap.chosen else ""}</th>'
+                   for name, label in CAPACITY_COLUMNS) + "</tr>"]
+    for label, key in (("SLO minutes", "slo_minutes"), ("replica-hours", "replica_hours"),
+                       ("peak replicas", "peak_replicas"), ("target utilisation", "target_utilization")):
+        cells = []
+        for name, _ in CAPACITY_COLUMNS:
+            st = cap.strategies.get(name)
+            v = None if st is None else getattr(st, key)
+            cells.append("n/a" if v is None else f"{v:,}")
+        h.append(f'<tr><td class="l">{label}</td>' + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+    h.append("</table>")
+    present = [(name, label, cap.strategies[name], PALETTE[k]) for k, (name, label) in enumerate(CAPACITY_COLUMNS)
+               if cap.strategies.get(name) is not None]
+    lanes = [(f"{name}: {st.slo_minutes:,} min", st.over, OVER) for name, _, st, _ in present]
+    x_label = (f"minutes replayed ({cap.minutes:,}" + (f", {cap.bucket_min} per point" if cap.bucket_min > 1 else "")
+               + "); lanes: each strategy's minutes over the SLO")
+    series = [("traffic (requests/s)", cap.traffic, PALETTE[0]),
+              (f"capacity served, {cap.chosen} (written)", cap.capacity, PALETTE[2])]
+    if cap.forecast is not None:
+        series.append(("forecast", cap.forecast, PALETTE[1]))
+    h.append('<h3>Traffic and capacity</h3><div class="plot">'
+             + line_chart("traffic and capacity", series, lanes, "requests/s", x_label) + "</div>")
+    rs = [(label, st.replicas, color) for _, label, st, color in present]
+    rs.append(("needed (with headroom)", cap.needed, PALETTE[4]))
+    h.append('<h3>Replicas over time</h3><div class="plot">'
+             + line_chart("replicas", rs, lanes, "replicas", x_label) + "</div>")
+    return "\n".join(h)
+
+
 def to_html(report: Report) -> str:
     stages = report.stages
     names = [s.name for s in stages]
@@ -303,6 +395,8 @@ def to_html(report: Report) -> str:
                      f'<td>{_text(row["margin"])}</td><td class="l">{v}</td>'
                      f'<td class="l">{_text(g.detail)}</td></tr>')
         h.append("</table>")
+    if report.capacity is not None:
+        h.append(capacity_section(report.capacity))
     m = report.machine
     versions = ", ".join(f"{_text(k)} {_text(v)}" for k, v in report.versions.items())
     h.append(f'<h2>Machine</h2><div class="meta">{_text(str(m.get("processor", "")))}, {_text(m.get("cpu_count"))} cores, '

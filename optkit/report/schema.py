@@ -8,9 +8,9 @@ import sys
 from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, computed_field
+from pydantic import BaseModel, Field, computed_field, field_validator
 
 from optkit.core.atomic import write_text
 from optkit.core.errors import UsageError
@@ -69,6 +69,60 @@ class GateResult(BaseModel):
         return "cannot judge" if self.detail.startswith("cannot judge") else "fail"
 
 
+MAX_POINTS = 2000          # a capacity series is bucketed to at most this many points
+
+
+def _finite_list(v: list, what: str) -> list:
+    for x in v:
+        if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float)) or not (0 <= x <= 1e12)):
+            raise ValueError(f"{what}: {str(x)[:40]} is not a figure between 0 and 1e12")
+    return v
+
+
+Series = Annotated[list[float], Field(max_length=MAX_POINTS)]
+
+
+class CapacityStrategy(BaseModel):
+    model_config = {"extra": "ignore"}
+    slo_minutes: int = Field(ge=0)
+    replica_hours: float = Field(ge=0, allow_inf_nan=False)
+    peak_replicas: int = Field(ge=0)
+    target_utilization: float | None = Field(default=None, ge=0, le=1)
+    replicas: Series = Field(default_factory=list)
+    over: list[Annotated[list[int], Field(min_length=2, max_length=2)]] = Field(default_factory=list,
+                                                                                 max_length=MAX_POINTS)
+
+    @field_validator("replicas")
+    @classmethod
+    def _replicas(cls, v):
+        return _finite_list(v, "replicas")
+
+
+class CapacitySection(BaseModel):
+    """A recipe's `capacity:` result as the report carries it (rendered by report/html.py): the strategies'
+    figures and their series bucketed to at most MAX_POINTS points, each bucket its highest minute."""
+    model_config = {"extra": "ignore"}
+    output: str = ""
+    html: str | None = None
+    chosen: str
+    throughput_per_s: float = Field(gt=0, allow_inf_nan=False)
+    throughput_source: str = ""
+    minutes: int = Field(ge=0)
+    start: str | None = None
+    bucket_min: int = Field(ge=1)
+    traffic: Series
+    capacity: Series
+    needed: Series
+    forecast: Series | None = None
+    strategies: dict[str, CapacityStrategy | None] = Field(max_length=8)
+    notes: list[str] = Field(default_factory=list, max_length=200)
+
+    @field_validator("traffic", "capacity", "needed", "forecast")
+    @classmethod
+    def _series(cls, v):
+        return v if v is None else _finite_list(v, "series")
+
+
 class Report(BaseModel):
     schema_version: str = SCHEMA_VERSION
     tool: str = "optkit"
@@ -80,6 +134,7 @@ class Report(BaseModel):
     run: dict[str, Any] | None = None          # run id, folder, whether it resumed (optkit run)
     stages: list[Stage] = Field(default_factory=list)
     gates: list[GateResult] = Field(default_factory=list)
+    capacity: CapacitySection | None = None    # a recipe's `capacity:` section, as it ran
 
     def to_json(self) -> str:
         return self.model_dump_json(indent=2, by_alias=True)

@@ -73,3 +73,12 @@ def build(values: dict) -> CapacityConfig:
     if cfg.min_replicas > cfg.max_replicas:
         raise UsageError(f"--min-replicas {cfg.min_replicas} is above --max-replicas {cfg.max_replicas}")
     return cfg
+
+
+class RecipeCapacity(CapacityConfig):
+    """A recipe's `capacity:` section: `optkit capacity`'s options (paths relative to the recipe), and the
+    per-replica figures: a file as the command takes, or by default this run's own tune stage (its best
+    setting), else this run's report (its last stage timed with a throughput: measure.concurrency)."""
+    figures: str | None = Field(default=None, description="Per-replica figures: a best.json, a report.json or an "
+                                                          "optkit-package.json (default: this run's tune stage, "
+                                                          "else its report).")

@@ -9,7 +9,8 @@ import numpy as np
 
 from optkit.core.text import printable
 from optkit.package.capacity.plan import Plan
-from optkit.report.html import CSS, PALETTE, _ticks
+from optkit.report.html import CSS, capacity_section
+from optkit.report.schema import MAX_POINTS, CapacitySection
 
 COLUMNS = (("fixed", "fixed for the peak"), ("reactive", "reactive HPA"), ("forecast", "HPA + forecast schedule"))
 
@@ -50,76 +51,51 @@ def _text(v) -> str:
     return escape(printable(str(v)))
 
 
-def _line_chart(title: str, series: list[tuple[str, np.ndarray, str]], over: np.ndarray | None, unit: str,
-                width: int = 1040, height: int = 260) -> str:
-    left, right, top, bottom = 60, 12, 26, 36
-    pw, ph = width - left - right, height - top - bottom
-    n = max(len(s[1]) for s in series)
-    hi = max(float(np.max(s[1])) for s in series if len(s[1])) or 1.0
-    yt = _ticks(0.0, hi)
-    ymax = yt[-1] or 1.0
+def _bucket(x: np.ndarray, k: int, how=np.max) -> list[float]:
+    n = len(x) // k * k
+    out = how(np.asarray(x[:n], float).reshape(-1, k), axis=1) if n else np.zeros(0)
+    if len(x) > n:
+        out = np.append(out, how(np.asarray(x[n:], float)))
+    return [round(float(v), 4) for v in out]
 
-    def sx(i):
-        return left + pw * i / max(1, n - 1)
 
-    def sy(v):
-        return top + ph * (1 - v / ymax)
+def _runs(mask: np.ndarray, k: int) -> list[list[int]]:
+    n = len(mask) // k * k
+    b = mask[:n].reshape(-1, k).any(axis=1) if n else np.zeros(0, bool)
+    if len(mask) > n:
+        b = np.append(b, mask[n:].any())
+    edges = np.diff(np.concatenate(([0], b.astype(np.int8), [0])))
+    return [[int(a), int(c)] for a, c in zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1))]
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
-           f'aria-label="{_text(title)}" style="max-width:100%;height:auto">']
-    if over is not None and over.any():
-        edges = np.diff(np.concatenate(([0], over.astype(np.int8), [0])))
-        for a, b in zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)):
-            out.append(f'<rect x="{sx(a):.1f}" y="{top}" width="{max(1.5, sx(b) - sx(a)):.1f}" height="{ph}" '
-                       'fill="#e15759" fill-opacity="0.25"><title>over the SLO</title></rect>')
-    for v in yt:
-        out.append(f'<line x1="{left}" x2="{left + pw}" y1="{sy(v):.1f}" y2="{sy(v):.1f}" stroke="#eee"/>'
-                   f'<text x="{left - 6}" y="{sy(v) + 4:.1f}" font-size="11" text-anchor="end">{v:g}</text>')
-    step = max(1, n // 1500)   # at most ~1500 points a line
-    for k, (label, y, color) in enumerate(series):
-        pts = " ".join(f"{sx(i):.1f},{sy(float(y[i])):.1f}" for i in range(0, len(y), step))
-        out.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.3" points="{pts}"/>')
-        out.append(f'<rect x="{left + 10 + 230 * k}" y="6" width="12" height="3" fill="{color}"/>'
-                   f'<text x="{left + 26 + 230 * k}" y="11" font-size="11">{_text(label)}</text>')
-    out.append(f'<text x="{left + pw / 2}" y="{height - 6}" font-size="11" text-anchor="middle">minutes replayed '
-               f'({n:,}); shaded: minutes over the SLO</text>')
-    out.append(f'<text x="12" y="{top + ph / 2}" font-size="11" text-anchor="middle" '
-               f'transform="rotate(-90 12 {top + ph / 2})">{_text(unit)}</text>')
-    out.append("</svg>")
-    return "".join(out)
+
+def section(plan: Plan, output: str = "", html: str | None = None) -> CapacitySection:
+    """The plan as the report carries it: figures, and series bucketed to at most MAX_POINTS points."""
+    d = plan.to_contract()
+    load = plan.traffic.rates[plan.begin:]
+    k = max(1, -(-len(load) // MAX_POINTS))
+    auto = plan.autoscaled
+    strategies = {}
+    for name, _ in COLUMNS:
+        st = plan.strategies.get(name)
+        strategies[name] = None if st is None else {
+            **st.summary(), "replicas": _bucket(st.replay.replicas, k), "over": _runs(st.replay.over, k)}
+    return CapacitySection(
+        output=output, html=html, chosen=plan.chosen, throughput_per_s=plan.per.throughput_per_s,
+        throughput_source=plan.per.throughput_source, minutes=len(load), start=d["replay"]["from"], bucket_min=k,
+        traffic=_bucket(load, k), capacity=_bucket(auto.replay.ready * plan.per.throughput_per_s, k, np.min),
+        needed=_bucket(plan.needed[plan.begin:], k),
+        forecast=_bucket(plan.forecast.predicted, k) if plan.forecast is not None else None,
+        strategies=strategies, notes=list(d["replay"]["repairs"]) + list(d["notes"]))
 
 
 def to_html(plan: Plan) -> str:
+    """The stand-alone page (`optkit capacity --html`): the report's capacity section, the schedule and the
+    notes; a recipe's run report shows the same section."""
     d = plan.to_contract()
-    thr = plan.per.throughput_per_s
-    load = plan.traffic.rates[plan.begin:]
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>optkit capacity</title><style>{CSS}</style>"
-             "</head><body><h1>Capacity</h1>",
-             f"<p class='meta'>{_text(d['per_replica']['source'])}<br>per replica {thr:,.1f} requests/s: "
-             f"{_text(d['per_replica']['throughput_source'])}</p>",
-             "<h2>Strategies</h2><table><tr><th class='l'></th>"
-             + "".join(f"<th>{_text(label)}</th>" for _, label in COLUMNS) + "</tr>"]
-    for label, key in (("SLO minutes", "slo_minutes"), ("replica-hours", "replica_hours"),
-                       ("peak replicas", "peak_replicas"), ("target utilisation", "target_utilization")):
-        cells = []
-        for name, _ in COLUMNS:
-            s = d["replay"]["strategies"].get(name)
-            v = None if s is None else s.get(key)
-            cells.append("n/a" if v is None else f"{v:,}")
-        parts.append(f"<tr><td class='l'>{label}</td>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-    parts.append("</table>")
-    auto = plan.autoscaled
-    cap = auto.replay.ready * thr
-    series = [("traffic (requests/s)", load, PALETTE[0]), (f"capacity served, {auto.name}", cap, PALETTE[2])]
-    if plan.forecast is not None:
-        series.append(("forecast", plan.forecast.predicted, PALETTE[1]))
-    parts.append("<h2>Traffic and capacity</h2><div class='plot'>"
-                 + _line_chart("traffic and capacity", series, auto.replay.over, "requests/s") + "</div>")
-    rs = [(label, plan.strategies[name].replay.replicas, PALETTE[k])
-          for k, (name, label) in enumerate(COLUMNS) if plan.strategies.get(name) is not None]
-    rs.append(("needed (with headroom)", plan.needed[plan.begin:], PALETTE[4]))
-    parts.append("<h2>Replicas over time</h2><div class='plot'>"
-                 + _line_chart("replicas", rs, auto.replay.over, "replicas") + "</div>")
+             "</head><body><h1>optkit capacity</h1>",
+             f"<p class='meta'>{_text(d['per_replica']['source'])}</p>",
+             capacity_section(section(plan), link=False)]
     if d["schedule"]:
         parts.append("<h2>Schedule (KEDA cron)</h2><table><tr><th class='l'>start</th><th class='l'>end</th>"
                      "<th>desired replicas</th><th class='l'>timezone</th></tr>")

@@ -71,19 +71,45 @@ class Plan:
     fixed_replicas: int = 0
 
     @property
+    def cpu_cores(self) -> float | None:
+        return self.opts.cpu_cores if self.opts.cpu_cores is not None else self.per.cpu_cores
+
+    @property
+    def cpu_source(self) -> str | None:
+        if self.opts.cpu_cores is not None:
+            return "stated by the user (--cpu)" + (f"; the figures' own {self.per.cpu_cores:.4g} cores not used"
+                                                   if self.per.cpu_cores is not None else "")
+        return "measured (CPU s per 1,000 samples x throughput)" if self.per.cpu_cores is not None else None
+
+    @property
+    def memory_mb(self) -> float | None:
+        return self.opts.memory_mb if self.opts.memory_mb is not None else self.per.memory_mb
+
+    @property
+    def memory_source(self) -> str | None:
+        if self.opts.memory_mb is not None:
+            return "stated by the user (--memory-mb)" + (f"; the measured peak {self.per.memory_mb:.4g} MB not "
+                                                         "used" if self.per.memory_mb is not None else "")
+        return "measured peak (the model's own memory)" if self.per.memory_mb is not None else None
+
+    @property
     def autoscaled(self) -> Strategy:
         return self.strategies[self.chosen]
 
     def to_contract(self) -> dict[str, Any]:
         s = self.autoscaled
-        metric = "cpu" if self.per.cpu_cores is not None else "rps"
+        metric = "cpu" if self.cpu_cores is not None else "rps"
+        per = self.per.to_contract()
+        # a figure the user states (--cpu, --memory-mb) is the one used, and said to be the user's
+        per["cpu_cores"], per["cpu_source"] = self.cpu_cores, self.cpu_source
+        per["memory_mb"], per["memory_source"] = self.memory_mb, self.memory_source
         strategies = {k: (v.summary() if v else None) for k, v in self.strategies.items()}
         fc = self.forecast if self.chosen == "forecast" else None
         return {
             "schema": 1,
             "model": self.per.model,
             "slo": {"p99_ms": self.slo_p99_ms},
-            "per_replica": self.per.to_contract(),
+            "per_replica": per,
             "headroom": self.opts.headroom,
             "replicas": {"min": self.opts.min_replicas, "max": s.max_replicas,
                          "peak": int(s.replay.replicas.max()) if len(s.replay.replicas) else self.fixed_replicas,
@@ -144,7 +170,9 @@ def resources(per: PerReplica, opts: Options, notes: list[str]) -> dict:
 
 def make_plan(per: PerReplica, traffic: Traffic, opts: Options) -> Plan:
     thr = per.throughput_per_s
-    notes = [f"per-replica throughput: {per.throughput_source}"] + list(per.notes)
+    stated = opts.cpu_cores is not None and opts.memory_mb is not None
+    notes = [f"per-replica throughput: {per.throughput_source}"] + [
+        n for n in per.notes if not (stated and n.startswith("served figures"))] + list(traffic.notes)
     slo = opts.slo_p99_ms if opts.slo_p99_ms is not None else per.slo_p99_ms
     if slo is not None and per.p99_ms is not None and per.p99_ms > slo:
         raise UsageError(f"{per.source}: its p99 {per.p99_ms:.3g} ms is over the SLO p99 {slo:g} ms at any load: no "

@@ -44,14 +44,45 @@ class PerReplica:
         return out
 
 
-def _finite(value, where: str, key: str, *, positive: bool = False) -> float | None:
+MAX_THROUGHPUT = 1e9      # requests per second of one replica: CAPACITY.json's own bound
+MAX_CORES = 1024
+MAX_MS = 1e9
+
+
+def _finite(value, where: str, key: str, *, positive: bool = False, most: float | None = None) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 \
             or (positive and value == 0):
-        raise UsageError(f"{where}: key {key} is {str(value)[:40]}, not a {'positive' if positive else ''} "
+        raise UsageError(f"{where}: key {key} is {str(value)[:40]}, not a {'positive ' if positive else ''}"
                          "finite number; give the file optkit wrote, unedited")
+    if most is not None and value > most:
+        raise UsageError(f"{where}: key {key} is {value:g}, over {most:g}: not one replica's figure; give the file "
+                         "optkit wrote, unedited")
     return float(value)
+
+
+def _band(where: str, key: str, band, point: float) -> float | None:
+    """The lower end of a 95% band [low, high] of `point`; a band reversed, or whose low end is over twice the
+    figure it is the band of, is forged (the figure itself may sit outside: a band of trials vs the whole run)."""
+    if not isinstance(band, (list, tuple)) or len(band) != 2:
+        return None
+    low = _finite(band[0], where, f"{key}.0", most=MAX_THROUGHPUT)
+    high = _finite(band[1], where, f"{key}.1", most=MAX_THROUGHPUT * 10)
+    if low > high or low > 2 * point:
+        raise UsageError(f"{where}: key {key} is [{low:g}, {high:g}], not a band of its figure {point:g}; "
+                         "give the file optkit wrote, unedited")
+    return low
+
+
+def _cores(cpu_1k: float | None, thr: float, where: str, key: str) -> float | None:
+    if cpu_1k is None:
+        return None
+    cores = cpu_1k * thr / 1000
+    if cores > MAX_CORES:
+        raise UsageError(f"{where}: key {key} {cpu_1k:g} CPU s per 1,000 samples at {thr:,.1f}/s is {cores:,.4g} "
+                         f"cores, over {MAX_CORES}: not one replica's; give the file optkit wrote, unedited")
+    return cores
 
 
 def load(path: str | Path) -> PerReplica:
@@ -79,46 +110,72 @@ def load(path: str | Path) -> PerReplica:
                      f"{LINEAGE_FILE} (schema optkit-package/1)")
 
 
-def _slo_p99(slos: list) -> float | None:
+def _slo_p99(slos: list, where: str = "") -> float | None:
     """'p99<=20ms' (tune's --slo) as 20.0."""
     for s in slos or []:
         m = re.fullmatch(r"\s*p99\s*<=?\s*([0-9.eE+-]+)\s*(ms|s)?\s*", str(s))
         if m:
-            v = float(m.group(1))
-            return v * 1e3 if m.group(2) == "s" else v
+            try:
+                v = float(m.group(1))
+            except ValueError:
+                v = math.nan
+            v = v * 1e3 if m.group(2) == "s" else v
+            if not (math.isfinite(v) and 0 < v <= MAX_MS):
+                raise UsageError(f"{where}: key slo: {str(s)[:40]!r} is not a latency objective above 0 and at most "
+                                 f"{MAX_MS:g} ms; give the file optkit wrote, unedited (or --slo-p99 MS)")
+            return v
     return None
 
 
 def _tuned(figures: dict, confirmed: dict | None, setting: dict, where: str, source: str) -> PerReplica:
-    thr = _finite(figures.get("throughput_per_s"), where, "best.figures.throughput_per_s", positive=True)
+    thr = _finite(figures.get("throughput_per_s"), where, "best.figures.throughput_per_s", positive=True,
+                  most=MAX_THROUGHPUT)
     if thr is None:
         raise UsageError(f"{where}: key best.figures.throughput_per_s is missing; tune with --objective "
                          "throughput so the best setting has a throughput at the objective")
     if confirmed and confirmed.get("figure") == "throughput_per_s":
-        low = _finite(confirmed["ci95"][0], where, "best.confirmed.ci95.0")
+        mean = _finite(confirmed.get("mean"), where, "best.confirmed.mean", positive=True, most=MAX_THROUGHPUT)
+        low = _band(where, "best.confirmed.ci95", confirmed.get("ci95"), mean)
         rounds = confirmed.get("rounds")
-        used = low if low and low > 0 else thr
-        text = (f"lower end of the 95% band of tune's confirmation ({rounds or '?'} rounds): {used:,.1f}/s "
-                f"(mean {confirmed['mean']:,.1f}/s)")
+        if low:
+            used = low
+            text = (f"lower end of the 95% band of tune's confirmation ({rounds or '?'} rounds): {used:,.1f}/s "
+                    f"(mean {mean:,.1f}/s)")
+        else:
+            used = thr
+            text = (f"tune's best trial: {thr:,.1f}/s; the 95% band of its confirmation reaches 0/s (too noisy to "
+                    "size on): the point figure is used; confirm with more rounds (tune --confirm)")
     else:
         used = thr
         text = (f"tune's best trial: {thr:,.1f}/s; no 95% band (tune --confirm 0, or the objective was not "
                 "throughput): the point figure is used, its noise unknown")
     cpu_1k = _finite(figures.get("cpu_s_per_1k"), where, "best.figures.cpu_s_per_1k")
-    mem = _finite(figures.get("memory_mb"), where, "best.figures.memory_mb")
+    mem = _finite(figures.get("memory_mb"), where, "best.figures.memory_mb", most=2 ** 24)
     return PerReplica(throughput_per_s=used, throughput_source=text,
-                      p99_ms=_finite(figures.get("p99_ms"), where, "best.figures.p99_ms"),
-                      cpu_per_1000_samples_s=cpu_1k, cpu_cores=cpu_1k * used / 1000 if cpu_1k is not None else None,
+                      p99_ms=_finite(figures.get("p99_ms"), where, "best.figures.p99_ms", most=MAX_MS),
+                      cpu_per_1000_samples_s=cpu_1k, cpu_cores=_cores(cpu_1k, used, where, "best.figures.cpu_s_per_1k"),
                       memory_mb=mem, source=source, threads=setting.get("threads"))
 
 
 def _from_best(p: Path) -> PerReplica:
     data, _ = schemas.load_tuned(p)
+    return _from_tuned(data, str(p), f"tune best.json {p.name}")
+
+
+def _from_tuned(data: dict, where: str, what: str) -> PerReplica:
     best = data["best"]
-    r = _tuned(best.get("figures") or {}, best.get("confirmed"), best["setting"], str(p),
-               f"tune best.json {p.name} (setting: {best.get('label') or 'unlabelled'})")
-    r.model, r.slo_p99_ms = data.get("model"), _slo_p99(data.get("slo"))
+    r = _tuned(best.get("figures") or {}, best.get("confirmed"), best["setting"], where,
+               f"{what} (setting: {best.get('label') or 'unlabelled'})")
+    r.model, r.slo_p99_ms = data.get("model"), _slo_p99(data.get("slo"), where)
     return r
+
+
+def from_tune_result(result: dict, where: str) -> PerReplica:
+    """A recipe's tune stage result (its `measurements.tune`: the object tune writes to best.json), checked by
+    best.json's schema, without a file between."""
+    data = {k: v for k, v in result.items() if k != "trials"}
+    schemas.validate(data, schemas.TunedFile, where, "run the recipe's tune stage again")
+    return _from_tuned(data, where, where)
 
 
 def _from_lineage(p: Path) -> PerReplica:
@@ -137,36 +194,46 @@ def _from_lineage(p: Path) -> PerReplica:
 
 
 def _from_report(p: Path) -> PerReplica:
-    rep = Report.load(p)
+    return from_report(Report.load(p), str(p), p.name)
+
+
+def from_report(rep: Report, where: str, name: str | None = None) -> PerReplica:
+    """The figures of a report (a file read through Report.load, or a run's own report in memory)."""
+    p = where
+    name = name or where
     stages = [s for s in rep.stages if isinstance(s.measurements, dict)
-              and any(isinstance(s.measurements.get(g), dict) and s.measurements[g].get("throughput_per_s")
+              and any(isinstance(s.measurements.get(g), dict) and s.measurements[g].get("throughput_per_s") is not None
                       for g in ("concurrency", "latency"))]
     if not stages:
         raise UsageError(f"{p}: no stage has a throughput (measurements.concurrency or measurements.latency); "
-                         "give the report of `optkit bench --url URL --concurrency N --report FILE`")
+                         "give the report of `optkit bench --url URL --concurrency N --report FILE` (a recipe: "
+                         "a tune stage, measure.concurrency, or capacity.figures)")
     stage = stages[-1]
     m = stage.measurements
-    group = "concurrency" if isinstance(m.get("concurrency"), dict) and m["concurrency"].get("throughput_per_s") \
-        else "latency"
+    group = "concurrency" if isinstance(m.get("concurrency"), dict) \
+        and m["concurrency"].get("throughput_per_s") is not None else "latency"
     g = m[group]
     key = f"stages.{rep.stages.index(stage)}.measurements.{group}"
-    thr = _finite(g.get("throughput_per_s"), str(p), f"{key}.throughput_per_s", positive=True)
+    thr = _finite(g.get("throughput_per_s"), str(p), f"{key}.throughput_per_s", positive=True, most=MAX_THROUGHPUT)
     band = (g.get("ci95") or {}).get("throughput_per_s") if isinstance(g.get("ci95"), dict) else None
-    low = _finite(band[0], str(p), f"{key}.ci95.throughput_per_s.0") if isinstance(band, list) and band else None
+    low = _band(str(p), f"{key}.ci95.throughput_per_s", band, thr) if band is not None else None
     load_text = (f"under load, {g.get('concurrency')} requests in flight" if group == "concurrency"
                  else "one request at a time (no --concurrency: the throughput under load was not measured)")
     if low is not None and low > 0:
         used, text = low, (f"lower end of the 95% band of {stage.name!r}'s throughput {load_text}: {low:,.1f}/s "
                            f"(measured {thr:,.1f}/s)")
+    elif low is not None:
+        used, text = thr, (f"{stage.name!r}'s throughput {load_text}: {thr:,.1f}/s; its 95% band reaches 0/s (too "
+                           "noisy to size on): the measured figure is used; measure longer (bench --duration)")
     else:
         used, text = thr, f"{stage.name!r}'s throughput {load_text}: {thr:,.1f}/s; no 95% band in the report"
     mem = m.get("memory") if isinstance(m.get("memory"), dict) else {}
     req = m.get("request") if isinstance(m.get("request"), dict) else {}
     served = isinstance(m.get("served"), dict)
     r = PerReplica(throughput_per_s=used, throughput_source=text,
-                   p99_ms=_finite(g.get("p99_ms"), str(p), f"{key}.p99_ms"),
-                   memory_mb=_finite(mem.get("peak_mb"), str(p), "measurements.memory.peak_mb"),
-                   source=f"{'bench --url' if served else rep.command or 'report'} report {p.name} "
+                   p99_ms=_finite(g.get("p99_ms"), str(p), f"{key}.p99_ms", most=MAX_MS),
+                   memory_mb=_finite(mem.get("peak_mb"), str(p), "measurements.memory.peak_mb", most=2 ** 24),
+                   source=f"{'bench --url' if served else rep.command or 'report'} report {name} "
                           f"(stage {stage.name!r})",
                    model=stage.output.path if stage.output else None)
     if req.get("body_bytes") is not None:

@@ -67,11 +67,16 @@ def load(path: str | Path) -> Traffic:
     stripped = text.lstrip()
     if not stripped:
         raise UsageError(f"{p} is empty; give rows of timestamp,requests_per_s")
-    rows = _prometheus(p, stripped) if stripped[0] in "{[" else _csv(p, text)
-    return to_minutes(p, rows)
+    notes: list[str] = []
+    rows = _prometheus(p, stripped) if stripped[0] in "{[" else _csv(p, text, notes)
+    traffic = to_minutes(p, rows, naive=any("no time zone" in n for n in notes))
+    traffic.notes[:0] = notes
+    return traffic
 
 
 def _number(p: Path, row: int, what: str, value) -> float:
+    if isinstance(value, bool) or value is None:
+        raise UsageError(f"{p} row {row}: {what} {str(value).lower()} is not a number")
     try:
         v = float(value)
     except (TypeError, ValueError):
@@ -79,10 +84,11 @@ def _number(p: Path, row: int, what: str, value) -> float:
     return v
 
 
-def _timestamp(p: Path, row: int, value: str) -> float:
+def _timestamp(p: Path, row: int, value: str) -> tuple[float, float | None]:
+    """Epoch seconds and the time's UTC offset in seconds (None: no zone given; 0 for epoch seconds)."""
     value = value.strip()
     try:
-        return float(value)
+        return float(value), 0.0
     except ValueError:
         pass
     try:
@@ -90,30 +96,83 @@ def _timestamp(p: Path, row: int, value: str) -> float:
     except ValueError:
         raise UsageError(f"{p} row {row}: timestamp {value[:40]!r} is neither ISO 8601 nor epoch seconds") from None
     if t.tzinfo is None:
-        t = t.replace(tzinfo=timezone.utc)
-    return t.timestamp()
+        return t.replace(tzinfo=timezone.utc).timestamp(), None
+    return t.timestamp(), t.utcoffset().total_seconds()
 
 
-def _csv(p: Path, text: str) -> list[tuple[int, float, float]]:
+RATE_NAMES = ("requests_per_s", "requests_per_second", "rps", "rate", "value", "requests", "qps")
+
+
+def _columns(p: Path, header: list[str] | None, width: int, notes: list[str]) -> int:
+    """Which column holds the rate: the second of two; of more, the one a header names (else exit 2)."""
+    names = [h.strip().lower() for h in header] if header else None
+    if width == 2:
+        if names and names[1] not in RATE_NAMES:
+            notes.append(f"header {','.join(h.strip() for h in header)[:80]!r} read as timestamp,requests_per_s "
+                         "(the first column the time, the second the rate)")
+        return 1
+    if names:
+        hits = [i for i, h in enumerate(names) if h in RATE_NAMES and i > 0]
+        if len(hits) == 1:
+            notes.append(f"{width} columns: the rate is column {hits[0] + 1} ({header[hits[0]].strip()[:40]!r}), "
+                         "the others are ignored")
+            return hits[0]
+        raise UsageError(f"{p} row 1: {width} columns ({','.join(h.strip() for h in header)[:80]}) and "
+                         f"{'no' if not hits else 'more than one'} column named as the rate "
+                         f"({', '.join(RATE_NAMES[:3])}); give timestamp,requests_per_s")
+    raise UsageError(f"{p}: {width} columns and no header naming the rate; give timestamp,requests_per_s (or a "
+                     "header row naming the rate column requests_per_s)")
+
+
+def _csv(p: Path, text: str, notes: list[str]) -> list[tuple[int, float, float]]:
     import csv
 
     out = []
+    header, col, width = None, None, None
+    zones: set = set()
     for n, fields in enumerate(csv.reader(text.splitlines()), start=1):
         if not fields or all(not f.strip() for f in fields) or fields[0].lstrip().startswith("#"):
             continue
         if len(fields) < 2:
-            raise UsageError(f"{p} row {n}: one column; give timestamp,requests_per_s")
-        if not out and n == _first_row(text):
-            try:
-                float(fields[1])
-            except ValueError:
-                continue  # a header row
+            raise UsageError(f"{p} row {n}: one column; give timestamp,requests_per_s (comma-separated)")
+        if not out and header is None and n == _first_row(text) and not all(_numeric(f) for f in fields[1:]):
+            header = fields  # a header row: no numbers past the time
+            continue
+        if width is None:
+            width = len(fields)
+            col = _columns(p, header, width, notes)
+        elif len(fields) != width:
+            raise UsageError(f"{p} row {n}: {len(fields)} columns where the rows before have {width}")
         if len(out) >= MAX_ROWS:
             raise UsageError(f"{p} has over {MAX_ROWS:,} rows; resample it to one row a minute or coarser")
-        out.append((n, _timestamp(p, n, fields[0]), _number(p, n, "rate", fields[1].strip())))
+        t, zone = _timestamp(p, n, fields[0])
+        zones.add(zone)
+        out.append((n, t, _number(p, n, "rate", fields[col].strip())))
     if not out:
         raise UsageError(f"{p} holds no rows of timestamp,requests_per_s")
+    if None in zones and len(zones) > 1:
+        raise UsageError(f"{p}: some timestamps carry a time zone and some do not; give every time in UTC (Z) or "
+                         "with its offset")
+    if zones == {None}:
+        notes.append("the timestamps carry no time zone: read as UTC")
+    elif len(zones) > 1:
+        offs = sorted(z for z in zones if z is not None)
+        notes.append("timestamps with UTC offsets " + ", ".join(_offset(z) for z in offs[:4])
+                     + (" ..." if len(offs) > 4 else "") + " converted to UTC")
     return out
+
+
+def _numeric(v: str) -> bool:
+    try:
+        float(v)
+        return True
+    except ValueError:
+        return False
+
+
+def _offset(seconds: float) -> str:
+    m = int(seconds // 60)
+    return f"{'+' if m >= 0 else '-'}{abs(m) // 60:02d}:{abs(m) % 60:02d}"
 
 
 def _first_row(text: str) -> int:
@@ -155,13 +214,18 @@ def _prometheus(p: Path, text: str) -> list[tuple[int, float, float]]:
     return out
 
 
-def to_minutes(p: Path | str, rows: list[tuple[int, float, float]]) -> Traffic:
-    """Checked rows (row number, epoch seconds, rate) as one mean rate per minute; gaps filled and counted."""
+def to_minutes(p: Path | str, rows: list[tuple[int, float, float]], naive: bool = False) -> Traffic:
+    """Checked rows (row number, epoch seconds, rate) as one mean rate per minute; gaps filled and counted.
+    `naive`: the times carried no zone (a local clock repeats an hour when daylight saving ends)."""
     where = "key data.result.0.values." if str(p).endswith(".json") else "row "
+    local = ("; local times without a zone repeat at a daylight-saving change: give UTC (Z) or offsets"
+             if naive else "")
     prev_t, prev_row = None, None
     for n, t, v in rows:
         if not math.isfinite(t) or t < 0 or t > 4e9:
-            raise UsageError(f"{p} {where}{n}: timestamp {t} is not a time between 1970 and 2096")
+            unit = ("; epoch milliseconds? give seconds" if 1e11 < t < 4e12 else
+                    "; epoch microseconds? give seconds" if 1e14 < t < 4e15 else "")
+            raise UsageError(f"{p} {where}{n}: timestamp {t:g} is not a time between 1970 and 2096{unit}")
         if not math.isfinite(v):
             raise UsageError(f"{p} {where}{n}: rate is {v}; every rate must be a number (fill or drop the row)")
         if v < 0:
@@ -170,19 +234,21 @@ def to_minutes(p: Path | str, rows: list[tuple[int, float, float]]) -> Traffic:
             raise UsageError(f"{p} {where}{n}: rate {v:g} is over {MAX_RATE:g} requests per second")
         if prev_t is not None:
             if t == prev_t:
-                raise UsageError(f"{p} {where}{n}: timestamp repeats {where}{prev_row}'s; one rate per time")
+                raise UsageError(f"{p} {where}{n}: timestamp repeats {where}{prev_row}'s; one rate per time{local}")
             if t < prev_t:
-                raise UsageError(f"{p} {where}{n}: timestamp is before {where}{prev_row}'s; sort the rows by time")
+                raise UsageError(f"{p} {where}{n}: timestamp is before {where}{prev_row}'s; sort the rows by "
+                                 f"time{local}")
         prev_t, prev_row = t, n
     ts = np.array([r[1] for r in rows])
     vs = np.array([r[2] for r in rows])
     numbers = np.array([r[0] for r in rows])
     start = int(ts[0] // STEP_S * STEP_S)
-    span = int((ts[-1] - start) // STEP_S) + 1
+    sample_s = float(np.median(np.diff(ts))) if len(ts) > 1 else 60.0
+    hold = max(1, int(round(sample_s / STEP_S)))
+    span = int((ts[-1] - start) // STEP_S) + hold      # the last sample holds for its interval too
     if span > MAX_MINUTES:
         raise UsageError(f"{p} spans {span / 1440:.0f} days; optkit replays at most {MAX_MINUTES // 1440} days: "
                          "give the last year")
-    sample_s = float(np.median(np.diff(ts))) if len(ts) > 1 else 60.0
     idx = ((ts - start) // STEP_S).astype(np.int64)
     sums = np.bincount(idx, weights=vs, minlength=span)
     counts = np.bincount(idx, minlength=span)
@@ -192,16 +258,19 @@ def to_minutes(p: Path | str, rows: list[tuple[int, float, float]]) -> Traffic:
     row_of = np.full(span, -1, dtype=np.int64)
     row_of[idx] = numbers  # the last row of each minute
     traffic = Traffic(rates=rates, start=start, source=str(p), rows=len(rows), sample_s=sample_s)
+    if len(rows) == 1:
+        traffic.notes.append("the history is one row: one minute is replayed (the same as --peak with it)")
     if sample_s < STEP_S and len(rows) > span:
-        traffic.notes.append(f"{len(rows):,} samples every {sample_s:g} s averaged into {span:,} minutes")
-    hold = max(1, int(round(sample_s / STEP_S)))
+        traffic.notes.append(f"resampled: {len(rows):,} samples every {sample_s:g} s averaged into {span:,} "
+                             "minutes (each minute's mean)")
     if hold > 1:  # coarser than a minute: each sample holds for its interval, a missing sample is a gap
         for k in range(1, hold):
             fill = np.isnan(rates) & np.roll(~np.isnan(rates), k)
             fill[:k] = False
             rates[fill] = np.roll(rates, k)[fill]
             row_of[fill] = np.roll(row_of, k)[fill]
-        traffic.notes.append(f"one sample every {sample_s:g} s: each holds for its {hold} minutes")
+        traffic.notes.append(f"resampled: one sample every {sample_s:g} s, each held for its {hold} minutes "
+                             "(the replay cannot see a surge inside a sample's interval)")
     missing = np.isnan(rates)
     if missing.any():
         known = np.flatnonzero(~missing)
@@ -215,6 +284,8 @@ def to_minutes(p: Path | str, rows: list[tuple[int, float, float]]) -> Traffic:
         if missing.sum() > 0.2 * span:
             traffic.notes.append(f"{100 * missing.sum() / span:.0f}% of the minutes were filled: the replay is "
                                  "of the filled curve as much as of the traffic")
+    if not rates.any():
+        traffic.notes.append("the traffic is zero throughout: every strategy keeps the minimum replicas")
     traffic.rates = rates
     traffic.row_of_minute = row_of
     return traffic

@@ -1,0 +1,71 @@
+"""`capacity:` in a recipe: `optkit capacity` run on this run's figures after the stages (and whatever the gates
+say), the traffic read and every option checked before any stage runs. The same CapacityConfig and the same
+run (capacity/run.py) as the command: the same inputs give the same CAPACITY.json.
+
+    capacity: {history: traffic.csv, output: CAPACITY.json, html: capacity.html, slo_p99_ms: 50}
+    capacity: {figures: best.json, peak: 400, output: CAPACITY.json}
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from optkit.core.errors import UsageError
+from optkit.package.capacity import config as cmod
+from optkit.package.capacity import pictures, replica
+from optkit.package.capacity import run as crun
+from optkit.package.capacity.traffic import Traffic
+
+
+@dataclass
+class Prepared:
+    cfg: cmod.RecipeCapacity
+    traffic: Traffic
+
+
+def prepare(loaded) -> Prepared | None:
+    """Before any stage runs: the options (exit 2 naming the recipe line), the figures file, the traffic."""
+    spec = loaded.recipe.capacity
+    if spec is None:
+        return None
+    where = loaded.where(("capacity",))
+    resolved = {k: loaded.resolve(getattr(spec, k)) for k in ("output", "history", "html", "figures")}
+    values = spec.model_dump(exclude={"figures"}) | {k: v for k, v in resolved.items() if k != "figures"}
+    try:
+        cfg = cmod.build(values)
+    except UsageError as e:
+        raise UsageError(f"{where}: {e.message}") from None
+    cfg = cmod.RecipeCapacity(**cfg.model_dump(), figures=resolved["figures"])
+    for key in ("figures", "history"):
+        path = getattr(cfg, key)
+        if path and not Path(path).exists():
+            raise UsageError(f"{loaded.where(('capacity', key))}: {getattr(spec, key)} does not exist (paths are "
+                             "relative to the recipe file)")
+    for key in ("output", "html"):
+        path = getattr(cfg, key)
+        if path and Path(path).is_dir():
+            raise UsageError(f"{loaded.where(('capacity', key))}: {getattr(spec, key)} is a folder; name a file")
+    try:
+        tr = crun.load_traffic(cfg)
+    except UsageError as e:
+        raise UsageError(f"{loaded.where(('capacity', 'history' if cfg.history else 'peak'))}: {e.message}") \
+            from None
+    return Prepared(cfg=cfg, traffic=tr)
+
+
+def figures_of(prep: Prepared, report) -> replica.PerReplica:
+    if prep.cfg.figures:
+        return replica.load(prep.cfg.figures)
+    tune = next((s for s in reversed(report.stages) if s.pass_name == "tune.onnx"
+                 and isinstance(s.measurements.get("tune"), dict)), None)
+    if tune is not None:
+        return replica.from_tune_result(tune.measurements["tune"], f"stage {tune.name} (tune.onnx)")
+    return replica.from_report(report, "this run's report")
+
+
+def run(prep: Prepared, report) -> crun.Result:
+    """After the stages: the plan from this run's figures, CAPACITY.json and the page written, and the section the
+    run's report carries (its HTML report shows it)."""
+    result = crun.run(figures_of(prep, report), prep.cfg, prep.traffic)
+    report.capacity = pictures.section(result.plan, prep.cfg.output, prep.cfg.html)
+    return result
