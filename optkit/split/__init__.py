@@ -22,6 +22,7 @@ from optkit.core.errors import UsageError
 from optkit.core.locks import locked_output
 from optkit.core.shapes import LADDERS, dim_kind
 from optkit.core.text import first_line
+from optkit.measure.images import client_images
 from optkit.measure.inputs import synthesize
 from optkit.onnx import io as onnx_io
 from optkit.onnx.graph import all_nodes, subgraphs
@@ -293,8 +294,6 @@ def _load_data(path: Path, graph, onnx_model, model: Path) -> tuple[dict, dict]:
 
 
 def _folder_data(path: Path, graph, onnx_model, model: Path) -> tuple[dict, dict]:
-    from optkit.measure.images import client_images
-
     raw = next((p.value for p in onnx_model.metadata_props if p.key == META_KEY), None)
     image = None
     with_meta = raw is not None
