@@ -346,6 +346,17 @@ def test_forged_bench_report_and_a_band_that_reaches_zero(tmp_path):
         per.throughput_source
 
 
+def test_a_tune_band_that_crosses_zero_reaches_0(best, tmp_path):
+    """The normal interval of a noisy rate may cross zero (tune's best.json wrote one under load before its low
+    end was clipped at 0): read as reaching 0/s, too noisy to size on, not refused as forged."""
+    data = json.loads(best.read_text())
+    confirmed = data["best"]["confirmed"]
+    confirmed["ci95"] = [-12902.9, confirmed["mean"] * 2]
+    path = tmp_path / "best.json"
+    path.write_text(json.dumps(data))
+    assert "reaches 0/s (too noisy to size on)" in replica.load(path).throughput_source
+
+
 @pytest.mark.parametrize("flags, rc, words", [
     (["--headroom", "0"], 0, None), (["--headroom", "4"], 0, None), (["--headroom", "-0.1"], 2, "--headroom"),
     (["--startup", "0"], 0, None), (["--startup", "3600"], 0, None), (["--startup", "3601"], 2, "--startup"),

@@ -54,7 +54,7 @@ def _finite(value, where: str, key: str, *, positive: bool = False, most: float 
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 \
             or (positive and value == 0):
-        raise UsageError(f"{where}: key {key} is {str(value)[:40]}, not a {'positive ' if positive else ''}"
+        raise UsageError(f"{where}: key {key} is {str(value)[:40]}, not a {'positive' if positive else 'non-negative'} "
                          "finite number; give the file optkit wrote, unedited")
     if most is not None and value > most:
         raise UsageError(f"{where}: key {key} is {value:g}, over {most:g}: not one replica's figure; give the file "
@@ -67,7 +67,10 @@ def _band(where: str, key: str, band, point: float) -> float | None:
     figure it is the band of, is forged (the figure itself may sit outside: a band of trials vs the whole run)."""
     if not isinstance(band, (list, tuple)) or len(band) != 2:
         return None
-    low = _finite(band[0], where, f"{key}.0", most=MAX_THROUGHPUT)
+    b0 = band[0]
+    if isinstance(b0, (int, float)) and not isinstance(b0, bool) and math.isfinite(b0) and b0 < 0:
+        b0 = 0.0   # a normal interval of a noisy rate crosses zero: it reaches 0/s (older tune files wrote it so)
+    low = _finite(b0, where, f"{key}.0", most=MAX_THROUGHPUT)
     high = _finite(band[1], where, f"{key}.1", most=MAX_THROUGHPUT * 10)
     if low > high or low > 2 * point:
         raise UsageError(f"{where}: key {key} is [{low:g}, {high:g}], not a band of its figure {point:g}; "

@@ -132,7 +132,8 @@ def _confirmed(row: dict, runs: list[dict], figure: str) -> dict:
     merged = {k: float(np.median([f[k] for f in runs if f.get(k) is not None]))
               for k in runs[0] if isinstance(runs[0][k], (int, float))}
     return {**row, "figures": merged,
-            "confirmed": {"figure": figure, "mean": mean, "ci95": [mean - half, mean + half], "rounds": len(values)}}
+            "confirmed": {"figure": figure, "mean": mean, "ci95": [max(mean - half, 0.0), mean + half],
+                          "rounds": len(values)}}
 
 
 def rows_of(trials: list, goal: Goal) -> list[dict]:
