@@ -112,7 +112,7 @@ class Confirmation:
                         break
                     time.sleep(studies.POLL_S)
                 with interrupts.deferred():
-                    study.tell(trial, state=S.PRUNED)
+                    study.tell(trial, state=S.PRUNED, skip_if_finished=True)
                     told = True
         finally:
             if not told:

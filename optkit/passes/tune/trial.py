@@ -126,7 +126,7 @@ class TrialRunner:
                 with interrupts.deferred():
                     if studies.counted(study, before=trial.number) >= self.cfg.trials:
                         trial.set_user_attr("skipped", True)  # the study has its trials (other workers ran them)
-                        study.tell(trial, state=S.PRUNED)
+                        study.tell(trial, state=S.PRUNED, skip_if_finished=True)
                         told = True
                         return "full"
                     setting = suggest(trial, self.space)
@@ -136,7 +136,7 @@ class TrialRunner:
                                               f"onnxruntime pool threads, more than {pool_cap()} on {cores()} cores")
                         trial.set_user_attr("skipped", True)
                         trial.set_user_attr("left_out", self.left_out_last)
-                        study.tell(trial, state=S.PRUNED)
+                        study.tell(trial, state=S.PRUNED, skip_if_finished=True)
                         told = True
                         log.info("trial %d left out: %s", trial.number, self.left_out_last)
                         return "left-out"
@@ -164,7 +164,8 @@ class TrialRunner:
                 with interrupts.deferred():
                     state, values = self._record(trial, figures,
                                                  duplicate_of=duplicate.number if duplicate is not None else None)
-                    study.tell(trial, values, state=state)
+                    # another worker may have popped and finished this trial first (SQLite): its figures stand
+                    study.tell(trial, values, state=state, skip_if_finished=True)
                     told = True
             return "done"
         except optuna.exceptions.UpdateFinishedTrialError:
