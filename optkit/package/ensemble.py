@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from optkit.core.errors import UsageError
 from optkit.package import schemas
@@ -167,19 +167,9 @@ def detect(model: str | Path) -> Plan | None:
 
 def read_split(path: Path) -> Plan:
     where = f"{path}"
-    raw = schemas.read_bytes(path, links=True) if path.exists() or path.is_symlink() else None
-    if raw is None:
+    if not (path.exists() or path.is_symlink()):
         raise UsageError(f"{path} does not exist; give a folder `optkit split` wrote (it holds {SPLIT_FILE})")
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise UsageError(f"{where}: not UTF-8 text (byte {e.start}); {HINT}") from None
-    except (ValueError, RecursionError) as e:
-        raise UsageError(f"{where}: not JSON ({str(e).splitlines()[0][:120]}); {HINT}") from None
-    try:
-        doc = SplitFile.model_validate(data)
-    except ValidationError as e:
-        raise UsageError(f"{where}: {schemas.problem(e)}; {HINT}") from None
+    _, doc = schemas.load(path, SplitFile, HINT, links=True)
     folder = path.parent
     roles = [p.name for p in doc.parts]
     if len(set(roles)) != len(roles) or roles != sorted(roles, key=ROLES.index):
