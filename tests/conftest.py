@@ -110,3 +110,14 @@ def fresh_home_and_tmp(tmp_path_factory, monkeypatch):
     yield home, tmp
     left = sorted(str(p) for d in (home, tmp) for p in d.rglob("*") if p.name != ".ses")
     assert left == [], f"left in HOME or TMPDIR: {left[:5]}"
+
+
+@pytest.fixture(scope="module")
+def preprocessed(tmp_path_factory, samples):
+    """The sample CNN behind uint8 preprocessing (`optkit preprocess`, a gray 8x8 spec): input image [batch,
+    height, width, 1], dynamic height and width; split gives a pre and a core part."""
+    out = tmp_path_factory.mktemp("pre") / "cnn_u8.onnx"
+    r = run_cli("preprocess", samples / "torch_cnn.onnx", "-o", out, "--preprocess",
+                "{color: gray, resize: 8, center_crop: 8}")
+    assert r.rc == 0, r.err
+    return out

@@ -17,19 +17,6 @@ from optkit.split import write
 
 from conftest import ROOT, one_error_line
 
-SPEC = "{color: gray, resize: 8, center_crop: 8}"
-
-
-@pytest.fixture(scope="module")
-def preprocessed(tmp_path_factory, samples):
-    """The sample CNN behind uint8 preprocessing: input image [batch, height, width, 1]."""
-    from conftest import run_cli
-
-    out = tmp_path_factory.mktemp("pre") / "cnn_u8.onnx"
-    r = run_cli("preprocess", samples / "torch_cnn.onnx", "-o", out, "--preprocess", SPEC)
-    assert r.rc == 0, r.err
-    return out
-
 
 def _page(h: int, w: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (h, w, 1), dtype=np.uint8)

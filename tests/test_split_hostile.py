@@ -9,25 +9,11 @@ import threading
 import time
 
 import onnx
-import pytest
 
 from optkit.core import interrupts
 from optkit.split import write
 
 from conftest import one_error_line
-
-SPEC = "{color: gray, resize: 8, center_crop: 8}"
-
-
-@pytest.fixture(scope="module")
-def preprocessed(tmp_path_factory, samples):
-    """The sample CNN behind uint8 preprocessing: dynamic height and width, a pre and a core part."""
-    from conftest import run_cli
-
-    out = tmp_path_factory.mktemp("pre") / "cnn_u8.onnx"
-    r = run_cli("preprocess", samples / "torch_cnn.onnx", "-o", out, "--preprocess", SPEC)
-    assert r.rc == 0, r.err
-    return out
 
 
 def test_dims_too_large_to_synthesize_are_refused(cli, preprocessed, tmp_path):
