@@ -196,12 +196,7 @@ def _write(out: Path, number: int, index: dict | None, target: Target, job: Job,
         vdir = staged / name / str(number) if dest == out else staged / str(number) if dest == model_dir else staged
         vdir.mkdir(parents=True, exist_ok=True)
         model_level = _target_wrote(target, job, vdir, number)
-        report_obj = job.report if job.report is not None else _size_report(job.artifact)
-        (vdir / lineage.REPORT_FILE).write_text(report_obj.to_json(), encoding="utf-8")
-        if docs:
-            (vdir / "manifests").mkdir()
-            for kind, text in docs.items():
-                (vdir / "manifests" / f"{kind}.yaml").write_text(text, encoding="utf-8")
+        _write_report_and_manifests(vdir, job, docs)
         files = lineage.file_hashes(vdir)
         lin = job.lineage(number, files)
         (vdir / lineage.LINEAGE_FILE).write_text(json.dumps(lin, indent=2, default=str) + "\n", encoding="utf-8")
@@ -244,12 +239,7 @@ def _write_parts(out: Path, number: int, index: dict | None, target: Target, job
             if set(part_level.get(model, {})) - set(target.model_files):
                 raise PassError(f"package target {target.name!r} wrote model-level files of {model} that are not "
                                 "its model_files")
-        report_obj = job.report if job.report is not None else _size_report(job.artifact)
-        (vdir / lineage.REPORT_FILE).write_text(report_obj.to_json(), encoding="utf-8")
-        if docs:
-            (vdir / "manifests").mkdir()
-            for kind, text in docs.items():
-                (vdir / "manifests" / f"{kind}.yaml").write_text(text, encoding="utf-8")
+        _write_report_and_manifests(vdir, job, docs)
         job.split = {**job.plan.record(),
                      "models": {m: lineage.file_hashes(staged / m / str(number)) for m in parts}}
         files = lineage.file_hashes(vdir)
@@ -312,6 +302,16 @@ def _target_wrote(target: Target, job: Job, vdir: Path, number: int) -> dict[str
             raise PassError(f"package target {target.name!r} wrote {p.relative_to(vdir)}, a link or special file; "
                             "a version holds regular files only (nothing was written)")
     return model_level
+
+
+def _write_report_and_manifests(vdir: Path, job, docs: dict) -> None:
+    """The version's report (the job's, else a size-only one) and its manifests/<kind>.yaml."""
+    report_obj = job.report if job.report is not None else _size_report(job.artifact)
+    (vdir / lineage.REPORT_FILE).write_text(report_obj.to_json(), encoding="utf-8")
+    if docs:
+        (vdir / "manifests").mkdir()
+        for kind, text in docs.items():
+            (vdir / "manifests" / f"{kind}.yaml").write_text(text, encoding="utf-8")
 
 
 def _size_report(artifact):
