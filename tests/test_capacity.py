@@ -344,11 +344,14 @@ def test_forged_bench_report_and_a_band_that_reaches_zero(tmp_path):
     per = replica.load(rep)
     assert per.throughput_per_s == 1000.0 and "its 95% band reaches 0/s (too noisy to size on)" in \
         per.throughput_source
+    g["ci95"]["throughput_per_s"] = [400.0, None]           # too noisy to bound from above: the low end is used
+    rep.write_text(json.dumps(data))
+    assert replica.load(rep).throughput_per_s == 400.0
 
 
 def test_a_tune_band_that_crosses_zero_reaches_0(best, tmp_path):
-    """The normal interval of a noisy rate may cross zero (tune's best.json wrote one under load before its low
-    end was clipped at 0): read as reaching 0/s, too noisy to size on, not refused as forged."""
+    """The normal interval of a noisy rate may cross zero (tune's best.json wrote one under load before its band
+    was taken on the rounds' logs): read as reaching 0/s, too noisy to size on, not refused as forged."""
     data = json.loads(best.read_text())
     confirmed = data["best"]["confirmed"]
     confirmed["ci95"] = [-12902.9, confirmed["mean"] * 2]

@@ -92,3 +92,31 @@ def test_throughput_is_the_models_not_a_scheduler_stall():
     assert lo <= busy["throughput_per_s"] and (hi is None or busy["throughput_per_s"] <= hi)
     one = summarize([trials[0]], batch=4)                      # one trial (bench): the same rule
     assert one["throughput_per_s"] == pytest.approx(4e3 / (np.mean(sorted(trials[0])[:-1]) * 1e3))
+
+
+def test_a_rate_band_under_load_never_reaches_zero():
+    """A stall that stops every request for most of a run (a busy CI machine) makes the throughput's band wide,
+    never 0 or below: the band is the inverse of the time per sample's interval; its upper end is unbounded
+    (None) when that interval reaches 0; steady calls give a tight band around the figure."""
+    from optkit.measure.concurrency import throughput_band
+
+    steady = np.arange(1, 101) * 1e-3
+    lo, hi = throughput_band(steady, 0.1, 1)
+    assert lo == pytest.approx(1000, rel=0.01) and hi == pytest.approx(1000, rel=0.01)
+    stalled = np.concatenate([np.arange(1, 51) * 1e-3, 2.0 + np.arange(1, 51) * 1e-3])
+    lo, hi = throughput_band(stalled, 2.05, 1)
+    assert 0 < lo <= 100 / 2.05 and hi is None
+    assert throughput_band(np.arange(1, 10) * 1e-3, 0.01, 1) == [None, None]       # under 10 calls
+    lo, hi = throughput_band(stalled, 2.05, 4)                                       # batch scales the rate
+    assert 0 < lo <= 400 / 2.05
+
+
+def test_a_tune_confirmation_band_of_a_noisy_rate_stays_above_zero():
+    from optkit.passes.tune.result import _confirmed
+
+    runs = [{"throughput_per_s": v} for v in (30000.0, 10000.0, 50000.0)]      # three rounds on a busy machine
+    c = _confirmed({"number": 0}, runs, "throughput_per_s")["confirmed"]
+    lo, hi = c["ci95"]
+    assert c["mean"] == pytest.approx(30000) and 0 < lo < 10000 and hi > 50000
+    steady = _confirmed({"number": 0}, [{"p50_ms": v} for v in (1.0, 1.01, 0.99)], "p50_ms")["confirmed"]
+    assert steady["ci95"][0] == pytest.approx(0.97, abs=0.01) and steady["ci95"][1] == pytest.approx(1.03, abs=0.01)

@@ -3,7 +3,7 @@
 onnxruntime (and TFLite, TensorRT) release the GIL while a model runs, so Python threads keep N calls in
 flight. Each thread times its own calls; throughput is the samples all threads finished over the wall time, and the
 figures carry their 95% bands: the percentiles' from the calls (measure.latency.bands), the throughput's from
-the rates of equal spans of the wall time (throughput_band). The same loop times a served model
+the inverse of the time per sample of equal groups of calls (throughput_band). The same loop times a served model
 (measure.remote over runtimes.kserve: one keep-alive connection per request in flight).
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from optkit.core.errors import UsageError
-from optkit.measure.latency import LIMIT_S, PERCENTILES, bands
+from optkit.measure.latency import LIMIT_S, PERCENTILES, bands, t95
 
 
 def measure_concurrency(sessions: list, feeds: dict[str, np.ndarray], *, concurrency: int, warmup: int = 10,
@@ -79,14 +79,20 @@ def measure_concurrency(sessions: list, feeds: dict[str, np.ndarray], *, concurr
 
 
 def throughput_band(ends_s: np.ndarray, wall: float, batch: int, windows: int = 10) -> list[float | None]:
-    """The 95% band of the throughput under load: the wall time cut in `windows` equal spans (fewer when there
-    are under 5 calls a span), the samples finished in each as a rate, and the normal interval of their mean,
-    which is the throughput itself. [None, None]: too few calls to tell (under 10)."""
-    k = min(windows, len(ends_s) // 5)
+    """The 95% band of the throughput under load: the calls, in the order they finished, cut in `windows` groups
+    of equal count (fewer when there are under 5 calls a group); each group's time per sample (from the end of
+    the group before), the t interval of their mean, and its inverse as a rate, widened to hold the figure. A
+    rate's band taken this way never reaches 0 (a stall makes a group slow, not a rate negative); its upper
+    end is None when the time's interval reaches 0 (too noisy to bound). [None, None]: too few calls (under 10)."""
+    n = len(ends_s)
+    k = min(windows, n // 5)
     if k < 2 or wall <= 0:
         return [None, None]
-    span = np.minimum((np.asarray(ends_s) / wall * k).astype(int).clip(0), k - 1)
-    rates = np.bincount(span, minlength=k) * batch / (wall / k)
-    mean = len(ends_s) * batch / wall   # the rates' mean, computed as the figure is
-    half = 1.96 * float(rates.std(ddof=1)) / math.sqrt(k)
-    return [max(mean - half, 0.0), mean + half]
+    groups = np.array_split(np.sort(np.asarray(ends_s, dtype=np.float64)), k)
+    starts = [0.0] + [float(g[-1]) for g in groups[:-1]]
+    per = np.array([(float(g[-1]) - s0) / (len(g) * batch) for g, s0 in zip(groups, starts)])
+    mean, half = float(per.mean()), t95(k - 1) * float(per.std(ddof=1)) / math.sqrt(k)
+    figure = n * batch / wall
+    lo = 1.0 / (mean + half) if mean + half > 0 else None
+    hi = 1.0 / (mean - half) if mean > half else None
+    return [None if lo is None else min(lo, figure), None if hi is None else max(hi, figure)]

@@ -46,14 +46,10 @@ import numpy as np
 from optkit.core.artifact import Artifact
 from optkit.core.isolate import run_isolated
 from optkit.measure.datasets import load_dataset
-from optkit.measure.latency import LIMIT_S, summarize
+from optkit.measure.latency import LIMIT_S, summarize, t95
 from optkit.measure.model import latency_feeds, synthesized
 from optkit.onnx.session import ort_session
 
-# two-sided 95% Student t quantiles for 1..30 degrees of freedom
-_T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-        2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-        2.045, 2.042]
 # the same at 95%/3 (two-sided 98.33%): three comparisons at once, Bonferroni-corrected (measure.paired's race)
 _T95_BY3 = [38.188, 7.649, 4.857, 3.961, 3.534, 3.287, 3.128, 3.016, 2.933, 2.870, 2.820, 2.779, 2.746, 2.718,
             2.694, 2.673, 2.655, 2.639, 2.625, 2.613, 2.601, 2.591, 2.582, 2.574, 2.566, 2.559, 2.552, 2.546,
@@ -64,10 +60,6 @@ REFERENCE_WIDTH = 256
 REFERENCE_BATCH = 8
 REFERENCE_LAYER_BYTES = REFERENCE_WIDTH * REFERENCE_WIDTH * 4
 REFERENCE_LADDER = tuple(2 ** k for k in range(8))   # 1 .. 128 layers: 256 KiB .. 32 MiB of weights
-
-
-def t95(dof: int) -> float:
-    return _T95[dof - 1] if dof <= len(_T95) else 1.96
 
 
 def t95_by3(dof: int) -> float:

@@ -44,8 +44,8 @@ statistics, for the throughput the normal interval of the mean run time; optkit.
 p90, p99 and throughput are judged on their own runs' band only (widened to the trials' relative spread where
 that is wider), never on the p50's: a tune stage's p99 of 100 runs has no upper end, and `latency_p99_ms <= 40`
 cannot be judged however steady the trials' p50s; for the throughput under load (bench --concurrency, a recipe's
-measure.concurrency, bench --url) the normal interval of the rates of ten equal spans of the run
-(`concurrency.ci95`), for speedup the two stages' half-widths combined. A noise-carrying figure with no
+measure.concurrency, bench --url) the inverse of the t interval of the time per sample of ten equal groups of
+the run's calls, which never reaches 0 (`concurrency.ci95`), for speedup the two stages' half-widths combined. A noise-carrying figure with no
 band at all (a report edited by hand, or written before optkit recorded bands) is not judged as exact: "cannot
 judge: the figure carries no noise band; measure it again with this optkit". A band end the runs do not bound
 (e.g. the p99 of fewer than 368 runs has no upper end) cannot be on the right side of a threshold either.
@@ -258,14 +258,15 @@ def _latency_band(f: StageFigures, key: str, metric: str) -> tuple[float | Band 
 
 
 def _load_band(f: StageFigures) -> tuple[Band | None, str]:
-    """The 95% band of the throughput under load (concurrency.ci95: the rates of ten equal spans of the run;
+    """The 95% band of the throughput under load (concurrency.ci95, from ten equal groups of the run's calls;
     optkit.measure.concurrency.throughput_band) and a detail; None: the report carries no band."""
     where = f"{f.concurrency} in flight"
     b = f.load_ci95.get("throughput_per_s")
     if b is None:
         return None, where
     lo, hi = b
-    why = "too few calls under load to bound the throughput (under 10): time more runs" if lo is None or hi is None else ""
+    why = ("too few calls under load to bound the throughput (under 10): time more runs" if lo is None else
+           "the throughput under load is too noisy to bound from above: time more runs" if hi is None else "")
     band = Band.of(lo, hi, why)
     if why:
         return band, f"{where}, no 95% band"

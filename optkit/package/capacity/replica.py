@@ -71,8 +71,10 @@ def _band(where: str, key: str, band, point: float) -> float | None:
     if isinstance(b0, (int, float)) and not isinstance(b0, bool) and math.isfinite(b0) and b0 < 0:
         b0 = 0.0   # a normal interval of a noisy rate crosses zero: it reaches 0/s (older tune files wrote it so)
     low = _finite(b0, where, f"{key}.0", most=MAX_THROUGHPUT)
-    high = _finite(band[1], where, f"{key}.1", most=MAX_THROUGHPUT * 10)
-    if low > high or low > 2 * point:
+    high = _finite(band[1], where, f"{key}.1", most=MAX_THROUGHPUT * 10)   # None: unbounded above (noisy)
+    if low is None:
+        return None
+    if (high is not None and low > high) or low > 2 * point:
         raise UsageError(f"{where}: key {key} is [{low:g}, {high:g}], not a band of its figure {point:g}; "
                          "give the file optkit wrote, unedited")
     return low

@@ -15,8 +15,8 @@ import numpy as np
 from optkit.core import interrupts
 from optkit.core.isolate import TimedOut
 from optkit.core.text import first_line
+from optkit.measure.latency import t95
 from optkit.measure.serving import Setting
-from optkit.measure.trials import t95
 from optkit.passes.tune import study as studies
 from optkit.passes.tune import workers
 from optkit.passes.tune.config import Goal, TuneConfig
@@ -125,15 +125,22 @@ class Confirmation:
 
 
 def _confirmed(row: dict, runs: list[dict], figure: str) -> dict:
-    """A trial row with its rounds' figures (the median of each) and the objective figure's mean and 95% CI."""
+    """A trial row with its rounds' figures (the median of each) and the objective figure's mean and 95% CI.
+    Every objective figure is a positive quantity (a rate, a time, CPU seconds), so the interval is the t
+    interval of the rounds' logs, widened to hold the mean: a noisy rate's band stays above 0 and widens by
+    ratio (a normal interval of three rounds crossed 0 on a busy machine)."""
     values = [f[figure] for f in runs if f.get(figure) is not None]
     mean = float(np.mean(values))
-    half = t95(len(values) - 1) * float(np.std(values, ddof=1)) / math.sqrt(len(values)) if len(values) > 1 else 0.0
+    band = [mean, mean]
+    if len(values) > 1 and min(values) > 0:
+        logs = np.log(values)
+        half = t95(len(values) - 1) * float(np.std(logs, ddof=1)) / math.sqrt(len(values))
+        centre = float(logs.mean())
+        band = [min(math.exp(centre - half), mean), max(math.exp(centre + half), mean)]
     merged = {k: float(np.median([f[k] for f in runs if f.get(k) is not None]))
               for k in runs[0] if isinstance(runs[0][k], (int, float))}
     return {**row, "figures": merged,
-            "confirmed": {"figure": figure, "mean": mean, "ci95": [max(mean - half, 0.0), mean + half],
-                          "rounds": len(values)}}
+            "confirmed": {"figure": figure, "mean": mean, "ci95": band, "rounds": len(values)}}
 
 
 def rows_of(trials: list, goal: Goal) -> list[dict]:
