@@ -94,3 +94,15 @@ def test_a_tflite_interpreter_is_not_shared_between_threads(cli, realcases):
     r = cli("bench", model, "--runs", "5", "--concurrency", "2", "--sessions", "per-thread", "--json")
     assert r.rc == 0, r.err
     assert json.loads(r.out)["stages"][0]["measurements"]["concurrency"]["sessions"] == 2
+
+
+def test_console_states_a_band_open_above():
+    from types import SimpleNamespace
+
+    from optkit.report.render import _load_line
+
+    f = SimpleNamespace(connections=None, sessions=1, concurrency=2, load_throughput_per_s=900.0, load_p50_ms=1.0,
+                        load_p99_ms=2.0, load_ci95={"throughput_per_s": [400.0, None]})
+    assert "(95% band from 400.0, too noisy to bound above)" in _load_line(f)
+    f.load_ci95 = {"throughput_per_s": [800.0, 1000.0]}
+    assert "(95% band 800.0-1,000.0)" in _load_line(f)

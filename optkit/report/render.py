@@ -63,7 +63,8 @@ def _load_line(f: StageFigures) -> str:
     over = (f"{f.connections} connection{'s' if f.connections > 1 else ''}" if f.connections else
             f"{f.sessions} session{'s' if (f.sessions or 0) > 1 else ''}")
     lo, hi = f.load_ci95.get("throughput_per_s", (None, None))
-    band = f" (95% band {lo:,.1f}-{hi:,.1f})" if lo is not None and hi is not None else ""
+    band = (f" (95% band {lo:,.1f}-{hi:,.1f})" if lo is not None and hi is not None else
+            f" (95% band from {lo:,.1f}, too noisy to bound above)" if lo is not None else "")
     return (f"under load: {f.concurrency} requests in flight over {over}: "
             f"{_cell(f.load_throughput_per_s, ',.1f')} samples/s{band}, "
             f"p50 {_cell(f.load_p50_ms)} ms, p99 {_cell(f.load_p99_ms)} ms")
