@@ -75,14 +75,21 @@ def test_deep_int8_converts_with_default_flags(converted):
         assert q["depth"] >= 40 if name == "logits" else q["depth"] >= 30
         # optkit's conversion is as far from TFLite as plain tf2onnx's, and rounding shows no systematic part
         assert q["median"] <= q["plain"]["median"] + 1 and q["max"] <= q["plain"]["max"] + 4
-        assert abs(q["gain"]) < 0.01 and abs(q["offset"]) < 0.1
+        assert abs(q["gain"]) < abs(q["plain"]["gain"]) + 0.01 and abs(q["offset"]) < 0.1
+        # the fused int8 kernels this CPU runs are measured beside the graph's arithmetic; a gap past the limits
+        # (AVX2 without VNNI: median 7-13 steps, gain -0.2 to -0.5) is said, never taken for the conversion's
+        k, lim = q["kernels"], q["limits"]
+        gap = k["median"] > lim["median"] or k["p90"] > lim["p90"] or k["max"] > lim["max"]
+        said = [n for n in stage.get("notes", []) if f"output {name!r}: onnxruntime's fused int8 kernels" in n]
+        assert len(said) == (1 if gap else 0), (k, said)
     assert outputs["logits"]["step_error"]["top1_agreement_clear"] == 1.0
     notes = [n for n in stage.get("notes", []) if "judged in quantization steps" in n]
     assert len(notes) == 2 and all(PLAIN_LIMITS in n and "gain" in n for n in notes), notes
 
 
 def test_top1_agreement_with_tflite_as_plain_tf2onnx(deep_int8, converted, tmp_path):
-    """On the 100 real images, optkit's ONNX agrees with TFLite on the top class as often as plain tf2onnx's."""
+    """On the 100 real images, optkit's ONNX agrees with TFLite on the top class as often as plain tf2onnx's, both
+    run on the graph's own arithmetic (optimization "basic": no fused int8 kernels, whose rounding varies by CPU)."""
     import tf2onnx
 
     from optkit.core.artifact import Artifact
@@ -95,10 +102,10 @@ def test_top1_agreement_with_tflite_as_plain_tf2onnx(deep_int8, converted, tmp_p
     tfl = TFLiteSession(Artifact(path=str(model), format=Format.TFLITE, sha256=""))
     logits = [s.name for s in tfl.outputs].index("logits")
     ref = np.concatenate([tfl.run({"input_1": x[i:i + 1]})[logits] for i in range(len(x))])
-    ours = ort_session(converted[0])
+    ours = ort_session(converted[0], optimization="basic")
     mine = np.concatenate([ours.run(["logits"], {"input_1": x[i:i + 1]})[0] for i in range(len(x))])
     tf2onnx.convert.from_tflite(str(model), output_path=str(tmp_path / "plain.onnx"))
-    plain = ort_session(tmp_path / "plain.onnx")
+    plain = ort_session(tmp_path / "plain.onnx", optimization="basic")
     d_in, d_out = tfl.input_details[0], tfl.output_details[logits]
     theirs = dequantize(np.concatenate([plain.run([d_out["name"]], {d_in["name"]: quantize(x[i:i + 1], d_in)})[0]
                                         for i in range(len(x))]), d_out)

