@@ -1,7 +1,9 @@
 """Issue 31: a full-int8 MobileNetV2 at 224x224 (alpha 1.0, random weights, batch-norm statistics and calibration
 from the 100 real ImageNet images of ../shared/realcases/imagenet100), converted by `optkit convert` with default
-flags and by plain tf2onnx: top-1 agreement with TFLite on the images, the step distribution of each, and the
-verdict on a conversion with the output scale 10% off.
+flags and by plain tf2onnx: top-1 agreement with TFLite on the images, the step distribution of each, both
+files as a user runs them (a default onnxruntime session: fused int8 kernels, which differ by CPU) and on the
+graph's own arithmetic (optimization "basic"), their latency side by side with the TFLite interpreter's, which
+file optkit kept (int8, or retyped as uint8) and why, and the verdict on a conversion with the output scale 10% off.
 
     TF_USE_LEGACY_KERAS=1 .venv/bin/python benchmarks/tflite_int8.py
 """
@@ -12,6 +14,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -52,21 +55,42 @@ def main() -> None:
     k = [s.name for s in tfl.outputs].index("logits")
     d_in, d_out = tfl.input_details[0], tfl.output_details[k]
     ref = np.concatenate([tfl.run({"input_1": x[i:i + 1]})[k] for i in range(len(x))])
-    ours = ort_session(tmp / "optkit.onnx")
-    mine = np.concatenate([ours.run(["logits"], {"input_1": x[i:i + 1]})[0] for i in range(len(x))])
+    kernels = json.loads(r.stdout)["stages"][-1]["measurements"]["validation"]["kernels"]
+    vnni = "avx512_vnni" in Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else None
+    print(f"  file kept: {kernels['stored']} (CPU has AVX-512 VNNI: {vnni}); uint8/int8 latency ratio "
+          f"{kernels['uint8_latency_ratio']}")
     tf2onnx.convert.from_tflite(str(model), output_path=str(tmp / "plain.onnx"))
-    plain = ort_session(tmp / "plain.onnx")
-    theirs = dequantize(np.concatenate([plain.run([d_out["name"]], {d_in["name"]: quantize(x[i:i + 1], d_in)})[0]
-                                        for i in range(len(x))]), d_out)
     step = d_out["quantization"][0]
+    runs = {}
+    for level in (None, "basic"):
+        ours = ort_session(tmp / "optkit.onnx", optimization=level)
+        plain = ort_session(tmp / "plain.onnx", optimization=level)
+        runs[("optkit", level)] = (lambda xb, s=ours: s.run(["logits"], {"input_1": xb})[0])
+        runs[("plain tf2onnx", level)] = (lambda xb, s=plain: dequantize(
+            s.run([d_out["name"]], {d_in["name"]: quantize(xb, d_in)})[0], d_out))
     print(f"\non {len(x)} real images, against the TFLite interpreter (logits, step {step:.4g}):")
-    print(f"{'conversion':<14} {'top-1 agree':>11} {'median':>6} {'p90':>5} {'p99':>5} {'max':>5} {'gain':>7} "
-          f"{'offset':>7}")
-    for name, out in (("optkit", mine), ("plain tf2onnx", theirs)):
+    print(f"{'conversion':<14} {'session':<26} {'top-1 agree':>11} {'median':>6} {'p90':>5} {'p99':>5} {'max':>5} "
+          f"{'gain':>7}")
+    outs = {}
+    for (name, level), run in runs.items():
+        out = outs[(name, level)] = np.concatenate([run(x[i:i + 1]) for i in range(len(x))])
         q = step_errors(ref, out, step, 8)
-        print(f"{name:<14} {np.mean(out.argmax(1) == ref.argmax(1)):>11.3f} {q['median']:>6.3g} {q['p90']:>5.3g} "
-              f"{q['p99']:>5.3g} {q['max']:>5.3g} {q['gain']:>+7.4f} {q['offset']:>+7.3f}")
-    print(f"optkit vs plain tf2onnx: outputs equal on {np.mean(np.abs(mine - theirs) < step / 2):.4%} of elements")
+        how = "default (fused int8 kernels)" if level is None else "basic (graph arithmetic)"
+        print(f"{name:<14} {how:<26} {np.mean(out.argmax(1) == ref.argmax(1)):>11.3f} {q['median']:>6.3g} "
+              f"{q['p90']:>5.3g} {q['p99']:>5.3g} {q['max']:>5.3g} {q['gain']:>+7.4f}")
+    # latency side by side: rounds of 20 calls of each, interleaved; medians of the rounds, as ratios to TFLite's
+    times: dict[str, list[float]] = {"TFLite": [], "optkit": [], "plain tf2onnx": []}
+    calls = {"TFLite": lambda xb: tfl.run({"input_1": xb}), "optkit": runs[("optkit", None)],
+             "plain tf2onnx": runs[("plain tf2onnx", None)]}
+    for _ in range(9):
+        for name, call in calls.items():
+            t = time.perf_counter()
+            for i in range(20):
+                call(x[i:i + 1])
+            times[name].append((time.perf_counter() - t) / 20)
+    base = float(np.median(times["TFLite"]))
+    print("latency, one image a call, default sessions: " + ", ".join(
+        f"{n} {np.median(v) * 1e3:.2f} ms ({np.median(v) / base:.2f}x TFLite)" for n, v in times.items()))
 
     print()
     for factor, shift, limits in ((1.1, 0, "plain"), (1.1, 0, "depth"), (1.0, 1, "plain"), (1.0, 1, "depth")):

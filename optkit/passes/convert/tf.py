@@ -9,19 +9,23 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from optkit.core.artifact import Artifact
-from optkit.core.batching import run_batched
+from optkit.core.batching import first_call, run_batched
 from optkit.core.errors import OptkitError, PassError, UsageError
 from optkit.core.formats import Format
 from optkit.core.registry import PassContext
 from optkit.core.shapes import TensorSpec
 from optkit.core.text import first_line
 from optkit.measure.fidelity import step_errors
+from optkit.measure.model import MeasureSettings
+from optkit.measure.paired import paired_latencies
 from optkit.onnx import graph
 from optkit.onnx import io as onnx_io
 from optkit.onnx.io import Staging
 from optkit.onnx.session import ort_session, spec_of
+from optkit.passes.convert import retype
 from optkit.passes.convert.common import (
     CLEAR_MARGIN,
     check_model,
@@ -319,23 +323,98 @@ def _convert_tflite(path: str, opset: int, dest: Path, ctx: PassContext) -> Refe
                      plain=plain if steps else None)
 
 
-def _kernel_gap(name: str, q: dict, source: np.ndarray, fused: np.ndarray, ctx: PassContext) -> None:
-    """The step error of onnxruntime's fused int8 kernels (the default session) beside the graph's own (q), kept
-    as q["kernels"]; past the limits the graph met, said in a note: the conversion is faithful, this CPU's kernels
-    round otherwise (on x86 without VNNI onnxruntime's u8 x s8 kernels can saturate: measured on an AVX2 EPYC,
-    a median of 3 steps where the graph's was 0)."""
-    k = step_errors(source, fused.reshape(source.shape), q["step"], q.get("clear_margin") or CLEAR_MARGIN)
-    q["kernels"] = {key: k.get(key) for key in ("median", "p90", "p99", "max", "gain", "offset",
-                                                  "top1_agreement_clear", "flipped_clear")}
-    lim = q["limits"]
-    if "median" not in k or not (k["median"] > lim["median"] or k["p90"] > lim["p90"] or k["max"] > lim["max"]):
-        return
-    agree = "" if k.get("top1_agreement_clear") is None else f", top-1 agreement {k['top1_agreement_clear']:.3f}"
-    ctx.note(f"int8 output {name!r}: onnxruntime's fused int8 kernels on this CPU are off the TFLite model by "
-             f"median {k['median']:.3g}, p90 {k['p90']:.3g}, max {k['max']:.3g} steps{agree}, where the graph's own "
-             f"arithmetic is off by median {q['median']:.3g}, p90 {q['p90']:.3g}: the conversion is faithful, these "
-             "kernels round otherwise (on x86 CPUs without VNNI, onnxruntime's u8 x s8 kernels can saturate); the "
-             "accuracy measured on this machine carries it")
+KERNEL_KEYS = ("median", "p90", "p99", "max", "gain", "offset", "top1_agreement_clear", "flipped_clear")
+FASTER = 0.97   # the uint8 file is kept when both are exact only if its 95% interval lies below this ratio
+
+
+def _kernel_errors(figures: dict, source_out: list, fused: list) -> dict[str, dict]:
+    """Per output judged in steps, the step error of onnxruntime's fused int8 kernels (a default session)."""
+    out = {}
+    for k, (name, o) in enumerate(figures["outputs"].items()):
+        q = o.get("step_error")
+        if q and "median" in q:
+            ref = np.asarray(source_out[k])
+            e = step_errors(ref, np.asarray(fused[k]).reshape(ref.shape), q["step"],
+                            q.get("clear_margin") or CLEAR_MARGIN)
+            out[name] = {key: e.get(key) for key in KERNEL_KEYS}
+    return out
+
+
+def _exact(figures: dict, kernels: dict[str, dict]) -> bool:
+    """Every output's fused-kernel error within the limits its graph arithmetic was judged by."""
+    for name, k in kernels.items():
+        lim = figures["outputs"][name]["step_error"]["limits"]
+        if "median" in k and (k["median"] > lim["median"] or k["p90"] > lim["p90"] or k["max"] > lim["max"]):
+            return False
+    return True
+
+
+def _choose_kernels(onnx_path: Path, figures: dict, source_out: list, judged: list, fused: list, run,
+                    one_call: dict, ctx: PassContext) -> None:
+    """The int8 file as converted or retyped as uint8 (retype.to_uint8: the same values), whichever onnxruntime's
+    fused kernels run exactly on this CPU, the uint8 one when both are only if faster beyond the noise; the
+    figures of both in figures["kernels"], the kept one's in each output's step_error["kernels"], and a note
+    when the kept one's kernels are still off past the limits (the accuracy measured here carries it)."""
+    s8 = _kernel_errors(figures, source_out, fused)
+    u8, ratio, stored, why = None, None, "int8", ""
+    variant = retype.to_uint8(onnx_io.load(onnx_path, external_data=False))
+    if variant is not None:
+        data = variant.SerializeToString()
+        try:
+            onnx.checker.check_model(variant)
+            same = all(np.array_equal(np.asarray(a), np.asarray(b), equal_nan=True)
+                       for a, b in zip(run(ort_session(data, optimization="basic")), judged))
+            u8 = _kernel_errors(figures, source_out, run(ort_session(data))) if same else None
+            if not same:
+                log.debug("the uint8 retyping computes otherwise on the graph's arithmetic: not used")
+        except Exception as e:  # noqa: BLE001 - an alternative file; the converted one stands
+            log.debug("the uint8 retyping does not run: %s", first_line(e))
+    if u8 is not None:
+        if _exact(figures, u8) and not _exact(figures, s8):
+            stored, why = "uint8", "its kernels are exact on this CPU and the int8 file's are not"
+        elif _exact(figures, u8):
+            ratio = _head_to_head(onnx_path, data, one_call)
+            if ratio is not None and ratio[2] < FASTER:
+                stored, why = "uint8", f"it runs {ratio[0]:.2f}x the int8 file's time (95% CI {ratio[1]:.2f}-{ratio[2]:.2f}x)"
+    kept = u8 if stored == "uint8" else s8
+    figures["kernels"] = {"stored": stored, "int8": s8, "uint8": u8,
+                          "uint8_latency_ratio": None if ratio is None else list(ratio)}
+    for name, k in kept.items():
+        figures["outputs"][name]["step_error"]["kernels"] = k
+    if stored == "uint8":
+        onnx_io.save(variant, onnx_path)
+        ctx.note(f"int8 graph stored as uint8 (zero points +128: the same values, other onnxruntime kernels): {why} "
+                 f"(fused kernels off the TFLite model, as int8: {_kernel_text(s8)}; as uint8: {_kernel_text(u8)})")
+    for name, k in kept.items():
+        q = figures["outputs"][name]["step_error"]
+        if not _exact(figures, {name: k}):
+            agree = "" if k.get("top1_agreement_clear") is None else f", top-1 agreement {k['top1_agreement_clear']:.3f}"
+            ctx.note(f"int8 output {name!r}: onnxruntime's fused int8 kernels on this CPU are off the TFLite model by "
+                     f"median {k['median']:.3g}, p90 {k['p90']:.3g}, max {k['max']:.3g} steps{agree}, where the graph's "
+                     f"own arithmetic is off by median {q['median']:.3g}, p90 {q['p90']:.3g}: the conversion is "
+                     "faithful, these kernels round otherwise (on x86 CPUs without VNNI, onnxruntime's u8 x s8 kernels "
+                     "can saturate); the accuracy measured on this machine carries it")
+
+
+def _kernel_text(kernels: dict[str, dict]) -> str:
+    return ", ".join(f"{n!r} median {k['median']:.3g}, max {k['max']:.3g} steps"
+                     for n, k in kernels.items() if "median" in k and k["median"] is not None)
+
+
+def _head_to_head(onnx_path: Path, data: bytes, one_call: dict) -> tuple[float, float, float] | None:
+    """The uint8 file's latency over the int8 file's, timed call by call, interleaved, in one child process:
+    (ratio, low, high) of its 95% interval; None when the timing failed."""
+    settings = MeasureSettings(provider="cpu", threads=1, batch=1, warmup=10, runs=100)
+    with tempfile.TemporaryDirectory(prefix="optkit-retype-") as tmp:
+        path = Path(tmp) / "uint8.onnx"
+        path.write_bytes(data)
+        try:
+            [r] = paired_latencies(Artifact.load(str(onnx_path)), [Artifact.load(str(path))], settings, trials=5,
+                                   data=one_call, limit_s=5.0, race=False)
+        except Exception as e:  # noqa: BLE001 - latency informs the choice; a failure keeps the int8 file
+            log.debug("the uint8 file was not timed: %s", first_line(e))
+            return None
+    return r["ratio"], r["ratio_ci95"][0], r["ratio_ci95"][1]
 
 
 def _plain_tf2onnx(model: bytes, session: TFLiteSession):
@@ -584,10 +663,12 @@ def _validate(ref: Reference, onnx_path: Path, config, ctx: PassContext) -> dict
                        labels, steps={n: ref.steps[n] for n in names if n in ref.steps},
                        depths=ref.depths, plain=plain_out)
     figures["inputs"] = where
-    for k, (name, o) in enumerate(figures["outputs"].items()):
+    if fused is not None:
+        _choose_kernels(onnx_path, figures, source_out, out, fused,
+                        lambda session: run_batched(lambda f: session.run(None, f), feed_specs, feeds, batch),
+                        first_call(feed_specs, feeds, 1), ctx)
+    for name, o in figures["outputs"].items():
         q = o.get("step_error")
-        if fused is not None and q and "median" in q:
-            _kernel_gap(name, q, np.asarray(source_out[k]), np.asarray(fused[k]), ctx)
         if q and "median" in q:
             agree = ("" if q.get("clear_samples") is None else
                      f"; top-1 agreement {q['top1_agreement_clear']:.3f} on the {q['clear_samples']} "
