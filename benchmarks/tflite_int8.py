@@ -97,8 +97,8 @@ def main() -> None:
         out = tmp / f"broken_{factor}_{shift}_{limits}.onnx"
         b = run_broken(model, out, tmp / "data.npz", factor=factor, shift=shift, limits=limits)
         what = f"scale x{factor}" if factor != 1 else f"zero point {shift:+d}"
-        last = (b.stderr.strip().splitlines() or [""])[-1]
-        print(f"{what:<14} limits from {limits:<5}: exit {b.returncode}, output written: {out.exists()}")
+        last = (b.err.strip().splitlines() or [""])[-1]
+        print(f"{what:<14} limits from {limits:<5}: exit {b.rc}, output written: {out.exists()}")
         print(f"    {last}")
 
 
