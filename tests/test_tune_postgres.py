@@ -182,9 +182,9 @@ def test_a_worker_killed_mid_trial_is_failed_by_its_heartbeat(pg, tmp_path):
     url = pg.url("tune")
     args = ["tune", CNN, "--trials", "7", "--trial-seconds", "0.5", "--confirm", "0", *SMALL,
             "--storage", url, "--study", "killed"]
-    procs = [_start([*args, "-o", f"w{c}.json"], tmp_path, _prelude(host=f"host-{c}", heartbeat=True))
-             for c in "abc"]
-    victim = procs[0]
+    # worker a starts alone and is killed in its first trial; b and c start after (started together, b and c
+    # once ran all seven trials before a's first was seen running, and a ended with none)
+    victim = _start([*args, "-o", "wa.json"], tmp_path, _prelude(host="host-a", heartbeat=True))
 
     def running_on_a():
         try:
@@ -199,8 +199,9 @@ def test_a_worker_killed_mid_trial_is_failed_by_its_heartbeat(pg, tmp_path):
         time.sleep(0.1)
     os.killpg(victim.pid, signal.SIGKILL)
     victim.wait(timeout=30)
+    procs = [_start([*args, "-o", f"w{c}.json"], tmp_path, _prelude(host=f"host-{c}", heartbeat=True)) for c in "bc"]
     outs = []
-    for p in procs[1:]:
+    for p in procs:
         out, err = p.communicate(timeout=180)
         assert p.returncode == 0, err[-3000:]
         outs.append(out)
