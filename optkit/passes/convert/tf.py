@@ -19,8 +19,7 @@ from optkit.core.registry import PassContext
 from optkit.core.shapes import TensorSpec
 from optkit.core.text import first_line
 from optkit.measure.fidelity import step_errors
-from optkit.measure.model import MeasureSettings
-from optkit.measure.paired import paired_latencies
+from optkit.measure.paired import head_to_head
 from optkit.onnx import graph
 from optkit.onnx import io as onnx_io
 from optkit.onnx.io import Staging
@@ -369,11 +368,11 @@ def _choose_kernels(onnx_path: Path, figures: dict, source_out: list, judged: li
                 log.debug("the uint8 retyping computes otherwise on the graph's arithmetic: not used")
         except Exception as e:  # noqa: BLE001 - an alternative file; the converted one stands
             log.debug("the uint8 retyping does not run: %s", first_line(e))
-    if u8 is not None:
-        if _exact(figures, u8) and not _exact(figures, s8):
+    if u8 is not None and _exact(figures, u8):
+        if not _exact(figures, s8):
             stored, why = "uint8", "its kernels are exact on this CPU and the int8 file's are not"
-        elif _exact(figures, u8):
-            ratio = _head_to_head(onnx_path, data, one_call)
+        else:
+            ratio = _time_uint8(onnx_path, data, one_call)
             if ratio is not None and ratio[2] < FASTER:
                 stored, why = "uint8", f"it runs {ratio[0]:.2f}x the int8 file's time (95% CI {ratio[1]:.2f}-{ratio[2]:.2f}x)"
     kept = u8 if stored == "uint8" else s8
@@ -401,20 +400,16 @@ def _kernel_text(kernels: dict[str, dict]) -> str:
                      for n, k in kernels.items() if "median" in k and k["median"] is not None)
 
 
-def _head_to_head(onnx_path: Path, data: bytes, one_call: dict) -> tuple[float, float, float] | None:
-    """The uint8 file's latency over the int8 file's, timed call by call, interleaved, in one child process:
-    (ratio, low, high) of its 95% interval; None when the timing failed."""
-    settings = MeasureSettings(provider="cpu", threads=1, batch=1, warmup=10, runs=100)
+def _time_uint8(onnx_path: Path, data: bytes, one_call: dict) -> tuple[float, float, float] | None:
+    """The uint8 file's latency over the int8 file's (measure.paired.head_to_head); None when the timing failed."""
     with tempfile.TemporaryDirectory(prefix="optkit-retype-") as tmp:
         path = Path(tmp) / "uint8.onnx"
         path.write_bytes(data)
         try:
-            [r] = paired_latencies(Artifact.load(str(onnx_path)), [Artifact.load(str(path))], settings, trials=5,
-                                   data=one_call, limit_s=5.0, race=False)
+            return head_to_head(Artifact.load(str(onnx_path)), Artifact.load(str(path)), one_call)
         except Exception as e:  # noqa: BLE001 - latency informs the choice; a failure keeps the int8 file
             log.debug("the uint8 file was not timed: %s", first_line(e))
             return None
-    return r["ratio"], r["ratio_ci95"][0], r["ratio_ci95"][1]
 
 
 def _plain_tf2onnx(model: bytes, session: TFLiteSession):

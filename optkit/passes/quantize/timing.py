@@ -11,7 +11,7 @@ from optkit.core.artifact import Artifact
 from optkit.core.batching import first_call
 from optkit.core.text import first_line
 from optkit.measure.model import MeasureSettings
-from optkit.measure.paired import paired_latencies
+from optkit.measure.paired import head_to_head, paired_latencies
 from optkit.passes.quantize.candidates import Candidate
 
 TIMING_LIMIT_S = 14.0     # the timing of all candidates against the parent, session opening included (the
@@ -52,12 +52,9 @@ def runoff(fastest: Candidate, chosen: Candidate, specs: list, check_feeds: dict
     (ratio, low, high) of its 95% interval. Each was timed against the parent in the race, where two candidates
     a few % apart often share an interval; timed against each other the difference shows. None when the timing
     failed (said with `note`)."""
-    feeds = first_call(specs, check_feeds, 1)
-    settings = MeasureSettings(provider="cpu", threads=1, batch=1, warmup=10, runs=TIMING_RUNS)
     try:
-        [r] = paired_latencies(Artifact.load(str(fastest.path)), [Artifact.load(str(chosen.path))], settings,
-                               trials=RUNOFF_TRIALS, data=feeds, limit_s=RUNOFF_LIMIT_S, race=False)
+        return head_to_head(Artifact.load(str(fastest.path)), Artifact.load(str(chosen.path)),
+                            first_call(specs, check_feeds, 1), limit_s=RUNOFF_LIMIT_S, trials=RUNOFF_TRIALS)
     except Exception as e:  # noqa: BLE001 - latency informs the choice; a failure must not hide the result
         note(f"run-off not timed: {first_line(e)}")
         return None
-    return r["ratio"], r["ratio_ci95"][0], r["ratio_ci95"][1]

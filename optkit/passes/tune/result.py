@@ -15,8 +15,8 @@ import numpy as np
 from optkit.core import interrupts
 from optkit.core.isolate import TimedOut
 from optkit.core.text import first_line
-from optkit.measure.latency import t95
 from optkit.measure.serving import Setting
+from optkit.measure.trials import ratio_ci95
 from optkit.passes.tune import study as studies
 from optkit.passes.tune import workers
 from optkit.passes.tune.config import Goal, TuneConfig
@@ -132,11 +132,9 @@ def _confirmed(row: dict, runs: list[dict], figure: str) -> dict:
     values = [f[figure] for f in runs if f.get(figure) is not None]
     mean = float(np.mean(values))
     band = [mean, mean]
-    if len(values) > 1 and min(values) > 0:
-        logs = np.log(values)
-        half = t95(len(values) - 1) * float(np.std(logs, ddof=1)) / math.sqrt(len(values))
-        centre = float(logs.mean())
-        band = [min(math.exp(centre - half), mean), max(math.exp(centre + half), mean)]
+    if min(values) > 0:
+        _, lo, hi = ratio_ci95(values)
+        band = [min(lo, mean), max(hi, mean)]
     merged = {k: float(np.median([f[k] for f in runs if f.get(k) is not None]))
               for k in runs[0] if isinstance(runs[0][k], (int, float))}
     return {**row, "figures": merged,
