@@ -176,3 +176,36 @@ def test_a_runoff_times_the_pick_against_the_fastest_head_to_head(tmp_path):
     assert lo > 1.5 and lo <= ratio <= hi, (ratio, lo, hi)
     ratio, lo, hi = runoff(a, Candidate(index=2, settings=Settings(), path=fast), specs, feeds, notes.append)
     assert lo < 1.2 and hi > 0.8 and not notes, (ratio, lo, hi, notes)
+
+
+def test_the_runoff_drops_a_pick_slower_head_to_head_and_picks_again():
+    """Chooser.pick_after_runoffs: the pick (the smaller file, tied with the fastest inside the race's noise) is
+    timed head to head against the fastest; slower beyond its interval and SAME_SPEED, it leaves the pool (a note
+    and settings["runoffs"] say so); inside the noise, or with the race untimed, the pick stands."""
+    from optkit.core.registry import PassContext
+    from optkit.passes.quantize.choose import Chooser
+
+    cfg = QuantizeConfig(mode="dynamic")
+
+    def pool():
+        small = _timed(0, ratio=0.52, ci=(0.47, 0.57), size=500)   # smaller by > 10%: Budget.pick keeps it
+        fast = _timed(1, ratio=0.50, ci=(0.46, 0.54), size=1000)
+        return small, fast
+
+    for race, kept in (((1.07, 1.05, 1.09), 1), ((1.02, 0.99, 1.05), 0), (None, 0), ((1.02, 1.01, 1.03), 0)):
+        small, fast = pool()
+        ctx, settings, raced = PassContext(output=Path("o.onnx")), {}, []
+        chooser = Chooser(cfg, Budget.of(cfg), ctx, [small, fast])
+
+        def timed(a, b, race=race):
+            raced.append((a.index, b.index))
+            return race
+
+        chosen = chooser.pick_after_runoffs([small, fast], timed, settings)
+        assert chosen.index == kept and chosen.chosen and raced == [(1, 0)]
+        assert ("runoffs" in settings) == (race is not None)
+        if kept == 1:
+            assert not small.chosen and settings["runoffs"][0]["slower"]
+            assert any("run-off" in n and "1.07x" in n for n in ctx.notes)
+        else:
+            assert not any("run-off" in n for n in ctx.notes)

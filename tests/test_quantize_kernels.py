@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from optkit.passes.quantize import kernels
+from optkit.passes.quantize import kernels, skip
 from optkit.passes.quantize.config import QuantizeConfig
 from optkit.passes.quantize.engine import Dynamic, Static
 
@@ -215,32 +215,32 @@ def _dynamic_space(tmp_path, present=("Conv", "MatMul")):
 def test_dynamic_skips_the_conv_tier_where_convinteger_loses(tmp_path):
     space = _dynamic_space(tmp_path)
     slow = _ratios(conv3x3_small={"dynamic": 4.0})
-    keep, skipped = kernels.prune("dynamic", space, _model(tmp_path), slow)
+    keep, skipped = skip.prune("dynamic", space, _model(tmp_path), slow)
     assert keep and all("Conv" not in s.op_types for s in keep)
     assert {s for s, _ in skipped} == {s for s in space if "Conv" in s.op_types}
     assert all("ConvInteger runs 4.00x" in why and "kernel table" in why for _, why in skipped)
     # where ConvInteger does not lose, or nothing else would be left, nothing is skipped
-    assert kernels.prune("dynamic", space, _model(tmp_path), _ratios(conv3x3_small={"dynamic": 0.8}))[1] == []
+    assert skip.prune("dynamic", space, _model(tmp_path), _ratios(conv3x3_small={"dynamic": 0.8}))[1] == []
     conv_only = _dynamic_space(tmp_path, present=("Conv",))
-    assert kernels.prune("dynamic", conv_only, _model(tmp_path, matmul=False), slow) == (conv_only, [])
+    assert skip.prune("dynamic", conv_only, _model(tmp_path, matmul=False), slow) == (conv_only, [])
 
 
 def test_reduce_range_is_skipped_only_where_dot_products_do_not_saturate(tmp_path):
     space = _dynamic_space(tmp_path, present=("MatMul",))
-    assert kernels.prune("dynamic", space, _model(tmp_path), _ratios(), flags=["avx2"])[1] == []
-    keep, skipped = kernels.prune("dynamic", space, _model(tmp_path), _ratios(), flags=["avx2", "avx512_vnni"])
+    assert skip.prune("dynamic", space, _model(tmp_path), _ratios(), flags=["avx2"])[1] == []
+    keep, skipped = skip.prune("dynamic", space, _model(tmp_path), _ratios(), flags=["avx2", "avx512_vnni"])
     assert keep == [s for s in space if not s.reduce_range] and all(s.reduce_range for s, _ in skipped)
     assert "avx512_vnni" in skipped[0][1]
     only_rr = Dynamic(QuantizeConfig(mode="dynamic", reduce_range=True), tmp_path)
     only_rr.present = {"MatMul"}
-    assert kernels.prune("dynamic", only_rr.space(), _model(tmp_path), _ratios(), flags=["amx_int8"])[1] == []
+    assert skip.prune("dynamic", only_rr.space(), _model(tmp_path), _ratios(), flags=["amx_int8"])[1] == []
 
 
 def test_static_skips_the_format_and_activation_type_that_lose(tmp_path):
     space = Static(QuantizeConfig(mode="static"), tmp_path).space()
     slow = _ratios(**{c: {"qop_s8": 6.0, "qdq_u8": 0.5, "qdq_s8": 0.5, "qop_u8": 0.5}
                       for c in ("conv3x3_small", "gemv")})
-    keep, skipped = kernels.prune("static", space, _model(tmp_path), slow)
+    keep, skipped = skip.prune("static", space, _model(tmp_path), slow)
     why = {(s.format, s.activation_type): w for s, w in skipped}
     assert set(why) == {("qoperator", "int8"), ("qoperator", "uint8")}
     assert {(s.format, s.activation_type) for s in keep} == {("qdq", "uint8"), ("qdq", "int8")}
@@ -249,30 +249,30 @@ def test_static_skips_the_format_and_activation_type_that_lose(tmp_path):
     # a QOperator twin clearly faster: the QDQ one is skipped instead
     fast_qop = _ratios(**{c: {"qop_u8": 0.3, "qdq_u8": 0.5, "qdq_s8": 0.3, "qop_s8": 6.0}
                           for c in ("conv3x3_small", "gemv")})
-    skipped = kernels.prune("static", space, _model(tmp_path), fast_qop)[1]
+    skipped = skip.prune("static", space, _model(tmp_path), fast_qop)[1]
     assert {(s.format, s.activation_type) for s, _ in skipped} == {("qoperator", "int8"), ("qdq", "uint8")}
     # a format the user fixed is never compared with another
-    assert kernels.prune("static", Static(QuantizeConfig(mode="static", format="qdq"), tmp_path).space(),
+    assert skip.prune("static", Static(QuantizeConfig(mode="static", format="qdq"), tmp_path).space(),
                          _model(tmp_path), _ratios())[1] == []
     one = Static(QuantizeConfig(mode="static", format="qoperator", activation_type="int8"), tmp_path).space()
-    assert kernels.prune("static", one, _model(tmp_path), slow)[1] == []
+    assert skip.prune("static", one, _model(tmp_path), slow)[1] == []
 
 
 def test_keeping_small_convs_float_is_skipped_only_where_their_int8_kernels_win(tmp_path):
     model = _model(tmp_path, depthwise=True)
     setting = Static(QuantizeConfig(mode="static"), tmp_path).space()[0]
-    why = kernels.slow_convs_lose(model, ["dw"], setting, _ratios(dwconv_small={"qdq_u8": 0.5}))
+    why = skip.slow_convs_lose(model, ["dw"], setting, _ratios(dwconv_small={"qdq_u8": 0.5}))
     assert why and "0.50x float" in why
-    assert kernels.slow_convs_lose(model, ["dw"], setting, _ratios(dwconv_small={"qdq_u8": 1.3})) is None
+    assert skip.slow_convs_lose(model, ["dw"], setting, _ratios(dwconv_small={"qdq_u8": 1.3})) is None
     # a MobileNet block with its depthwise convs float clearly slower than all-int8: the variant cannot win either
     block = _ratios(dwconv_small={"qdq_u8": 1.3}, mbconv={"qdq_u8": 0.8, "qdq_u8_dwfloat": 1.2})
-    assert "1.50x the time of the all-int8 block" in kernels.slow_convs_lose(model, ["dw"], setting, block)
+    assert "1.50x the time of the all-int8 block" in skip.slow_convs_lose(model, ["dw"], setting, block)
     block = _ratios(dwconv_small={"qdq_u8": 1.3}, mbconv={"qdq_u8": 0.8, "qdq_u8_dwfloat": 0.6})
-    assert kernels.slow_convs_lose(model, ["dw"], setting, block) is None
+    assert skip.slow_convs_lose(model, ["dw"], setting, block) is None
 
 
 def test_layer_classes_name_the_shape_classes(tmp_path):
-    layers = kernels.layer_classes(_model(tmp_path, depthwise=True))
+    layers = skip.layer_classes(_model(tmp_path, depthwise=True))
     assert [(n, c) for n, c, _ in layers["Conv"]] == [("conv0", "conv3x3_small"), ("conv1", "conv3x3_small"),
                                                        ("dw", "dwconv_small")]
     assert [(n, c) for n, c, _ in layers["MatMul"]] == [("fc", "gemv")]  # one row a call
@@ -317,7 +317,7 @@ def test_only_skips_that_might_meet_the_budget_are_retried(tmp_path):
     tried = [Candidate(index=i, settings=s, path=tmp_path / f"c{i}.onnx", fidelity={"loss": 1.0})
              for i, s in enumerate(space) if s.format == "qdq" and s.activation_type == "uint8" and not s.reduce_range]
     held = [s for s in space if s not in {c.settings for c in tried}]
-    retry = kernels.worth_retrying(held, tried)
+    retry = skip.worth_retrying(held, tried)
     # QOp u8 without reduce-range (the same numbers as the tried QDQ u8) is not retried; reduce-range ones are
     assert all(s.reduce_range for s in retry if s.activation_type == "uint8")
     assert {(s.format, s.activation_type, bool(s.reduce_range)) for s in retry} == {

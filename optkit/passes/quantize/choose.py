@@ -1,20 +1,27 @@
 """Choosing: of the candidates that meet every budget, the fastest where they were timed (Budget.pick: ties
-within the noise go to the most accurate, then the smallest); a static or dynamic INT8 result slower than
+within the noise go to the most accurate, then the smallest), checked head to head against the fastest when it
+tied only within the race's noise (the run-off); a static or dynamic INT8 result slower than
 max_latency_ratio beyond the timing noise is refused (exit 3, kept aside as REJECTED) unless allow_slower.
 Works on the candidates' figures alone, whoever measured them."""
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from optkit.core.errors import ValidationError
 from optkit.core.registry import PassContext
 from optkit.measure.paired import MIN_CHANGE
-from optkit.passes.quantize.budget import Budget
+from optkit.passes.quantize.budget import SAME_SPEED, Budget
 from optkit.passes.quantize.candidates import Candidate, aside_path, keep_rejected
 from optkit.passes.quantize.config import QuantizeConfig
 
+log = logging.getLogger("optkit.passes.quantize.search")
+RUNOFFS = 2   # head-to-head timings of the candidate to keep against the fastest (pick_after_runoffs)
+
 # why a result is slower and what to do instead, for the refusal's message
 Hint = Callable[[Candidate], tuple[str, str]]
+# (the chosen candidate's latency over the fastest's, timed head to head, and its 95% interval), None: not timed
+Race = Callable[[Candidate, Candidate], "tuple[float, float, float] | None"]
 
 
 class Chooser:
@@ -40,6 +47,38 @@ class Chooser:
         """The fastest of `fits` (Budget.pick), marked chosen."""
         chosen = self.budget.pick(fits)
         chosen.chosen = True
+        return chosen
+
+    def pick_after_runoffs(self, fits: list[Candidate], race: Race, settings: dict) -> Candidate:
+        """pick's candidate, unless it ties for fastest only within the race's noise and, timed head to head
+        against the fastest (`race`), is slower beyond its interval and SAME_SPEED: then it leaves the pool and the
+        pick is made again (at most RUNOFFS times). Each run-off is recorded in settings["runoffs"]."""
+        pool = list(fits)
+        chosen = self.pick(pool)
+        for _ in range(RUNOFFS):
+            timed = [c for c in pool if c.latency_ratio is not None]
+            if chosen.latency_ratio is None or len(timed) < 2:
+                break
+            fastest = min(timed, key=lambda c: c.latency_ratio)
+            if fastest is chosen:
+                break
+            r = race(fastest, chosen)
+            if r is None:
+                break
+            ratio, lo, hi = r
+            slower = lo > 1 and ratio > 1 + SAME_SPEED
+            settings.setdefault("runoffs", []).append(
+                {"chosen": chosen.settings.label(), "fastest": fastest.settings.label(), "ratio": ratio,
+                 "ratio_ci95": [lo, hi], "slower": slower})
+            log.info("run-off: %s takes %.3fx the time of %s (95%% CI %.3f-%.3f)%s", chosen.settings.label(), ratio,
+                     fastest.settings.label(), lo, hi, "; dropped" if slower else "")
+            if not slower:
+                break
+            pool.remove(chosen)
+            chosen.chosen = False
+            self.ctx.note(f"run-off: {chosen.settings.label()} ran {ratio:.2f}x the time of "
+                          f"{fastest.settings.label()} head to head (95% CI {lo:.2f}-{hi:.2f}x), so it was not kept")
+            chosen = self.pick(pool)
         return chosen
 
     def check_speed(self, chosen: Candidate, pool: list[Candidate], settings: dict, hint: Hint) -> None:

@@ -31,12 +31,11 @@ import numpy as np
 from optkit.core.artifact import Artifact
 from optkit.core.errors import UsageError
 from optkit.core.registry import PassContext, require_extra
-from optkit.core.text import first_line
 from optkit.onnx import graph
 from optkit.onnx import io as onnx_io
 from optkit.onnx import session as onnx_session
-from optkit.passes.quantize import fusion, kernels
-from optkit.passes.quantize.budget import SAME_SPEED, Budget
+from optkit.passes.quantize import fusion, kernels, skip
+from optkit.passes.quantize.budget import Budget
 from optkit.passes.quantize.build import Builder, rank, schedule, small_channel_convs, twin_missed
 from optkit.passes.quantize.candidates import Candidate, Settings
 from optkit.passes.quantize.choose import Chooser
@@ -57,7 +56,6 @@ from optkit.passes.quantize.timing import runoff, time_candidates
 __all__ = ["Quantizer", "CLEARLY_SLOWER"]  # CLEARLY_SLOWER lives in score.py; imported from here by tests
 
 log = logging.getLogger(__name__)
-RUNOFFS = 2   # head-to-head timings of the candidate to keep against the fastest (_runoffs)
 
 
 class Quantizer:
@@ -124,7 +122,7 @@ class Quantizer:
         self.settings.update(budget=self.budget.kind, budget_value=self.budget.value)
         space, held = self._prune(self.strategy.space())
         tried = self._try_all(space) if self.cfg.latency_search else self._first_that_builds(space)
-        held = kernels.worth_retrying(held, tried) if not any(c.passed for c in tried) else []
+        held = skip.worth_retrying(held, tried) if not any(c.passed for c in tried) else []
         if held:  # the kernel table's skips that might meet the budgets where the others missed them
             self.settings["skipped_tried"] = len(held)
             tried += self._try_all(held)
@@ -180,29 +178,18 @@ class Quantizer:
             out.append(self._candidate(settings))
         return out
 
-    # ------------------------------------------------------------ the kernel table's pruning (kernels.py)
+    # ------------------------------------------------------------ the kernel table's skips (skip.py)
     def _prune(self, space: list[Settings]) -> tuple[list[Settings], list[Settings]]:
         """(the settings to build, those this CPU's kernel table says cannot win: built only when none of the
-        others meets the budgets), recorded in settings["skipped"]. Only where speed decides the search (static or
-        dynamic INT8 for the CPU, timed, searched) and full_search is off."""
+        others meets the budgets). Only where speed decides the search (static or dynamic INT8 for the CPU,
+        timed, searched) and full_search is off."""
         if self.cfg.full_search or not (self._speed_matters() and self.cfg.latency_search) or len(space) < 2:
             return space, []
         self.phases["kernels"] = 0.0
         with self._phase("kernels"):
-            try:
-                self.kernel_table = kernels.load_table()
-            except Exception as e:  # noqa: BLE001 - the table only saves time: without it, everything is built
-                log.info("kernel table unavailable (%s): every setting is built", first_line(e))
-                return space, []
-        table = self.kernel_table
-        self.settings["kernel_table"] = {"cached": table.cached, "path": str(table.path) if table.path else None,
-                                         "seconds": round(table.seconds, 3)}
-        keep, skipped = kernels.prune(self.mode, space, self.float_model, table.ratios, table.key["cpu"]["flags"])
-        for s, why in skipped:
-            label = s.label() + (f" {'+'.join(s.op_types)}" if s.op_types else "")
-            self.settings.setdefault("skipped", []).append({"variant": label, "why": why, "rule": "kernels"})
-            log.info("skipped %s: %s", s.label(), why)
-        return keep, [s for s, _ in skipped]
+            split = skip.split_space(self.mode, space, self.float_model, self.settings)
+        self.kernel_table = split.table
+        return split.build, split.held
 
     def _where_the_time_went(self) -> str:
         p, cands = self.phases, self.candidates
@@ -274,45 +261,16 @@ class Quantizer:
             with self._phase("time"):
                 self.settings.update(time_candidates(self.artifact, fits, self.ref.specs, self.ref.check_feeds,
                                                      self.ctx.note))
-        chosen = self._runoffs(fits)
+        chosen = self.chooser.pick_after_runoffs(fits, self._race, self.settings)
         self.settings.update(chosen.settings.to_dict())
         self.tell.say_chosen(chosen)
         if self._speed_matters():
             self.chooser.check_speed(chosen, fits, self.settings, self.tell.slower_hint)
         return chosen.path
 
-    def _runoffs(self, fits: list[Candidate]) -> Candidate:
-        """Budget.pick's candidate, unless it ties for fastest only within the race's noise and, timed head to
-        head against the fastest, is slower beyond its interval and SAME_SPEED: then it leaves the pool and the
-        pick is made again (at most RUNOFFS times)."""
-        pool = list(fits)
-        chosen = self.chooser.pick(pool)
-        for _ in range(RUNOFFS):
-            timed = [c for c in pool if c.latency_ratio is not None]
-            if chosen.latency_ratio is None or len(timed) < 2:
-                break
-            fastest = min(timed, key=lambda c: c.latency_ratio)
-            if fastest is chosen:
-                break
-            with self._phase("time"):
-                r = runoff(fastest, chosen, self.ref.specs, self.ref.check_feeds, self.ctx.note)
-            if r is None:
-                break
-            ratio, lo, hi = r
-            slower = lo > 1 and ratio > 1 + SAME_SPEED
-            self.settings.setdefault("runoffs", []).append(
-                {"chosen": chosen.settings.label(), "fastest": fastest.settings.label(), "ratio": ratio,
-                 "ratio_ci95": [lo, hi], "slower": slower})
-            log.info("run-off: %s takes %.3fx the time of %s (95%% CI %.3f-%.3f)%s", chosen.settings.label(), ratio,
-                     fastest.settings.label(), lo, hi, "; dropped" if slower else "")
-            if not slower:
-                break
-            pool.remove(chosen)
-            chosen.chosen = False
-            self.ctx.note(f"run-off: {chosen.settings.label()} ran {ratio:.2f}x the time of "
-                          f"{fastest.settings.label()} head to head (95% CI {lo:.2f}-{hi:.2f}x), so it was not kept")
-            chosen = self.chooser.pick(pool)
-        return chosen
+    def _race(self, fastest: Candidate, chosen: Candidate) -> tuple[float, float, float] | None:
+        with self._phase("time"):
+            return runoff(fastest, chosen, self.ref.specs, self.ref.check_feeds, self.ctx.note)
 
     def _speed_matters(self) -> bool:
         return self.mode in ("static", "dynamic") and self.cfg.target == "cpu" and self.cfg.measure_candidates
@@ -323,7 +281,7 @@ class Quantizer:
         slow = small_channel_convs(self.float_model, [*self.cfg.nodes_exclude, *cand.float_nodes])
         if not slow or not self.cfg.latency_search or len(self.candidates) >= self.cfg.max_candidates:
             return []
-        lose = (kernels.slow_convs_lose(self.float_model, slow, cand.settings, self.kernel_table.ratios)
+        lose = (skip.slow_convs_lose(self.float_model, slow, cand.settings, self.kernel_table.ratios)
                 if self.kernel_table is not None else None)
         if lose:
             self.settings.setdefault("skipped", []).append(
