@@ -21,10 +21,10 @@ import runpy, sys
 import numpy as np
 import onnx
 from onnx import numpy_helper
-import optkit.passes.convert.tf as tf_convert
+import optkit.passes.convert.fromtflite as tf_convert
 
 factor, shift, limits = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-plain = tf_convert._tflite_io
+plain = tf_convert.tflite_io
 
 def edit(init, fn):
     init.CopyFrom(numpy_helper.from_array(fn(numpy_helper.to_array(init)), init.name))
@@ -41,9 +41,9 @@ def broken(path, session, source_path):
     onnx.save(model, str(path))
     return steps
 
-tf_convert._tflite_io = broken
+tf_convert.tflite_io = broken
 if limits == "depth":
-    tf_convert._plain_tf2onnx = lambda model, session: None
+    tf_convert.plain_tf2onnx = lambda model, session: None
 sys.argv = ["optkit", *sys.argv[4:]]
 runpy.run_module("optkit", run_name="__main__")
 """
