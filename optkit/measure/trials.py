@@ -157,109 +157,137 @@ def latency_trials(artifact: Artifact, settings, *, trials: int = 5, normalize: 
 def _trials(artifact: Artifact, settings, trials: int, normalize: bool, data, limit_s: float | None
             ) -> dict[str, Any]:
     import gc
-    import time
 
     # each trial's warm-up and its timed runs get half of the trial's share of the limit
-    trial_limit = (LIMIT_S if limit_s is None else limit_s) / (2 * trials)
-    session = settings.open(artifact)
-    if data is not None:
-        ds = load_dataset(data.path, data.preprocess, data.labels)
-        feeds = latency_feeds(session.inputs, ds.bind(session.inputs, stream=True), settings.batch, ds.source)
-    else:
-        feeds, _ = synthesized(session, settings)
-    session.check_feeds(feeds)
+    runner = _Runner(artifact, settings, data, (LIMIT_S if limit_s is None else limit_s) / (2 * trials))
     model_bytes = artifact.size_bytes()
     rungs = reference_rungs(model_bytes) if normalize else ()
-    # on CPU (onnxruntime, TFLite) every trial opens fresh sessions, which is cheap there: where the
-    # weights land in memory moves one session's speed by several %, and fresh sessions turn that into
-    # trial-to-trial noise that the median damps and the confidence interval sees
-    fresh = session.provider == "cpu" and session.runtime in ("onnxruntime", "tflite")
-    clock = time.perf_counter
-    state: dict[str, Any] = {}
-
-    def open_all(first: bool) -> None:
-        nonlocal session
-        if not first:
-            session.close()
-            session = settings.open(artifact)
-        state.update(run=session.run, timer=session.timer(),
-                     refs=[_reference_runner(r, settings.threads) for r in rungs])
-        start = clock()
-        for _ in range(settings.warmup):
-            session.run(feeds)
-            if clock() - start >= trial_limit:
-                break
-        for ref in state["refs"]:
-            for i in range(max(3, settings.warmup)):
-                ref()
-                if i >= 3 and clock() - start >= trial_limit:
-                    break
-
-    def time_model() -> float:
-        run, timer = state["run"], state["timer"]
-        if timer is not None:
-            return timer(lambda: run(feeds))
-        t0 = clock()
-        run(feeds)
-        return clock() - t0
-
-    open_all(True)
-    refs = state["refs"]
-    all_times: list[list[float]] = []             # per trial
-    trial_p50, trial_low = [], []
-    ref_low: list[list[float]] = [[] for _ in refs]
-    ratios: list[list[float]] = [[] for _ in refs]
-    ref_all: list[list[float]] = [[] for _ in refs]
-    counts: list[int] = []
-    limited = False
+    timed = _Timed(refs=len(rungs))
+    runner.open(rungs)
     gc_was = gc.isenabled()
     gc.disable()                                  # no collector pauses inside the timed loop
     try:
         for trial in range(trials):
-            if fresh and trial:
-                open_all(False)
-                refs = state["refs"]
-            times, rt = [], [[] for _ in refs]
-            start = clock()
-            for _ in range(settings.runs):
-                if len(times) >= 5 and clock() - start >= trial_limit:
-                    limited = True
-                    break
-                # model and references alternate call by call, so all see the same machine state
-                times.append(time_model())
-                for j, ref in enumerate(refs):
-                    t0 = clock()
-                    ref()
-                    rt[j].append(clock() - t0)
-            trial_p50.append(float(np.median(times)) * 1e3)
-            trial_low.append(low(times) * 1e3)
-            for j in range(len(refs)):
-                ref_low[j].append(low(rt[j]) * 1e3)
-                ratios[j].append(low(times) / low(rt[j]))
-                ref_all[j] += rt[j]
-            all_times.append(times)
-            counts.append(len(times))
+            if runner.fresh and trial:
+                runner.open(rungs)
+            timed.add(*runner.trial())
     finally:
         if gc_was:
             gc.enable()
-    session.close()
-    out = summarize(all_times, batch=settings.batch, warmup=settings.warmup, threads=session.threads,
-                    provider=session.provider)
-    if limited:
+    runner.session.close()
+    out = summarize(timed.all_times, batch=settings.batch, warmup=settings.warmup, threads=runner.session.threads,
+                    provider=runner.session.provider)
+    if runner.limited:
         out["time_limited"] = True
-    out.update(trials=trials, runs_per_trial=min(counts), trial_p50_ms=trial_p50, ci95_pct=ci95_pct(trial_p50),
-               trial_low_ms=trial_low, low_ms=float(np.median(trial_low)), low_quantile=LOW_Q,
-               low_ci95_pct=ci95_pct(trial_low))
-    if refs:
-        references = {
-            reference_name(r): {"layers": r, "bytes": r * REFERENCE_LAYER_BYTES,
-                                "normalized": float(np.median(ratios[j])), "trial_normalized": ratios[j],
-                                "ci95_pct": ci95_pct(ratios[j]), "low_ms": float(np.median(ref_low[j]))}
-            for j, r in enumerate(rungs)}
-        primary = references[reference_name(rungs[0])]
-        out.update(normalized=primary["normalized"], trial_normalized=primary["trial_normalized"],
-                   normalized_ci95_pct=primary["ci95_pct"],
-                   reference_p50_ms=float(np.median(ref_all[0])) * 1e3,
-                   reference=f"onnxruntime MLP {rungs[0]}x{REFERENCE_WIDTH}, batch {REFERENCE_BATCH}",
-                   reference_name=reference_name(rungs[0]), references=references, model_bytes=model_bytes)
+    out.update(trials=trials, runs_per_trial=min(timed.counts), trial_p50_ms=timed.trial_p50,
+               ci95_pct=ci95_pct(timed.trial_p50), trial_low_ms=timed.trial_low,
+               low_ms=float(np.median(timed.trial_low)), low_quantile=LOW_Q, low_ci95_pct=ci95_pct(timed.trial_low))
+    if rungs:
+        out.update(_normalized(timed, rungs, model_bytes))
     return out
+
+
+class _Runner:
+    """The model's session (fresh each trial on CPU) and its feeds, the reference workloads, and one trial:
+    model and references called in turn, call by call, within the trial's share of the time limit."""
+
+    def __init__(self, artifact: Artifact, settings, data, trial_limit: float):
+        import time
+
+        self.artifact, self.settings, self.trial_limit = artifact, settings, trial_limit
+        self.clock = time.perf_counter
+        self.session = settings.open(artifact)
+        self.feeds = self._feeds(data)
+        self.session.check_feeds(self.feeds)
+        # on CPU (onnxruntime, TFLite) every trial opens fresh sessions, which is cheap there: where the
+        # weights land in memory moves one session's speed by several %, and fresh sessions turn that into
+        # trial-to-trial noise that the median damps and the confidence interval sees
+        self.fresh = self.session.provider == "cpu" and self.session.runtime in ("onnxruntime", "tflite")
+        self.opened = False
+        self.limited = False
+        self.refs: list = []
+
+    def _feeds(self, data) -> dict:
+        if data is None:
+            return synthesized(self.session, self.settings)[0]
+        ds = load_dataset(data.path, data.preprocess, data.labels)
+        return latency_feeds(self.session.inputs, ds.bind(self.session.inputs, stream=True), self.settings.batch,
+                             ds.source)
+
+    def open(self, rungs) -> None:
+        """(Re)open the session and the references, and warm both up."""
+        if self.opened:
+            self.session.close()
+            self.session = self.settings.open(self.artifact)
+        self.opened = True
+        self.run, self.timer = self.session.run, self.session.timer()
+        self.refs = [_reference_runner(r, self.settings.threads) for r in rungs]
+        start = self.clock()
+        for _ in range(self.settings.warmup):
+            self.session.run(self.feeds)
+            if self.clock() - start >= self.trial_limit:
+                break
+        for ref in self.refs:
+            for i in range(max(3, self.settings.warmup)):
+                ref()
+                if i >= 3 and self.clock() - start >= self.trial_limit:
+                    break
+
+    def time_model(self) -> float:
+        if self.timer is not None:
+            return self.timer(lambda: self.run(self.feeds))
+        t0 = self.clock()
+        self.run(self.feeds)
+        return self.clock() - t0
+
+    def trial(self) -> tuple[list[float], list[list[float]]]:
+        """One trial: (the model's call times, each reference's call times)."""
+        times, rt = [], [[] for _ in self.refs]
+        start = self.clock()
+        for _ in range(self.settings.runs):
+            if len(times) >= 5 and self.clock() - start >= self.trial_limit:
+                self.limited = True
+                break
+            # model and references alternate call by call, so all see the same machine state
+            times.append(self.time_model())
+            for j, ref in enumerate(self.refs):
+                t0 = self.clock()
+                ref()
+                rt[j].append(self.clock() - t0)
+        return times, rt
+
+
+class _Timed:
+    """What the trials measured, trial by trial."""
+
+    def __init__(self, refs: int):
+        self.all_times: list[list[float]] = []
+        self.trial_p50: list[float] = []
+        self.trial_low: list[float] = []
+        self.counts: list[int] = []
+        self.ref_low: list[list[float]] = [[] for _ in range(refs)]
+        self.ratios: list[list[float]] = [[] for _ in range(refs)]
+        self.ref_all: list[list[float]] = [[] for _ in range(refs)]
+
+    def add(self, times: list[float], rt: list[list[float]]) -> None:
+        self.trial_p50.append(float(np.median(times)) * 1e3)
+        self.trial_low.append(low(times) * 1e3)
+        for j, ref_times in enumerate(rt):
+            self.ref_low[j].append(low(ref_times) * 1e3)
+            self.ratios[j].append(low(times) / low(ref_times))
+            self.ref_all[j] += ref_times
+        self.all_times.append(times)
+        self.counts.append(len(times))
+
+
+def _normalized(timed: _Timed, rungs, model_bytes: int) -> dict[str, Any]:
+    references = {
+        reference_name(r): {"layers": r, "bytes": r * REFERENCE_LAYER_BYTES,
+                            "normalized": float(np.median(timed.ratios[j])), "trial_normalized": timed.ratios[j],
+                            "ci95_pct": ci95_pct(timed.ratios[j]), "low_ms": float(np.median(timed.ref_low[j]))}
+        for j, r in enumerate(rungs)}
+    primary = references[reference_name(rungs[0])]
+    return dict(normalized=primary["normalized"], trial_normalized=primary["trial_normalized"],
+                normalized_ci95_pct=primary["ci95_pct"], reference_p50_ms=float(np.median(timed.ref_all[0])) * 1e3,
+                reference=f"onnxruntime MLP {rungs[0]}x{REFERENCE_WIDTH}, batch {REFERENCE_BATCH}",
+                reference_name=reference_name(rungs[0]), references=references, model_bytes=model_bytes)
