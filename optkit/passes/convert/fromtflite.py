@@ -25,19 +25,35 @@ def tflite_io(path: Path, session, source_path: str) -> dict[str, float]:
     where the TFLite model's are quantized (QuantizeLinear / DequantizeLinear at the boundary), the way optkit's
     TFLite runtime presents them. Returns the quantization step of each dequantized output."""
     import onnx
-    from onnx import helper, numpy_helper
 
     model = onnx_io.load(path)
-    g = model.graph
+    b = _Boundary(model.graph)
     interp = session.interp
     steps: dict[str, float] = {}
-    used = ({v.name for v in (*g.input, *g.output, *g.value_info, *g.initializer)}
-            | {x for n in graph.all_nodes(g) for x in (*n.input, *n.output)})
+    by_in = {v.name: v for v in model.graph.input}     # as converted: names before any renaming
+    by_out = {v.name: v for v in model.graph.output}
+    for d, spec in zip(interp.get_input_details(), session.inputs):
+        b.input(d, spec, by_in)
+    for d, spec in zip(interp.get_output_details(), session.outputs):
+        step = b.output(d, spec, by_out)
+        if step is not None:
+            steps[spec.name] = step
+    steps.update(dequantized_steps(source_path, interp, session, steps))
+    onnx.save_model(model, str(path))
+    return steps
 
-    node_names = {n.name for n in graph.all_nodes(g)}
 
-    def fresh(base: str, taken: set | None = None) -> str:
-        taken = used if taken is None else taken
+class _Boundary:
+    """Edits at a converted graph's inputs and outputs, keeping every tensor and node name unique (SSA)."""
+
+    def __init__(self, g):
+        self.g = g
+        self.used = ({v.name for v in (*g.input, *g.output, *g.value_info, *g.initializer)}
+                     | {x for n in graph.all_nodes(g) for x in (*n.input, *n.output)})
+        self.node_names = {n.name for n in graph.all_nodes(g)}
+
+    def fresh(self, base: str, taken: set | None = None) -> str:
+        taken = self.used if taken is None else taken
         name, k = base, 0
         while name in taken:
             k += 1
@@ -45,71 +61,82 @@ def tflite_io(path: Path, session, source_path: str) -> dict[str, float]:
         taken.add(name)
         return name
 
-    def rename(old: str, new: str) -> None:
-        for node in graph.all_nodes(g):
+    def rename(self, old: str, new: str) -> None:
+        for node in graph.all_nodes(self.g):
             node.input[:] = [new if x == old else x for x in node.input]
             node.output[:] = [new if x == old else x for x in node.output]
-        for v in (*g.value_info, *g.initializer, *g.output):
+        for v in (*self.g.value_info, *self.g.initializer, *self.g.output):
             if v.name == old:
                 v.name = new
-        used.add(new)
+        self.used.add(new)
 
-    def claim(name: str, owner: str) -> None:
+    def claim(self, name: str, owner: str) -> None:
         """Make `name` free for the boundary tensor `owner`: another tensor of that name (PyTorch-exported
         files reuse names like input.5 inside) moves to a fresh one, so the graph stays in SSA form."""
-        if name != owner and name in used:
-            rename(name, fresh(f"{name}_inner"))
+        if name != owner and name in self.used:
+            self.rename(name, self.fresh(f"{name}_inner"))
 
-    def qparams(d, tag):
+    def qparams(self, d, tag: str) -> tuple[tuple[str, str], float]:
+        from onnx import numpy_helper
+
         scale, zero = d["quantization"]
         z = np.array(zero, dtype=np.dtype(d["dtype"]))
-        names = (fresh(f"{tag}_scale"), fresh(f"{tag}_zero_point"))
-        g.initializer.extend([numpy_helper.from_array(np.array(scale, np.float32), names[0]),
-                              numpy_helper.from_array(z, names[1])])
+        names = (self.fresh(f"{tag}_scale"), self.fresh(f"{tag}_zero_point"))
+        self.g.initializer.extend([numpy_helper.from_array(np.array(scale, np.float32), names[0]),
+                                   numpy_helper.from_array(z, names[1])])
         return names, scale
 
-    by_name = {v.name: v for v in g.input}
-    for d, spec in zip(interp.get_input_details(), session.inputs):
+    def _inner(self, d, spec) -> str:
+        """The quantized tensor's name; where the real-valued one takes its name, a new one."""
+        inner = d["name"]
+        if inner == spec.name:
+            inner = self.fresh(f"{spec.name}_int8")
+            self.rename(spec.name, inner)
+        return inner
+
+    def input(self, d, spec, by_name: dict) -> None:
+        import onnx
+        from onnx import helper
+
         vi = by_name.get(d["name"])
         if vi is None or spec.name in by_name and spec.name != d["name"]:
-            continue
-        quantized = np.dtype(d["dtype"]).kind in "iu" and d["quantization"][0] != 0.0
-        claim(spec.name, d["name"])
-        if quantized:
-            inner = d["name"]
-            if inner == spec.name:  # the float input takes the name: the int8 tensor gets a new one
-                inner = fresh(f"{spec.name}_int8")
-                rename(spec.name, inner)
-            (sc, zp), _ = qparams(d, f"{spec.name}_q")
-            g.node.insert(0, helper.make_node("QuantizeLinear", [spec.name, sc, zp], [inner],
-                                              name=fresh(f"{spec.name}_quantize", node_names)))
+            return
+        self.claim(spec.name, d["name"])
+        if _quantized(d):
+            inner = self._inner(d, spec)
+            (sc, zp), _ = self.qparams(d, f"{spec.name}_q")
+            self.g.node.insert(0, helper.make_node("QuantizeLinear", [spec.name, sc, zp], [inner],
+                                                   name=self.fresh(f"{spec.name}_quantize", self.node_names)))
             vi.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
         else:
-            rename(d["name"], spec.name)
+            self.rename(d["name"], spec.name)
         vi.name = spec.name
-    by_out = {v.name: v for v in g.output}
-    for d, spec in zip(interp.get_output_details(), session.outputs):
-        vi = by_out.get(d["name"])
+
+    def output(self, d, spec, by_name: dict) -> float | None:
+        """The output as the TFLite session gives it; its quantization step where it is dequantized here."""
+        import onnx
+        from onnx import helper
+
+        vi = by_name.get(d["name"])
         if vi is None:
-            continue
-        quantized = np.dtype(d["dtype"]).kind in "iu" and d["quantization"][0] != 0.0
-        claim(spec.name, d["name"])
-        if quantized:
-            inner = d["name"]
-            if inner == spec.name:
-                inner = fresh(f"{spec.name}_int8")
-                rename(spec.name, inner)
-            (sc, zp), scale = qparams(d, f"{spec.name}_dq")
-            g.node.append(helper.make_node("DequantizeLinear", [inner, sc, zp], [spec.name],
-                                           name=fresh(f"{spec.name}_dequantize", node_names)))
+            return None
+        self.claim(spec.name, d["name"])
+        step = None
+        if _quantized(d):
+            inner = self._inner(d, spec)
+            (sc, zp), scale = self.qparams(d, f"{spec.name}_dq")
+            self.g.node.append(helper.make_node("DequantizeLinear", [inner, sc, zp], [spec.name],
+                                                name=self.fresh(f"{spec.name}_dequantize", self.node_names)))
             vi.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
-            steps[spec.name] = float(scale)
+            step = float(scale)
         else:
-            rename(d["name"], spec.name)
+            self.rename(d["name"], spec.name)
         vi.name = spec.name
-    steps.update(dequantized_steps(source_path, interp, session, steps))
-    onnx.save_model(model, str(path))
-    return steps
+        return step
+
+
+def _quantized(d) -> bool:
+    return np.dtype(d["dtype"]).kind in "iu" and d["quantization"][0] != 0.0
 
 
 def dequantized_steps(path: str, interp, session, known: dict) -> dict[str, float]:
