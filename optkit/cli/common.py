@@ -4,7 +4,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import signal
 import sys
 import traceback
 import warnings
@@ -16,6 +15,7 @@ from optkit.core import interrupts, logs
 from optkit.core.artifact import Artifact
 from optkit.core.atomic import check_output_path, check_outputs
 from optkit.core.errors import (
+    EXIT_BROKEN_PIPE,
     EXIT_INTERRUPTED,
     EXIT_PASS,
     EXIT_TERMINATED,
@@ -74,7 +74,7 @@ def run_app(app, argv: Optional[list[str]] = None) -> int:
     except BrokenPipeError:
         # the reader went away (`optkit ... | head`): not an error of ours, and not a gate verdict
         _silence_stdout()
-        return 128 + signal.SIGPIPE
+        return EXIT_BROKEN_PIPE
     except OSError as e:
         if e.errno not in _USER_ERRNOS:
             return _internal(e)

@@ -10,6 +10,7 @@ import typer
 
 from optkit.cli import common
 from optkit.core import interrupts, trust
+from optkit.core.errors import exit_codes_line
 
 # Flags of the root command that may also be written after the sub-command (`optkit inspect M --trust-code`).
 GLOBAL_FLAGS = ("--debug", "--trust-code", "-v", "-vv", "--verbose")
@@ -63,8 +64,7 @@ app = typer.Typer(
     cls=LazyGroup,
     name="optkit",
     help="Optimize trained models (export to ONNX, simplify, quantize, prune, TensorRT) and measure every step.\n\n"
-         "Exit codes: 0 ok, 1 gate failed, 2 bad usage or input, 3 a pass or its validation failed, "
-         "4 missing dependency or hardware, 130 interrupted.",
+         + exit_codes_line(),
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
