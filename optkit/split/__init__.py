@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from optkit.core.errors import UsageError
+from optkit.core.formats import folder_problem
 from optkit.core.locks import locked_output
 from optkit.core.shapes import LADDERS, dim_kind
 from optkit.core.text import first_line
@@ -89,6 +90,8 @@ def _plan(model: Path, provider: str, cuts, dims, data=None) -> dict:
         raise UsageError(f"unknown --provider {provider!r}; choose {', '.join(PROVIDERS)}")
     if not model.exists():
         raise UsageError(f"model {model} does not exist")
+    if model.is_dir() and not (model / "saved_model.pb").exists():
+        raise UsageError(f"optkit split reads ONNX models (.onnx): {folder_problem(model)}")
     if model.is_dir() or model.suffix.lower() != ".onnx":
         raise UsageError(f"optkit split reads ONNX models (.onnx); {model} is not one (convert it first: optkit "
                          "convert)")
