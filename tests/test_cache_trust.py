@@ -14,6 +14,8 @@ from pathlib import Path
 import _testpasses  # noqa: F401 - registers test.copy / test.scale
 import onnx
 import pytest
+from test_pipeline import ran, write_recipe
+from test_quantize_kernels import Counting, _model, _quantize, _ratios
 
 from optkit.core.cachedir import NotPrivate, private_folder, trusted
 from optkit.passes.quantize import kernels
@@ -21,9 +23,6 @@ from optkit.passes.tensorrt import read_timing_cache, save_timing_cache
 from optkit.pipeline.recipe import load_recipe
 from optkit.pipeline.runner import RunOptions, execute
 from optkit.runtimes.onnx import provider_list
-
-from test_pipeline import ran, write_recipe
-from test_quantize_kernels import Counting, _model, _quantize, _ratios
 
 NOBODY = 65534
 ROOT = hasattr(os, "geteuid") and os.geteuid() == 0

@@ -12,11 +12,11 @@ import textwrap
 import numpy as np
 import pytest
 import yaml
+from test_capacity import MIDNIGHT, best  # noqa: F401 - the module's real tune best.json
 
 from optkit.package.capacity import forecast, traffic
 
 from conftest import SAMPLES, one_error_line, run_cli
-from test_capacity import MIDNIGHT, best  # noqa: F401 - the module's real tune best.json
 
 DAY = 86_400
 

@@ -10,13 +10,13 @@ import shlex
 import socket
 import subprocess
 
+import _triton
 import pytest
 
 import optkit
 from optkit.core.errors import UsageError
 from optkit.runtimes.kserve_http import ServedModel
 
-import _triton
 from conftest import one_error_line
 
 

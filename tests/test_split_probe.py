@@ -11,12 +11,12 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
+from test_split import _if_model
 
 from optkit.core.errors import UsageError
 from optkit.split import plan_split, split_model
 
 from conftest import no_result_files, one_error_line
-from test_split import _if_model
 
 
 def _stft_like(path: Path, reshape_to: int | None = None) -> Path:
