@@ -349,7 +349,7 @@ PACKAGE = [
 CAPACITY = [
     {'key': 'output', 'flag': '--output', 'type': 'str', 'default': None, 'required': True, 'optional': False, 'help': 'CAPACITY.json to write: replicas, requests, autoscaling, schedule and the replay (read by `optkit package --capacity`).', 'short': '-o'},
     {'key': 'peak', 'flag': '--peak', 'type': 'float', 'default': None, 'required': False, 'optional': True, 'min_open': 0, 'max': 1000000000.0, 'help': 'Peak request rate (requests/s), instead of a history.'},
-    {'key': 'history', 'flag': '--history', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': 'Traffic history: CSV of timestamp,requests_per_s (ISO 8601 or epoch seconds) or a Prometheus range-query JSON.'},
+    {'key': 'history', 'flag': '--history', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': "Traffic history: CSV of timestamp,requests_per_s (ISO 8601 or epoch seconds) or a Prometheus range-query JSON; at most 64 MB, 2,000,000 rows and 366 days from its first to its last sample plus that sample's interval."},
     {'key': 'html', 'flag': '--html', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': 'Also write an HTML page: traffic, capacity and replicas over time, SLO minutes marked.'},
     {'key': 'headroom', 'flag': '--headroom', 'type': 'float', 'default': 0.2, 'required': False, 'optional': False, 'min': 0, 'max': 4, 'help': 'Spare capacity over the load when sizing (0.2: 20%).'},
     {'key': 'min_replicas', 'flag': '--min-replicas', 'type': 'int', 'default': 1, 'required': False, 'optional': False, 'min': 1, 'max': 10000, 'help': 'Fewest replicas.'},

@@ -50,7 +50,7 @@ def detect_format(spec: str | Path) -> Format:
     if path.is_dir():
         if (path / "saved_model.pb").exists() or (path / "saved_model.pbtxt").exists():
             return Format.TF_SAVEDMODEL
-        raise UsageError(f"{path} is a folder but not a TensorFlow SavedModel (no saved_model.pb)")
+        raise UsageError(folder_problem(path))
     if path.stat().st_size == 0:
         raise UsageError(f"model {path} is empty (0 bytes)")
     head = path.read_bytes()[:16]
@@ -74,6 +74,47 @@ def detect_format(spec: str | Path) -> Format:
     if suffix in (".pt", ".pth", ".pt2"):
         return _detect_torch_archive(path, suffix)
     raise UsageError(f"cannot tell the format of {path}; known formats: {_KNOWN}")
+
+
+# folders other tools and optkit itself write, which hold models but are not one: (marker file, what the folder is)
+_FOLDERS = (
+    ("split.json", "an optkit split folder (split.json and its parts; `optkit package` serves the folder as an "
+                   "ensemble)"),
+    ("config.pbtxt", "a Triton model folder (config.pbtxt; a model of a Triton repository, such as one part of "
+                     "the ensemble optkit package wrote)"),
+    ("MLmodel", "an MLflow model folder (MLmodel)"),
+)
+_MODEL_SUFFIXES = (".onnx", ".tflite", ".keras", ".h5", ".pt", ".pt2", ".engine", ".plan")
+
+
+def folder_problem(path: Path) -> str:
+    """What a folder that is not a SavedModel is, and which of the models in it to give instead."""
+    path = Path(path)
+    what = next((w for marker, w in _FOLDERS if (path / marker).is_file()), None)
+    if path.name.isdigit() and (path.parent / "config.pbtxt").is_file():
+        what = f"version {path.name} of the Triton model {path.parent.name} (a model of a Triton repository)"
+    models = _models_in(path)
+    give = (f"give one of its model files: {', '.join(str(m) for m in models[:3])}"
+            + (" ..." if len(models) > 3 else "")) if models else "it holds no model file"
+    if what:
+        return f"{path} is {what}, not a model file; {give}"
+    return f"{path} is a folder but not a TensorFlow SavedModel (no saved_model.pb); {give}"
+
+
+def _models_in(path: Path, depth: int = 2, limit: int = 200) -> list[Path]:
+    """Model files in `path` and its sub-folders up to `depth` levels (the first `limit` entries looked at in
+    each), numbered version folders last-first (Triton's newest version first)."""
+    try:
+        entries = sorted(path.iterdir(), key=lambda p: (not p.is_file(), -int(p.name) if p.name.isdigit() else 0,
+                                                        p.name))[:limit]
+    except OSError:
+        return []
+    found = [p for p in entries if p.is_file() and p.suffix.lower() in _MODEL_SUFFIXES]
+    if depth > 1:
+        for sub in entries:
+            if sub.is_dir() and not sub.is_symlink():
+                found += _models_in(sub, depth - 1, limit)
+    return found
 
 
 def _detect_torch_archive(path: Path, suffix: str) -> Format:

@@ -23,12 +23,18 @@ def read_regular(path: Path, limit: int, *, links: bool = True, hint: str = "") 
             raise UsageError(f"{path} is a symbolic link; optkit reads only the files it wrote, not what a link "
                              "points at: remove the link") from None
         raise UsageError(f"cannot read {path}: {e.strerror or e}") from None
-    with os.fdopen(fd, "rb") as f:
+    try:  # checked before fdopen, which refuses a folder with "3: Is a directory"
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise UsageError(f"{path} is not a regular file" + (f"; {hint}" if hint else ""))
+            what = "a folder, not a file" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            raise UsageError(f"{path} is {what}" + (f"; {hint}" if hint else ""))
         if st.st_size > limit:
             raise _too_large(path, limit)
+        f = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with f:
         try:
             raw = f.read(limit + 1)
         except OSError as e:

@@ -61,7 +61,7 @@ LADDERS = {
     # images 224, 320, 640 square; then text-line crops (OCR recognizers take height 48 or 32, any width)
     "height": (224, 320, 640, 48, 32, 64),
     "width": (224, 320, 640, 320, 320, 256),
-    "sequence": (128, 64, 16),
+    "sequence": (128, 64, 16, 512),  # 512: also a speech model's chunk of samples (silero VAD's stft needs >= 192)
     "other": (16, 128, 1, 64, 224, 512, 576, 640, 1024),
 }
 _KINDS = (

@@ -89,10 +89,10 @@ def spec_mask(spec) -> bool:
 
 
 def probe(specs: list, run, shapes: dict[str, list[int]] | None = None, values: dict[str, float] | None = None,
-          seed: int = 0) -> tuple[dict[str, list[int]], str]:
+          seed: int = 0, advice: str = "give data or set them with --shape NAME=DIMS") -> tuple[dict[str, list[int]], str]:
     """Concrete shapes for inputs whose dims nobody set: the ladders' rungs are tried in order until `run`
     (one call of the model) accepts the synthesized inputs. Returns (shapes for every input, how they were
-    found). A UsageError names what the user must give when no rung runs."""
+    found). A UsageError names what the user must give when no rung runs (`advice`: the command's own flags)."""
     shapes, values = dict(shapes or {}), values or {}
     open_dims = [s for s in specs if s.shape is not None and s.name not in shapes and "" not in shapes
                  and any(not (isinstance(d, int) and d > 0) for d in s.shape)]
@@ -110,8 +110,7 @@ def probe(specs: list, run, shapes: dict[str, list[int]] | None = None, values: 
         return shapes | found, ("probed" if rung else "from the dim names") if open_dims else "fixed by the model"
     dims = ", ".join(f"{s.name} {format_shape(s.shape)}" for s in open_dims)
     reason = first_line(first_error)[:160] if first_error else "no shape ran"
-    raise UsageError(f"no shape tried for the dynamic dims of {dims} runs ({reason}); give data or set them with "
-                     f"--shape NAME=DIMS")
+    raise UsageError(f"no shape tried for the dynamic dims of {dims} runs ({reason}); {advice}")
 
 
 def input_dtype(spec) -> np.dtype:

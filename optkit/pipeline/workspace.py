@@ -9,11 +9,17 @@ Layout:
                                                     data, seed, optkit and library versions)
 A stage is built in `.NN-<stage>.partial/` and renamed into place when complete, so a stage folder that
 exists is a complete stage; an interrupted run resumes from the last one.
+
+The stage cache is used only when it is the user's own and private (core.cachedir): runs/.cache is made 0700, and
+one owned by another user or writable by group or others is neither read nor written (said at -v and in the stage's
+notes); an entry is reused only when its folder and every file in it are the user's own and private (its entries
+are written 0700 / 0600), else it is dropped and the stage computed again.
 """
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import shutil
 import sys
@@ -25,7 +31,8 @@ from typing import Any
 
 import optkit
 from optkit.core.artifact import Artifact, config_key, content_sha256, path_sha256
-from optkit.core.atomic import atomic_path, remove, write_text
+from optkit.core.atomic import atomic_path, normal_mode, remove, write_text
+from optkit.core.cachedir import PRIVATE_DIR, PRIVATE_FILE, private_folder, trusted
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format
 from optkit.core.readback import read_regular
@@ -33,6 +40,8 @@ from optkit.report.html import to_html
 from optkit.report.junit import to_junit
 from optkit.report.render import to_markdown
 from optkit.report.schema import Stage, library_versions
+
+log = logging.getLogger(__name__)
 
 
 def _now() -> str:
@@ -114,8 +123,11 @@ class Workspace:
         computing the same stage waits, then reuses the first one's result."""
         import fcntl
 
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.cache_dir / f"{key[:32]}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+        if self._cache_refused():
+            yield  # the cache is not used: nothing to hold
+            return
+        fd = os.open(self.cache_dir / f"{key[:32]}.lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0),
+                     PRIVATE_FILE)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -131,10 +143,15 @@ class Workspace:
         is computed again.
         """
 
+        refused = self._cache_refused()
+        if refused:
+            if notes is not None:
+                notes.append(f"stage cache not used: {refused}")
+            return None
         entry_dir = self.cache_dir / key[:32]
         if not entry_dir.exists() and not entry_dir.is_symlink():
             return None
-        entry = _read_json(entry_dir / "entry.json") if not entry_dir.is_symlink() else None
+        entry = _read_json(entry_dir / "entry.json") if trusted(entry_dir, "stage cache entry") else None
         checked = _checked_entry(entry, entry_dir, key)
         if checked is None:
             remove(entry_dir)
@@ -144,6 +161,8 @@ class Workspace:
             return None
         fmt, rel = checked
         shutil.copytree(entry_dir / "files", dest, dirs_exist_ok=True)
+        for p in (dest, *dest.rglob("*")):  # the cache's private modes are not a result's
+            normal_mode(p)
         a = entry["artifact"]
         art = Artifact(path=str(dest / rel), format=fmt, sha256=a["sha256"],
                        parent=a.get("parent"), produced_by=a.get("produced_by"), config=a.get("config") or {},
@@ -161,7 +180,8 @@ class Workspace:
             rel = Path(art.path).resolve().relative_to(Path(src).resolve())
         except ValueError:
             return  # the pass wrote outside its stage folder: not cacheable
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        if self._cache_refused():
+            return
         dest = self.cache_dir / key[:32]
         remove(dest)  # a stale or damaged entry (the caller holds the key's lock)
         a = art.to_dict()
@@ -172,6 +192,18 @@ class Workspace:
         with atomic_path(dest, directory=True) as tmp:
             shutil.copytree(src, tmp / "files")
             (tmp / "entry.json").write_text(json.dumps(entry, indent=2, default=str))
+            for p in tmp.rglob("*"):
+                os.chmod(p, PRIVATE_DIR if p.is_dir() else PRIVATE_FILE)
+
+    def _cache_refused(self) -> str | None:
+        """Why the stage cache folder is not used (None when it is the user's own and private; made 0700 when
+        missing): it is neither read nor written then."""
+        try:
+            private_folder(self.cache_dir)
+        except OSError as e:
+            log.info("stage cache not used (%s)", e)
+            return str(e)
+        return None
 
 
 class Run:
@@ -340,8 +372,10 @@ def _checked_entry(entry: Any, entry_dir: Path, key: str):
         files = entry_dir / "files"
         if files.is_symlink() or not files.is_dir():
             return None
-        for p in files.rglob("*"):  # copies only: a link would bring in whatever it points at
-            if p.is_symlink() or not (p.is_file() or p.is_dir()):
+        for p in (entry_dir / "entry.json", files, *files.rglob("*")):  # copies only: a link would bring in
+            if p.is_symlink() or not (p.is_file() or p.is_dir()):      # whatever it points at
+                return None
+            if not trusted(p, "stage cache file"):
                 return None
         cached = files / rel
         if not cached.exists() or content_sha256(cached, fmt) != a["sha256"]:

@@ -65,7 +65,9 @@ class ServedModel:
 
     @property
     def server(self) -> str:
-        return f"{'https' if self.https else 'http'}://{self.host}:{self.port}{self.prefix}"
+        """The server's address as every message shows it (an IPv6 host in brackets, as a URL writes it)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{'https' if self.https else 'http'}://{host}:{self.port}{self.prefix}"
 
 
 # ---------------------------------------------------------------------- connections with a deadline

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import functools
+import logging
+import os
 
 from optkit.core.artifact import Artifact
-from optkit.core.cachedir import cache_dir
+from optkit.core.cachedir import cache_dir, private_folder, trusted
 from optkit.core.errors import DependencyError, UsageError
 from optkit.onnx.session import (
     OrtSettings,
@@ -16,6 +18,8 @@ from optkit.onnx.session import (
 )
 from optkit.runtimes.base import Session
 
+log = logging.getLogger(__name__)
+
 PROVIDERS = {
     "cpu": ["CPUExecutionProvider"],
     "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
@@ -24,14 +28,20 @@ PROVIDERS = {
 
 
 def provider_list(provider: str) -> list:
-    """The providers to ask onnxruntime for; TensorRT keeps its engines and timing cache between sessions."""
+    """The providers to ask onnxruntime for; TensorRT keeps its engines and timing cache between sessions in a
+    folder of the user's own (core.cachedir), used only while every file in it is the user's own and private (an
+    engine is code the GPU runs): else engines are built for this session alone, said at -v."""
     names = PROVIDERS[provider]
     if provider != "tensorrt":
         return list(names)
     try:
-        cache = cache_dir() / "ort-tensorrt"
-        cache.mkdir(parents=True, exist_ok=True)
-    except OSError:  # no per-user cache folder, or one that cannot be written: engines built each session
+        cache = private_folder(cache_dir() / "ort-tensorrt")
+        entries = list(os.scandir(cache))
+    except OSError as e:  # no per-user cache folder, or one not ours or not writable: engines built each session
+        log.info("onnxruntime's TensorRT engine cache not used (%s)", e)
+        return list(names)
+    if not all(trusted(e.path, "onnxruntime TensorRT cache file", e.stat(follow_symlinks=False)) for e in entries):
+        log.info("onnxruntime's TensorRT engine cache %s not used: a file in it is not yours alone", cache)
         return list(names)
     cache = str(cache)
     options = {"trt_engine_cache_enable": True, "trt_engine_cache_path": cache,

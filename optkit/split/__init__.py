@@ -16,14 +16,16 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 from optkit.core.errors import UsageError
+from optkit.core.formats import folder_problem
 from optkit.core.locks import locked_output
 from optkit.core.shapes import LADDERS, dim_kind
 from optkit.core.text import first_line
 from optkit.measure.images import client_images
-from optkit.measure.inputs import synthesize
+from optkit.measure.inputs import probe, synthesize
 from optkit.onnx import io as onnx_io
 from optkit.onnx.graph import all_nodes, subgraphs
 from optkit.onnx.session import ort_session, spec_of, with_hints
@@ -88,6 +90,8 @@ def _plan(model: Path, provider: str, cuts, dims, data=None) -> dict:
         raise UsageError(f"unknown --provider {provider!r}; choose {', '.join(PROVIDERS)}")
     if not model.exists():
         raise UsageError(f"model {model} does not exist")
+    if model.is_dir() and not (model / "saved_model.pb").exists():
+        raise UsageError(f"optkit split reads ONNX models (.onnx): {folder_problem(model)}")
     if model.is_dir() or model.suffix.lower() != ".onnx":
         raise UsageError(f"optkit split reads ONNX models (.onnx); {model} is not one (convert it first: optkit "
                          "convert)")
@@ -99,12 +103,7 @@ def _plan(model: Path, provider: str, cuts, dims, data=None) -> dict:
     onnx_model = onnx_io.load(model)
     source = model.read_bytes()
     graph = G.build(onnx_model)
-    arrays, data_doc = (None, None) if data is None else _load_data(Path(data), graph, onnx_model, model)
-    sizes, assumed = _sizes(onnx_model, dims, arrays, data)
-    G.infer(graph, sizes)
-    if data is None:
-        _fits_memory(graph, assumed)
-    feeds = _feeds(source, model, graph) if data is None else _data_feeds(arrays, Path(data), graph)
+    feeds, data_doc, assumed = _samples(model, source, onnx_model, graph, dims, data)
     _observe(graph, source, feeds)
     pre_nodes = _preprocess_nodes(onnx_model, graph, model)
     functions = {(f.domain, f.name) for f in onnx_model.functions}
@@ -114,7 +113,8 @@ def _plan(model: Path, provider: str, cuts, dims, data=None) -> dict:
             places.append(Place(EITHER, f"{node.domain}.{node.op_type}: a model-local function: placed by the cut"))
         else:
             places.append(place(node, provider, i in pre_nodes))
-    picks = _picks(onnx_model, graph, names) if names is not None else None
+    lay = C.layout(graph, places)
+    picks = _picks(onnx_model, graph, names, lay) if names is not None else None
     if at_preprocess:
         if not pre_nodes:
             raise UsageError(f"{model} has no {META_KEY} metadata (written by optkit preprocess), so there is no "
@@ -124,7 +124,6 @@ def _plan(model: Path, provider: str, cuts, dims, data=None) -> dict:
             "inputs": [_io(graph, t) for t in graph.inputs], "outputs": [_io(graph, t) for t in graph.outputs]}
     if data_doc is not None:
         base["data"] = data_doc
-    lay = C.layout(graph, places)
     if lay is None or provider == "cpu":
         why = ("--provider cpu runs everything on the CPU" if provider == "cpu" else
                f"no op is meant for the GPU under {provider} (no compute-heavy op it supports)")
@@ -250,13 +249,53 @@ def _fits_memory(graph, dims: dict) -> None:
                          "runs on; give smaller --dim sizes")
 
 
-def _feeds(source: bytes, path: Path, graph) -> dict:
-
+def _samples(model: Path, source: bytes, onnx_model, graph, dims, data) -> tuple[dict, dict | None, dict]:
+    """The sample inputs the chain is checked on, with the graph's shapes inferred at the chosen dims: --data's
+    arrays, else synthesized at the --dim sizes and, for the dims nobody set, sizes probed as every command probes
+    them. Returns (feeds, the data's document or None, the dims document)."""
+    arrays, data_doc = (None, None) if data is None else _load_data(Path(data), graph, onnx_model, model)
+    sizes, dims_doc = _sizes(onnx_model, dims, arrays, data)
+    G.infer(graph, sizes)
+    if data is not None:
+        return _data_feeds(arrays, Path(data), graph), data_doc, dims_doc
+    _fits_memory(graph, dims_doc)
     try:
         sess = ort_session(source, optimize=False)
     except Exception as e:  # noqa: BLE001
-    
-        raise UsageError(f"cannot load {path} with onnxruntime: {first_line(e)}") from None
+        raise UsageError(f"cannot load {model} with onnxruntime: {first_line(e)}") from None
+    if dims_doc["assumed"]:
+        probed = _probe(sess, model, sizes, dims_doc)
+        if probed != sizes:
+            G.infer(graph, probed)
+            _fits_memory(graph, dims_doc)
+    return _feeds(sess, model, graph), None, dims_doc
+
+
+def _probe(sess, path: Path, sizes: dict[str, int], dims_doc: dict) -> dict[str, int]:
+    """`sizes` with the dims nobody set (dims_doc["assumed"], updated) climbed on measure.inputs' ladders until
+    onnxruntime runs the model; exit 2 naming the --dim to set when no rung runs."""
+    open_keys = dims_doc["assumed"]
+    specs = with_hints([spec_of(i) for i in sess.get_inputs()], path)
+    keys = {s.name: [None if isinstance(d, int) and d > 0 else (d or f"{s.name}:{k}") for k, d in enumerate(s.shape)]
+            for s in specs if s.shape is not None}
+    fixed = [s if s.name not in keys else replace(s, shape=[
+        d if key is None or key in open_keys else sizes.get(key, d) for key, d in zip(keys[s.name], s.shape)])
+        for s in specs]
+    climbed = [key for name, row in keys.items() for k, key in enumerate(row)
+               if key in open_keys and dim_kind(next(s.shape for s in specs if s.name == name), k) != "batch"]
+    advice = " ".join(f"--dim {k}=SIZE" for k in dict.fromkeys(climbed or open_keys))
+    shapes, _ = probe(fixed, lambda f: sess.run(None, f), advice=f"set them with {advice} (or give --data)")
+    probed = dict(sizes)
+    for name, row in keys.items():
+        for k, key in enumerate(row):
+            if key in open_keys and name in shapes:
+                probed[key] = int(shapes[name][k])
+    dims_doc["assumed"] = {k: probed[k] for k in open_keys}
+    return probed
+
+
+def _feeds(sess, path: Path, graph) -> dict:
+
     specs = with_hints([spec_of(i) for i in sess.get_inputs()], path)
     shapes = {s.name: graph.info[s.name].concrete for s in specs if graph.info.get(s.name) and
               graph.info[s.name].concrete is not None}
@@ -398,8 +437,9 @@ def _preprocess_bytes(model, graph) -> int | None:
     return None if None in sizes else sum(sizes)
 
 
-def _picks(model, graph, names: list[str]) -> list[int]:
-    """Node indices for --cut names (exit 2: missing, a Constant, or inside a subgraph)."""
+def _picks(model, graph, names: list[str], lay) -> list[int]:
+    """Node indices for --cut names (exit 2: empty, missing, a Constant, or inside a subgraph; a message names
+    another node only where a cut there would be taken)."""
 
     index = {n.name: i for i, n in enumerate(graph.nodes) if n.name}
     consts = {n.name for n in graph.constants.values() if n.name}
@@ -409,19 +449,29 @@ def _picks(model, graph, names: list[str]) -> list[int]:
             for n in all_nodes(sub):
                 if n.name:
                     inner.setdefault(n.name, node)
+    unnamed = sum(1 for n in graph.nodes if not n.name)
     out = []
     for name in names:
         if name in index:
             out.append(index[name])
+        elif not name.strip():
+            raise UsageError(f"--cut {name!r}: a node name cannot be empty" + (
+                f"; {unnamed} of the model's {graph.n} nodes have no name and cannot be cut at by name: use --cut auto"
+                if unnamed else "; give a node's name or use --cut auto"))
         elif name in inner:
             parent = inner[name]
+            where = f"a cut cannot go through a subgraph, cut at {parent.name} instead" if parent.name and (
+                C.refusal(graph, lay, [index[parent.name]]) is None) else (
+                f"a cut cannot go through a subgraph nor right after {parent.op_type} {parent.name or '(unnamed)'}; "
+                "name another node or use --cut auto")
             raise UsageError(f"--cut {name}: the node lies inside a subgraph of {parent.op_type} "
-                             f"{parent.name or '(unnamed)'}; a cut cannot go through a subgraph, cut at "
-                             f"{parent.name or 'that node'} instead")
+                             f"{parent.name or '(unnamed)'}; {where}")
         elif name in consts:
             raise UsageError(f"--cut {name}: a Constant node is copied into every part that reads it; name another "
                              "node")
         else:
             raise UsageError(f"--cut {name}: no node of that name in the model (see the node names with optkit "
-                             "split --json or a graph viewer)")
+                             "split --json or a graph viewer)" + (
+                                 f"; {unnamed} of its {graph.n} nodes have no name: use --cut auto for those"
+                                 if unnamed else ""))
     return out

@@ -153,8 +153,21 @@ def _solve_post(graph: Graph, lay: Layout, levels: list[int], weight: int) -> se
     return set(down) - {v for v in flow.source_side(s, t) if isinstance(v, int)}
 
 
-def named(graph: Graph, lay: Layout, picks: list[int]) -> list[int]:
-    """The parts when the outputs of the nodes `picks` are the cut points (UsageError when they cannot be)."""
+def refusal(graph: Graph, lay: Layout | None, picks: list[int]) -> str | None:
+    """Why `named` refuses these cut points, or None when it takes them (or there is nothing to split): a message
+    suggests a cut only when this says it would be taken."""
+    if lay is None:
+        return None
+    try:
+        named(graph, lay, picks, suggest=False)
+    except UsageError as e:
+        return str(e)
+    return None
+
+
+def named(graph: Graph, lay: Layout, picks: list[int], suggest: bool = True) -> list[int]:
+    """The parts when the outputs of the nodes `picks` are the cut points (UsageError when they cannot be; with
+    `suggest`, one naming another node only where that cut would be taken)."""
     levels = naive(graph, lay)
     ups = [i for i in picks if i in lay.up]
     downs = [i for i in picks if i in lay.core or i in lay.down]
@@ -178,6 +191,13 @@ def named(graph: Graph, lay: Layout, picks: list[int]) -> list[int]:
                              "its outputs cannot leave the GPU part; cut before that node")
         for i in lay.down:
             levels[i] = POST if i in post else CORE
+    for i in range(graph.n):
+        back = sorted(j for j in graph.pred(i) if levels[j] > levels[i])
+        if back:
+            raise UsageError(f"--cut {' '.join(_label(graph, k) for k in picks)}: these cut points overlap: "
+                             f"{_label(graph, i)} would run in {PART_NAMES[levels[i]]} but reads "
+                             f"{_label(graph, back[0])} in {PART_NAMES[levels[back[0]]]}, after it; name one node per "
+                             "path (or use --cut auto)")
     for boundary, chosen in ((PRE, ups), (CORE, downs)):
         if not chosen:
             continue
@@ -185,9 +205,12 @@ def named(graph: Graph, lay: Layout, picks: list[int]) -> list[int]:
         for name, src, dst in crossings(graph, levels):
             if src == boundary and dst == boundary + 1 and name not in allowed:
                 who = graph.producer.get(name)
+                also = who is not None and graph.nodes[who].name and suggest and (
+                    refusal(graph, lay, list(picks) + [who]) is None)
                 raise UsageError(f"--cut {' '.join(_label(graph, i) for i in chosen)} does not separate the graph: "
                                  f"tensor {name!r}" + (f" from {_label(graph, who)}" if who is not None else "")
-                                 + f" also crosses from {PART_NAMES[src]} to {PART_NAMES[dst]}; name that node too")
+                                 + f" also crosses from {PART_NAMES[src]} to {PART_NAMES[dst]}; "
+                                 + ("name that node too" if also else "name other nodes or use --cut auto"))
     return levels
 
 

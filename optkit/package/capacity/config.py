@@ -20,7 +20,9 @@ class CapacityConfig(BaseModel):
                                                                         "of a history.",
                                json_schema_extra=cli("--peak"))
     history: str | None = Field(default=None, description="Traffic history: CSV of timestamp,requests_per_s (ISO "
-                                                          "8601 or epoch seconds) or a Prometheus range-query JSON.",
+                                                          "8601 or epoch seconds) or a Prometheus range-query JSON; "
+                                                          "at most 64 MB, 2,000,000 rows and 366 days from its first "
+                                                          "to its last sample plus that sample's interval.",
                                 json_schema_extra=cli("--history"))
     html: str | None = Field(default=None, description="Also write an HTML page: traffic, capacity and replicas "
                                                        "over time, SLO minutes marked.",

@@ -56,6 +56,11 @@ def forecast(rates: np.ndarray, start: int, throughput: float, headroom: float, 
     first_day = (-(start // 60)) % DAY_MIN
     fit = rates[first_day:split]
     held = rates[split:]
+    changes = int(np.count_nonzero(np.diff(fit)))
+    if changes < len(fit) // DAY_MIN:  # samples coarser than a day (each held for its interval), or a flat rate
+        return (f"no forecast: the rate changes {changes} time{'s' if changes != 1 else ''} in the "
+                f"{len(fit) // DAY_MIN} days a forecast would fit on: no daily season to fit (samples coarser than "
+                "a day, or a flat rate)")
     fit_b = _buckets(fit)
     season_min = WEEK_MIN if len(fit) >= 2 * WEEK_MIN else DAY_MIN
     period = season_min // BUCKET_MIN

@@ -1,11 +1,18 @@
 """A traffic history as one request rate per minute: a CSV of `timestamp,requests_per_s` (ISO 8601 or epoch
 seconds, an optional header row) or a Prometheus range-query JSON (one series). It is user input: a rate that is
 negative, NaN or not a number, a timestamp out of order or repeated, an empty or too large file is exit 2 naming
-the file and the row; gaps are filled (linear between the neighbours) and counted in `repairs`, never silently."""
+the file and the row; gaps are filled (linear between the neighbours) and counted in `repairs`, never silently.
+
+Bounded before the work: a file of at most MAX_BYTES, read row by row and refused at its MAX_ROWS+1-th row (a
+Prometheus answer's samples counted before it is parsed), spanning at most MAX_MINUTES; every step after is linear
+in the rows and the span (a sample held for its interval is a forward fill, not a pass per minute held)."""
 from __future__ import annotations
 
 import json
 import math
+import re
+from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -64,11 +71,12 @@ def load(path: str | Path) -> Traffic:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise UsageError(f"{p}: not UTF-8 text (byte {e.start}); give a CSV or a Prometheus JSON") from None
-    stripped = text.lstrip()
-    if not stripped:
+    del raw
+    first = re.search(r"\S", text)
+    if first is None:
         raise UsageError(f"{p} is empty; give rows of timestamp,requests_per_s")
     notes: list[str] = []
-    rows = _prometheus(p, stripped) if stripped[0] in "{[" else _csv(p, text, notes)
+    rows = _prometheus(p, text) if first.group() in "{[" else _csv(p, text, notes)
     traffic = to_minutes(p, rows, naive=any("no time zone" in n for n in notes))
     traffic.notes[:0] = notes
     return traffic
@@ -124,18 +132,19 @@ def _columns(p: Path, header: list[str] | None, width: int, notes: list[str]) ->
                      "header row naming the rate column requests_per_s)")
 
 
-def _csv(p: Path, text: str, notes: list[str]) -> list[tuple[int, float, float]]:
+def _csv(p: Path, text: str, notes: list[str]) -> _Rows:
     import csv
 
-    out = []
+    out = _Rows()
     header, col, width = None, None, None
     zones: set = set()
-    for n, fields in enumerate(csv.reader(text.splitlines()), start=1):
+    first = _first_row(text)
+    for n, fields in enumerate(csv.reader(_lines(text)), start=1):
         if not fields or all(not f.strip() for f in fields) or fields[0].lstrip().startswith("#"):
             continue
         if len(fields) < 2:
             raise UsageError(f"{p} row {n}: one column; give timestamp,requests_per_s (comma-separated)")
-        if not out and header is None and n == _first_row(text) and not all(_numeric(f) for f in fields[1:]):
+        if not out and header is None and n == first and not all(_numeric(f) for f in fields[1:]):
             header = fields  # a header row: no numbers past the time
             continue
         if width is None:
@@ -147,7 +156,7 @@ def _csv(p: Path, text: str, notes: list[str]) -> list[tuple[int, float, float]]
             raise UsageError(f"{p} has over {MAX_ROWS:,} rows; resample it to one row a minute or coarser")
         t, zone = _timestamp(p, n, fields[0])
         zones.add(zone)
-        out.append((n, t, _number(p, n, "rate", fields[col].strip())))
+        out.add(n, t, _number(p, n, "rate", fields[col].strip()))
     if not out:
         raise UsageError(f"{p} holds no rows of timestamp,requests_per_s")
     if None in zones and len(zones) > 1:
@@ -176,13 +185,43 @@ def _offset(seconds: float) -> str:
 
 
 def _first_row(text: str) -> int:
-    for n, line in enumerate(text.splitlines(), start=1):
+    for n, line in enumerate(_lines(text), start=1):
         if line.strip() and not line.lstrip().startswith("#"):
             return n
     return 0
 
 
-def _prometheus(p: Path, text: str) -> list[tuple[int, float, float]]:
+_LINE_END = re.compile(r"\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")  # where str.splitlines splits
+
+
+def _lines(text: str) -> Iterator[str]:
+    """text.splitlines(), one line at a time: a 60 MB history never becomes millions of strings at once."""
+    start = 0
+    for m in _LINE_END.finditer(text):
+        yield text[start:m.start()]
+        start = m.end()
+    if start < len(text):
+        yield text[start:]
+
+
+class _Rows:
+    """(row number, epoch seconds, rate) of each row, kept as three compact arrays (24 bytes a row)."""
+
+    def __init__(self):
+        self.numbers, self.times, self.rates = array("q"), array("d"), array("d")
+
+    def add(self, n: int, t: float, v: float) -> None:
+        self.numbers.append(n)
+        self.times.append(t)
+        self.rates.append(v)
+
+    def __len__(self) -> int:
+        return len(self.numbers)
+
+
+def _prometheus(p: Path, text: str) -> _Rows:
+    if text.count("[") > MAX_ROWS + 2:  # each sample is a [t, "v"] pair: refused before json builds them all
+        raise UsageError(f"{p} has over {MAX_ROWS:,} samples; query with a step of a minute or coarser")
     try:
         doc = json.loads(text)
     except (ValueError, RecursionError) as e:
@@ -205,43 +244,51 @@ def _prometheus(p: Path, text: str) -> list[tuple[int, float, float]]:
         raise UsageError(f"{p}: key data.result.0.values holds no samples")
     if len(values) > MAX_ROWS:
         raise UsageError(f"{p} has over {MAX_ROWS:,} samples; query with a step of a minute or coarser")
-    out = []
+    out = _Rows()
     for n, pair in enumerate(values):
         if not isinstance(pair, list) or len(pair) != 2:
             raise UsageError(f"{p}: key data.result.0.values.{n}: not a [timestamp, \"value\"] pair")
         t = _number(p, n, "timestamp", pair[0])
-        out.append((n, t, _number(p, n, "rate", pair[1])))
+        out.add(n, t, _number(p, n, "rate", pair[1]))
     return out
 
 
-def to_minutes(p: Path | str, rows: list[tuple[int, float, float]], naive: bool = False) -> Traffic:
-    """Checked rows (row number, epoch seconds, rate) as one mean rate per minute; gaps filled and counted.
-    `naive`: the times carried no zone (a local clock repeats an hour when daylight saving ends)."""
+def _check_rows(p: Path | str, ts: np.ndarray, vs: np.ndarray, numbers: np.ndarray, naive: bool) -> None:
+    """Exit 2 at the first row whose time or rate is wrong (found on the arrays; the one line names that row)."""
+    with np.errstate(invalid="ignore"):
+        bad = ~np.isfinite(ts) | (ts < 0) | (ts > 4e9) | ~np.isfinite(vs) | (vs < 0) | (vs > MAX_RATE)
+        bad[1:] |= ~(ts[1:] > ts[:-1])
+    if not bad.any():
+        return
+    i = int(np.argmax(bad))
     where = "key data.result.0.values." if str(p).endswith(".json") else "row "
     local = ("; local times without a zone repeat at a daylight-saving change: give UTC (Z) or offsets"
              if naive else "")
-    prev_t, prev_row = None, None
-    for n, t, v in rows:
-        if not math.isfinite(t) or t < 0 or t > 4e9:
-            unit = ("; epoch milliseconds? give seconds" if 1e11 < t < 4e12 else
-                    "; epoch microseconds? give seconds" if 1e14 < t < 4e15 else "")
-            raise UsageError(f"{p} {where}{n}: timestamp {t:g} is not a time between 1970 and 2096{unit}")
-        if not math.isfinite(v):
-            raise UsageError(f"{p} {where}{n}: rate is {v}; every rate must be a number (fill or drop the row)")
-        if v < 0:
-            raise UsageError(f"{p} {where}{n}: rate {v:g} is negative; a request rate is 0 or more")
-        if v > MAX_RATE:
-            raise UsageError(f"{p} {where}{n}: rate {v:g} is over {MAX_RATE:g} requests per second")
-        if prev_t is not None:
-            if t == prev_t:
-                raise UsageError(f"{p} {where}{n}: timestamp repeats {where}{prev_row}'s; one rate per time{local}")
-            if t < prev_t:
-                raise UsageError(f"{p} {where}{n}: timestamp is before {where}{prev_row}'s; sort the rows by "
-                                 f"time{local}")
-        prev_t, prev_row = t, n
-    ts = np.array([r[1] for r in rows])
-    vs = np.array([r[2] for r in rows])
-    numbers = np.array([r[0] for r in rows])
+    n, t, v = int(numbers[i]), float(ts[i]), float(vs[i])
+    if not math.isfinite(t) or t < 0 or t > 4e9:
+        unit = ("; epoch milliseconds? give seconds" if 1e11 < t < 4e12 else
+                "; epoch microseconds? give seconds" if 1e14 < t < 4e15 else "")
+        raise UsageError(f"{p} {where}{n}: timestamp {t:g} is not a time between 1970 and 2096{unit}")
+    if not math.isfinite(v):
+        raise UsageError(f"{p} {where}{n}: rate is {v}; every rate must be a number (fill or drop the row)")
+    if v < 0:
+        raise UsageError(f"{p} {where}{n}: rate {v:g} is negative; a request rate is 0 or more")
+    if v > MAX_RATE:
+        raise UsageError(f"{p} {where}{n}: rate {v:g} is over {MAX_RATE:g} requests per second")
+    prev_row = int(numbers[i - 1])
+    if t == ts[i - 1]:
+        raise UsageError(f"{p} {where}{n}: timestamp repeats {where}{prev_row}'s; one rate per time{local}")
+    raise UsageError(f"{p} {where}{n}: timestamp is before {where}{prev_row}'s; sort the rows by time{local}")
+
+
+def to_minutes(p: Path | str, rows: _Rows, naive: bool = False) -> Traffic:
+    """Checked rows as one mean rate per minute; gaps filled and counted. `naive`: the times carried no zone (a
+    local clock repeats an hour when daylight saving ends)."""
+    where = "key data.result.0.values." if str(p).endswith(".json") else "row "
+    ts = np.frombuffer(rows.times, dtype=np.float64)
+    vs = np.frombuffer(rows.rates, dtype=np.float64)
+    numbers = np.frombuffer(rows.numbers, dtype=np.int64)
+    _check_rows(p, ts, vs, numbers, naive)
     start = int(ts[0] // STEP_S * STEP_S)
     sample_s = float(np.median(np.diff(ts))) if len(ts) > 1 else 60.0
     hold = max(1, int(round(sample_s / STEP_S)))
@@ -264,11 +311,11 @@ def to_minutes(p: Path | str, rows: list[tuple[int, float, float]], naive: bool 
         traffic.notes.append(f"resampled: {len(rows):,} samples every {sample_s:g} s averaged into {span:,} "
                              "minutes (each minute's mean)")
     if hold > 1:  # coarser than a minute: each sample holds for its interval, a missing sample is a gap
-        for k in range(1, hold):
-            fill = np.isnan(rates) & np.roll(~np.isnan(rates), k)
-            fill[:k] = False
-            rates[fill] = np.roll(rates, k)[fill]
-            row_of[fill] = np.roll(row_of, k)[fill]
+        minute = np.arange(span)
+        last = np.maximum.accumulate(np.where(np.isnan(rates), -1, minute))  # the last sampled minute so far
+        fill = np.isnan(rates) & (last >= 0) & (minute - last < hold)
+        rates[fill] = rates[last[fill]]
+        row_of[fill] = row_of[last[fill]]
         traffic.notes.append(f"resampled: one sample every {sample_s:g} s, each held for its {hold} minutes "
                              "(the replay cannot see a surge inside a sample's interval)")
     missing = np.isnan(rates)

@@ -19,7 +19,7 @@ from optkit.package import pbtxt, scalars, schemas
 from optkit.package.pbtxt import Ident
 from optkit.package.signature import Signature, signature_of, warmup_dims
 from optkit.package.target import Job, Served, Target
-from optkit.package.targets import triton_ensemble
+from optkit.package.targets import triton_check, triton_ensemble
 from optkit.package.targets.triton_check import parse_if_installed
 from optkit.package.tuned import Tuned
 
@@ -240,8 +240,14 @@ class TritonTarget(Target):
                 self._read_back(root / model / number / CONFIG, config)
             triton_ensemble.check_wiring(job.state["config"], job.state["part_configs"], str(vdir / CONFIG))
         what = "config.pbtxt" + (" (the ensemble's and each part's)" if job.plan is not None else "")
-        job.notes.append(f"{what} parsed with Triton's ModelConfig (tritonclient)" if parsed is not None else
-                         f"{what} not checked against Triton's ModelConfig: pip install tritonclient to check it")
+        if parsed is not None:
+            job.notes.append(f"{what} parsed with Triton's ModelConfig (tritonclient)")
+            return
+        files = [f"{job.name}/{vdir.name}/{CONFIG}"] + [f"{m}/{vdir.name}/{CONFIG}" for m in
+                                                          (job.state.get("part_configs") or {})]
+        job.notes.append(f"{what} not checked against Triton's ModelConfig: {triton_check.unavailable()}; to check, "
+                         f"run `python {Path(triton_check.__file__).resolve()} {' '.join(files)}` in the repository "
+                         "with a Python that has tritonclient")
 
     @staticmethod
     def _read_back(path: Path, built: dict[str, Any]) -> dict | None:

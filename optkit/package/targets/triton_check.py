@@ -27,6 +27,22 @@ def parse_if_installed(text: str) -> dict | None:
     return parse(text)
 
 
+def unavailable() -> str:
+    """Why parse_if_installed cannot check in this Python (a clause of the note `optkit package` prints)."""
+    import importlib.util
+
+    installed = importlib.util.find_spec("tritonclient") is not None
+    why = "tritonclient does not import in optkit's Python" if installed else "tritonclient is not installed in " \
+        "optkit's Python"
+    try:
+        from google.protobuf import __version__ as protobuf
+    except Exception:  # noqa: BLE001 - no protobuf at all: tritonclient would bring its own
+        return why
+    if int(protobuf.split(".")[0]) >= 7:  # tritonclient's model_config_pb2 needs protobuf<7
+        why += f" (tritonclient needs protobuf<7 and this environment has {protobuf}: give it a venv of its own)"
+    return why
+
+
 if __name__ == "__main__":
     for name in sys.argv[1:]:
         try:

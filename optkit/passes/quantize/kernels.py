@@ -7,8 +7,10 @@ and int8 activations), each timed against its float graph on one thread, call by
 class and variant (time / float time, below 1: int8 is faster). A few seconds, once: the table is kept in the
 per-user cache folder (core.cachedir: $OPTKIT_CACHE_DIR, else $XDG_CACHE_HOME/optkit, else ~/.cache/optkit) as
 kernels-<key>.json, keyed by the onnxruntime version and the CPU (model name, architecture, the ISA flags the
-int8 kernels choose by). A file read back is input: one that is not a regular file, too large, of another
-schema or key, or with a value outside its bounds (NaN, huge, wrong type) is ignored and measured again.
+int8 kernels choose by). A file read back is input: one that is not the user's own and private (core.cachedir:
+owned by another user, writable by group or others), not a regular file, too large, of another schema or key, or
+with a value outside its bounds (NaN, huge, wrong type) is ignored and measured again; a cache folder that is not
+the user's own and private is not written (the table is used for that run only), and the folder made is 0700.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from optkit.core.cachedir import NoCacheDir, cache_dir
+from optkit.core.cachedir import NoCacheDir, cache_dir, private_folder, trusted
 from optkit.onnx import session as onnx_session
 
 log = logging.getLogger("optkit.passes.quantize.search")
@@ -117,6 +119,8 @@ def read_cached(path: Path, key: dict[str, Any]) -> dict[str, dict[str, float]] 
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_BYTES:
             return _bad(path, "not a regular file of at most 64 kB")
+        if not trusted(path, "kernel table", st):  # a table decides which settings are built: only the user's own
+            return None
         with os.fdopen(fd, "rb", closefd=False) as f:
             raw = f.read(MAX_BYTES + 1)
     finally:
@@ -153,8 +157,8 @@ def write_cached(path: Path, key: dict[str, Any], ratios: dict[str, dict[str, fl
     False when the cache folder cannot be written (the table is then used for this run only)."""
     doc = {"schema": SCHEMA, "key": key, "created": time.time(), "ratios": ratios}
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+        private_folder(path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)  # 0600, whatever the umask
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(doc, f, indent=1, sort_keys=True)

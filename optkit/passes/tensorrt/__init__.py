@@ -3,7 +3,9 @@
 TensorRT 10.x and 11.x Python API: explicit-batch networks, the ONNX parser, explicit quantization (INT8 only from a
 Q/DQ model: the implicit calibrators are gone), one optimization profile for dynamic inputs (MIN:OPT:MAX from
 --shape, values for shape-tensor inputs), a workspace limit, the builder optimization level, and a timing cache
-that is loaded before and saved after every build so later builds reuse it.
+that is loaded before and saved after every build so later builds reuse it: only a file of the user's own that
+group and others cannot write is loaded or replaced (core.cachedir; said at -v), and the per-user one is saved in a
+0700 folder of the user's own.
 
 Precision (`select_precision`): strongly typed networks are the default for int8 (Q/DQ) builds, as NVIDIA's
 explicit-quantization guide recommends. fp16 / bf16 use the weak-typing builder flags only where the installed
@@ -16,6 +18,9 @@ file next to the destination, checked against the ONNX model on onnxruntime (CPU
 """
 from __future__ import annotations
 
+import logging
+import os
+import stat
 import tempfile
 import time
 from importlib import metadata
@@ -26,7 +31,7 @@ from pydantic import Field
 
 from optkit.core.artifact import Artifact
 from optkit.core.atomic import atomic_path
-from optkit.core.cachedir import NoCacheDir, cache_dir
+from optkit.core.cachedir import PRIVATE_FILE, NoCacheDir, cache_dir, private_folder, trusted
 from optkit.core.errors import DependencyError, PassError, UsageError, ValidationError
 from optkit.core.formats import Format
 from optkit.core.isolate import run_isolated
@@ -37,6 +42,8 @@ from optkit.onnx import io as onnx_io
 from optkit.passes.tensorrt.check import EVAL_BATCH, check_model
 from optkit.runtimes.onnx import OnnxSession
 from optkit.runtimes.tensorrt import TensorRTSession, gpu_problem, import_tensorrt, load_plugins, make_logger
+
+log = logging.getLogger(__name__)
 
 # Output closeness the build must keep, as max |engine - onnx| / max |onnx| per output.
 DEFAULT_TOLERANCE = {"fp32": 1e-2, "fp32-no-tf32": 1e-4, "fp16": 3e-2, "bf16": 8e-2, "int8": 0.15}
@@ -102,15 +109,15 @@ class TensorRTBuild(Pass):
         for text in plan["notes"]:
             ctx.note(text)
         cache_path = timing_cache_path(config.timing_cache)
-        cache_blob = cache_path.read_bytes() if cache_path is not None and cache_path.is_file() else b""
+        cache_blob = read_timing_cache(cache_path)
         with atomic_path(ctx.output) as tmp:
             info = run_isolated(build_engine, artifact.path, str(tmp), config.model_dump(mode="json"), plan,
                                 cache_blob, ctx.seed, what=f"building a TensorRT engine from {artifact.path}")
         blob = info.pop("timing_cache_blob", None)
-        if cache_path is not None and blob:
-            cache_path.parent.mkdir(parents=True, exist_ok=True)
-            with atomic_path(cache_path) as tmp_cache:
-                tmp_cache.write_bytes(blob)
+        unsaved = save_timing_cache(cache_path, blob, per_user=config.timing_cache == "auto") if blob else None
+        if unsaved:
+            ctx.note(f"timing cache {cache_path} not saved: {unsaved}")
+        elif cache_path is not None and blob:
             info["timing_cache"] = {"path": str(cache_path), "loaded_bytes": len(cache_blob), "saved_bytes": len(blob),
                                     "reused": info.get("timing_cache_reused", False)}
             ctx.note(f"timing cache {cache_path} " + ("reused" if info["timing_cache"]["reused"] else "started")
@@ -235,6 +242,48 @@ def timing_cache_path(setting: str | None) -> Path | None:
         return cache_dir() / f"tensorrt-{version}-timing.cache"
     except NoCacheDir:  # no absolute per-user folder: built without a timing cache
         return None
+
+
+MAX_TIMING_CACHE = 256 << 20   # TensorRT's timing caches are a few MB
+
+
+def read_timing_cache(path: Path | None) -> bytes:
+    """The timing cache's bytes; b"" when there is none, or it is a link, not a regular file, over MAX_TIMING_CACHE
+    or not the user's own and private (it steers which kernels go into the engine; said at -v)."""
+    if path is None:
+        return b""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return b""
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_TIMING_CACHE:
+            log.info("TensorRT timing cache %s ignored: not a regular file of at most %d MiB", path,
+                     MAX_TIMING_CACHE >> 20)
+            return b""
+        return f.read(MAX_TIMING_CACHE) if trusted(path, "TensorRT timing cache", st) else b""
+
+
+def save_timing_cache(path: Path | None, blob: bytes, *, per_user: bool) -> str | None:
+    """Write the timing cache (0600, atomically); why not, when it was not written: the per-user folder is not
+    the user's own and private, or the file there is not (it is never replaced)."""
+    if path is None:
+        return None
+    try:
+        if per_user:
+            private_folder(path.parent)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        if os.path.lexists(path) and not trusted(path, "TensorRT timing cache"):
+            return "the file there is not yours alone (a link, another user's, or writable by group or others)"
+        with atomic_path(path) as tmp:
+            tmp.write_bytes(blob)
+            os.chmod(tmp, PRIVATE_FILE)
+    except (OSError, UsageError) as e:
+        log.info("TensorRT timing cache %s not saved (%s)", path, e)
+        return str(e)
+    return None
 
 
 # -- precision: TensorRT 10's builder flags or a strongly typed network ----------------------------------------
