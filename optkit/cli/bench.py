@@ -44,7 +44,7 @@ def bench_cmd(
         raise UsageError(f"--sessions {sessions!r}: give shared or per-thread")
     if sessions != "shared" and not concurrency:
         raise UsageError("--sessions applies to --concurrency: give --concurrency N as well")
-    common.guard_outputs({"--report": shared.report}, [model, shared.weights, shared.data])
+    common.guard_outputs({"--report": shared.report}, common.inputs_of(shared, {"MODEL": model}))
     settings = shared.settings(batch=batch, duration=duration, concurrency=concurrency, sessions=sessions)
     artifact = common.load_artifact(model, shared.weights)
     common.measure_and_report(artifact, settings, command=f"optkit bench {model}", latency=True, data=data,
@@ -67,7 +67,7 @@ def _bench_url(ctx, model: Optional[str], url: str, shared: options.Shared, *, b
         named = ", ".join(f"--{p}" for p in given)
         raise UsageError(f"{named} {'does' if len(given) == 1 else 'do'} not apply to --url: the server runs the "
                          "model with its own settings (set them in its model configuration)")
-    common.guard_outputs({"--report": shared.report}, [shared.data] if shared.data else [])
+    common.guard_outputs({"--report": shared.report}, common.inputs_of(shared, {}))
     settings = shared.settings(batch=batch, duration=duration, concurrency=concurrency)
     common.measure_url_and_report(url, settings, command=f"optkit bench --url {redact_url(url)}", data=data,
                                   report_path=shared.report, as_json=shared.as_json)

@@ -21,7 +21,7 @@ def capacity_cmd(
     from optkit.package.capacity import run as capacity_run
 
     cfg = capacity_config.build(config)
-    common.guard_outputs({"-o": cfg.output, "--html": cfg.html}, [figures, cfg.history])
+    common.guard_outputs({"-o": cfg.output, "--html": cfg.html}, {"FIGURES": figures, "--history": cfg.history})
     result = capacity_run.run(replica.load(figures), cfg)
     if shared.as_json:
         common.print_json(result.text)

@@ -11,9 +11,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Optional
 
+from optkit.cli import options
 from optkit.core import interrupts, logs
 from optkit.core.artifact import Artifact
-from optkit.core.atomic import check_output_path, check_outputs
+from optkit.core.atomic import check_output_path, check_outputs, python_file
 from optkit.core.errors import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERRUPTED,
@@ -140,10 +141,24 @@ def _silence_stdout() -> None:
         pass
 
 
-def guard_outputs(outputs: dict, inputs: Iterable = ()) -> None:
-    """Before any work: every output is a new or regular file (never a folder, a device or a link) and none
-    is an input of the same command. `outputs` maps the flag to its path, e.g. {"-o": out, "--report": rep}."""
+def guard_outputs(outputs: dict | Iterable, inputs: dict | Iterable = ()) -> None:
+    """Before any work, the guard recipes and the Python API use too (core.atomic.check_outputs): every output
+    is a new or regular file (never a folder, a device or a link), or a folder where one is written (an Output
+    with folder=True), none is an input of the same command or inside an input folder, no two are the same.
+    `outputs` maps the flag to its path, e.g. {"-o": out, "--report": rep}; `inputs` the flag (or MODEL) to
+    its path, e.g. {"MODEL": model, "--data": data} (None: not given)."""
     check_outputs(outputs, inputs)
+
+
+# the shared options that name a file a command reads (options.OPTIONS); --metric may name a file.py:function
+INPUT_OPTIONS = ("data", "calibration_data", "train", "weights", "eval_data", "labels", "baseline")
+
+
+def inputs_of(shared: options.Shared, own: dict) -> dict:
+    """What a command reads, by flag, for guard_outputs: its own ({"MODEL": model, "--reference": ref}) and every
+    shared option it was given that names a file."""
+    given = {options.OPTIONS[k].flags[0]: getattr(shared, k) for k in INPUT_OPTIONS}
+    return {**own, **given, "--metric": python_file(shared.metric)}
 
 
 def console():
@@ -236,8 +251,7 @@ def run_single_stage(pass_name: str, model: str, output: str, config: dict, *, c
         sys.stdout.write("# optkit recipe: the same as this command; save it and run `optkit run FILE.yaml`\n"
                          + to_yaml(rec))
         return None
-    if report_path:
-        check_output_path(report_path)
-    report = run_one_stage(rec, output, command=command, input_last=input_last)
+    report = run_one_stage(rec, output, command=command, input_last=input_last,
+                           outputs={"-o": output, "--report": report_path})
     emit(report, report_path, as_json)
     return report

@@ -25,7 +25,7 @@ def convert_cmd(
     from optkit.passes import get_pass
 
     weights, data = shared.weights, shared.data
-    common.guard_outputs({"-o": output, "--report": shared.report}, [model, weights, data])
+    common.guard_outputs({"-o": output, "--report": shared.report}, common.inputs_of(shared, {"MODEL": model}))
     fmt = detect_format(model)
     if fmt.value in TORCH_FORMATS:
         pass_name = "convert.torch"

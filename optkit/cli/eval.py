@@ -22,7 +22,8 @@ def eval_cmd(
     """Accuracy on labelled data, and fidelity to a reference model."""
     from optkit.measure.model import DataSpec
 
-    common.guard_outputs({"--report": shared.report}, [model, shared.weights, shared.data, shared.labels, reference])
+    common.guard_outputs({"--report": shared.report},
+                         common.inputs_of(shared, {"MODEL": model, "--reference": reference}))
     if no_metric and reference is None:
         raise UsageError("--no-metric leaves nothing to measure; add --reference REF")
     settings = shared.settings()

@@ -28,7 +28,8 @@ def gate_cmd(
     from optkit.report.schema import Report
 
     baseline = shared.baseline
-    common.guard_outputs({"--junit": junit, "--markdown": markdown, "--output": output}, [report, baseline])
+    common.guard_outputs({"--junit": junit, "--markdown": markdown, "--output": output},
+                         common.inputs_of(shared, {"REPORT": report}))
     rep = Report.load(report)
     specs = list(gates or []) or list((rep.recipe or {}).get("gates") or [])
     if not specs:

@@ -17,7 +17,7 @@ def preprocess_cmd(
     against optkit's PIL preprocessing + the original model; states the bytes that cross per request."""
     from optkit.measure.model import DataSpec
 
-    common.guard_outputs({"-o": output, "--report": shared.report}, [model, shared.data])
+    common.guard_outputs({"-o": output, "--report": shared.report}, common.inputs_of(shared, {"MODEL": model}))
     if isinstance(config.get("preprocess"), str):
         config["preprocess"] = _spec(config["preprocess"])
     pre = config.get("preprocess")

@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 
 from optkit.cli import common, flags, onestage, options
-from optkit.core.atomic import atomic_path
+from optkit.core.atomic import Output, adding_folder, atomic_path
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format
 from optkit.core.shapes import parse_shapes, parse_values
@@ -39,7 +39,8 @@ def profile_cmd(
     data, shape, value, as_json, print_recipe = shared.data, shared.shape, shared.value, shared.as_json, \
         shared.print_recipe
 
-    common.guard_outputs({"--trace": trace}, [model, data, compare])
+    common.guard_outputs([Output("--trace", trace), adding_folder("--logdir", logdir)],
+                         common.inputs_of(shared, {"MODEL": model, "--compare": compare}))
     if print_recipe and (compare or logdir):
         raise UsageError("--print-recipe: --compare and --logdir have no recipe stage; a recipe profiles one "
                          "ONNX model (stage profile.onnx)")

@@ -11,6 +11,7 @@ from typing import Optional
 import typer
 
 from optkit.cli import common, flags, options
+from optkit.core.atomic import Output, adding_folder
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format, detect_format
 
@@ -120,8 +121,9 @@ def prune_cmd(
     from optkit.core.registry import build_config
     from optkit.passes import get_pass
 
-    common.guard_outputs({"-o": output, "--report": shared.report},
-                         [model, shared.weights, shared.train, shared.eval_data])
+    common.guard_outputs([Output("-o", output), Output("--report", shared.report),
+                          adding_folder("--tensorboard", config.get("tensorboard"))],
+                         common.inputs_of(shared, {"MODEL": model}))
     fmt = detect_format(model)
     for key in ("layers", "exclude"):
         if config.get(key):

@@ -5,6 +5,7 @@ import typer
 
 from optkit.cli import common, flags, options
 from optkit.cli.prune import add_tensorboard, run_stage, split_names
+from optkit.core.atomic import Output, adding_folder
 
 
 @flags.pass_options("qat.keras")
@@ -18,7 +19,9 @@ def qat_cmd(
     from optkit.core.registry import build_config
     from optkit.passes import get_pass
 
-    common.guard_outputs({"-o": output, "--report": shared.report}, [model, shared.train, shared.eval_data])
+    common.guard_outputs([Output("-o", output), Output("--report", shared.report),
+                          adding_folder("--tensorboard", config.get("tensorboard"))],
+                         common.inputs_of(shared, {"MODEL": model}))
     if config.get("layers"):
         config["layers"] = split_names(config["layers"])
     add_tensorboard(config, config.pop("tensorboard", None))

@@ -6,6 +6,7 @@ from pathlib import Path
 import typer
 
 from optkit.cli import common, flags, options
+from optkit.core.atomic import python_file
 from optkit.core.errors import UsageError, ValidationError
 
 
@@ -20,9 +21,9 @@ def quantize_cmd(
     from optkit.measure.model import DataSpec
     from optkit.passes.quantize.candidates import check_rejected_path, rejected_path
 
-    inputs = [model, shared.calibration_data, shared.eval_data, shared.labels]
+    inputs = common.inputs_of(shared, {"MODEL": model, "--metric": python_file(config.get("metric"))})
     common.guard_outputs({"-o": output, "--report": shared.report}, inputs)
-    check_rejected_path(rejected_path(Path(output)), inputs=inputs)
+    check_rejected_path(rejected_path(Path(output)), inputs=list(inputs.values()))
     mode = config.get("mode", flags.default("quantize.onnx", "mode"))
     if mode not in ("dynamic", "static", "fp16", "int4"):
         raise UsageError(f"unknown --mode {mode!r}; choose dynamic, static, fp16 or int4")

@@ -55,7 +55,7 @@ def render_cmd(
                  "json": "optkit.report.render:to_json"}
     if fmt not in renderers and fmt != "console":
         raise UsageError(f"unknown --format {fmt!r}; choose console, md, html, junit or json")
-    common.guard_outputs({"-o": output}, [report])
+    common.guard_outputs({"-o": output}, {"REPORT": report})
     rep = Report.load(report)
     if fmt == "console":
         from optkit.report.render import to_console

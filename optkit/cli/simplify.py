@@ -17,7 +17,7 @@ def simplify_cmd(
     """onnxslim + onnxruntime offline optimizations, checked for equal outputs and bounded growth."""
     from optkit.measure.model import DataSpec
 
-    common.guard_outputs({"-o": output, "--report": shared.report}, [model, shared.data])
+    common.guard_outputs({"-o": output, "--report": shared.report}, common.inputs_of(shared, {"MODEL": model}))
     engine = config.get("engine", flags.default("simplify.onnx", "engine"))
     if engine not in ("onnxslim", "onnxsim"):
         raise UsageError(f"unknown --engine {engine!r}; choose onnxslim or onnxsim")

@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from optkit.cli import common, options
+from optkit.core.atomic import Output
 
 
 def split_cmd(
@@ -33,6 +34,7 @@ def split_cmd(
     nothing to split."""
     from optkit.split import split_model
 
+    common.guard_outputs([Output("-o", output, folder=True)], {"MODEL": model, "--data": data})
     cuts = "auto" if not cut or cut == ["auto"] else cut
     def waiting() -> None:
         typer.echo(f"waiting: another optkit split is writing {output}", err=True)

@@ -21,7 +21,8 @@ def tflite_cmd(
     from optkit.measure.model import DataSpec
     from optkit.passes import get_pass
 
-    common.guard_outputs({"-o": output, "--report": shared.report}, [model, calib, shared.eval_data])
+    common.guard_outputs({"-o": output, "--report": shared.report},
+                         common.inputs_of(shared, {"MODEL": model, "--calib": calib}))
     mode, signature = config.get("mode", flags.default("tflite.export", "mode")), config.get("signature")
     build_config(get_pass("tflite.export"), config)
     pre = {"layout": shared.layout or "nhwc"}  # Keras models and SavedModels take NHWC

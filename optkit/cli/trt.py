@@ -46,7 +46,7 @@ def build_cmd(
     cache = config.get("timing_cache", flags.default("tensorrt.build", "timing_cache"))
     cache_file = None if cache in (None, "", "auto") else cache
     common.guard_outputs({"-o": output, "--report": shared.report, "--timing-cache": cache_file},
-                         [model, shared.data])
+                         common.inputs_of(shared, {"MODEL": model}))
     if shared.metric and not shared.data:
         raise UsageError("metric (--metric) needs data (--data)")
     if "profile" in config:

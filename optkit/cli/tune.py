@@ -95,7 +95,7 @@ def tune_cmd(
     for text in config.get("slo", []):
         Slo(text)  # its own line ("SLO 'p99<=x': ..."), before the config's
     output = output or f"{Path(model).stem}.tune.json"
-    common.guard_outputs({"-o": output, "--report": report}, [model, data])
+    common.guard_outputs({"-o": output, "--report": report}, common.inputs_of(shared, {"MODEL": model}))
     _check_storage(config.get("storage"), Path(output), [output, report, model, data])
     if "objective" in config:
         config["objective"] = [o.strip() for item in config["objective"] for o in item.split(",") if o.strip()]

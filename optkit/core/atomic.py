@@ -1,17 +1,27 @@
 """Nothing half-written, nothing destroyed: outputs are regular files built next to their destination and
 renamed into place; an output that is a folder, a device, a link or an input of the same command is refused.
+
+The one guard that says so before any work is `check_outputs` (`check_steps` over the steps of a recipe, each
+declaring what it reads and writes with `paths()`): every output against every input (the same file through
+links, hard links and relative paths; inside an input folder; a folder output holding an input where it writes)
+and against every other output. Config fields that name files carry a `PathRole`, so a step built from a config
+declares them without a list to keep.
 """
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import stat
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
+from dataclasses import dataclass
+from pathlib import Path, PurePath
+from typing import Literal, Protocol
 
 from optkit.core import interrupts
+from optkit.core.artifact import external_data_files
 from optkit.core.errors import UsageError
 from optkit.core.formats import split_factory
 
@@ -20,11 +30,87 @@ os.umask(_UMASK)
 _NAME_MAX = 255
 
 
+@dataclass(frozen=True)
+class Input:
+    """A file or folder a step reads, under the name the user gave it (a flag, a recipe key)."""
+    key: str
+    path: str | os.PathLike
+
+
+@dataclass(frozen=True)
+class Output:
+    """A file (or, with folder, a folder) a step writes, under the name the user gave it."""
+    key: str
+    path: str | os.PathLike
+    folder: bool = False
+    # a folder: whether what lies at this path inside it may be replaced (None: anything in it may be)
+    replaces: Callable[[PurePath], bool] | None = None
+
+
+def adding_folder(key: str, path: str | os.PathLike | None) -> Output:
+    """A folder optkit only adds new files to (TensorBoard's event files, a profiler's log): an input may lie in
+    it, but it may not be an input, nor lie inside an input folder."""
+    return Output(key, path, folder=True, replaces=lambda rel: False)
+
+
+@dataclass(frozen=True)
+class PathRole:
+    """Marks a config field that names a file: `Annotated[str | None, PathRole("output")]`. `names` turns the
+    value into the path it names (None: no file, e.g. 'auto' or a database server's URL)."""
+    role: Literal["input", "output", "folder"]
+    names: Callable[[str], str | os.PathLike | None] | None = None
+    adds_only: bool = False  # a folder optkit only adds new files to (TensorBoard's event files)
+
+
+class Step(Protocol):
+    """One step of a run (the recipe's model and data, a pass stage, a package entry, capacity, ...)."""
+
+    def paths(self) -> tuple[list[Input], list[Output]]:
+        """What it reads and what it writes."""
+
+
+def declared_paths(config, key: Callable[[str], str]) -> tuple[list[Input], list[Output]]:
+    """The files a pydantic config names in its PathRole fields; `key(field)` is what the user calls each."""
+    inputs: list[Input] = []
+    outputs: list[Output] = []
+    for name, info in type(config).model_fields.items():
+        for role in (m for m in info.metadata if isinstance(m, PathRole)):
+            value = getattr(config, name)
+            path = role.names(value) if role.names and value else value
+            if path is None or str(path) == "":
+                continue
+            if role.role == "input":
+                inputs.append(Input(key(name), path))
+            elif role.adds_only:
+                outputs.append(adding_folder(key(name), path))
+            else:
+                outputs.append(Output(key(name), path, folder=role.role == "folder"))
+    return inputs, outputs
+
+
+def python_file(spec: str | None) -> str | None:
+    """The file a `file.py:function` spec (a metric, a factory) names; None for a built-in or a module name."""
+    factory = split_factory(spec) if spec else None
+    return factory[0] if factory and factory[0].endswith(".py") else None
+
+
+def check_steps(steps: Iterable[Step], outputs: Iterable[Output] = (), inputs: Iterable[Input] = ()) -> None:
+    """The plan-time guard of a run: what every step writes (and `outputs`, the caller's own) against what
+    every step reads (and `inputs`)."""
+    ins, outs = list(inputs), list(outputs)
+    for step in steps:
+        i, o = step.paths()
+        ins += i
+        outs += o
+    check_outputs(outs, ins)
+
+
 def check_output_path(dest: str | os.PathLike, *, inputs: Iterable = (), what: str = "output") -> Path:
     """Fail early (exit 2, nothing touched) unless `dest` is a new or existing regular file we may replace.
 
     Refused: an existing folder, device, FIFO, socket or symbolic link; a missing or non-writable parent
-    folder; a name too long for the file system; and any of `inputs` (the same file through links too).
+    folder; a name too long for the file system; and any of `inputs` (the same file through links too, or a
+    file inside an input folder).
     """
     dest = Path(dest)
     if str(dest) in ("", ".", "..") or dest.name in ("", ".", ".."):
@@ -46,24 +132,116 @@ def check_output_path(dest: str | os.PathLike, *, inputs: Iterable = (), what: s
             raise UsageError(f"{what} {dest} is an existing folder; optkit writes files only, name a file in it")
         if not stat.S_ISREG(mode):
             raise UsageError(f"{what} {dest} exists and is not a regular file (a device, FIFO or socket)")
-    for src in inputs:
-        if src is not None and _same_file(dest, src):
-            raise UsageError(f"{what} {dest} is also an input of this command ({src}); choose another path")
+    out = Output(what, dest)
+    for src in _as_inputs(inputs):
+        _against_input(out, src)
     return dest
 
 
-def check_outputs(outputs: dict[str, str | os.PathLike | None], inputs: Iterable = ()) -> None:
-    """check_output_path for each named output (e.g. {"-o": out, "--report": rep}), and no two the same."""
-    inputs = [p for p in inputs if p is not None]
-    seen: dict[Path, str] = {}
-    for flag, dest in outputs.items():
-        if dest is None:
-            continue
-        check_output_path(dest, inputs=inputs, what=flag)
-        key = Path(os.path.abspath(dest))
-        if key in seen:
-            raise UsageError(f"{flag} and {seen[key]} name the same file {dest}; give each its own path")
-        seen[key] = flag
+def check_output_folder(dest: str | os.PathLike, *, what: str = "output") -> Path:
+    """A folder optkit creates or writes into: not a link, and not an existing file, device or FIFO."""
+    dest = Path(dest)
+    if str(dest).strip() == "":
+        raise UsageError(f"{what}: give a folder")
+    if dest.is_symlink():
+        raise UsageError(f"{what} {dest} is a symbolic link; name the real folder instead")
+    if dest.exists() and not dest.is_dir():
+        raise UsageError(f"{what} {dest} exists and is not a folder; name a new folder or one optkit wrote")
+    return dest
+
+
+def check_outputs(outputs: dict[str, str | os.PathLike | None] | Iterable[Output],
+                  inputs: dict[str, str | os.PathLike | None] | Iterable = ()) -> None:
+    """Before any work: each output may be written (check_output_path, or check_output_folder for a folder),
+    none is an input (`inputs`: Input objects, {name: path} or plain paths), and no two are the same.
+    `outputs` is a list of Output, or {flag: path} for files (None: not asked for)."""
+    outs = _as_outputs(outputs)
+    ins = _as_inputs(inputs)
+    for out in outs:
+        if out.folder:
+            check_output_folder(out.path, what=out.key)
+        else:
+            check_output_path(out.path, what=out.key)
+        for src in ins:
+            _against_input(out, src)
+    for a, b in itertools.combinations(outs, 2):
+        _against_output(a, b)
+        _against_output(b, a)
+
+
+def _as_outputs(outputs) -> list[Output]:
+    if isinstance(outputs, dict):
+        return [Output(k, v) for k, v in outputs.items() if v is not None]
+    return [o for o in outputs if o is not None and o.path is not None]
+
+
+def _as_inputs(inputs) -> list[Input]:
+    if isinstance(inputs, dict):
+        return [Input(k, v) for k, v in inputs.items() if v is not None]
+    return [i if isinstance(i, Input) else Input("", i) for i in inputs if i is not None]
+
+
+def _against_input(out: Output, inp: Input) -> None:
+    for src in _files_of(inp, out):
+        named = f"{inp.key} {src}" if inp.key else src
+        if same_file(Path(out.path), src):
+            raise UsageError(f"{out.key} {out.path} is also an input of this command ({named}); optkit never "
+                             "writes its inputs: choose another path")
+        if Path(src).is_dir() and _inside(out.path, src) is not None:
+            raise UsageError(f"{out.key} {out.path} is inside an input folder of this command ({named}); write it "
+                             "outside that folder")
+        rel = _inside(src, out.path) if out.folder else None
+        if rel is not None and (out.replaces is None or out.replaces(rel)):
+            raise UsageError(f"{out.key} {out.path} holds an input of this command ({named}) where optkit writes; "
+                             "choose another folder")
+
+
+def _against_output(a: Output, b: Output) -> None:
+    """a is not b, and a does not lie where folder b writes."""
+    if same_file(Path(a.path), b.path):
+        raise UsageError(f"{a.key} and {b.key} name the same {'folder' if a.folder else 'file'} {a.path}; give "
+                         "each its own path")
+    rel = _inside(a.path, b.path) if b.folder else None
+    if rel is not None and (b.replaces is None or b.replaces(rel)):
+        raise UsageError(f"{a.key} {a.path} is inside {b.key} {b.path}, which optkit writes; give each its own "
+                         "place")
+
+
+def _files_of(inp: Input, out: Output) -> list[str]:
+    """The paths an input stands for: itself, a factory's file, an ONNX model's external data files (looked up
+    only when the output exists in the model's folder: where they must be)."""
+    src = str(inp.path)
+    files = [src]
+    if not Path(src).exists() and python_file(src):
+        files = [python_file(src)]
+    elif src.endswith(".onnx") and Path(src).is_file() and Path(out.path).exists() \
+            and _inside(out.path, Path(src).parent) is not None:
+        with contextlib.suppress(UsageError):  # a missing data file is the model loader's own error
+            files += [str(p) for _, p in external_data_files(src)]
+    return files
+
+
+def _inside(path, folder) -> PurePath | None:
+    """path's place inside folder (through links), or None when it is not strictly inside."""
+    try:
+        rel = PurePath(os.path.realpath(path)).relative_to(os.path.realpath(folder))
+    except ValueError:
+        return None
+    return rel if rel.parts else None
+
+
+def same_file(dest: str | os.PathLike, src) -> bool:
+    """The same file (hard links and symbolic links followed, relative paths resolved; a factory's file)."""
+    dest, src = Path(dest), str(src)
+    factory = split_factory(src)
+    if factory and not Path(src).exists():
+        src = factory[0]
+    try:
+        if dest.exists() and Path(src).exists() and os.path.samefile(dest, src):
+            return True
+    except OSError:
+        pass
+    return os.path.realpath(dest) == os.path.realpath(src)
 
 
 def check_side_output(dest: str | os.PathLike, *, ours: Callable[[Path], bool], inputs: Iterable = (),
@@ -75,19 +253,6 @@ def check_side_output(dest: str | os.PathLike, *, ours: Callable[[Path], bool], 
         raise UsageError(f"{what} would be written to {dest}, which exists and was not written by optkit; "
                          "move it away or choose another output name")
     return dest
-
-
-def _same_file(dest: Path, src) -> bool:
-    src = str(src)
-    factory = split_factory(src)
-    if factory and not Path(src).exists():
-        src = factory[0]
-    try:
-        if dest.exists() and Path(src).exists() and os.path.samefile(dest, src):
-            return True
-    except OSError:
-        pass
-    return os.path.realpath(dest) == os.path.realpath(src)
 
 
 def tmp_prefix(dest: Path) -> str:

@@ -6,12 +6,14 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from optkit.core import interrupts
 from optkit.core.artifact import Artifact, external_data_files
-from optkit.core.atomic import normal_mode, remove
+from optkit.core.atomic import Input, Output, check_outputs, normal_mode, remove
+from optkit.core.dburl import is_sqlite, sqlite_file
 from optkit.core.errors import OptkitError, PassError, UsageError
 from optkit.core.formats import Format
 from optkit.core.registry import key_and_flag
@@ -39,6 +41,8 @@ class Result:
     notes: list[str] = field(default_factory=list)
     tag: str | None = None
 
+
+INPUTS = ("tuned", "report", "data", "capacity")  # the PackageConfig keys that name files a package reads
 
 # the keyword names package() took before PackageConfig, and the config key each is
 _OLD_NAMES = {"target": "to", "tuned_path": "tuned", "report_path": "report"}
@@ -90,11 +94,9 @@ def _package(model: str, cfg: PackageConfig, target: Target, plan, tuned: Tuned 
     if not 0 <= margin <= 10:
         raise UsageError(f"--memory-margin {cfg.memory_margin}: give a fraction between 0 and 10 (0.5 = 50%)")
     out = Path(cfg.output)
-    for other in (model, cfg.tuned, cfg.report, cfg.data, cfg.capacity):
-        if other and Path(other).exists() and (out.resolve() == Path(other).resolve()
-                                               or out.resolve() in Path(other).resolve().parents):
-            raise UsageError(f"-o {cfg.output} is or holds an input of this command ({other}); choose another "
-                             "folder")
+    check_outputs(outputs(cfg, name, lambda k: key_and_flag(PackageConfig, k)),
+                  [Input("MODEL", model),
+                   *(Input(key_and_flag(PackageConfig, k), getattr(cfg, k)) for k in INPUTS if getattr(cfg, k))])
     part_names = [f"{name}.{p.role}" for p in plan.parts] if plan is not None else []
     repo.next_version(repo.precheck(out, name, target.name, part_names), cfg.version, tag)  # chosen under lock
     if plan is None:
@@ -161,6 +163,16 @@ def _tuned(path: str, artifact, model: str, plan) -> Tuned:
         return load_tuned(path, Artifact.load(source).sha256, str(source))
     except UsageError:
         raise first from None
+
+
+def outputs(cfg: PackageConfig, name: str, key: Callable[[str], str]) -> list[Output]:
+    """What packaging writes (core.atomic.check_outputs): the repository (only the model's folders), and an
+    SQLite model registry's file; `key(option)` is what the user calls each."""
+    out = [repo.output(key("output"), cfg.output, name)]
+    registry = sqlite_file(cfg.registry, "MLflow registry") if cfg.registry and is_sqlite(cfg.registry) else None
+    if registry is not None:
+        out.append(Output(key("registry"), registry))
+    return out
 
 
 def check_options(cfg: PackageConfig, flag: str = "--to") -> Target:

@@ -8,13 +8,37 @@ the run's report (the lineage) and the recipe's tune stage (the settings, handed
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from optkit.core.atomic import Input, Output, same_file
 from optkit.core.errors import UsageError
 from optkit.core.text import redact_config
 from optkit.package import repo
-from optkit.package.build import check_options, package
+from optkit.package.build import INPUTS, check_options, outputs, package
+from optkit.package.config import PackageConfig
 from optkit.package.tuned import from_result
+
+
+@dataclass
+class PackageStep:
+    """One `package:` entry as a step of the run: the files it reads (tuned, data, capacity) and the repository
+    it writes (package.repo.output: only the model's folders, never a version already there)."""
+    loaded: Any  # pipeline.recipe.LoadedRecipe
+    index: int
+    spec: PackageConfig
+
+    def paths(self) -> tuple[list[Input], list[Output]]:
+        loaded, spec = self.loaded, self.spec
+        own = loaded.resolve(loaded.recipe.capacity.output) if loaded.recipe.capacity else None
+        inputs = []
+        for key in INPUTS:
+            given = loaded.resolve(getattr(spec, key))
+            if given and not (key == "capacity" and own and same_file(given, own)):  # this run's own: written first
+                inputs.append(Input(loaded.where(("package", self.index, key)), given))
+        cfg = spec.model_copy(update={"output": loaded.resolve(spec.output)})
+        return inputs, outputs(cfg, spec.name or loaded.name, lambda k: loaded.where(("package", self.index, k)))
 
 
 def check_specs(loaded) -> None:

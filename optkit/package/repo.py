@@ -22,11 +22,11 @@ import socket
 import tempfile
 from collections.abc import Iterator
 from datetime import datetime, timezone
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from optkit.core import interrupts
-from optkit.core.atomic import normal_mode, remove
+from optkit.core.atomic import Output, normal_mode, remove
 from optkit.core.errors import UsageError
 from optkit.core.locks import lock_folder
 from optkit.package import schemas
@@ -39,6 +39,19 @@ TAG_RE = schemas.TAG_RE
 # optkit's temporaries: `.<dest>.tmp-<host>-<pid>-<random>` (folders being built, small files being replaced)
 TEMP_RE = re.compile(r"\.(?P<dest>.+)\.tmp-(?P<host>[0-9a-f]{8})-(?P<pid>\d{1,10})-[A-Za-z0-9_]+")
 OLD_TEMP_RE = re.compile(r"\.(.+)\.tmp-[A-Za-z0-9_]+")  # an optkit before this one: no owner recorded
+
+
+def output(key: str, repo: str | os.PathLike, name: str) -> Output:
+    """The repository as an output (core.atomic.check_outputs): optkit writes only the model's folder (and its
+    ensemble parts', NAME.pre ...), and never inside a version folder already there (a version is never
+    replaced): an input may lie in one (a version's model packaged again), not where the index, config.pbtxt or
+    a new version are written."""
+    def replaces(rel: PurePath) -> bool:
+        top = rel.parts[0]
+        if top != name and not top.startswith(f"{name}."):
+            return False
+        return not (len(rel.parts) > 1 and rel.parts[1].isascii() and rel.parts[1].isdigit())
+    return Output(key, repo, folder=True, replaces=replaces)
 
 
 def now() -> str:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from optkit.core.atomic import atomic_path, check_output_path
+from optkit.core.atomic import Input, Output, atomic_path, check_outputs
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format
 from optkit.measure.model import DataSpec
@@ -82,7 +82,9 @@ def run_pass(pass_name: str, model: str | Path, output: str | Path, *, weights: 
         raise UsageError(f"metric: give a metric's name (top1, ...), not {_shown(metric)}")
     if measure is not None and not isinstance(measure, dict):
         raise UsageError(f"measure: give the recipe's measure section as a dict, not {_shown(measure)}")
-    check_output_path(output, inputs=[model, weights, calibration, eval, labels, train])
+    check_outputs({"output": output}, [Input("model", model), *(
+        Input(k, v) for k, v in (("weights", weights), ("calibration", calibration), ("eval", eval),
+                                 ("labels", labels), ("train", train)) if v is not None)])
     if metric is not None and eval is None:
         raise UsageError("metric needs evaluation data: give eval=PATH")
     rec = one_stage_recipe(pass_name, str(model), config, weights=weights, metric=metric or "top1",
@@ -98,14 +100,19 @@ def run_pass(pass_name: str, model: str | Path, output: str | Path, *, weights: 
 
 
 def run_one_stage(rec: dict, output: str | Path, *, command: str, input_last: bool = False,
-                  keep: Callable[[Stage], None] | None = None) -> Report:
+                  keep: Callable[[Stage], None] | None = None, outputs: dict | None = None) -> Report:
     """Run a one-stage recipe in a scratch workspace and copy its result to `output`: what every single-stage
     command and run_pass do. A result a budget refuses is kept beside `output` (OUT.REJECTED.onnx). A stage whose
     product is not its model (tune's settings, profile's figures and trace) gives `keep` instead: it is called
-    with the stage while the workspace is there, and the model (unchanged) is not copied."""
+    with the stage while the workspace is there, and the model (unchanged) is not copied. `outputs` names what
+    the caller writes ({"-o": out, "--report": rep}; default {"output": output} without keep), checked with the
+    recipe's steps before the stage runs."""
+    if outputs is None:
+        outputs = {} if keep is not None else {"output": output}
     with tempfile.TemporaryDirectory(prefix="optkit-stage-") as scratch:
         opts = RunOptions(workspace=Path(scratch), use_cache=False, resume=False, command=command,
-                          aside=rejected_path(Path(output)), input_last=input_last)
+                          aside=rejected_path(Path(output)), input_last=input_last,
+                          outputs=[Output(k, v) for k, v in outputs.items() if v is not None])
         report = execute(from_dict(rec), opts).report
         stage = report.stages[-1]
         if keep is None:

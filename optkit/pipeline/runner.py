@@ -23,6 +23,7 @@ from optkit.package.recipe import check_specs, package_run
 from optkit.pipeline.gates import evaluate, gates_of_recipe
 from optkit.pipeline.recipe import validate
 from optkit.pipeline.stage import StageResult, run_pass
+from optkit.pipeline.steps import guard
 from optkit.pipeline.workspace import Progress, Workspace
 from optkit.report.build import input_stage, pass_stage
 from optkit.report.schema import Report
@@ -47,6 +48,7 @@ class RunOptions:
     progress: Any = None
     aside: Path | None = None   # where a result refused by a budget is kept (a command's: beside its -o)
     input_last: bool = False    # measure the input after the stages (a distributed job's chief: its workers wait)
+    outputs: list = field(default_factory=list)  # core.atomic.Output: what the caller writes (a command's -o)
 
 
 @dataclass
@@ -67,6 +69,7 @@ def plan(loaded, baseline: str | None = None) -> list[dict[str, Any]]:
     """Validate a recipe (nothing runs) and return its plan: one row per stage."""
 
     resolved = validate(loaded, baseline=baseline, allow_missing=True)
+    guard(loaded, resolved, baseline=baseline)
     if loaded.recipe.package:
         check_specs(loaded)
     capacity_recipe.prepare(loaded)
@@ -91,6 +94,7 @@ def execute(loaded, opts: RunOptions | None = None) -> RunOutcome:
     progress = opts.progress or Progress(quiet=True)
     r = loaded.recipe
     resolved = validate(loaded, baseline=opts.baseline)
+    guard(loaded, resolved, baseline=opts.baseline, outputs=opts.outputs)  # outputs are never inputs: exit 2 now
     if r.package:
         check_specs(loaded)  # a repository optkit may not write into fails the run before any stage
     capacity = capacity_recipe.prepare(loaded)  # its options and traffic: exit 2 before any stage

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from optkit.core.atomic import Input, Output
 from optkit.core.errors import UsageError
 from optkit.package.capacity import config as cmod
 from optkit.package.capacity import pictures, replica
@@ -23,8 +25,23 @@ class Prepared:
     traffic: Traffic
 
 
+@dataclass
+class CapacityStep:
+    """`capacity:` as a step of the run: the figures and the traffic history it reads, the CAPACITY.json and
+    the page it writes."""
+    loaded: Any  # pipeline.recipe.LoadedRecipe
+
+    def paths(self) -> tuple[list[Input], list[Output]]:
+        loaded, spec = self.loaded, self.loaded.recipe.capacity
+        named = [(k, loaded.resolve(getattr(spec, k))) for k in ("figures", "history", "output", "html")]
+        place = {k: (loaded.where(("capacity", k)), path) for k, path in named if path}
+        return ([Input(*place[k]) for k in ("figures", "history") if k in place],
+                [Output(*place[k]) for k in ("output", "html") if k in place])
+
+
 def prepare(loaded) -> Prepared | None:
-    """Before any stage runs: the options (exit 2 naming the recipe line), the figures file, the traffic."""
+    """Before any stage runs: the options (exit 2 naming the recipe line), the figures file, the traffic (its
+    outputs are checked with every other step's: CapacityStep, pipeline.steps.guard)."""
     spec = loaded.recipe.capacity
     if spec is None:
         return None
@@ -41,10 +58,6 @@ def prepare(loaded) -> Prepared | None:
         if path and not Path(path).exists():
             raise UsageError(f"{loaded.where(('capacity', key))}: {getattr(spec, key)} does not exist (paths are "
                              "relative to the recipe file)")
-    for key in ("output", "html"):
-        path = getattr(cfg, key)
-        if path and Path(path).is_dir():
-            raise UsageError(f"{loaded.where(('capacity', key))}: {getattr(spec, key)} is a folder; name a file")
     try:
         tr = crun.load_traffic(cfg)
     except UsageError as e:

@@ -1,12 +1,13 @@
 """The quantize passes' options and defaults."""
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
 from pydantic import Field, create_model, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_core import ValidationError as PydanticValidationError
 
+from optkit.core.atomic import PathRole, python_file
 from optkit.core.registry import PassConfig, cli
 
 MODES = ("dynamic", "static", "fp16", "int4")
@@ -87,7 +88,7 @@ class QuantizeConfig(PassConfig):
                                           description="int4: onnxruntime MatMulNBits accuracy level (0-4).",
                                           json_schema_extra=cli(recipe_only="int4 expert setting, rarely changed"))
     # the check and the accuracy-aware search
-    metric: Optional[str] = Field(default=None, description="top1, top5, mse, mae, cosine or module:function (a custom metric runs your code).",
+    metric: Annotated[Optional[str], PathRole("input", names=python_file)] = Field(default=None, description="top1, top5, mse, mae, cosine or module:function (a custom metric runs your code).",
                                   json_schema_extra=cli("--metric", group="evaluation"))
     max_accuracy_drop: Optional[float] = Field(default=None, ge=0, description="Budget: metric drop (0.01 = 1 point).",
                                                json_schema_extra=cli("--max-accuracy-drop", group="budgets"))

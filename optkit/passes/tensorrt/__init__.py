@@ -25,12 +25,12 @@ import tempfile
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
 from optkit.core.artifact import Artifact
-from optkit.core.atomic import atomic_path
+from optkit.core.atomic import PathRole, atomic_path
 from optkit.core.cachedir import PRIVATE_FILE, NoCacheDir, cache_dir, private_folder, trusted
 from optkit.core.errors import DependencyError, PassError, UsageError, ValidationError
 from optkit.core.formats import Format
@@ -72,7 +72,7 @@ class TensorRTBuildConfig(PassConfig):
                                      json_schema_extra=cli("--workspace-mb"))
     optimization_level: int = Field(3, ge=0, le=5, description="Builder optimization level 0-5 (TensorRT's default 3).",
                                     json_schema_extra=cli("--opt-level"))
-    timing_cache: str | None = Field(
+    timing_cache: Annotated[str | None, PathRole("output", names=lambda v: None if v == "auto" else v)] = Field(
         "auto", description="Timing cache file, loaded and saved on every build; 'auto' = the per-user cache, "
                             "null or '' = none.",
         json_schema_extra=cli("--timing-cache", help="Timing cache file, loaded and saved on every build ('auto': "

@@ -9,11 +9,12 @@ from __future__ import annotations
 import importlib.util
 import math
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field, field_validator
 
+from optkit.core.atomic import PathRole
 from optkit.core.errors import DependencyError, UsageError, ValidationError
 from optkit.core.registry import PassConfig, cli
 from optkit.passes.training.distributed import init_torch_ddp, is_chief
@@ -48,7 +49,7 @@ class FinetuneConfig(PassConfig):
                               help="Fail (exit 3) when fine-tuned top-1 falls more than this (default 0.05 = 5 pt); "
                                    "-1 disables."))
     # a folder: the fine-tuning curves (loss, accuracy per epoch) as TensorBoard logs
-    tensorboard: str | None = Field(default=None, description="Write the fine-tuning curves (loss, accuracy per "
+    tensorboard: Annotated[str | None, PathRole("folder", adds_only=True)] = Field(default=None, description="Write the fine-tuning curves (loss, accuracy per "
                                                               "epoch) to this folder for TensorBoard.",
                                     json_schema_extra=cli("--tensorboard", group="measurement"))
 

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Literal
+from pathlib import Path
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
+from optkit.core import dburl
+from optkit.core.atomic import PathRole
+from optkit.core.dburl import is_sqlite
 from optkit.core.errors import UsageError, ValidationError
 from optkit.core.registry import PassConfig, cli
 
@@ -18,6 +22,18 @@ OBJECTIVES = {"throughput": ("throughput_per_s", "maximize"), "latency": ("p50_m
 SLO_FIGURES = {"p50": "p50_ms", "p90": "p90_ms", "p99": "p99_ms", "throughput": "throughput_per_s"}
 DIMENSIONS = ("provider", "threads", "execution_mode", "inter_op_threads", "graph_optimization", "batch",
               "concurrency", "sessions", "cpu_mem_arena", "mem_pattern")
+
+
+def storage_file(url: str) -> Path | None:
+    """The file a storage keeps its study in: a journal:PATH, or the file an SQLite URL really opens, resolved
+    as SQLAlchemy and SQLite resolve it (relative or absolute, query strings, `sqlite+pysqlite://`, URI filenames
+    `file:...?...&uri=true`). None for a database server or an SQLite database in memory. An SQLite URL whose
+    file cannot be told is refused (UsageError)."""
+    if url.startswith("journal:"):
+        return Path(url[len("journal:"):]).absolute() if url[len("journal:"):] else None
+    if not is_sqlite(url):
+        return None
+    return dburl.sqlite_file(url, "tune storage")
 
 
 class Slo:
@@ -90,7 +106,7 @@ class TuneConfig(PassConfig):
                                         json_schema_extra=cli("--space", kind="list", help=(
                                             "A dimension's choices, e.g. batch=1,8,32 or threads=1,2 "
                                             "(repeatable; default: every dimension searched).")))
-    storage: str | None = Field(default=None, description="Optuna storage shared by workers: sqlite:///f.db, "
+    storage: Annotated[str | None, PathRole("output", names=storage_file)] = Field(default=None, description="Optuna storage shared by workers: sqlite:///f.db, "
                                                           "postgresql://..., mysql://... or journal:FILE (default: "
                                                           "OUT.optkit-study.db beside -o, so a stopped tune "
                                                           "resumes).",

@@ -23,6 +23,7 @@ from optkit.core.dburl import DRIVERS, is_sqlite
 from optkit.core.errors import DependencyError, UsageError
 from optkit.core.text import first_line, redact_url
 from optkit.passes.tune import workers
+from optkit.passes.tune.config import storage_file
 
 log = logging.getLogger(__name__)
 
@@ -61,22 +62,6 @@ def sqlite_url(path: Path) -> str:
         raise UsageError(f"the tune study file {path} cannot be named in an SQLite URL; give another -o or "
                          "storage (--storage)")
     return url
-
-
-def storage_file(url: str) -> Path | None:
-    """The file a storage keeps its study in: a journal:PATH, or the file an SQLite URL really opens, resolved
-    as SQLAlchemy and SQLite resolve it (relative or absolute, query strings, `sqlite+pysqlite://`, URI filenames
-    `file:...?...&uri=true`). None for a database server or an SQLite database in memory. An SQLite URL whose
-    file cannot be told is refused (UsageError)."""
-    if url.startswith("journal:"):
-        return Path(url[len("journal:"):]).absolute() if url[len("journal:"):] else None
-    if not is_sqlite(url):
-        return None
-    return _sqlite_file(url)
-
-
-def _sqlite_file(url: str) -> Path | None:
-    return dburl.sqlite_file(url, "tune storage")
 
 
 db_message = dburl.db_message
