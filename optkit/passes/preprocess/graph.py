@@ -10,18 +10,10 @@ import numpy as np
 
 from optkit.core.errors import UsageError
 from optkit.measure.preprocess import Preprocess, pair
+from optkit.passes.preprocess.resize import resize_and_crop
 
 P = "optkit_preprocess/"   # every node and tensor this module adds is named under this prefix
 MIN_OPSET = 18             # Resize's antialias (PIL's filters when shrinking) and axes
-# PIL's filters as ONNX Resize attributes. PIL antialiases bilinear and bicubic (the filter widens with the
-# scale when shrinking); its bicubic is Keys' a = -0.5. Nearest: PIL takes floor((x + 0.5) * in / out), which is
-# half_pixel with round_prefer_ceil.
-RESAMPLE = {
-    "nearest": {"mode": "nearest", "coordinate_transformation_mode": "half_pixel", "nearest_mode": "round_prefer_ceil"},
-    "bilinear": {"mode": "linear", "coordinate_transformation_mode": "half_pixel", "antialias": 1},
-    "bicubic": {"mode": "cubic", "coordinate_transformation_mode": "half_pixel", "antialias": 1,
-                "cubic_coeff_a": -0.5},
-}
 ELEM = {"float32": 1, "uint8": 2, "int8": 3, "uint16": 4, "int16": 5, "int32": 6, "int64": 7, "float16": 10,
         "float64": 11}
 NAME_OF = {v: k for k, v in ELEM.items()}
@@ -106,7 +98,10 @@ def produced_size(pre: Preprocess) -> tuple[int, int] | None:
 
 
 class Builder:
-    """Nodes and initializers under the prefix P, appended to a graph at the end."""
+    """Nodes and initializers under the prefix P, appended to a graph at the end; `branch()` gives a builder for
+    an If's subgraph (its own nodes; names and initializers shared with the main graph)."""
+
+    prefix = P
 
     def __init__(self, taken: set[str]):
         self.nodes, self.inits, self.taken, self.n = [], [], set(taken), 0
@@ -127,12 +122,26 @@ class Builder:
         self.inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
         return name
 
-    def op(self, op_type: str, inputs: list[str], n_out: int = 1, out: list[str] | None = None, **attrs) -> Any:
+    def op(self, op_type: str, inputs: list[str], n_out: int = 1, out: list[str] | None = None,
+           name: str | None = None, **attrs) -> Any:
         from onnx import helper
 
         outs = out or [self.name(op_type.lower()) for _ in range(n_out)]
-        self.nodes.append(helper.make_node(op_type, inputs, outs, name=self.name(op_type), **attrs))
+        if op_type == "Split":
+            attrs.setdefault("num_outputs", n_out)
+        self.nodes.append(helper.make_node(op_type, inputs, outs, name=name or self.name(op_type), **attrs))
         return outs[0] if n_out == 1 else outs
+
+    def branch(self) -> Builder:
+        sub = Builder(set())
+        sub.taken, sub.inits = self.taken, self.inits  # one name space: the loop in name() keeps names unique
+        return sub
+
+    def graph(self, name: str, output: str, elem: int) -> Any:
+        from onnx import helper
+
+        return helper.make_graph(self.nodes, f"{P}{name}", [],
+                                 [helper.make_tensor_value_info(output, elem, [None, None, None, None])])
 
 
 def all_names(model) -> set[str]:
@@ -179,23 +188,7 @@ def add_preprocess(model, pre: Preprocess, new_input: str | None) -> tuple[Any, 
     hw: list[Any] = ["height", "width"]
     if pre.resize is None and img.size is not None:
         hw = list(img.size)  # nothing resizes: the image must come at the model's size
-    x = new_input
-    if pre.resize is not None:
-        if isinstance(pre.resize, int):  # shorter side: sizes = max(1, round((h, w) * R / min(h, w))), in double
-            shape = b.op("Shape", [x], start=1, end=3)
-            hwd = b.op("Cast", [shape], to=TensorProto.DOUBLE)
-            short = b.op("ReduceMin", [hwd], keepdims=1)
-            s = b.op("Div", [b.const([float(pre.resize)], np.float64, "side"), short])
-            sized = b.op("Max", [b.op("Round", [b.op("Mul", [hwd, s])]), b.const([1.0], np.float64, "one")])
-            sizes = b.op("Cast", [sized], to=TensorProto.INT64)
-        else:
-            sizes = b.const(list(pre.resize), np.int64, "sizes")
-        x = b.op("Resize", [x, "", "", sizes], axes=[1, 2], **RESAMPLE[pre.resample])
-    if pre.center_crop is not None:  # top = (h - ch) // 2, left = (w - cw) // 2, as optkit's PIL path crops
-        crop = b.const(list(pair(pre.center_crop)), np.int64, "crop")
-        shape = b.op("Shape", [x], start=1, end=3)
-        start = b.op("Div", [b.op("Sub", [shape, crop]), b.const([2, 2], np.int64, "two")])
-        x = b.op("Slice", [x, start, b.op("Add", [start, crop]), b.const([1, 2], np.int64, "axes")])
+    x = resize_and_crop(b, new_input, pre, symbolic=isinstance(hw[0], str))
     x = b.op("Cast", [x], to=TensorProto.FLOAT)
     if pre.scale != 1:
         x = b.op("Mul", [x, b.const(pre.scale, np.float32, "scale")])
