@@ -186,9 +186,10 @@ def add_preprocess(model, pre: Preprocess, new_input: str | None) -> tuple[Any, 
     b = Builder(taken)
     batch = img.shape[0] if img.shape[0] is not None else "batch"
     hw: list[Any] = ["height", "width"]
-    if pre.resize is None and img.size is not None:
-        hw = list(img.size)  # nothing resizes: the image must come at the model's size
-    x = resize_and_crop(b, new_input, pre, symbolic=isinstance(hw[0], str))
+    if pre.resize is None and pre.center_crop is None:  # nothing resizes or crops: images come at the model's size
+        model_hw = img.shape[2:4] if img.layout == "nchw" else img.shape[1:3]
+        hw = [d if isinstance(d, int) else name for d, name in zip(model_hw, hw)]
+    x = resize_and_crop(b, new_input, pre, symbolic=any(isinstance(d, str) for d in hw))
     x = b.op("Cast", [x], to=TensorProto.FLOAT)
     if pre.scale != 1:
         x = b.op("Mul", [x, b.const(pre.scale, np.float32, "scale")])

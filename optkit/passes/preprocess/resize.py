@@ -14,6 +14,7 @@ says it) past MAX_PIXELS as sent or once resized, as optkit's PIL path refuses i
 from __future__ import annotations
 
 import math
+
 import numpy as np
 
 from optkit.measure.preprocess import MAX_PIXELS, Preprocess, pair
@@ -40,11 +41,14 @@ def resize_and_crop(b, x: str, pre: Preprocess, symbolic: bool) -> str:
     """`x` (uint8 [N,H,W,C]) resized and centre-cropped as `pre` says, with the refusals above; `symbolic`: the
     input's H and W vary (nothing to refuse when the model fixes them)."""
     crop = pair(pre.center_crop) if pre.center_crop is not None else None
-    if pre.resize is None and crop is None:
+    if pre.resize is None and crop is None and not symbolic:
         return x
     hw = b.op("Shape", [x], start=1, end=3)
     if symbolic:
         hw = _refuse_past(b, hw, TOO_LARGE_SENT)
+    if pre.resize is None and crop is None:  # the image as sent, once the refusal ran (a Reshape to its own shape)
+        shape = b.op("Concat", [b.op("Shape", [x], end=1), hw, b.op("Shape", [x], start=3)], axis=0)
+        return b.op("Reshape", [x, shape])
     if pre.resize is None:
         return _crop(b, x, hw, crop)
     if not isinstance(pre.resize, int):  # fixed [h, w]: the output is the spec's size, at most MAX_SIDE^2
