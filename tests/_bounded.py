@@ -48,6 +48,20 @@ def png_header_only(path: Path, width: int, height: int) -> Path:
     return path
 
 
+def png_solid(path: Path, width: int, height: int, rgb=(200, 30, 60)) -> Path:
+    """A real PNG of width x height pixels of one colour, compressed row by row (a 12500x12000 one is 462 KB and
+    is written without holding its 450 MB of pixels)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    row = b"\x00" + bytes(rgb) * width
+    z = zlib.compressobj(9)
+    data = b"".join(z.compress(row) for _ in range(height)) + z.flush()
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", data) + chunk(b"IEND", b""))
+    return path
+
+
 def group_memory(pgid: int) -> dict[int, tuple[int, int]]:
     """{pid: (VmRSS, VmHWM) in bytes} of the live processes of process group `pgid` (a server and the backend
     stubs it starts), from /proc."""

@@ -313,6 +313,19 @@ def _replace_outputs(model, old: list[str], new: list, b: Builder) -> None:
     g.initializer.extend(b.inits)
 
 
+def _check_threshold(model, threshold: float | None, scores: list) -> None:
+    """--score-threshold inside the range of the scores it is compared with (when that range is known)."""
+    ranges = {score_range(model, o.name) for o in scores}
+    if threshold is None or len(ranges) != 1 or None in ranges:
+        return
+    lo, hi = ranges.pop()
+    if not lo <= threshold <= hi:
+        what = "no anchor would ever be kept" if threshold > hi else "every anchor would be kept"
+        raise UsageError(f"--score-threshold {threshold:g} is outside {lo:g}..{hi:g}, the range of the class scores "
+                         f"({', '.join(o.name for o in scores)}, out of a Sigmoid/Softmax): {what}; give a threshold "
+                         f"in {lo:g}..{hi:g}")
+
+
 def _squashed(model, name: str, depth: int = 4) -> bool:
     """Whether a Sigmoid or Softmax sits within `depth` producers above `name` (class scores, not box rows)."""
     for _ in range(depth):
@@ -323,6 +336,28 @@ def _squashed(model, name: str, depth: int = 4) -> bool:
             return True
         name = n.input[0]
     return False
+
+
+SQUASHING = {"Sigmoid": (0.0, 1.0), "Softmax": (0.0, 1.0), "HardSigmoid": (0.0, 1.0)}
+# ops whose output holds only values of their data input(s): a range above them holds below them too
+MOVING = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Slice", "Gather", "GatherElements",
+          "GatherND", "Expand", "Tile", "Split", "Concat", "ReduceMax", "ReduceMin", "MaxPool", "TopK"}
+
+
+def score_range(model, name: str, depth: int = 16) -> tuple[float, float] | None:
+    """The range of `name`'s values when it comes out of a Sigmoid or Softmax through ops that only move values
+    (Reshape, Transpose, Concat of such, ...); None when anything else sits between (a Mul, a Sub: the range is
+    unknown)."""
+    n = producer(model, name)
+    if n is None or depth == 0:
+        return None
+    if n.op_type in SQUASHING:
+        return SQUASHING[n.op_type]
+    if n.op_type not in MOVING:
+        return None
+    data = n.input if n.op_type == "Concat" else n.input[:1]
+    ranges = {score_range(model, i, depth - 1) for i in data if i}
+    return ranges.pop() if len(ranges) == 1 else None
 
 
 def detector_heads(model) -> tuple[list[Any], list[Any]]:
@@ -355,15 +390,21 @@ def detector_heads(model) -> tuple[list[Any], list[Any]]:
     return scores, boxes
 
 
-def add_detections(model, threshold: float | None, max_detections: int) -> Heads:
-    """Concatenate the levels, keep the `max_detections` anchors with the best class score (ties: the lower
-    anchor first), drop those under `threshold`; outputs class-score rows [1,M,C], box rows [1,M,B] and the
-    anchor indices [1,M] (into the levels in output order: metadata `levels` gives their sizes)."""
+def add_detections(model, threshold: float | None, max_detections: int | None, default: int) -> Heads:
+    """Concatenate the levels, keep the `max_detections` anchors (`default`, or all where fewer) with the best
+    class score (ties: the lower anchor first), drop those under `threshold`; outputs class-score rows [1,M,C],
+    box rows [1,M,B] and the anchor indices [1,M] (into the levels in output order: metadata `levels` gives their
+    sizes). A threshold outside the scores' range (a Sigmoid's 0..1), or more detections than the head has
+    anchors, is a UsageError: the detector would never (or always) detect."""
     from onnx import TensorProto, helper
 
     scores, boxes = detector_heads(model)
     total = sum(dims(o)[1] for o in scores)
-    k = min(max_detections, total)
+    if max_detections is not None and max_detections > total:
+        raise UsageError(f"--max-detections {max_detections} is more than the {total:,} anchors of the detector "
+                         f"head ({', '.join(o.name for o in scores)}); give 1 to {total}")
+    _check_threshold(model, threshold, scores)
+    k = min(max_detections or default, total)
     b = Builder(all_names(model))
     s = b.op("Concat", [o.name for o in scores], axis=1) if len(scores) > 1 else scores[0].name
     bx = b.op("Concat", [o.name for o in boxes], axis=1) if len(boxes) > 1 else boxes[0].name
