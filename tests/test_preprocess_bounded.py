@@ -107,7 +107,7 @@ def _whole_resize(resample: str, channels: int):
     ("{resize: 13, center_crop: 11, resample: nearest}", (11, 11), (1, 1, 6_000_000, 3), "after resize"),
     ("{resize: 13}", (None, None), (1, 1, 6_000_000, 3), "after resize"),
     ("{resize: [11, 11], color: gray}", (11, 11), (1, 8193, 8192, 1), "image larger than 64M pixels (67108864) as sent"),
-    ("{center_crop: 11}", (None, None), (1, 10, 40, 3), "image smaller than center_crop"),
+    ("{center_crop: 11}", (None, None), (1, 10, 40, 3), "image smaller than center_crop; send a larger image"),
     ("{color: gray}", (None, None), (1, 8193, 8192, 1), "image larger than 64M pixels (67108864) as sent"),
     ("{resize: 11, center_crop: [11, 13]}", (11, 13), (1, 11, 11, 3), "image smaller than center_crop after resize"),
 ], ids=["enlarge", "nearest", "no crop", "fixed size", "crop alone", "neither", "crop past the resize"])

@@ -26,7 +26,7 @@ PASSES = {
         {'key': 'fallback', 'flag': '--no-fallback', 'type': 'bool', 'default': True, 'required': False, 'optional': False, 'help': 'Fail instead of falling back to the legacy exporter.', 'sets': False},
     ],
     'preprocess.onnx': [
-        {'key': 'preprocess', 'flag': '--preprocess', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': "The image preprocessing to put in the graph, as `optkit eval --preprocess` takes it (YAML/JSON), e.g. '{resize: 272, resample: bicubic, center_crop: 240, mean: 127, std: 128, scale: 1}'.", 'metavar': 'SPEC'},
+        {'key': 'preprocess', 'flag': '--preprocess', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': "The image preprocessing to put in the graph, as `optkit eval --preprocess` takes it (YAML/JSON), e.g. '{resize: 272, resample: bicubic, center_crop: 240, mean: 127, std: 128, scale: 1}'. The graph works on the crop, and refuses an image past 64M pixels as sent or once resized (docs/preprocess.md).", 'metavar': 'SPEC'},
         {'key': 'input_name', 'flag': '--input-name', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': 'Name of the new uint8 image input (default: image, or image_uint8 where the model has that name).'},
         {'key': 'top_k', 'flag': '--top-k', 'type': 'int', 'default': None, 'required': False, 'optional': True, 'min': 1, 'max': 2147483647, 'help': 'Classifiers: softmax + top-k in the graph; outputs scores and indices [N,K] instead of every class.'},
         {'key': 'scores_output', 'flag': '--scores-output', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': 'The class-score output --top-k reads (default: the only float [N, classes] output).'},

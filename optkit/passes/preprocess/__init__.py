@@ -49,7 +49,8 @@ class PreprocessConfig(PassConfig):
     preprocess: Optional[dict[str, Any]] = Field(
         default=None, description="The image preprocessing to put in the graph, as `optkit eval --preprocess` takes "
                                   "it (YAML/JSON), e.g. '{resize: 272, resample: bicubic, center_crop: 240, "
-                                  "mean: 127, std: 128, scale: 1}'.",
+                                  "mean: 127, std: 128, scale: 1}'. The graph works on the crop, and refuses an "
+                                  "image past 64M pixels as sent or once resized (docs/preprocess.md).",
         json_schema_extra=cli("--preprocess", kind="str", metavar="SPEC"))
     input_name: Optional[str] = Field(default=None, min_length=1, description="Name of the new uint8 image input "
                                                                           "(default: image, or image_uint8 where "

@@ -137,11 +137,10 @@ class Builder:
         sub.taken, sub.inits = self.taken, self.inits  # one name space: the loop in name() keeps names unique
         return sub
 
-    def graph(self, name: str, output: str, elem: int) -> Any:
+    def graph(self, name: str, output: str, elem: int, shape: list) -> Any:
         from onnx import helper
 
-        return helper.make_graph(self.nodes, f"{P}{name}", [],
-                                 [helper.make_tensor_value_info(output, elem, [None, None, None, None])])
+        return helper.make_graph(self.nodes, f"{P}{name}", [], [helper.make_tensor_value_info(output, elem, shape)])
 
 
 def all_names(model) -> set[str]:

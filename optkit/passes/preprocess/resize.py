@@ -32,7 +32,8 @@ SUPPORT = {"bilinear": 1.0, "bicubic": 2.0}   # PIL's filter support (Resample.c
 PRECISION_BITS = 22                           # PIL's 8-bit coefficients: 32 - 8 - 2
 TOO_LARGE_SENT = f"image larger than 64M pixels ({MAX_PIXELS}) as sent; send a smaller image"
 TOO_LARGE_RESIZED = f"image larger than 64M pixels ({MAX_PIXELS}) after resize; send a less elongated image"
-TOO_SMALL = "image smaller than center_crop after resize; send a larger image"
+TOO_SMALL = "image smaller than center_crop; send a larger image"
+TOO_SMALL_RESIZED = "image smaller than center_crop after resize; send a larger image"
 
 DOUBLE, FLOAT, INT32, INT64, UINT8, BOOL = 11, 1, 6, 7, 2, 9   # ONNX element types
 
@@ -46,9 +47,12 @@ def resize_and_crop(b, x: str, pre: Preprocess, symbolic: bool) -> str:
     hw = b.op("Shape", [x], start=1, end=3)
     if symbolic:
         hw = _refuse_past(b, hw, TOO_LARGE_SENT)
-    if pre.resize is None and crop is None:  # the image as sent, once the refusal ran (a Reshape to its own shape)
-        shape = b.op("Concat", [b.op("Shape", [x], end=1), hw, b.op("Shape", [x], start=3)], axis=0)
-        return b.op("Reshape", [x, shape])
+        if not (isinstance(pre.resize, int) or (pre.resize is None and crop is not None)):
+            # nothing below reads hw: the image goes on through a Reshape to its own shape, after the refusal
+            shape = b.op("Concat", [b.op("Shape", [x], end=1), hw, b.op("Shape", [x], start=3)], axis=0)
+            x = b.op("Reshape", [x, shape])
+    if pre.resize is None and crop is None:
+        return x
     if pre.resize is None:
         return _crop(b, x, hw, crop)
     if not isinstance(pre.resize, int):  # fixed [h, w]: the output is the spec's size, at most MAX_SIDE^2
@@ -59,7 +63,7 @@ def resize_and_crop(b, x: str, pre: Preprocess, symbolic: bool) -> str:
     if crop is None:  # the resized image is the output: MAX_PIXELS bounds it
         return b.op("Resize", [x, "", "", sizes], axes=[1, 2], **RESAMPLE[pre.resample])
     sizes = _refuse(b, b.op("Not", [_all(b, b.op("GreaterOrEqual", [sizes, b.const(list(crop), np.int64, "crop")]))]),
-                    TOO_SMALL, sizes)
+                    TOO_SMALL_RESIZED, sizes)
     start = b.op("Div", [b.op("Sub", [sizes, b.const(list(crop), np.int64, "crop")]), b.const([2, 2], np.int64)])
     if pre.resample == "nearest":
         return _nearest(b, x, hw, sizes, start, crop)
@@ -70,8 +74,9 @@ def resize_and_crop(b, x: str, pre: Preprocess, symbolic: bool) -> str:
     shrink = b.branch()
     shrunk = shrink.op("Resize", [x, "", "", sizes], axes=[1, 2], **RESAMPLE[pre.resample])
     shrunk = _slice(shrink, shrunk, start, crop)
-    return b.op("If", [up], then_branch=grow.graph("enlarge", grown, UINT8),
-                else_branch=shrink.graph("shrink", shrunk, UINT8))
+    shape = [None, *crop, 1 if pre.color == "gray" else 3]  # declared: shape inference sees the crop's size
+    return b.op("If", [up], then_branch=grow.graph("enlarge", grown, UINT8, shape),
+                else_branch=shrink.graph("shrink", shrunk, UINT8, shape))
 
 
 def _shorter_side(b, hw: str, side: int) -> str:
