@@ -334,7 +334,7 @@ PACKAGE = [
     {'key': 'version', 'flag': '--version', 'type': 'str', 'default': 'auto', 'required': False, 'optional': False, 'help': 'auto (the next number) or N (must be new).'},
     {'key': 'tag', 'flag': '--tag', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': 'A human tag recorded with the version, e.g. v1.1.'},
     {'key': 'report', 'flag': '--report', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': 'The report.json of the run that made the model (its passes and measurements go in the lineage).'},
-    {'key': 'data', 'flag': '--data', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': 'Sample data: .npz, an image folder or IDX images; the command feeds it instead of random inputs (with labels, accuracy is measured too).'},
+    {'key': 'data', 'flag': '--data', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': 'Sample data: .npz, an image folder or IDX images (an image of at most 64M pixels, by its header); the command feeds it instead of random inputs (with labels, accuracy is measured too).'},
     {'key': 'shape', 'flag': '--shape', 'type': 'list', 'default': [], 'required': False, 'optional': False, 'help': "Dims the warm-up needs where the model's are dynamic: name=1x128 (repeatable; or the --data .npz's samples)."},
     {'key': 'queue_delay_us', 'flag': '--queue-delay-us', 'type': 'int', 'default': None, 'required': False, 'optional': True, 'min': 0, 'help': 'Triton dynamic batching queue delay (default 100).'},
     {'key': 'gpu', 'flag': '--gpu', 'type': 'bool', 'default': None, 'required': False, 'optional': True, 'help': "Serve the model (a split model's core) on KIND_GPU.", 'sets': True},
