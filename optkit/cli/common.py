@@ -4,6 +4,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import sys
 import traceback
 import warnings
@@ -67,7 +68,7 @@ def run_app(app, argv: Optional[list[str]] = None) -> int:
             traceback.print_exc()
             if "traceback" in e.details:
                 print(e.details["traceback"], file=sys.stderr)
-        return _fail(e.message, e.exit_code)
+        return _fail(in_flags(e.message, argv or sys.argv[1:]), e.exit_code)
     except KeyboardInterrupt:
         return _interrupted()
     except SystemExit as e:
@@ -95,6 +96,21 @@ def run_app(app, argv: Optional[list[str]] = None) -> int:
 
 
 MAX_ERROR_CHARS = 2000
+# a single-stage command's data flags become a one-stage recipe's data items, whose errors name their key
+_RECIPE_DATA = re.compile(r"recipe: data\.(calibration|eval|train)\.(path|labels|preprocess): ")
+
+
+def in_flags(message: str, argv: list[str]) -> str:
+    """An error about a one-stage recipe's data item, in the words of the command line that made it: "recipe:
+    data.eval.path: ..." is "--data: ..." (or --eval-data, --calibration-data, --train-data, --labels,
+    --preprocess: the flag the user typed); a recipe's own errors (`optkit run`) keep their file and key."""
+    m = _RECIPE_DATA.match(message)
+    if m is None or not argv or argv[0] == "run":
+        return message
+    key, field = m.groups()
+    flags = {"path": [f"--{key}-data", "--data"], "labels": ["--labels"], "preprocess": ["--preprocess"]}[field]
+    typed = next((f for f in flags if any(a == f or a.startswith(f + "=") for a in argv)), None)
+    return message if typed is None else f"{typed}: {message[m.end():]}"
 
 
 def _fail(message: str, code: int) -> int:

@@ -15,7 +15,8 @@ def eval_cmd(
     reference: Optional[str] = typer.Option(None, "--reference", help="Also report fidelity to this model."),
     preprocess: Optional[str] = typer.Option(
         None, "--preprocess", help="Image preprocessing as a YAML/JSON mapping, the recipe's keys, e.g. "
-                                   "'{resize: 256, resample: bicubic, center_crop: 224, mean: 127, std: 128}'."),
+                                   "'{resize: 256, resample: bicubic, center_crop: 224, mean: 127, std: 128}' "
+                                   "(an image of at most 64M pixels as decoded and once resized)."),
     no_metric: bool = typer.Option(False, "--no-metric", help="Fidelity only (data without labels)."),
     *, shared: options.Shared,
 ) -> None:

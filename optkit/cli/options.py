@@ -51,8 +51,8 @@ def output_file(help: str) -> Any:
     return option(..., ("-o", "--output"), help=help)
 
 
-DATA_HELP = ("Sample data: .npz, an image folder or IDX images; the command feeds it instead of random inputs "
-             "(with labels, accuracy is measured too).")
+DATA_HELP = ("Sample data: .npz, an image folder or IDX images (an image of at most 64M pixels, by its header); the "
+             "command feeds it instead of random inputs (with labels, accuracy is measured too).")
 METRIC_HELP = "top1, top5, mse, mae, cosine or module:function (a custom metric runs your code)."
 _STR, _INT, _LIST = Optional[str], Optional[int], Optional[list[str]]
 

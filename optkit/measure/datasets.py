@@ -6,8 +6,10 @@ batch of inputs, not the data set (`Dataset.bind(specs, stream=True)`)."""
 from __future__ import annotations
 
 import gzip
+import math
 import struct
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ import numpy as np
 
 from optkit.core.batching import batch_axis, layout, matches, mismatch, without_batch
 from optkit.core.errors import UsageError
+from optkit.core.text import first_line
 from optkit.measure.images import image_folder
 from optkit.measure.lazy import CHUNK, LazyArray, materialize
 from optkit.measure.preprocess import DTYPES, Preprocess, as_dtype, parse_preprocess
@@ -295,21 +298,32 @@ def _checked(ds: Dataset) -> Dataset:
     return ds
 
 
+MAX_IDX_BYTES = 1 << 30   # an IDX file's data as its header declares it (EMNIST's largest set: 638 MB)
+
+
 def read_idx(path: Path) -> np.ndarray:
+    """The array of an IDX file (.gz or not): the header's dims bounded (MAX_IDX_BYTES) before the data is read,
+    and exactly that much read (a small .gz cannot unpack to more)."""
     opener = gzip.open if path.suffix == ".gz" else open
+    dtypes = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
     try:
         with opener(path, "rb") as f:
-            data = f.read()
-        zero, dtype_code, ndim = struct.unpack(">HBB", data[:4])
-        dims = struct.unpack(f">{ndim}I", data[4:4 + 4 * ndim])
-    except (OSError, struct.error, EOFError) as e:
-        raise UsageError(f"cannot read {path} as an IDX file: {e}") from None
-    dtypes = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
-    if zero != 0 or dtype_code not in dtypes:
-        raise UsageError(f"{path} is not an IDX file (bad magic number)")
-    arr = np.frombuffer(data, dtype=dtypes[dtype_code], offset=4 + 4 * ndim)
-    if arr.size != int(np.prod(dims)):
-        raise UsageError(f"{path} is truncated: header says {dims}, found {arr.size} values")
+            zero, dtype_code, ndim = struct.unpack(">HBB", f.read(4))
+            if zero != 0 or dtype_code not in dtypes:
+                raise UsageError(f"{path} is not an IDX file (bad magic number)")
+            dims = struct.unpack(f">{ndim}I", f.read(4 * ndim))
+            size = math.prod(dims)
+            if size * np.dtype(dtypes[dtype_code]).itemsize > MAX_IDX_BYTES:
+                raise UsageError(f"{path} declares {'x'.join(map(str, dims))} values "
+                                 f"({size * np.dtype(dtypes[dtype_code]).itemsize:,} bytes), more than "
+                                 f"{MAX_IDX_BYTES:,}; give a smaller IDX file")
+            data = f.read(size * np.dtype(dtypes[dtype_code]).itemsize + 1)
+    except (OSError, struct.error, EOFError, zlib.error) as e:
+        raise UsageError(f"cannot read {path} as an IDX file: {first_line(e)}") from None
+    arr = np.frombuffer(data, dtype=dtypes[dtype_code], count=len(data) // np.dtype(dtypes[dtype_code]).itemsize)
+    if arr.size != size:
+        raise UsageError(f"{path} is truncated or has trailing data: header says {dims}, found "
+                         f"{'more' if arr.size > size else arr.size} values")
     return arr.reshape(dims)
 
 

@@ -1,17 +1,55 @@
 """Image folders: a class per sub-folder, or a labels file; the images prepared (optkit.measure.preprocess) and
-read lazily, a batch at a time."""
+read lazily, a batch at a time. Every image file optkit decodes is opened by `open_image`: its header is checked
+against MAX_PIXELS before any pixel is decoded."""
 from __future__ import annotations
 
+import contextlib
+import struct
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
 from optkit.core.errors import UsageError
+from optkit.core.text import first_line
 from optkit.measure.labels import class_list, csv_labels
 from optkit.measure.lazy import LazyArray
-from optkit.measure.preprocess import MAX_PIXELS, Preprocess, pair, prepare
+from optkit.measure.preprocess import MAX_PIXELS, Preprocess, pair, prepare, resized_size
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".ppm", ".pgm"}
+# what PIL raises on a file it cannot decode: a broken header or stream (PIL's own parsers raise SyntaxError,
+# ValueError, struct.error and EOFError as well as OSError)
+DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, struct.error)
+
+
+@contextlib.contextmanager
+def open_image(path: Path) -> Iterator:
+    """The PIL image of `path`, opened lazily (header only): one of more than MAX_PIXELS (64M) pixels, as its
+    header declares, is a UsageError before a pixel is decoded (a 40000x40000 PNG of 65 bytes, or a 462 KB one of
+    12500x12000 that decodes to 450 MB); PIL's own decompression-bomb limit is set to the same number, so its
+    warning or error never escapes. A file PIL cannot read is a UsageError too, here or while decoding."""
+    from PIL import Image
+
+    Image.MAX_IMAGE_PIXELS = MAX_PIXELS
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            im = Image.open(path)
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise UsageError(f"image {path} declares more than {MAX_PIXELS:,} pixels (64M), optkit's limit per image; "
+                         "downscale it or leave it out") from None
+    except DECODE_ERRORS as e:
+        raise UsageError(f"cannot read image {path}: {first_line(e)}") from None
+    with im:
+        w, h = im.size
+        if w * h > MAX_PIXELS:  # PIL's check is skipped where a caller set its limit to None
+            raise UsageError(f"image {path} is {w}x{h} pixels, more than {MAX_PIXELS:,} (64M), optkit's limit per "
+                             "image; downscale it or leave it out")
+        try:
+            yield im
+        except DECODE_ERRORS as e:
+            raise UsageError(f"cannot read image {path}: {first_line(e)}") from None
 
 
 def image_folder(path: Path, pre: Preprocess, labels: str | Path | None = None
@@ -60,15 +98,10 @@ def image_files(path: Path, labels: str | Path | None = None) -> tuple[list[Path
 def _prepared_shape(files: list[Path], pre: Preprocess, folder: Path) -> tuple:
     """The shape every image takes after `pre`, from the files' headers (no pixels decoded), and the first
     image decoded: a file that is no image, or sizes that differ, are refused now, not mid-run."""
-    from PIL import Image
-
     shapes = set()
     for f in files:
-        try:
-            with Image.open(f) as im:
-                shapes.add(_geometry(im.size, pre, f))
-        except OSError as e:
-            raise UsageError(f"cannot read image {f}: {e}") from None
+        with open_image(f) as im:
+            shapes.add(_geometry(im.size, pre, f))
     if len(shapes) > 1:
         raise UsageError(f"images under {folder} have different sizes {sorted(shapes)}; set resize and center_crop")
     first = _read_images(files, np.array([0]), pre, None, folder)
@@ -78,16 +111,7 @@ def _prepared_shape(files: list[Path], pre: Preprocess, folder: Path) -> tuple:
 def _geometry(size: tuple[int, int], pre: Preprocess, where) -> tuple:
     """The shape `prepare` gives an image of `size` (width, height); a crop larger than the (resized) image, or
     an image of more than MAX_PIXELS on the way, is refused before any pixel is decoded."""
-    w, h = size
-    if pre.resize is not None:
-        if isinstance(pre.resize, int):
-            s = pre.resize / min(w, h)
-            w, h = max(1, round(w * s)), max(1, round(h * s))
-        else:
-            h, w = pre.resize
-    if w * h > MAX_PIXELS:
-        raise UsageError(f"preprocess resize: {where} would be {w}x{h} pixels, more than {MAX_PIXELS:,}; "
-                         "give a smaller resize")
+    w, h = resized_size(size, pre, where)
     if pre.center_crop is not None:
         ch, cw = pair(pre.center_crop)
         if ch > h or cw > w:
@@ -101,15 +125,11 @@ def _geometry(size: tuple[int, int], pre: Preprocess, where) -> tuple:
 def _read_images(files: list[Path], idx: np.ndarray, pre: Preprocess, shape: tuple | None,
                  folder: Path) -> np.ndarray:
     """The images at `idx`, prepared and stacked; NaN/Inf (from the preprocess's mean/std) refused."""
-    from PIL import Image
-
     out = None
     for k, i in enumerate(idx):
-        try:
-            with Image.open(files[i]) as im:
-                x = prepare(im, pre, files[i])
-        except OSError as e:
-            raise UsageError(f"cannot read image {files[i]}: {e}") from None
+        with open_image(files[i]) as im:
+            _geometry(im.size, pre, files[i])
+            x = prepare(im, pre, files[i])
         if out is None:  # filled in place: one batch of inputs in memory, not two
             out = np.empty((len(idx), *x.shape), x.dtype)
         if x.shape != out.shape[1:] or (shape is not None and x.shape != tuple(shape)):
@@ -130,8 +150,6 @@ def client_images(path: Path, gray: bool = False, limit: int = 1) -> tuple[list[
     (a flat folder of images, or image_files' order: class sub-folders or labels.csv), each decoded as is to uint8
     [1,H,W,C] (C: 3 RGB, 1 gray), no resize; and how many images the folder holds. An image of more than
     MAX_PIXELS is refused before its pixels are decoded."""
-    from PIL import Image
-
     has_subdirs = any(d.is_dir() for d in path.iterdir())
     if has_subdirs or (path / "labels.csv").is_file():
         files = image_files(path)[0]
@@ -139,14 +157,9 @@ def client_images(path: Path, gray: bool = False, limit: int = 1) -> tuple[list[
         files = sorted(f for f in path.iterdir() if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES)
         if not files:
             raise UsageError(f"no images found under {path} ({', '.join(sorted(IMAGE_SUFFIXES))})")
-    raw = Preprocess(color="gray" if gray else "rgb", layout="nhwc", dtype="uint8")
     out = []
     for f in files[:limit]:
-        try:
-            with Image.open(f) as im:
-                _geometry(im.size, raw, f)   # the pixel limit, from the header
-                x = np.asarray(im.convert("L" if gray else "RGB"), dtype=np.uint8)
-        except (OSError, Image.DecompressionBombError) as e:
-            raise UsageError(f"cannot read image {f}: {e}") from None
+        with open_image(f) as im:
+            x = np.asarray(im.convert("L" if gray else "RGB"), dtype=np.uint8)
         out.append((f, np.ascontiguousarray((x[:, :, None] if x.ndim == 2 else x)[None])))
     return out, len(files)

@@ -142,18 +142,31 @@ def parse_preprocess(mapping: Any, where: str = "--preprocess") -> Preprocess:
 
 
 
+def resized_size(size: tuple[int, int], pre: Preprocess, where) -> tuple[int, int]:
+    """(width, height) `prepare` resizes an image of `size` (width, height) to (the shorter side: Python's
+    rounding); more than MAX_PIXELS is a UsageError, before any pixel is resized."""
+    w, h = size
+    if isinstance(pre.resize, int):  # shorter side
+        s = pre.resize / min(w, h)
+        w, h = max(1, round(w * s)), max(1, round(h * s))
+    elif pre.resize is not None:
+        h, w = pre.resize
+    if w * h > MAX_PIXELS:
+        raise UsageError(f"preprocess resize: {where} would be {w}x{h} pixels, more than {MAX_PIXELS:,}; "
+                         "give a smaller resize")
+    return w, h
+
+
 def prepare(im, pre: Preprocess, where) -> np.ndarray:
+    """What optkit's PIL path makes of a PIL image: the spec's resize, crop, colour, scale, mean/std, layout and
+    dtype (the image's size past MAX_PIXELS once resized: a UsageError, before the resize)."""
     from PIL import Image
 
+    size = resized_size(im.size, pre, where)
     im = im.convert("L" if pre.color == "gray" else "RGB")
     if pre.resize is not None:
         resample = {"nearest": Image.NEAREST, "bilinear": Image.BILINEAR, "bicubic": Image.BICUBIC}[pre.resample]
-        if isinstance(pre.resize, int):  # shorter side
-            w, h = im.size
-            s = pre.resize / min(w, h)
-            im = im.resize((max(1, round(w * s)), max(1, round(h * s))), resample)
-        else:
-            im = im.resize((pre.resize[1], pre.resize[0]), resample)
+        im = im.resize(size, resample)
     if pre.center_crop is not None:
         ch, cw = (pre.center_crop, pre.center_crop) if isinstance(pre.center_crop, int) else pre.center_crop
         w, h = im.size

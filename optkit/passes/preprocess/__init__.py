@@ -49,7 +49,8 @@ class PreprocessConfig(PassConfig):
     preprocess: Optional[dict[str, Any]] = Field(
         default=None, description="The image preprocessing to put in the graph, as `optkit eval --preprocess` takes "
                                   "it (YAML/JSON), e.g. '{resize: 272, resample: bicubic, center_crop: 240, "
-                                  "mean: 127, std: 128, scale: 1}'.",
+                                  "mean: 127, std: 128, scale: 1}'. The graph works on the crop, and refuses an "
+                                  "image past 64M pixels as sent or once resized (docs/preprocess.md).",
         json_schema_extra=cli("--preprocess", kind="str", metavar="SPEC"))
     input_name: Optional[str] = Field(default=None, min_length=1, description="Name of the new uint8 image input "
                                                                           "(default: image, or image_uint8 where "
@@ -63,11 +64,13 @@ class PreprocessConfig(PassConfig):
                                                                    "the only float [N, classes] output).",
                                          json_schema_extra=cli("--scores-output"))
     score_threshold: Optional[float] = Field(default=None, description="Detectors: keep anchors whose best class "
-                                                                       "score is at least this.",
+                                                                       "score is at least this (within the scores' "
+                                                                       "range: 0..1 behind a Sigmoid/Softmax).",
                                              json_schema_extra=cli("--score-threshold"))
     max_detections: Optional[int] = Field(default=None, ge=1, le=MAX_K,
                                           description=f"Detectors: keep at most this many anchors, best first "
-                                                      f"(default {MAX_DETECTIONS} with a threshold).",
+                                                      f"(default {MAX_DETECTIONS} with a threshold; at most the "
+                                                      "head's anchors).",
                                           json_schema_extra=cli("--max-detections"))
     tolerance: float = Field(default=0.05, ge=0, description="Max output difference against PIL preprocessing + the "
                                                              "original model (scaled by max(1, |reference|)).",
@@ -138,7 +141,7 @@ class PreprocessOnnx(Pass):
         if config.top_k is not None:
             heads = g.add_topk(model, config.top_k, config.scores_output)
         elif detect:
-            heads = g.add_detections(model, config.score_threshold, config.max_detections or MAX_DETECTIONS)
+            heads = g.add_detections(model, config.score_threshold, config.max_detections, MAX_DETECTIONS)
         _meta(model, META_PRE, record)
         if heads is not None:
             _meta(model, META_POST, {"kind": heads.kind, "replaced": heads.replaced, "outputs": heads.outputs,

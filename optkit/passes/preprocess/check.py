@@ -10,7 +10,7 @@ import numpy as np
 from optkit.core.batching import trim
 from optkit.core.errors import UsageError, ValidationError
 from optkit.core.text import first_line
-from optkit.measure.images import image_files
+from optkit.measure.images import image_files, open_image
 from optkit.measure.inputs import probe, synthesize
 from optkit.measure.preprocess import pair, prepare
 from optkit.onnx import session as onnx_session
@@ -88,11 +88,8 @@ def _images(pre, config, ctx) -> tuple[list, np.ndarray | None, str]:
             idx = np.sort(np.random.default_rng(ctx.seed).choice(len(files), config.check_samples, replace=False))
         out = []
         for i in idx:
-            try:
-                with Image.open(files[i]) as im:
-                    out.append((files[i].name, im.convert(mode)))
-            except OSError as e:
-                raise UsageError(f"cannot read image {files[i]}: {e}") from None
+            with open_image(files[i]) as im:
+                out.append((files[i].name, im.convert(mode)))
         return out, None if labels is None else labels[idx], str(folder)
     rng = np.random.default_rng(ctx.seed)
     out = []

@@ -10,18 +10,10 @@ import numpy as np
 
 from optkit.core.errors import UsageError
 from optkit.measure.preprocess import Preprocess, pair
+from optkit.passes.preprocess.resize import resize_and_crop
 
 P = "optkit_preprocess/"   # every node and tensor this module adds is named under this prefix
 MIN_OPSET = 18             # Resize's antialias (PIL's filters when shrinking) and axes
-# PIL's filters as ONNX Resize attributes. PIL antialiases bilinear and bicubic (the filter widens with the
-# scale when shrinking); its bicubic is Keys' a = -0.5. Nearest: PIL takes floor((x + 0.5) * in / out), which is
-# half_pixel with round_prefer_ceil.
-RESAMPLE = {
-    "nearest": {"mode": "nearest", "coordinate_transformation_mode": "half_pixel", "nearest_mode": "round_prefer_ceil"},
-    "bilinear": {"mode": "linear", "coordinate_transformation_mode": "half_pixel", "antialias": 1},
-    "bicubic": {"mode": "cubic", "coordinate_transformation_mode": "half_pixel", "antialias": 1,
-                "cubic_coeff_a": -0.5},
-}
 ELEM = {"float32": 1, "uint8": 2, "int8": 3, "uint16": 4, "int16": 5, "int32": 6, "int64": 7, "float16": 10,
         "float64": 11}
 NAME_OF = {v: k for k, v in ELEM.items()}
@@ -106,7 +98,10 @@ def produced_size(pre: Preprocess) -> tuple[int, int] | None:
 
 
 class Builder:
-    """Nodes and initializers under the prefix P, appended to a graph at the end."""
+    """Nodes and initializers under the prefix P, appended to a graph at the end; `branch()` gives a builder for
+    an If's subgraph (its own nodes; names and initializers shared with the main graph)."""
+
+    prefix = P
 
     def __init__(self, taken: set[str]):
         self.nodes, self.inits, self.taken, self.n = [], [], set(taken), 0
@@ -127,12 +122,25 @@ class Builder:
         self.inits.append(numpy_helper.from_array(np.asarray(value, dtype=dtype), name))
         return name
 
-    def op(self, op_type: str, inputs: list[str], n_out: int = 1, out: list[str] | None = None, **attrs) -> Any:
+    def op(self, op_type: str, inputs: list[str], n_out: int = 1, out: list[str] | None = None,
+           name: str | None = None, **attrs) -> Any:
         from onnx import helper
 
         outs = out or [self.name(op_type.lower()) for _ in range(n_out)]
-        self.nodes.append(helper.make_node(op_type, inputs, outs, name=self.name(op_type), **attrs))
+        if op_type == "Split":
+            attrs.setdefault("num_outputs", n_out)
+        self.nodes.append(helper.make_node(op_type, inputs, outs, name=name or self.name(op_type), **attrs))
         return outs[0] if n_out == 1 else outs
+
+    def branch(self) -> Builder:
+        sub = Builder(set())
+        sub.taken, sub.inits = self.taken, self.inits  # one name space: the loop in name() keeps names unique
+        return sub
+
+    def graph(self, name: str, output: str, elem: int, shape: list) -> Any:
+        from onnx import helper
+
+        return helper.make_graph(self.nodes, f"{P}{name}", [], [helper.make_tensor_value_info(output, elem, shape)])
 
 
 def all_names(model) -> set[str]:
@@ -177,25 +185,10 @@ def add_preprocess(model, pre: Preprocess, new_input: str | None) -> tuple[Any, 
     b = Builder(taken)
     batch = img.shape[0] if img.shape[0] is not None else "batch"
     hw: list[Any] = ["height", "width"]
-    if pre.resize is None and img.size is not None:
-        hw = list(img.size)  # nothing resizes: the image must come at the model's size
-    x = new_input
-    if pre.resize is not None:
-        if isinstance(pre.resize, int):  # shorter side: sizes = max(1, round((h, w) * R / min(h, w))), in double
-            shape = b.op("Shape", [x], start=1, end=3)
-            hwd = b.op("Cast", [shape], to=TensorProto.DOUBLE)
-            short = b.op("ReduceMin", [hwd], keepdims=1)
-            s = b.op("Div", [b.const([float(pre.resize)], np.float64, "side"), short])
-            sized = b.op("Max", [b.op("Round", [b.op("Mul", [hwd, s])]), b.const([1.0], np.float64, "one")])
-            sizes = b.op("Cast", [sized], to=TensorProto.INT64)
-        else:
-            sizes = b.const(list(pre.resize), np.int64, "sizes")
-        x = b.op("Resize", [x, "", "", sizes], axes=[1, 2], **RESAMPLE[pre.resample])
-    if pre.center_crop is not None:  # top = (h - ch) // 2, left = (w - cw) // 2, as optkit's PIL path crops
-        crop = b.const(list(pair(pre.center_crop)), np.int64, "crop")
-        shape = b.op("Shape", [x], start=1, end=3)
-        start = b.op("Div", [b.op("Sub", [shape, crop]), b.const([2, 2], np.int64, "two")])
-        x = b.op("Slice", [x, start, b.op("Add", [start, crop]), b.const([1, 2], np.int64, "axes")])
+    if pre.resize is None and pre.center_crop is None:  # nothing resizes or crops: images come at the model's size
+        model_hw = img.shape[2:4] if img.layout == "nchw" else img.shape[1:3]
+        hw = [d if isinstance(d, int) else name for d, name in zip(model_hw, hw)]
+    x = resize_and_crop(b, new_input, pre, symbolic=any(isinstance(d, str) for d in hw))
     x = b.op("Cast", [x], to=TensorProto.FLOAT)
     if pre.scale != 1:
         x = b.op("Mul", [x, b.const(pre.scale, np.float32, "scale")])
@@ -319,6 +312,19 @@ def _replace_outputs(model, old: list[str], new: list, b: Builder) -> None:
     g.initializer.extend(b.inits)
 
 
+def _check_threshold(model, threshold: float | None, scores: list) -> None:
+    """--score-threshold inside the range of the scores it is compared with (when that range is known)."""
+    ranges = {score_range(model, o.name) for o in scores}
+    if threshold is None or len(ranges) != 1 or None in ranges:
+        return
+    lo, hi = ranges.pop()
+    if not lo <= threshold <= hi:
+        what = "no anchor would ever be kept" if threshold > hi else "every anchor would be kept"
+        raise UsageError(f"--score-threshold {threshold:g} is outside {lo:g}..{hi:g}, the range of the class scores "
+                         f"({', '.join(o.name for o in scores)}, out of a Sigmoid/Softmax): {what}; give a threshold "
+                         f"in {lo:g}..{hi:g}")
+
+
 def _squashed(model, name: str, depth: int = 4) -> bool:
     """Whether a Sigmoid or Softmax sits within `depth` producers above `name` (class scores, not box rows)."""
     for _ in range(depth):
@@ -329,6 +335,28 @@ def _squashed(model, name: str, depth: int = 4) -> bool:
             return True
         name = n.input[0]
     return False
+
+
+SQUASHING = {"Sigmoid": (0.0, 1.0), "Softmax": (0.0, 1.0), "HardSigmoid": (0.0, 1.0)}
+# ops whose output holds only values of their data input(s): a range above them holds below them too
+MOVING = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Slice", "Gather", "GatherElements",
+          "GatherND", "Expand", "Tile", "Split", "Concat", "ReduceMax", "ReduceMin", "MaxPool", "TopK"}
+
+
+def score_range(model, name: str, depth: int = 16) -> tuple[float, float] | None:
+    """The range of `name`'s values when it comes out of a Sigmoid or Softmax through ops that only move values
+    (Reshape, Transpose, Concat of such, ...); None when anything else sits between (a Mul, a Sub: the range is
+    unknown)."""
+    n = producer(model, name)
+    if n is None or depth == 0:
+        return None
+    if n.op_type in SQUASHING:
+        return SQUASHING[n.op_type]
+    if n.op_type not in MOVING:
+        return None
+    data = n.input if n.op_type == "Concat" else n.input[:1]
+    ranges = {score_range(model, i, depth - 1) for i in data if i}
+    return ranges.pop() if len(ranges) == 1 else None
 
 
 def detector_heads(model) -> tuple[list[Any], list[Any]]:
@@ -361,15 +389,21 @@ def detector_heads(model) -> tuple[list[Any], list[Any]]:
     return scores, boxes
 
 
-def add_detections(model, threshold: float | None, max_detections: int) -> Heads:
-    """Concatenate the levels, keep the `max_detections` anchors with the best class score (ties: the lower
-    anchor first), drop those under `threshold`; outputs class-score rows [1,M,C], box rows [1,M,B] and the
-    anchor indices [1,M] (into the levels in output order: metadata `levels` gives their sizes)."""
+def add_detections(model, threshold: float | None, max_detections: int | None, default: int) -> Heads:
+    """Concatenate the levels, keep the `max_detections` anchors (`default`, or all where fewer) with the best
+    class score (ties: the lower anchor first), drop those under `threshold`; outputs class-score rows [1,M,C],
+    box rows [1,M,B] and the anchor indices [1,M] (into the levels in output order: metadata `levels` gives their
+    sizes). A threshold outside the scores' range (a Sigmoid's 0..1), or more detections than the head has
+    anchors, is a UsageError: the detector would never (or always) detect."""
     from onnx import TensorProto, helper
 
     scores, boxes = detector_heads(model)
     total = sum(dims(o)[1] for o in scores)
-    k = min(max_detections, total)
+    if max_detections is not None and max_detections > total:
+        raise UsageError(f"--max-detections {max_detections} is more than the {total:,} anchors of the detector "
+                         f"head ({', '.join(o.name for o in scores)}); give 1 to {total}")
+    _check_threshold(model, threshold, scores)
+    k = min(max_detections or default, total)
     b = Builder(all_names(model))
     s = b.op("Concat", [o.name for o in scores], axis=1) if len(scores) > 1 else scores[0].name
     bx = b.op("Concat", [o.name for o in boxes], axis=1) if len(boxes) > 1 else boxes[0].name
