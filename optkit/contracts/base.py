@@ -6,7 +6,6 @@ the check that a file is for the model at hand.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -149,7 +148,3 @@ def same_model(where: str | Path, key: str, recorded: str | None, sha256: str, m
                          f"be for {model} (sha256 {sha256[:12]}...); {fix}")
     raise UsageError(f"{where}: key {key}: the file was made for another model (sha256 {recorded[:12]}...), not "
                      f"{model} (sha256 {sha256[:12]}...); {fix}")
-
-
-def is_finite_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)

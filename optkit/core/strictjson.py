@@ -31,9 +31,12 @@ def plain(obj: Any) -> Any:
 
 
 def _default(value: Any) -> Any:
-    """What json does not know but optkit's documents hold: paths, numpy numbers and arrays, pydantic models."""
+    """What json does not know but optkit's documents hold: paths, sets, numpy numbers and arrays, pydantic
+    models."""
     if isinstance(value, os.PathLike):
         return os.fspath(value)
+    if isinstance(value, (set, frozenset)):   # as pydantic's JSON writes them
+        return list(value)
     if hasattr(value, "model_dump") and not isinstance(value, type):
         return plain(value)
     item, tolist = getattr(value, "item", None), getattr(value, "tolist", None)
