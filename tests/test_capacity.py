@@ -126,7 +126,8 @@ def test_capacity_from_a_real_best_json_with_a_surge(best, tmp_path):
     r = run_cli("capacity", best, "--history", csv, "-o", out, "--html", page)
     assert r.rc == 0, r.err
     c = json.loads(out.read_text())
-    assert c["schema"] == 1 and c["model"] == tuned["model"] and c["slo"] == {"p99_ms": 50.0}
+    assert c["schema"] == 2 and c["model"] == tuned["model"] and c["slo"] == {"p99_ms": 50.0}
+    assert c["model_sha256"] == tuned["model_sha256"]
     per = c["per_replica"]
     assert per["throughput_per_s"] == pytest.approx(low) and "lower end of the 95% band" in per["throughput_source"]
     assert per["cpu_per_1000_samples_s"] == tuned["best"]["figures"]["cpu_s_per_1k"]
@@ -169,8 +170,8 @@ def test_capacity_from_a_real_bench_report(tmp_path):
     assert c["per_replica"]["cpu_source"].startswith("stated by the user (--cpu)")
     assert c["per_replica"]["memory_mb"] == 300 and "--memory-mb" in c["per_replica"]["memory_source"]
     assert c["resources"]["requests"]["cpu"] == "1500m" and not any("served figures" in n for n in c["notes"])
-    from optkit.package import capacity_schema
-    assert capacity_schema.load(out).autoscaling.metric == "cpu"
+    from optkit.contracts import base, capacity
+    assert base.load(out, capacity.CapacityFile, capacity.HINT)[1].autoscaling.metric == "cpu"
 
 
 # ------------------------------------------------------------------ bad input
@@ -311,12 +312,14 @@ def test_hostile_history_is_one_line(tmp_path, body, words):
     (lambda b: b["best"]["figures"].update(throughput_per_s=float("nan")), "finite number"),
     (lambda b: b["best"]["figures"].update(throughput_per_s=-5), "greater than or equal to 0"),
     (lambda b: b["best"]["figures"].update(throughput_per_s=0), "is 0, not a positive finite number"),
-    (lambda b: b["best"]["figures"].update(throughput_per_s=1e300), "over 1e+09: not one replica's figure"),
+    (lambda b: b["best"]["figures"].update(throughput_per_s=1e300),
+     "key best.figures.throughput_per_s: Input should be less than or equal to 1000000000"),
     (lambda b: b["best"]["figures"].update(cpu_s_per_1k=1e300), "over 1024: not one replica's"),
     (lambda b: b["best"]["confirmed"].update(ci95=[1e300, 1e301]), "ci95.0 is 1e+300, over 1e+09"),
     (lambda b: b["best"]["confirmed"].update(ci95=[1e8, 2e8]), "not a band of its figure"),
-    (lambda b: b.update(slo=["p99<=1e400ms"]), "key slo: 'p99<=1e400ms' is not a latency objective"),
-    (lambda b: b.update(slo=["p99<=0ms"]), "key slo: 'p99<=0ms'"),
+    (lambda b: b.update(slo=["p99<=1e400ms"]), "key slo: SLO 'p99<=1e400ms': the limit must be a finite positive"),
+    (lambda b: b.update(slo=["p99<=1e300ms"]), "key slo: SLO 'p99<=1e300ms': the limit must be a finite positive"),
+    (lambda b: b.update(slo=["p99<=0ms"]), "key slo: SLO 'p99<=0ms'"),
 ])
 def test_forged_best_json_is_one_line(tmp_path, best, mutate, words):
     data = json.loads(best.read_text())

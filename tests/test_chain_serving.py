@@ -51,7 +51,7 @@ def chain(tmp_path_factory):
 
 def test_split_of_preprocessed_model_states_cut_and_hashes(chain):
     _, tmp, _, doc = chain
-    assert doc["schema"] == 2 and [p["name"] for p in doc["parts"]] == ["pre", "core"]
+    assert doc["schema"] == 3 and [p["name"] for p in doc["parts"]] == ["pre", "core"]
     for p in doc["parts"]:
         assert p["sha256"] == hashlib.sha256((tmp / "split" / p["file"]).read_bytes()).hexdigest()
     # the auto cut resizes on the CPU: the 8x8 uint8 image crosses (64 B), not the float tensor (256 B)

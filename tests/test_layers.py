@@ -1,4 +1,5 @@
-"""The package layers stay honest: cli -> pipeline -> {passes, report} -> measure -> runtimes -> onnx -> core.
+"""The package layers stay honest: cli -> pipeline -> package -> split -> {passes, report} -> measure -> runtimes ->
+onnx -> contracts -> core.
 
 Every `import` of an optkit module (at the top of a file or inside a function) is parsed, and so are the
 strings that import one by name: arguments of `import_module` / `__import__` / `find_spec`, "module:Name"
@@ -19,6 +20,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "optkit"
 
 LAYERS = {
     "core": 0,
+    "contracts": 0.5,  # the files one command writes for another: one typed model each (best.json, CAPACITY.json...)
     "onnx": 1,
     "runtimes": 2,
     "measure": 3,

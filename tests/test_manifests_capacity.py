@@ -6,6 +6,7 @@ exit 2, one line naming the key, nothing written.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import math
 import os
@@ -22,8 +23,9 @@ kubernetes = pytest.importorskip("kubernetes", reason="pip install kubernetes (t
 
 CNN = "cnn.onnx"
 
+CNN_SHA256 = hashlib.sha256((SAMPLES / "torch_cnn.onnx").read_bytes()).hexdigest()
 CAPACITY = {
-    "schema": 1, "model": CNN, "slo": {"p99_ms": 50.0},
+    "schema": 2, "model": CNN, "model_sha256": CNN_SHA256, "slo": {"p99_ms": 50.0},
     "per_replica": {"throughput_per_s": 120.5, "throughput_source": "bench --url report.json (c=4)", "p99_ms": 31.2,
                     "cpu_cores": 1.0, "cpu_per_1000_samples_s": 8.1, "memory_mb": 210.0, "source": "report.json"},
     "headroom": 0.2,
@@ -231,7 +233,15 @@ def _set(path: str, value):
 _DELETE = object()
 
 BAD = {
-    "schema-2": (_set("schema", 2), "key schema"),
+    "schema-1": (_set("schema", 1), "key schema: schema 1 is a CAPACITY.json written before it recorded its model"),
+    "schema-3": (_set("schema", 3), "key schema"),
+    "sha256-missing": (_set("model_sha256", _DELETE), "key model_sha256"),
+    "sha256-null": (_set("model_sha256", None), "key model_sha256: null, but the figures are not of a served model"),
+    "sha256-short": (_set("model_sha256", "abc"), "key model_sha256"),
+    "slo-inf": (_set("slo.p99_ms", math.inf), "key slo.p99_ms"),
+    "slo-past-bound": (_set("slo.p99_ms", 1e300), "key slo.p99_ms"),
+    "tolerance-1": (_set("autoscaling.tolerance", 1.0), "key autoscaling.tolerance"),
+    "notes-nan": (_set("notes", [math.nan]), "key notes.0"),
     "schema-missing": (_set("schema", _DELETE), "key schema"),
     "min-above-max": (_set("replicas.min", 9), "key replicas: min 9 is above max 8"),
     "min-zero": (_set("replicas.min", 0), "key replicas.min"),
@@ -258,7 +268,8 @@ BAD = {
     "desired-above-max": (_set("schedule.0.desired_replicas", 50), "schedule.0.desired_replicas 50 is above"),
     "timezone-bad": (_set("schedule.0.timezone", "../../etc/passwd"), "key schedule.0.timezone"),
     "schedule-unknown-key": (_set("schedule.0.weekday", "mon"), "key schedule.0.weekday"),
-    "replicas-extra-nan": (_set("replicas.fixed_for_peak", math.nan), "fixed_for_peak is nan"),
+    "replicas-extra-nan": (_set("replicas.fixed_for_peak", math.nan), "key replicas.fixed_for_peak"),
+    "replicas-other-nan": (_set("replicas.other", math.nan), "key replicas: other is nan"),
     "resources-unknown-key": (_set("resources.requests.gpu", "1"), "key resources.requests.gpu"),
     "replay-nan": (_set("replay.reactive.slo_minutes", math.nan), "replay.reactive.slo_minutes"),
     "per-replica-missing": (_set("per_replica", _DELETE), "key per_replica"),
@@ -267,14 +278,14 @@ BAD = {
 
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_bad_capacity_is_refused_naming_the_key(case):
+    from optkit.contracts import base, capacity
     from optkit.core.errors import UsageError
-    from optkit.package import capacity_schema, schemas
 
     change, expected = BAD[case]
     doc = change(copy.deepcopy(CAPACITY))
     data = json.loads(json.dumps(doc))  # NaN and Infinity as JSON's literals, as some tools write them
     with pytest.raises(UsageError) as e:
-        schemas.validate(data, capacity_schema.CapacityFile, "CAPACITY.json", capacity_schema.HINT)
+        base.validate(data, capacity.CapacityFile, "CAPACITY.json", capacity.HINT)
     line = e.value.message
     assert "\n" not in line and line.startswith("CAPACITY.json: ") and expected in line, line
 
@@ -282,7 +293,7 @@ def test_bad_capacity_is_refused_naming_the_key(case):
 def test_the_figures_optkit_capacity_adds_are_read():
     """`optkit capacity` (branch i33-capacity) writes a few figures more than the contract names, and resources it
     has no figure for as null: read, and the null ones left to the package's own."""
-    from optkit.package import capacity_schema, schemas
+    from optkit.contracts import base, capacity
 
     doc = copy.deepcopy(CAPACITY)
     doc["replicas"].update(needed_at_peak=6, fixed_for_peak=7)
@@ -290,7 +301,7 @@ def test_the_figures_optkit_capacity_adds_are_read():
     doc["per_replica"]["request_bytes"] = 3136
     doc["resources"] = {"requests": {"cpu": None, "memory": "256Mi"}, "limits": {"cpu": None, "memory": "512Mi"}}
     doc["notes"] = ["per-replica throughput: bench --url"]
-    cap = schemas.validate(doc, capacity_schema.CapacityFile, "CAPACITY.json", capacity_schema.HINT)
+    cap = base.validate(doc, capacity.CapacityFile, "CAPACITY.json", capacity.HINT)
     assert cap.resources.requests.cpu is None and cap.replicas.max == 8
 
 

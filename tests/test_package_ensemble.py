@@ -220,7 +220,8 @@ def _edit(doc: dict, path: str, value) -> dict:
 
 BAD = {
     "corrupt": (lambda d, f: f.write_text('{"schema": 1, "parts": ['), "not JSON"),
-    "not-a-split": (lambda d, f: f.write_text(json.dumps(_edit(d, "schema", 3))), "key schema"),
+    "not-a-split": (lambda d, f: f.write_text(json.dumps(_edit(d, "schema", 4))), "key schema"),
+    "schema-3-no-model": (lambda d, f: f.write_text(json.dumps(_edit(d, "schema", 3))), "key model_sha256: missing"),
     "no-hash": (lambda d, f: f.write_text(json.dumps(_edit(d, "schema", 2))), "key parts.0.sha256: missing"),
     "missing-file": (lambda d, f: (f.parent / "core.onnx").unlink(), "key parts.1.file: .*core.onnx is missing"),
     "outside": (lambda d, f: f.write_text(json.dumps(_edit(d, "parts.0.file", "../pre.onnx"))),

@@ -83,8 +83,8 @@ def test_a_split_json_without_its_parts_is_foreign(cli, preprocessed, tmp_path):
     cases = {
         "lacks core.onnx": lambda d: (d / "core.onnx").unlink(),
         "sha256": lambda d: (d / "core.onnx").write_bytes((d / "core.onnx").read_bytes() + b"\0"),
-        "lists no parts": lambda d: (d / "split.json").write_text(json.dumps({**doc, "parts": []})),
-        "does not list": lambda d: (d / "split.json").write_text(json.dumps({**doc, "parts": doc["parts"][1:]})),
+        "key parts": lambda d: (d / "split.json").write_text(json.dumps({**doc, "parts": []})),
+        "does not list": lambda d: (d / "post.onnx").write_bytes(b"a part file its split.json does not list"),
     }
     for says, damage in cases.items():
         d = tmp_path / f"case{len(os.listdir(tmp_path))}"

@@ -68,7 +68,7 @@ def _option(spec: dict[str, Any]) -> tuple[Any, Any]:
     bounds: dict[str, Any] = {}
     if kind in ("int", "float") and not spec.get("negative_is_none") and "sets" not in spec:
         # click has no open bound here; the Config refuses the bound itself
-        bounds = {"min": spec.get("min", spec.get("min_open")), "max": spec.get("max")}
+        bounds = {"min": spec.get("min", spec.get("min_open")), "max": spec.get("max", spec.get("max_open"))}
     if kind == "list":
         annotation: Any = Optional[list[str]]
     elif "sets" in spec or kind == "bool":

@@ -1,12 +1,12 @@
 """optkit gate REPORT.json [GATE ...] [--baseline BASE.json]"""
 from __future__ import annotations
 
-import json
 from typing import Optional
 
 import typer
 
 from optkit.cli import common, flags, options
+from optkit.core import strictjson
 from optkit.core.atomic import write_text
 from optkit.core.errors import GateFailed, UsageError
 
@@ -49,7 +49,7 @@ def gate_cmd(
 
         write_text(markdown, to_markdown(rep))
     if shared.as_json:
-        common.print_json(json.dumps([g.model_dump() for g in rep.gates], indent=2))
+        common.print_json(strictjson.dumps(rep.gates, indent=2, nulls=True))
     else:
         _print_gates(rep)
     bad = [g for g in rep.gates if not g.passed]

@@ -1,12 +1,11 @@
 """optkit inspect MODEL"""
 from __future__ import annotations
 
-import json
-
 import typer
 
 from optkit.cli import common, flags, options
 from optkit.cli.package import show
+from optkit.core import strictjson
 from optkit.core.shapes import format_shape
 from optkit.core.text import printable
 
@@ -26,7 +25,7 @@ def inspect_cmd(
 
     info = inspect_model(common.load_artifact(model, shared.weights))
     if shared.as_json:
-        common.print_json(json.dumps(info, indent=2, default=str))
+        common.print_json(strictjson.dumps(info, indent=2, default=str))
     else:
         _render(info)
 

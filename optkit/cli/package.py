@@ -1,12 +1,12 @@
 """optkit package MODEL --to triton|mlflow -o REPO; optkit package serve-version REPO/NAME; optkit package inspect"""
 from __future__ import annotations
 
-import json
 from typing import Optional
 
 import typer
 
 from optkit.cli import common, flags, options
+from optkit.core import strictjson
 from optkit.core.text import printable
 
 SUBCOMMANDS = ("serve-version", "inspect", "build")
@@ -50,7 +50,7 @@ def build_cmd(model: str = typer.Argument(..., help="ONNX model, or a folder `op
 
     result = package(model, config)
     if as_json:
-        common.print_json(json.dumps(result.__dict__, indent=2, default=str))
+        common.print_json(strictjson.dumps(result.__dict__, indent=2, default=str))
         return
     con = common.console()
     was = f" (served before: {result.served_before})" if result.served_before else ""
@@ -77,7 +77,7 @@ def serve_cmd(
 
     out = serve_version(model_dir, version, tag, registry)
     if as_json:
-        common.print_json(json.dumps(out, indent=2))
+        common.print_json(strictjson.dumps(out, indent=2))
         return
     tagged = f" ({out['tag']})" if out["tag"] else ""
     common.console().print(f"{out['model']}: serving version {out['served']}{tagged}, was {out['before']}; "
@@ -102,7 +102,7 @@ def show(path: str, as_json: bool) -> None:
 
     out = inspect(path)
     if as_json:
-        common.print_json(json.dumps(out, indent=2, default=str))
+        common.print_json(strictjson.dumps(out, indent=2, default=str))
         return
     con = common.console()
     for m in out.get("models", []):

@@ -1,11 +1,10 @@
 """optkit passes"""
 from __future__ import annotations
 
-import json
-
 import typer
 
 from optkit.cli import common, flags, options
+from optkit.core import strictjson
 
 
 @flags.groups("json")
@@ -20,7 +19,7 @@ def passes_cmd(*, shared: options.Shared) -> None:
                      "extra": cls.extra, "available": missing is None, "install": missing,
                      "summary": cls.summary, "module": cls.__module__})
     if shared.as_json:
-        common.print_json(json.dumps(rows, indent=2))
+        common.print_json(strictjson.dumps(rows, indent=2))
         return
     from rich.table import Table
     from rich.text import Text

@@ -1,12 +1,12 @@
 """optkit profile MODEL [--data D] [--compare OTHER] [--trace FILE] [--logdir DIR]"""
 from __future__ import annotations
 
-import json
 from typing import Optional
 
 import typer
 
 from optkit.cli import common, flags, onestage, options
+from optkit.core import strictjson
 from optkit.core.atomic import Output, adding_folder, atomic_path
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format
@@ -78,7 +78,7 @@ def profile_cmd(
         result["compare"] = {"model": compare, "profile": _top(b, top), **both, "ops": both["ops"][:top],
                              "nodes": both["nodes"][:top], "matched": len(both["nodes"])}
     if as_json:
-        common.print_json(json.dumps(result, indent=2))
+        common.print_json(strictjson.dumps(result, indent=2, nulls=True))
     else:
         _print_onnx(result, top)
 
@@ -197,7 +197,7 @@ def _print_onnx(r: dict, top: int) -> None:
 
 def _print_tf(r: dict, as_json: bool) -> None:
     if as_json:
-        common.print_json(json.dumps(r, indent=2))
+        common.print_json(strictjson.dumps(r, indent=2, nulls=True))
         return
     con = common.console()
     con.print(f"TensorBoard profile of {r['runs']} calls in {r['logdir']} (p50 latency {r['p50_ms']:.4g} ms); "

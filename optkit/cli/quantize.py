@@ -6,6 +6,7 @@ from pathlib import Path
 import typer
 
 from optkit.cli import common, flags, options
+from optkit.core import strictjson
 from optkit.core.atomic import python_file
 from optkit.core.errors import UsageError, ValidationError
 
@@ -39,8 +40,7 @@ def quantize_cmd(
 
 def run_and_explain(pass_name, model, output, config, *, as_json, **kwargs):
     """run_single_stage, plus: the candidate table when a search ran, and the trade-off table on failure."""
-    import json
-
+    
     try:
         report = common.run_single_stage(pass_name, model, output, config, as_json=as_json, **kwargs)
         if report is None:  # --print-recipe: printed, nothing ran
@@ -49,7 +49,7 @@ def run_and_explain(pass_name, model, output, config, *, as_json, **kwargs):
         cands = e.details.get("candidates")
         if cands:
             if as_json:
-                common.print_json(json.dumps({"error": e.message, "candidates": cands}, indent=2))
+                common.print_json(strictjson.dumps({"error": e.message, "candidates": cands}, indent=2, nulls=True))
             else:
                 print_candidates(cands, title="candidates (none met the budget)")
         raise

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import importlib
-import json
 from typing import Optional
 
 import typer
 
 from optkit.cli import common, flags, options
+from optkit.core import strictjson
 from optkit.core.atomic import write_text
 from optkit.core.errors import UsageError
 
@@ -34,7 +34,7 @@ def compare_cmd(
     ra, rb = Report.load(_report_file(a)), Report.load(_report_file(b))
     rows = cmp.compare(ra, rb)
     if shared.as_json:
-        common.print_json(json.dumps([{"stage": r["stage"], **r["raw"]} for r in rows], indent=2))
+        common.print_json(strictjson.dumps([{"stage": r["stage"], **r["raw"]} for r in rows], indent=2, nulls=True))
     elif markdown:
         common.print_json(cmp.to_markdown(a, b, rows))
     else:

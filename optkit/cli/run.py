@@ -4,6 +4,7 @@ from __future__ import annotations
 import typer
 
 from optkit.cli import common, flags, options
+from optkit.core import strictjson
 from optkit.core.errors import GateFailed, UsageError
 
 
@@ -53,15 +54,14 @@ def run_cmd(
 
 
 def _print_plan(loaded, rows, as_json: bool) -> None:
-    import json
-
+    
     from optkit.pipeline.gates import gates_of_recipe
     from optkit.pipeline.recipe import measured_figures
 
     gates = [g.text for g in gates_of_recipe(loaded)]
     m = loaded.recipe.measure
     if as_json:
-        common.print_json(json.dumps({"recipe": str(loaded.path), "name": loaded.name, "valid": True,
+        common.print_json(strictjson.dumps({"recipe": str(loaded.path), "name": loaded.name, "valid": True,
                                       "stages": rows, "gates": gates,
                                       "measure": m.model_dump(), "figures": sorted(measured_figures(loaded))},
                                      indent=2))

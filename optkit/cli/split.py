@@ -1,13 +1,13 @@
 """optkit split MODEL -o DIR [--provider tensorrt|cuda|cpu] [--cut auto|NODE ...] [--dim NAME=SIZE ...]"""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from optkit.cli import common, options
+from optkit.core import strictjson
 from optkit.core.atomic import Output
 
 
@@ -41,7 +41,7 @@ def split_cmd(
 
     doc = split_model(Path(model), Path(output), provider=provider, cuts=cuts, dims=dim, data=data, on_wait=waiting)
     if as_json:
-        common.print_json(json.dumps(doc, indent=2))
+        common.print_json(strictjson.dumps(doc, indent=2))
     else:
         _render(doc, output)
 

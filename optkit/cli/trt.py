@@ -1,13 +1,13 @@
 """optkit trt build MODEL.onnx -o MODEL.engine | optkit trt check MODEL.onnx"""
 from __future__ import annotations
 
-import json
 import os
 from typing import Optional
 
 import typer
 
 from optkit.cli import common, flags, options
+from optkit.core import strictjson
 from optkit.core.errors import PassError, UsageError
 from optkit.core.formats import Format
 from optkit.core.text import printable
@@ -88,7 +88,7 @@ def check_cmd(
     result = check_model(artifact.path, shapes=parse_profiles(config.get("profile")), precision=precision)
     ort_status = ort_tensorrt_status()
     if shared.as_json:
-        common.print_json(json.dumps({**result.to_dict(strict), "onnxruntime": ort_status}, indent=2))
+        common.print_json(strictjson.dumps({**result.to_dict(strict), "onnxruntime": ort_status}, indent=2))
     else:
         _render(result, strict)
         _render_ort(ort_status)

@@ -125,9 +125,9 @@ def show_study(config: dict, as_json: bool) -> None:
     wait = config.get("storage_wait", 20.0)
     result = read_study(url, config.get("study"), wait=float(wait))
     if as_json:
-        import json
+        from optkit.core import strictjson
 
-        common.print_json(json.dumps(result, indent=2))
+        common.print_json(strictjson.dumps(result, indent=2))
         return
     _print_study(result)
 
@@ -160,15 +160,12 @@ def _print_study(r: dict) -> None:
 
 def run_tune(model: str, cfg, settings, *, data: Optional[str], output: Path, report_path: Optional[str],
              as_json: bool, print_recipe: bool = False) -> None:
-    """The tune as a one-stage recipe (tune.onnx), through the recipe runner; best.json and the printed figures
-    are read from the report's tune stage (measurements.tune)."""
-    import json
+    """The tune as a one-stage recipe (tune.onnx), through the recipe runner; best.json (its contract:
+    optkit/contracts/best.py) and the printed figures are read from the report's tune stage (measurements.tune)."""
+    from optkit.contracts import base, best
 
     def keep(stage) -> None:
-        result = stage.measurements["tune"]
-        best = {"model": model, "model_sha256": stage.input.sha256,
-                **{k: v for k, v in result.items() if k != "trials"}}
-        write_text(output, json.dumps(best, indent=2) + "\n")
+        write_text(output, base.text(best.document(model, stage.input.sha256, stage.measurements["tune"])))
         stage.output.path = model  # the model, unchanged: tune's product is the settings
         stage.notes.append(f"best settings written to {output}")
 

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from optkit.core import strictjson
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format, detect_format, split_factory
 
@@ -133,4 +133,4 @@ def _hash_file(h, path: Path) -> None:
 
 def config_key(*parts: Any) -> str:
     """A stable hash of JSON-able parts (used for cache keys)."""
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+    return hashlib.sha256(strictjson.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()

@@ -78,9 +78,10 @@ def key_and_flag(config_cls: type[BaseModel], key: str) -> str:
 
 
 class PassConfig(BaseModel):
-    """Base for pass configs: unknown keys are an error, so a typo never passes silently."""
+    """Base for pass configs: unknown keys are an error, so a typo never passes silently; a number is finite
+    (NaN and infinity are refused when the flag or recipe key is read, tests/test_config_bounds.py)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 @dataclass

@@ -43,7 +43,7 @@ class MeasureSettings(BaseModel):
     0..100,000, runs 1..1,000,000, duration finite, over 0 and at most 3600 s. Out of bounds is a UsageError
     naming the command-line option (exit 2), not a pydantic ValidationError."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     provider: str = "cpu"
     threads: int | None = None
     batch: int = 1
@@ -86,7 +86,7 @@ class MeasureSettings(BaseModel):
 class DataSpec(BaseModel):
     """Where labelled or input data comes from."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     path: str
     labels: str | None = None             # IDX labels file, when not beside the images
     preprocess: dict[str, Any] | None = None

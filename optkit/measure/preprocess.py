@@ -13,6 +13,7 @@ from optkit.core.registry import config_message
 
 MAX_SIDE = 8192            # resize / center_crop: one side in pixels
 MAX_PIXELS = 1 << 26       # one image as resized or prepared: 64M pixels (768 MiB of float32 RGB)
+MAX_VALUE = 1e6            # scale, mean, std: a pixel times any of them stays far inside float32's range
 DTYPES = ("float32", "float16", "float64", "uint8", "int8", "uint16", "int16", "int32", "int64")
 
 
@@ -25,6 +26,8 @@ def _number(v: Any, what: str) -> float:
         x = math.inf
     if not math.isfinite(x):
         raise ValueError(f"{short(v)} is not a finite number; {what}")
+    if abs(x) > MAX_VALUE:
+        raise ValueError(f"{short(v)} is over {MAX_VALUE:g} in size; {what}")
     return x
 
 

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from optkit.core import strictjson
 from optkit.core.artifact import Artifact
 from optkit.core.atomic import atomic_path
 from optkit.core.batching import first_call
@@ -267,7 +268,7 @@ class TraceWriter:
         self.calls += 1
 
     def close(self) -> None:
-        other = json.dumps({"optkit": f"{self.calls} profiled calls of {self.seen - self.skip}"})
+        other = strictjson.dumps({"optkit": f"{self.calls} profiled calls of {self.seen - self.skip}"})
         self._write(f'\n], "displayTimeUnit": "ms", "otherData": {other}}}\n')
 
     def notes(self, profiled: int) -> list[str]:

@@ -29,7 +29,7 @@ PROBE_S = 0.25
 class Setting(BaseModel):
     """Where a model is served from: what `optkit tune` chooses and a recipe's `measure:` section can set."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     provider: str = "cpu"
     threads: int | None = Field(default=None, ge=1)           # intra-op threads (None: onnxruntime's default)
     batch: int = Field(default=1, ge=1)

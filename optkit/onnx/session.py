@@ -44,7 +44,7 @@ class OrtSettings(BaseModel):
     """onnxruntime session options beyond the intra-op threads (MeasureSettings.threads): what `optkit tune`
     searches and what a recipe's `measure.session` sets. None: onnxruntime's default."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     inter_op_threads: int | None = Field(default=None, ge=1, le=256)
     execution_mode: Literal["sequential", "parallel"] | None = None
     graph_optimization: Literal["disable", "basic", "extended", "all"] | None = None

@@ -2,14 +2,14 @@
 folder beside its destination, and rename it into place (nothing half-written, nothing replaced)."""
 from __future__ import annotations
 
-import json
 import os
-import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from optkit.contracts import base
+from optkit.contracts import capacity as capacity_contract
 from optkit.core import interrupts
 from optkit.core.artifact import Artifact, external_data_files
 from optkit.core.atomic import Input, Output, check_outputs, normal_mode, remove
@@ -19,7 +19,7 @@ from optkit.core.formats import Format
 from optkit.core.registry import key_and_flag
 from optkit.core.shapes import parse_shapes
 from optkit.measure.size import measure_size
-from optkit.package import capacity_schema, ensemble, lineage, repo, schemas
+from optkit.package import ensemble, lineage, repo, schemas
 from optkit.package import manifests as mf
 from optkit.package.config import PackageConfig
 from optkit.package.signature import Signature, read_signature
@@ -84,15 +84,13 @@ def _package(model: str, cfg: PackageConfig, target: Target, plan, tuned: Tuned 
     kinds = mf.parse_kinds(cfg.manifests)
     if kinds and cfg.storage_uri:
         mf.check_storage_uri(cfg.storage_uri)
-    capacity = None
+    capacity, capacity_notes = None, []
     if cfg.capacity is not None:
         if not kinds:
             raise UsageError(f"--capacity {cfg.capacity}: give --manifests kserve,seldon,kubedl too (the capacity "
                              "goes into the deployment manifests)")
-        capacity = capacity_schema.load(cfg.capacity)
-    margin = mf.MARGIN if cfg.memory_margin is None else cfg.memory_margin
-    if not 0 <= margin <= 10:
-        raise UsageError(f"--memory-margin {cfg.memory_margin}: give a fraction between 0 and 10 (0.5 = 50%)")
+        capacity = _capacity(cfg.capacity, artifact, plan, capacity_notes)
+    margin = mf.MARGIN if cfg.memory_margin is None else cfg.memory_margin  # bounded by PackageConfig
     out = Path(cfg.output)
     check_outputs(outputs(cfg, name, lambda k: key_and_flag(PackageConfig, k)),
                   [Input("MODEL", model),
@@ -111,14 +109,14 @@ def _package(model: str, cfg: PackageConfig, target: Target, plan, tuned: Tuned 
         sig = Signature(plan.inputs, plan.outputs, plan.batchable)
     given = tuned is not None or bool(cfg.tuned)
     if tuned is None:
-        tuned = _tuned(cfg.tuned, artifact, model, plan) if cfg.tuned else defaults()
+        tuned = _tuned(cfg.tuned, artifact, plan) if cfg.tuned else defaults()
     report = Report.load(cfg.report) if cfg.report else None
     measured = lineage.chain_from_report(report, artifact.sha256)[1] if report is not None else {}  # else exit 2
     if report is not None:
         schemas.check_measured(measured, f"--report {cfg.report}")
-    notes = [] if given else [
+    notes = capacity_notes + ([] if given else [
         "no --tuned: default settings (1 CPU instance, batch 1, onnxruntime's own threads and optimisations); run "
-        "`optkit tune` for measured ones"]
+        "`optkit tune` for measured ones"])
     job = Job(model=model, artifact=artifact, config=cfg, name=name, tag=tag, tuned=tuned, sig=sig,
               externals=externals, shapes={**(shapes or {}), **parse_shapes(cfg.shape or None)}, report=report,
               measured=measured, notes=notes, plan=plan)
@@ -144,25 +142,26 @@ def _package(model: str, cfg: PackageConfig, target: Target, plan, tuned: Tuned 
                   served_before=served_before, files=files_before, mapping=job.mapping, notes=job.notes, tag=tag)
 
 
-def _tuned(path: str, artifact, model: str, plan) -> Tuned:
+def _tuned(path: str, artifact, plan) -> Tuned:
     """best.json for this model; for a model in parts, a tune of the core part (the tuned setting is the core's)
-    or of the model it was split from."""
-    try:
-        return load_tuned(path, artifact.sha256, str(artifact.path))
-    except UsageError:
-        if plan is None:
-            raise
-        first = sys.exc_info()[1]
-    source = Path(model) if plan.kind == "preprocess" else None
-    if plan.kind == "split":
-        named = plan.source.parent / json.loads(plan.source.read_text(encoding="utf-8"))["model"]
-        source = named if named.is_file() else None
-    if source is None or source.resolve() == Path(artifact.path).resolve():
-        raise first
-    try:
-        return load_tuned(path, Artifact.load(source).sha256, str(source))
-    except UsageError:
-        raise first from None
+    or of the model it was split from (its sha256 as split.json records it)."""
+    return load_tuned(path, artifact.sha256, str(artifact.path), plan.model_sha256 if plan is not None else None)
+
+
+def _capacity(path: str, artifact, plan, notes: list[str]):
+    """CAPACITY.json (a file the user named: a link to it is read) through its contract, for this model (or, for
+    a model in parts, the model it was split from), else exit 2 naming the file and the key."""
+    p = Path(path)
+    if not p.exists() and not p.is_symlink():
+        raise UsageError(f"--capacity {path} does not exist; write it with `optkit capacity ... -o {p.name}`")
+    cap = base.load(p, capacity_contract.CapacityFile, capacity_contract.HINT, links=True)[1]
+    if cap.model_sha256 is None:  # the contract allows it for a served model only (bench --url: its URL)
+        notes.append(f"--capacity {path}: its figures are of a served model ({cap.model}, bench --url), which has "
+                     f"no file to check: not checked to be {artifact.path}")
+    elif plan is None or cap.model_sha256 != plan.model_sha256:
+        base.same_model(f"--capacity {path}", "model_sha256", cap.model_sha256, artifact.sha256,
+                        str(artifact.path), capacity_contract.FIX)
+    return cap
 
 
 def outputs(cfg: PackageConfig, name: str, key: Callable[[str], str]) -> list[Output]:
@@ -211,7 +210,7 @@ def _write(out: Path, number: int, index: dict | None, target: Target, job: Job,
         _write_report_and_manifests(vdir, job, docs)
         files = lineage.file_hashes(vdir)
         lin = job.lineage(number, files)
-        (vdir / lineage.LINEAGE_FILE).write_text(json.dumps(lin, indent=2, default=str) + "\n", encoding="utf-8")
+        (vdir / lineage.LINEAGE_FILE).write_text(lineage.text(lin), encoding="utf-8")
         index = index or repo.new_index(target.name, name)
         served_before = index.get("served")
         repo.add_version(index, number, job.tag, job.artifact.sha256, job.tuned.label)
@@ -255,8 +254,7 @@ def _write_parts(out: Path, number: int, index: dict | None, target: Target, job
         job.split = {**job.plan.record(),
                      "models": {m: lineage.file_hashes(staged / m / str(number)) for m in parts}}
         files = lineage.file_hashes(vdir)
-        (vdir / lineage.LINEAGE_FILE).write_text(json.dumps(job.lineage(number, files), indent=2, default=str) +
-                                                 "\n", encoding="utf-8")
+        (vdir / lineage.LINEAGE_FILE).write_text(lineage.text(job.lineage(number, files)), encoding="utf-8")
         index = index or repo.new_index(target.name, name)
         served_before = index.get("served")
         repo.add_version(index, number, job.tag, job.artifact.sha256, job.tuned.label)

@@ -10,9 +10,11 @@ from pydantic import ValidationError as PydanticValidationError
 from optkit.core.errors import UsageError
 from optkit.core.registry import cli, flag_of
 
+MAX_MEMORY_MARGIN = 10.0  # 1,000% over the measured peak
+
 
 class PackageConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     to: str = Field(description="The target: triton or mlflow (or a plugin's, see docs/internals.md).",
                     json_schema_extra=cli("--to", help="triton or mlflow."))
@@ -52,8 +54,9 @@ class PackageConfig(BaseModel):
                                                             "(comma-separated).", json_schema_extra=cli("--manifests"))
     storage_uri: str | None = Field(default=None, description="Where the cluster reads REPO (s3://..., gs://..., "
                                                               "pvc://...).", json_schema_extra=cli("--storage-uri"))
-    memory_margin: float | None = Field(default=None, description="Margin on the measured peak memory (default 0.5 "
-                                                                  "= 50%).", json_schema_extra=cli("--memory-margin"))
+    memory_margin: float | None = Field(default=None, ge=0, le=MAX_MEMORY_MARGIN,
+                                        description="Margin on the measured peak memory (default 0.5 = 50%).",
+                                        json_schema_extra=cli("--memory-margin"))
     capacity: str | None = Field(default=None, description="CAPACITY.json from `optkit capacity`: the manifests "
                                                            "carry its replicas, autoscaling and resources "
                                                            "(with --manifests).",

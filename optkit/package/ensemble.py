@@ -3,11 +3,13 @@ model with preprocessing in its graph (metadata `optkit.preprocess`, cut at the 
 `pre` part and the `core`). Either becomes a Plan: the parts in order, each with its file, device and signature,
 wired by tensor name; a target serves it as an ensemble (Triton: one model per part and an ensemble model).
 
-split.json is input like any file optkit reads back: one schema, and every problem is one line naming the file and
-the key (exit 2) before anything is written: a corrupt file, a part file missing or not the one recorded (sha256),
-a part whose inputs or outputs are not its graph's, a tensor no part produces. Schema 2 (what `optkit split`
-writes) requires each part's sha256; schema 1 (split as first landed) is read with a note that its parts were not
-checked. A model with preprocessing is cut by optkit.split itself (cuts="preprocess"): one way of cutting.
+split.json is input like any file optkit reads back: its contract (optkit/contracts/split.py), and every problem
+is one line naming the file and the key (exit 2) before anything is written: a corrupt file, a part file missing
+or not the one recorded (sha256), a part whose inputs or outputs are not its graph's, a tensor no part produces.
+Schema 3 (what `optkit split` writes) records the split model's sha256 (the plan's `model_sha256`: a tune or
+capacity of that model is taken for the parts) and each part's; schema 2 each part's; schema 1 (split as first
+landed) is read with a note that its parts were not checked. A model with preprocessing is cut by optkit.split
+itself (cuts="preprocess"): one way of cutting.
 """
 from __future__ import annotations
 
@@ -17,69 +19,22 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from optkit.contracts import base
+from optkit.contracts import split as contract
+from optkit.contracts.split import TensorSpec
 from optkit.core.errors import UsageError
-from optkit.package import schemas
 from optkit.package.signature import DTYPES, Signature, Tensor, signature_of
 from optkit.split import PREPROCESS, split_model
 
-SPLIT_FILE = "split.json"
+SPLIT_FILE = contract.FILE
 PREPROCESS_KEY = "optkit.preprocess"
-ROLES = ("pre", "core", "post")
-HINT = "write it again with `optkit split MODEL -o DIR`"
+ROLES = contract.PART_NAMES
+HINT = contract.HINT
 # ONNX type names (as split.json may spell a dtype) -> numpy's
 _ONNX_NAMES = {"float": "float32", "double": "float64", "float16": "float16", "bfloat16": "bfloat16", "bool": "bool",
                "string": "object", **{n: n for _, n in DTYPES.values()}}
-
-Dim = Annotated[int, Field(ge=-1)] | str | None
-
-
-class _Doc(BaseModel):
-    # strict types for what a package uses; keys split may add later are kept, not refused
-    model_config = ConfigDict(strict=True, extra="allow", allow_inf_nan=False, populate_by_name=True)
-
-
-class TensorSpec(_Doc):
-    name: str = Field(min_length=1)
-    dtype: str
-    shape: list[Dim]
-
-
-class CutTensor(TensorSpec):
-    bytes_per_sample: Annotated[int, Field(ge=0)] | None = None
-
-
-class PartSpec(_Doc):
-    name: Literal["pre", "core", "post"]
-    file: str = Field(min_length=1)
-    device: Literal["cpu", "gpu"]
-    why: str = ""
-    ops: dict[str, Annotated[int, Field(ge=0)]] = Field(default_factory=dict)
-    inputs: list[TensorSpec] = Field(min_length=1)
-    outputs: list[TensorSpec] = Field(min_length=1)
-    sha256: schemas.Sha256 | None = None
-
-
-class Cut(_Doc):
-    from_: str = Field(alias="from")
-    to: str
-    tensors: list[CutTensor]
-    bytes_per_sample: Annotated[int, Field(ge=0)] | None = None
-
-
-class SplitFile(_Doc):
-    schema_: Literal[1, 2] = Field(alias="schema")   # 2: each part's sha256 is required
-    model: str
-    provider: str | None = None
-    inputs: list[TensorSpec] = Field(min_length=1)
-    outputs: list[TensorSpec] = Field(min_length=1)
-    parts: list[PartSpec] = Field(min_length=2, max_length=3)
-    cuts: list[Cut] = Field(default_factory=list)
-    naive_cut_bytes_per_sample: Annotated[int, Field(ge=0)] | None = None
-
 
 @dataclass
 class Part:
@@ -104,6 +59,7 @@ class Plan:
     batchable: bool
     notes: list[str] = field(default_factory=list)
     tmp: Path | None = None     # a folder of parts cut here (removed by the caller)
+    model_sha256: str | None = None  # the model that was split (None: a split.json before schema 3)
 
     @property
     def core(self) -> Part:
@@ -112,6 +68,7 @@ class Plan:
     def record(self) -> dict[str, Any]:
         """What the lineage keeps of the split (the parts' own files are listed per part by the target)."""
         return {"kind": self.kind, "source": str(self.source), "source_sha256": self.source_sha256,
+                **({"model_sha256": self.model_sha256} if self.model_sha256 else {}),
                 "parts": [{"name": p.role, "file": p.path.name, "sha256": p.sha256, "device": p.device,
                            "why": p.why, "ops": p.ops} for p in self.parts],
                 "cuts": self.cuts}
@@ -169,7 +126,7 @@ def read_split(path: Path) -> Plan:
     where = f"{path}"
     if not (path.exists() or path.is_symlink()):
         raise UsageError(f"{path} does not exist; give a folder `optkit split` wrote (it holds {SPLIT_FILE})")
-    _, doc = schemas.load(path, SplitFile, HINT, links=True)
+    _, doc = base.load(path, contract.SplitFile, HINT, links=True)
     folder = path.parent
     roles = [p.name for p in doc.parts]
     if len(set(roles)) != len(roles) or roles != sorted(roles, key=ROLES.index):
@@ -185,9 +142,6 @@ def read_split(path: Path) -> Plan:
         if f.is_symlink() or not f.is_file():
             raise UsageError(f"{where}: key {key}.file: {f} is missing (or not a regular file); {HINT}")
         digest = sha256_of(f)
-        if spec.sha256 is None and doc.schema_ >= 2:
-            raise UsageError(f"{where}: key {key}.sha256: missing (split.json schema 2 records each part's sha256); "
-                             f"{HINT}")
         if spec.sha256 is not None and spec.sha256 != digest:
             raise UsageError(f"{where}: key {key}.sha256: {f.name} is not the file the split wrote (its sha256 is "
                              f"{digest[:12]}..., recorded {spec.sha256[:12]}...); {HINT}")
@@ -200,6 +154,7 @@ def read_split(path: Path) -> Plan:
         _match(declared, have, where, role, "the parts")
     plan = _plan("split", path, sha256_of(path), inputs, outputs, parts,
                  [c.model_dump(by_alias=True) for c in doc.cuts])
+    plan.model_sha256 = doc.model_sha256
     if doc.schema_ == 1 and any(spec.sha256 is None for spec in doc.parts):
         plan.notes.append(f"{path.name} is schema 1 (before parts carried a sha256): its part files are packaged "
                           "as found; split the model again to have them checked")

@@ -1,6 +1,7 @@
 """The lineage a package carries (`optkit-package.json` beside the model, MLflow `metadata`): where the model
 came from, the passes that made it and what each wrote, what was measured with its noise, the tuned setting
-and its confirmation, the machine and the time."""
+and its confirmation, the machine and the time. Its contract is optkit/contracts/lineage.py: `text` writes it
+through the model, `read` validates it, `verify_files` checks a version folder is the one it describes."""
 from __future__ import annotations
 
 from datetime import datetime, timezone
@@ -8,13 +9,16 @@ from pathlib import Path
 from typing import Any
 
 import optkit
+from optkit.contracts import base
+from optkit.contracts import lineage as contract
 from optkit.core.artifact import path_sha256
 from optkit.core.errors import UsageError
 from optkit.report.schema import library_versions, machine_info
 
-LINEAGE_FILE = "optkit-package.json"
+LINEAGE_FILE = contract.FILE
 REPORT_FILE = "optkit-report.json"
-SCHEMA = "optkit-package/1"
+SCHEMA = contract.SCHEMA
+HINT = contract.HINT
 # measurement groups carried into the lineage (the rest stays in the report beside it)
 FIGURES = ("size", "latency", "latency_change", "accuracy", "fidelity", "memory")
 
@@ -70,3 +74,30 @@ def build_lineage(*, artifact, target: str, name: str, version: int, tag: str | 
 def file_hashes(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): path_sha256(p) for p in sorted(folder.rglob("*"))
             if p.is_file() and p.name not in (LINEAGE_FILE,)}
+
+
+def text(data: dict) -> str:
+    """The lineage file as written: validated by its contract (exit 3 if a reader would refuse it)."""
+    return base.text(contract.document(data))
+
+
+def read(path: Path) -> tuple[dict, contract.Lineage]:
+    """A version's lineage through its contract; exit 2 naming the file and the key."""
+    return base.load(path, contract.Lineage, HINT)
+
+
+def verify_files(vdir: Path, recorded: dict, fix: str = "restore it or package the model again") -> None:
+    """Every file the version's lineage records is there with the bytes optkit wrote (a server would load a
+    damaged or replaced model.onnx as it stands; figures read from a lineage are of the model beside it), else
+    exit 2 naming it."""
+    for rel, digest in recorded["files"].items():
+        p = vdir / rel
+        if Path(rel).is_absolute() or ".." in Path(rel).parts or not rel:
+            raise UsageError(f"{vdir / LINEAGE_FILE}: key files.{rel}: not a file of the version folder; {HINT}")
+        if p.is_symlink() or not p.is_file():
+            raise UsageError(f"{p} is missing (the lineage lists it); {fix}")
+        have = path_sha256(p)
+        if have != digest:
+            raise UsageError(f"{vdir / LINEAGE_FILE}: key files.{rel}: {p} was edited after optkit packaged it, or "
+                             f"is another model's (its sha256 {have[:12]}..., the lineage records {digest[:12]}...); "
+                             f"{fix}")

@@ -4,10 +4,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from optkit.core.artifact import path_sha256
+from optkit.contracts.base import same_model
 from optkit.core.errors import PassError, UsageError
 from optkit.core.text import redact_config
-from optkit.package import lineage, repo, schemas
+from optkit.package import lineage, repo
 from optkit.package.target import choices, get_target, takers
 
 
@@ -19,8 +19,8 @@ def serve_version(model_dir: str, version: str | None = None, tag: str | None = 
     d = Path(model_dir)
     with repo.serving(d) as index:  # read and checked again under the lock: nothing foreign, no link
         number = repo.resolve_version(index, version, tag)
-        recorded = _version_lineage(d, index["name"], number)
-        _verify_files(d / str(number), recorded)
+        recorded = _version_lineage(d, index, number)
+        lineage.verify_files(d / str(number), recorded)
         target = get_target(index["target"], f"{d / repo.INDEX}: key target:")
         if registry and "registry" not in target.options:
             raise UsageError(f"--registry is for --to {choices(takers('registry'))} packages, not {target.name}")
@@ -42,29 +42,19 @@ def serve_version(model_dir: str, version: str | None = None, tag: str | None = 
             "versions": [v["version"] for v in index["versions"]], "registry": out_registry}
 
 
-def _version_lineage(d: Path, name: str, number: int) -> dict:
-    """Version N's lineage, read through its schema, and it is this version's, else exit 2."""
+def _version_lineage(d: Path, index: dict, number: int) -> dict:
+    """Version N's lineage, read through its contract, and it is this version's (name, number, and the model the
+    index records for it), else exit 2."""
     path = d / str(number) / lineage.LINEAGE_FILE
-    data, _ = schemas.load_lineage(path)
+    data, _ = lineage.read(path)
+    name = index["name"]
     if data["name"] != name or data["version"] != number:
         raise UsageError(f"{path}: key {'name' if data['name'] != name else 'version'}: "
-                         f"not this version's ({name} {number}); {schemas.LINEAGE_HINT}")
+                         f"not this version's ({name} {number}); {lineage.HINT}")
+    entry = next(v for v in index["versions"] if v["version"] == number)
+    same_model(path, "model.sha256", data["model"]["sha256"], entry["model_sha256"],
+               f"the model {d / repo.INDEX} records for version {number}", lineage.HINT)
     return data
-
-
-def _verify_files(vdir: Path, recorded: dict) -> None:
-    """Every file the version's lineage records is there with the bytes optkit wrote (a server would load a
-    damaged or replaced model.onnx as it stands), else exit 2 naming it."""
-    for rel, digest in recorded["files"].items():
-        p = vdir / rel
-        if Path(rel).is_absolute() or ".." in Path(rel).parts or not rel:
-            raise UsageError(f"{vdir / lineage.LINEAGE_FILE}: key files.{rel}: not a file of the version folder; "
-                             f"{schemas.LINEAGE_HINT}")
-        if p.is_symlink() or not p.is_file():
-            raise UsageError(f"{p} is missing (the lineage lists it); restore it or package the model again")
-        if path_sha256(p) != digest:
-            raise UsageError(f"{p} was edited after optkit packaged it (its sha256 is not the lineage's "
-                             f"files.{rel}); restore it or package the model again")
 
 
 def is_package(path: str) -> bool:
@@ -109,7 +99,7 @@ def _model(d: Path) -> dict[str, Any]:
 
 
 def _lineage(vdir: Path) -> dict[str, Any]:
-    data, _ = schemas.load_lineage(vdir / lineage.LINEAGE_FILE)
+    data, _ = lineage.read(vdir / lineage.LINEAGE_FILE)
     measured = data["measured"]
     lat, acc, size, mem = (measured.get(k) or {} for k in ("latency", "accuracy", "size", "memory"))
     return {"path": str(vdir), "source": data["source"], "model_sha256": data["model"]["sha256"],

@@ -63,7 +63,7 @@ def build(kinds: list[str], *, target, name: str, version: int, tag: str | None,
           peak_mb: float | None, peak_source: str, margin: float, threads: int | None, gpu: bool,
           local_dir: Path, capacity=None, capacity_path: str | None = None) -> tuple[dict, list]:
     """{kind: manifest dict}, notes. `target` (a package.target.Target) says the model format, KServe's runtime
-    and which folder a cluster reads; `capacity` (a capacity_schema.CapacityFile) adds replicas and autoscaling."""
+    and which folder a cluster reads; `capacity` (a contracts.capacity.CapacityFile) adds replicas and autoscaling."""
     notes = []
     resources: dict[str, Any] = {}
     memory = None

@@ -80,7 +80,8 @@ def package_run(loaded, report, run_dir: Path) -> list:
         tune = next((s for s in reversed(stages) if s.pass_name == "tune.onnx"
                      and s.output.sha256 == stage.output.sha256), None)
         if not spec.tuned and tune is not None and isinstance(tune.measurements.get("tune"), dict):
-            tuned = from_result(tune.measurements["tune"], f"stage {tune.name} (tune.onnx)")
+            tuned = from_result(tune.measurements["tune"], f"stage {tune.name} (tune.onnx)", tune.output.path,
+                                tune.output.sha256)
         cfg = spec.model_copy(update={
             "output": loaded.resolve(spec.output), "name": spec.name or loaded.name,
             "tuned": loaded.resolve(spec.tuned), "data": loaded.resolve(spec.data),

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import re
 import socket
@@ -25,6 +24,8 @@ from datetime import datetime, timezone
 from pathlib import Path, PurePath
 from typing import Any
 
+from optkit.contracts import base
+from optkit.contracts import index as contract
 from optkit.core import interrupts
 from optkit.core.atomic import Output, normal_mode, remove
 from optkit.core.errors import UsageError
@@ -32,8 +33,8 @@ from optkit.core.locks import lock_folder
 from optkit.package import schemas
 from optkit.package.target import choices, get_target, target_names
 
-INDEX = "optkit-versions.json"
-SCHEMA = "optkit-versions/1"
+INDEX = contract.FILE
+SCHEMA = contract.SCHEMA
 NAME_RE = schemas.NAME_RE
 TAG_RE = schemas.TAG_RE
 # optkit's temporaries: `.<dest>.tmp-<host>-<pid>-<random>` (folders being built, small files being replaced)
@@ -73,8 +74,8 @@ def check_tag(tag: str | None) -> str | None:
 def parse_version(asked: str) -> int:
     """--version N: ASCII digits, 1 to 2**31-1 (Triton takes int64; a package keeps to int32 for every tool)."""
     digits = asked.lstrip("0") or "0"  # int() refuses a string of over 4,300 digits: '000...1' too
-    if not (asked.isascii() and asked.isdigit()) or len(digits) > 10 or not 1 <= int(digits) <= schemas.MAX_VERSION:
-        raise UsageError(f"--version {_shown(asked)}: give auto or a whole number from 1 to {schemas.MAX_VERSION}")
+    if not (asked.isascii() and asked.isdigit()) or len(digits) > 10 or not 1 <= int(digits) <= base.MAX_VERSION:
+        raise UsageError(f"--version {_shown(asked)}: give auto or a whole number from 1 to {base.MAX_VERSION}")
     return int(digits)
 
 
@@ -88,7 +89,7 @@ def load_index(model_dir: Path) -> dict[str, Any]:
     p = model_dir / INDEX
     if not p.exists() and not p.is_symlink():
         raise UsageError(f"{model_dir} is not a model optkit packaged (no {INDEX}); name REPO/NAME")
-    index = schemas.load_index(p)
+    index = base.load(p, contract.VersionIndex, contract.HINT)[0]
     if index["target"] not in target_names():  # a target no module here registers (a plugin not loaded, an edit)
         raise UsageError(f"{p}: key target: {index['target']!r} is not a package target here (choose "
                          f"{choices(target_names())}; a plugin's is named in OPTKIT_PLUGINS)")
@@ -351,7 +352,7 @@ def next_version(index: dict | None, asked: str, tag: str | None) -> int:
     if same is not None:
         raise UsageError(f"--tag {tag} is already version {same}; tags are unique")
     if asked == "auto":
-        if have and have[-1] >= schemas.MAX_VERSION:
+        if have and have[-1] >= base.MAX_VERSION:
             raise UsageError(f"version {have[-1]} is the last a package takes; give --version N for a free number")
         return (have[-1] + 1) if have else 1
     number = parse_version(asked)
@@ -388,7 +389,8 @@ def resolve_version(index: dict, version: str | None, tag: str | None) -> int:
 
 
 def index_text(index: dict) -> str:
-    return json.dumps(index, indent=2) + "\n"
+    """The index file as written: validated by its contract (exit 3 if a reader would refuse it)."""
+    return base.text(contract.document(index))
 
 
 def replace_text(path: Path, text: str) -> None:

@@ -1,17 +1,19 @@
-"""The tuned serving settings a package carries: from `optkit tune`'s best.json, checked to be for this model.
+"""The tuned serving settings a package carries: from `optkit tune`'s best.json (optkit/contracts/best.py),
+checked to be for this model.
 
 Without best.json the defaults below are used, and the package says so (they are stated, not guessed).
 """
 from __future__ import annotations
 
-import json
+import copy
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from optkit.contracts import base
+from optkit.contracts import best as contract
 from optkit.core.artifact import Artifact
 from optkit.core.errors import UsageError
-from optkit.package import schemas
 
 # What a package gets without --tuned: one CPU instance, onnxruntime's own thread pools and optimisations,
 # batch 1, no dynamic batching.
@@ -41,41 +43,50 @@ class Tuned:
 
 
 def defaults() -> Tuned:
-    return Tuned(setting=json.loads(json.dumps(DEFAULTS)), label="defaults (no --tuned)")
+    return Tuned(setting=copy.deepcopy(DEFAULTS), label="defaults (no --tuned)")
 
 
-def load_tuned(path: str | Path, model_sha256: str, model_path: str) -> Tuned:
-    """best.json from `optkit tune`, for this model (its sha256), else exit 2; every value the package uses is
-    checked (types, bounds, finite numbers, no unknown setting) by its schema."""
-    p = Path(path)
-    if not p.exists() and not p.is_symlink():
-        raise UsageError(f"--tuned {path} does not exist")
-    data, _ = schemas.load_tuned(p)
+def read(path: str | Path) -> dict:
+    """best.json (a file the user named: a link to it is read) through its contract; exit 2 naming file and key."""
+    return base.load(Path(path), contract.BestFile, contract.HINT, links=True)[0]
+
+
+def recorded_sha256(data: dict) -> str | None:
+    """The sha256 of the model best.json was tuned for: its model_sha256, or for an older file (which names its
+    model by path only) that file's, where it is here to check."""
     sha = data.get("model_sha256")
-    if sha is None:  # an older best.json names its model by path only: that file must be this model
+    if sha is None:
         named = data.get("model")
         try:
             sha = Artifact.load(named).sha256 if named and Path(named).exists() else None
-        except Exception:
+        except Exception:  # noqa: BLE001 - an unreadable model names nothing
             sha = None
-        if sha is None:
-            raise UsageError(f"--tuned {path} has no model_sha256 and its model {named!r} is not here to check; "
-                             "tune this model again with `optkit tune`")
-    if sha != model_sha256:
-        raise UsageError(f"--tuned {path} was made for another model (sha256 {sha[:12]}..., "
-                         f"{data.get('model')}), not {model_path} ({model_sha256[:12]}...); tune this model")
-    best = data["best"]
-    return Tuned(setting=best["setting"], source=str(path), label=best.get("label", ""),
-                 figures=best.get("figures") or {}, confirmed=best.get("confirmed"),
-                 objective=list(data.get("objective") or []))
+    return sha
 
 
-def from_result(result: dict[str, Any], where: str) -> Tuned:
+def load_tuned(path: str | Path, model_sha256: str, model_path: str, split_from: str | None = None) -> Tuned:
+    """best.json from `optkit tune`, for this model (its sha256; for a model in parts, the core part's or that of
+    the model it was split from, `split_from`), else exit 2; every value the package uses is checked (types,
+    bounds, finite numbers, no unknown setting) by its contract."""
+    p = Path(path)
+    if not p.exists() and not p.is_symlink():
+        raise UsageError(f"--tuned {path} does not exist")
+    data = read(p)
+    recorded = recorded_sha256(data)
+    if split_from is None or recorded != split_from:
+        base.same_model(f"--tuned {path}", "model_sha256", recorded, model_sha256, model_path,
+                        "tune this model (optkit tune MODEL -o best.json)")
+    return _tuned(data, str(path))
+
+
+def from_result(result: dict[str, Any], where: str, model: str, model_sha256: str) -> Tuned:
     """The tune stage's result (its `measurements.tune`, as a recipe run holds it) as the package's setting:
-    checked by best.json's schema (it is the same object tune writes to best.json), without a file between."""
-    data = {k: v for k, v in result.items() if k != "trials"}
-    schemas.validate(data, schemas.TunedFile, where, "run the recipe's tune stage again")
+    checked by best.json's contract (it is the same object tune writes to best.json), without a file between."""
+    return _tuned(contract.of_result(result, model, model_sha256, where)[0], where)
+
+
+def _tuned(data: dict, source: str) -> Tuned:
     best = data["best"]
-    return Tuned(setting=best["setting"], source=where, label=best.get("label", ""),
+    return Tuned(setting=best["setting"], source=source, label=best.get("label", ""),
                  figures=best.get("figures") or {}, confirmed=best.get("confirmed"),
                  objective=list(data.get("objective") or []))

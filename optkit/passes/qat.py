@@ -45,7 +45,7 @@ class QatConfig(FinetuneConfig):
                                                                "model; repeatable or a comma list).",
                                      json_schema_extra=cli("--layers"))
     # QAT fine-tunes a trained model gently
-    learning_rate: float = Field(default=1e-4, gt=0, description="Learning rate.",
+    learning_rate: float = Field(default=1e-4, gt=0, le=10, description="Learning rate.",
                                  json_schema_extra=cli("--learning-rate"))
 
 

@@ -43,10 +43,10 @@ class SimplifyConfig(PassConfig):
     provider: Optional[str] = Field(default=None, description="Allow this provider's fused ops (cpu, cuda): not "
                                                               "portable.",
                                     json_schema_extra=cli("--target-provider"))
-    max_growth: float = Field(default=1.5, gt=0, description="Refuse results larger than this many times the input.",
+    max_growth: float = Field(default=1.5, gt=0, le=1000, description="Refuse results larger than this many times the input.",
                               json_schema_extra=cli("--max-growth", group="budgets"))
     # max |diff| allowed, scaled by max(1, |reference|)
-    tolerance: float = Field(default=1e-5, ge=0, description="Max output difference allowed (scaled by "
+    tolerance: float = Field(default=1e-5, ge=0, le=1000, description="Max output difference allowed (scaled by "
                                                              "max(1, |reference|)).",
                              json_schema_extra=cli("--tolerance", group="budgets"))
     check_samples: int = Field(default=8, ge=1, description="Inputs the outputs are compared on.",

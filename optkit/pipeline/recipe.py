@@ -9,7 +9,6 @@ Paths in a recipe are relative to the recipe file.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import os
 import re
@@ -20,6 +19,7 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic import ValidationError as PydanticValidationError
 
+from optkit.core import strictjson
 from optkit.core.errors import DependencyError, UsageError
 from optkit.core.formats import detect_format, split_factory
 from optkit.core.registry import ConfigError, build_config, check_accepts, config_message
@@ -51,7 +51,7 @@ def _max_threads() -> int:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
 
 class ModelSpec(_Strict):
@@ -235,7 +235,7 @@ class LoadedRecipe:
         return str(q if q.is_absolute() else (self.base / q))
 
     def sha256(self) -> str:
-        return hashlib.sha256(json.dumps(self.raw, sort_keys=True, default=str).encode()).hexdigest()
+        return hashlib.sha256(strictjson.dumps(self.raw, sort_keys=True, default=str).encode()).hexdigest()
 
     def stage_names(self) -> list[str]:
         names, seen = [], set()

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import optkit
+from optkit.core import strictjson
 from optkit.core.artifact import Artifact, config_key, content_sha256, path_sha256
 from optkit.core.atomic import atomic_path, normal_mode, remove, write_text
 from optkit.core.cachedir import PRIVATE_DIR, PRIVATE_FILE, private_folder, trusted
@@ -191,7 +192,7 @@ class Workspace:
                  "measurements": _jsonable(result.ctx.measurements), "duration_s": result.duration_s}
         with atomic_path(dest, directory=True) as tmp:
             shutil.copytree(src, tmp / "files")
-            (tmp / "entry.json").write_text(json.dumps(entry, indent=2, default=str))
+            (tmp / "entry.json").write_text(strictjson.dumps(entry, indent=2, default=str))
             for p in tmp.rglob("*"):
                 os.chmod(p, PRIVATE_DIR if p.is_dir() else PRIVATE_FILE)
 
@@ -226,7 +227,7 @@ class Run:
     def set_status(self, status: str) -> None:
         self._info["status"] = status
         self._info["updated"] = _now()
-        write_text(self.path / "run.json", json.dumps(self._info, indent=2) + "\n")
+        write_text(self.path / "run.json", strictjson.dumps(self._info, indent=2) + "\n")
 
     def stage_dir(self, i: int, name: str) -> Path:
         return self.path / f"{i:02d}-{name}"
@@ -275,7 +276,7 @@ class Run:
             raise
 
     def write_stage(self, folder: Path, stage) -> None:
-        write_text(folder / "report.json", stage.model_dump_json(indent=2, by_alias=True) + "\n")
+        write_text(folder / "report.json", strictjson.dumps(stage, indent=2, nulls=True) + "\n")
 
     def finish(self, report) -> None:
         report.save(self.path / "report.json")
@@ -294,7 +295,7 @@ class Run:
         tmp = self.path / f".run.json.tmp-{os.getpid()}"
         with contextlib.suppress(Exception):
             try:
-                tmp.write_text(json.dumps(self._info, indent=2) + "\n")
+                tmp.write_text(strictjson.dumps(self._info, indent=2) + "\n")
                 os.replace(tmp, dest)
             finally:
                 remove(tmp)
@@ -417,7 +418,8 @@ def _file_sha(path: str | None) -> str | None:
 
 
 def _jsonable(obj: Any) -> Any:
-    return json.loads(json.dumps(obj, default=str))
+    """A stage's measurements as its report.json holds them (a non-finite figure is null, as in every report)."""
+    return json.loads(strictjson.dumps(obj, default=str, nulls=True))
 
 
 class Progress:

@@ -8,7 +8,7 @@ from optkit.report.schema import ArtifactRef, Stage
 
 
 def ref(artifact: Artifact) -> ArtifactRef:
-    d = artifact.to_dict()
+    d = {**artifact.to_dict(), "path": str(artifact.path)}   # the file record is strict: a path as text
     return ArtifactRef(**{k: d[k] for k in ArtifactRef.model_fields})
 
 

@@ -12,6 +12,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, computed_field, field_validator
 
+from optkit.contracts.files import FileRef
+from optkit.core import strictjson
 from optkit.core.atomic import write_text
 from optkit.core.errors import UsageError
 from optkit.core.readback import read_regular
@@ -26,12 +28,7 @@ TRACKED = ("optkit", "numpy", "onnx", "onnxruntime", "onnxruntime-gpu", "torch",
            "onnxconverter-common", "tensorrt")
 
 
-class ArtifactRef(BaseModel):
-    path: str
-    format: str
-    sha256: str
-    parent: str | None = None
-    produced_by: str | None = None
+ArtifactRef = FileRef  # a stage's input and output: the one file record reports and lineage share
 
 
 class Stage(BaseModel):
@@ -137,7 +134,7 @@ class Report(BaseModel):
     capacity: CapacitySection | None = None    # a recipe's `capacity:` section, as it ran
 
     def to_json(self) -> str:
-        return self.model_dump_json(indent=2, by_alias=True)
+        return strictjson.dumps(self, indent=2, nulls=True)  # a non-finite figure is null (figures.py: unbounded)
 
     def save(self, path: str | Path) -> Path:
         return write_text(path, self.to_json() + "\n")

@@ -27,12 +27,12 @@ after the JSON header) where the server lists `binary_tensor_data` among its ext
 from __future__ import annotations
 
 import http.client
-import json
 import math
 from typing import Any
 
 import numpy as np
 
+from optkit.core import strictjson
 from optkit.core.errors import PassError, UsageError
 from optkit.core.shapes import MAX_ELEMENTS, TensorSpec, format_shape
 from optkit.core.text import printable, redact_url
@@ -189,13 +189,16 @@ class RemoteSession(V2Connections, Session):
                 t["parameters"] = {"binary_data_size": len(chunk)}
                 raw.append(chunk)
             else:
+                if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+                    raise UsageError(f"input {name!r} holds NaN or infinite values, which a JSON tensor cannot carry "
+                                     "(JSON has no such numbers): send it binary (--binary) or give finite data")
                 t["data"] = [str(x) for x in arr.ravel()] if dtype == "BYTES" else arr.ravel().tolist()
             tensors.append(t)
         request: dict[str, Any] = {"inputs": tensors}
         wanted = [{"name": s.name, "parameters": {"binary_data": True}} for s in self.outputs if s.dtype != "string"]
         if self.binary and wanted:
             request["outputs"] = wanted + [{"name": s.name} for s in self.outputs if s.dtype == "string"]
-        head = json.dumps(request, separators=(",", ":")).encode()
+        head = strictjson.dumps(request, separators=(",", ":")).encode()
         headers = {"Content-Type": "application/json"}
         if self.binary:
             headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(head))}

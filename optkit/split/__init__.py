@@ -2,10 +2,10 @@
 
     doc = split_model(Path("det.onnx"), Path("det_split"), provider="tensorrt", cuts="auto", dims={"batch": 1})
 
-`doc` is what DIR/split.json holds (schema 2): the parts with their file, sha256, device, why, op counts, inputs
-and outputs (wired by tensor name), the cuts with the tensors and bytes crossing each, and the naive cut's bytes.
-A model with nothing to split (no GPU work, or all of it in one part) gets a document with no parts and
-`nothing_to_split` saying why; nothing is written then.
+`doc` is what DIR/split.json holds (its contract: optkit/contracts/split.py): the model's sha256, the parts with
+their file, sha256, device, why, op counts, inputs and outputs (wired by tensor name), the cuts with the tensors
+and bytes crossing each, and the naive cut's bytes. A model with nothing to split (no GPU work, or all of it in
+one part) gets a document with no parts and `nothing_to_split` saying why; nothing is written then.
 
 `cuts="preprocess"` cuts a model with `optkit.preprocess` metadata exactly at that metadata's boundary (pre = the
 preprocessing, core = the model; post only where placement needs one): the cut `optkit package` serves a model
@@ -36,7 +36,7 @@ from optkit.split.graph import parse_dims
 from optkit.split.placement import CPU, EITHER, GPU, PROVIDERS, Place, place
 from optkit.split.write import META_KEY, extract, part_io, run_plain
 
-SCHEMA = 2          # 2: every part carries its file's sha256 (schema 1, from 2c0591f, did not)
+SCHEMA = write.SCHEMA   # 3: the split model's sha256 too (optkit/contracts/split.py)
 PREPROCESS = "preprocess"
 MAX_SAMPLE_BYTES = 1 << 30   # synthesized sample inputs of one call, all inputs together
 
@@ -70,7 +70,7 @@ def split_model(model: Path, out_dir: Path, provider: str = "tensorrt", cuts="au
             part["sha256"] = hashlib.sha256(written).hexdigest()
             parts.append((written, [o["name"] for o in part["outputs"]]))
         doc["check"] = write.check_chain(plan["source"], parts, plan["feeds"], [o["name"] for o in doc["outputs"]])
-        (tmp / write.DOC).write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+        write.write_doc(tmp, doc)
         with locked_output(out_dir, on_wait):
             write.check_out_dir(out_dir, model)   # again under the lock: another run may have written it since
             write.commit(tmp, out_dir)
@@ -120,7 +120,8 @@ def _plan(model: Path, provider: str, cuts, dims, data=None) -> dict:
             raise UsageError(f"{model} has no {META_KEY} metadata (written by optkit preprocess), so there is no "
                              "preprocessing boundary to cut at; use --cut auto or node names")
         picks = _boundary(onnx_model, graph)
-    base = {"schema": SCHEMA, "model": model.name, "provider": provider,
+    base = {"schema": SCHEMA, "model": model.name, "model_sha256": hashlib.sha256(source).hexdigest(),
+            "provider": provider,
             "inputs": [_io(graph, t) for t in graph.inputs], "outputs": [_io(graph, t) for t in graph.outputs]}
     if data_doc is not None:
         base["data"] = data_doc

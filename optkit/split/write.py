@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import tempfile
@@ -10,15 +9,18 @@ from pathlib import Path
 
 import numpy as np
 
+from optkit.contracts import base
+from optkit.contracts import split as contract
 from optkit.core import interrupts
 from optkit.core.atomic import normal_mode, tmp_prefix
-from optkit.core.errors import UsageError, ValidationError
+from optkit.core.errors import OptkitError, UsageError, ValidationError
 from optkit.onnx.session import ort_session
 from optkit.split.cuts import PART_NAMES
 from optkit.split.graph import Graph
 
 PART_FILES = tuple(f"{p}.onnx" for p in PART_NAMES)
-DOC = "split.json"
+DOC = contract.FILE
+SCHEMA = contract.SCHEMA
 OURS = frozenset(PART_FILES + (DOC,))
 META_KEY = "optkit.preprocess"
 
@@ -114,9 +116,15 @@ def check_chain(original: bytes, parts: list[tuple[bytes, list[str]]], feeds: di
 
 
 # -- the output folder ------------------------------------------------------------------------------------------
+def write_doc(folder: Path, doc: dict) -> None:
+    """FOLDER/split.json through its contract (exit 3 if a reader would refuse what split computed)."""
+    (folder / DOC).write_text(base.text(contract.document(doc)), encoding="utf-8")
+
+
 def split_output_problem(path: Path) -> str | None:
-    """Why `path` is not a complete folder optkit split wrote, or None when it is one: a split.json (schema 1 or
-    2) listing its parts, each part file there (a regular file, sha256 as recorded for schema 2), nothing else."""
+    """Why `path` is not a complete folder optkit split wrote, or None when it is one: a split.json its contract
+    reads, listing its parts, each part file there (a regular file, sha256 as recorded from schema 2), nothing
+    else."""
     import hashlib
 
     try:
@@ -126,28 +134,26 @@ def split_output_problem(path: Path) -> str | None:
     names = {p.name for p in entries}
     if DOC not in names:
         return f"has no {DOC}"
+    if (path / DOC).is_symlink():
+        return f"holds a {DOC} that is a symbolic link"
     try:
-        doc = json.loads((path / DOC).read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return f"has a {DOC} that is not JSON"
-    if not isinstance(doc, dict) or doc.get("schema") not in (1, 2):
-        return f"has a {DOC} without schema 1 or 2"
-    parts = doc.get("parts")
-    if not isinstance(parts, list) or not parts or not all(isinstance(p, dict) for p in parts):
-        return f"has a {DOC} that lists no parts"
-    listed = [p.get("file") for p in parts]
-    if not all(isinstance(f, str) and f in PART_FILES for f in listed) or len(set(listed)) != len(listed):
+        doc = base.load(path / DOC, contract.SplitFile, contract.HINT)[1]
+    except OptkitError as e:
+        said = e.message.removeprefix(f"{path / DOC}: ").removesuffix(f"; {contract.HINT}")
+        return f"has a {DOC} its contract refuses: {said[:200]}"
+    listed = [p.file for p in doc.parts]
+    if not all(f in PART_FILES for f in listed) or len(set(listed)) != len(listed):
         return f"has a {DOC} whose parts' files are not {', '.join(PART_FILES)}, each once"
     extra = sorted(names - set(listed) - {DOC})
     if extra:
         return f"holds {extra[0][:80]!r}, which its {DOC} does not list"
-    for part, name in zip(parts, listed):
+    for part, name in zip(doc.parts, listed):
         f = path / name
         if name not in names:
             return f"lacks {name}, which its {DOC} lists"
         if f.is_symlink() or not f.is_file():
             return f"holds {name} that is not a regular file"
-        if doc["schema"] == 2:
+        if part.sha256 is not None:
             digest = hashlib.sha256()
             try:
                 with open(f, "rb") as fh:
@@ -155,10 +161,8 @@ def split_output_problem(path: Path) -> str | None:
                         digest.update(block)
             except OSError as e:
                 return f"holds {name} that cannot be read ({e.strerror or e})"
-            if part.get("sha256") != digest.hexdigest():
+            if part.sha256 != digest.hexdigest():
                 return f"holds {name} whose sha256 is not the one its {DOC} records"
-    if (path / DOC).is_symlink():
-        return f"holds a {DOC} that is a symbolic link"
     return None
 
 

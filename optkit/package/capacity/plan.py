@@ -1,16 +1,18 @@
 """The plan: per-replica figures and a traffic history -> replicas over time (with the headroom), the
 autoscaling target searched so that the HPA replay meets the SLO with the fewest replica-hours, the forecast's
 schedule, and the three strategies side by side (fixed for the peak, reactive HPA, HPA + forecast schedule).
-`to_contract` is CAPACITY.json (schema 1), which `optkit package --capacity` reads."""
+`to_contract` is CAPACITY.json (optkit/contracts/capacity.py), which `optkit package --capacity` reads; `to_json`
+writes it through that contract."""
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from optkit.contracts import base
+from optkit.contracts import capacity as contract
 from optkit.core.errors import UsageError
 from optkit.package.capacity import forecast as fmod
 from optkit.package.capacity import hpa as hpa_mod
@@ -106,8 +108,9 @@ class Plan:
         strategies = {k: (v.summary() if v else None) for k, v in self.strategies.items()}
         fc = self.forecast if self.chosen == "forecast" else None
         return {
-            "schema": 1,
+            "schema": contract.SCHEMA,
             "model": self.per.model,
+            "model_sha256": self.per.model_sha256,
             "slo": {"p99_ms": self.slo_p99_ms},
             "per_replica": per,
             "headroom": self.opts.headroom,
@@ -134,7 +137,8 @@ class Plan:
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_contract(), indent=2)
+        """CAPACITY.json's text (no trailing newline): exit 3 if package would refuse it."""
+        return base.text(base.build(contract.CapacityFile, self.to_contract(), "CAPACITY.json")).rstrip("\n")
 
 
 def _mi(mb: float) -> str:
@@ -158,9 +162,10 @@ def resources(per: PerReplica, opts: Options, notes: list[str]) -> dict:
         notes.append("no CPU figure (the source carries none; give --cpu CORES): no CPU request, and the "
                      "autoscaling metric is requests per second per replica")
     if mem is not None:
-        req["memory"], lim["memory"] = _mi(mem * (1 + opts.headroom)), _mi(mem * 2)
+        # the limit is never below the request (Kubernetes refuses that): twice the peak, or the request
+        req["memory"], lim["memory"] = _mi(mem * (1 + opts.headroom)), _mi(mem * max(2, 1 + opts.headroom))
         notes.append(f"memory request: the measured peak {mem:.1f} MB + {opts.headroom:.0%} headroom, limit twice "
-                     "the peak" + ("" if opts.memory_mb is not None else
+                     "the peak (or the request, when the headroom is over 100%)" + ("" if opts.memory_mb is not None else
                                    "; it is the model's own memory, not the serving process's: give --memory-mb "
                                    "for the whole container"))
     else:

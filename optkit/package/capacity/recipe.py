@@ -72,7 +72,8 @@ def figures_of(prep: Prepared, report) -> replica.PerReplica:
     tune = next((s for s in reversed(report.stages) if s.pass_name == "tune.onnx"
                  and isinstance(s.measurements.get("tune"), dict)), None)
     if tune is not None:
-        return replica.from_tune_result(tune.measurements["tune"], f"stage {tune.name} (tune.onnx)")
+        return replica.from_tune_result(tune.measurements["tune"], f"stage {tune.name} (tune.onnx)",
+                                        tune.output.path, tune.output.sha256)
     return replica.from_report(report, "this run's report")
 
 

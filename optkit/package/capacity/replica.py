@@ -1,23 +1,29 @@
 """The figures of one replica: what it serves at the latency objective, its CPU and its memory, read from a tune
 best.json, a report (`bench --concurrency` or `bench --url`) or a package version's lineage. Every file goes
-through its schema (exit 2 naming the file and key). The throughput used is the LOWER end of its 95% band where
-the file carries one, and `throughput_source` says which figure it is: a figure carries its noise."""
+through its contract or schema (exit 2 naming the file and key); a lineage is read in its version folder, whose
+files must be the ones it records. The throughput used is the LOWER end of its 95% band where the file carries
+one, and `throughput_source` says which figure it is: a figure carries its noise. `model_sha256` is the model
+the figures are for (CAPACITY.json records it; None only for a served model)."""
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from optkit.contracts import base
+from optkit.contracts import best as best_contract
+from optkit.contracts.base import MAX_CORES, MAX_MS, MAX_THROUGHPUT
 from optkit.core.errors import UsageError
-from optkit.core.readback import read_regular
-from optkit.package import schemas
+from optkit.package import lineage
 from optkit.package.lineage import LINEAGE_FILE
+from optkit.package.tuned import read as read_tuned
+from optkit.package.tuned import recorded_sha256
 from optkit.report.schema import Report
 
-MAX_FILE = 64 << 20
+MAX_FILE = base.MAX_FILE_BYTES
+SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass
@@ -30,6 +36,7 @@ class PerReplica:
     memory_mb: float | None = None
     source: str = ""
     model: str | None = None
+    model_sha256: str | None = None    # the model the figures are for (None: a served model, bench --url)
     slo_p99_ms: float | None = None    # the objective the figures were measured against, where the file says
     threads: int | None = None
     request_bytes: int | None = None
@@ -42,11 +49,6 @@ class PerReplica:
         out = {k: d[k] for k in keys}
         out["request_bytes"] = self.request_bytes
         return out
-
-
-MAX_THROUGHPUT = 1e9      # requests per second of one replica: CAPACITY.json's own bound
-MAX_CORES = 1024
-MAX_MS = 1e9
 
 
 def _finite(value, where: str, key: str, *, positive: bool = False, most: float | None = None) -> float | None:
@@ -99,12 +101,8 @@ def load(path: str | Path) -> PerReplica:
     if not p.exists():
         raise UsageError(f"{path} does not exist; give a tune best.json, a bench report.json or a package's "
                          f"{LINEAGE_FILE}")
-    raw = read_regular(p, MAX_FILE, hint="give a best.json, a report.json or an optkit-package.json")
-    try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (ValueError, RecursionError) as e:
-        raise UsageError(f"{p}: not JSON ({str(e).splitlines()[0][:80]}); give a best.json, a report.json or "
-                         f"an {LINEAGE_FILE}") from None
+    hint = f"give a best.json, a report.json or an {LINEAGE_FILE}"
+    doc = base.parse(base.read_bytes(p, MAX_FILE, links=True, hint=hint), p, hint)
     if isinstance(doc, dict) and doc.get("schema") == "optkit-package/1":
         return _from_lineage(p)
     if isinstance(doc, dict) and "stages" in doc and "schema_version" in doc:
@@ -116,20 +114,11 @@ def load(path: str | Path) -> PerReplica:
 
 
 def _slo_p99(slos: list, where: str = "") -> float | None:
-    """'p99<=20ms' (tune's --slo) as 20.0."""
-    for s in slos or []:
-        m = re.fullmatch(r"\s*p99\s*<=?\s*([0-9.eE+-]+)\s*(ms|s)?\s*", str(s))
-        if m:
-            try:
-                v = float(m.group(1))
-            except ValueError:
-                v = math.nan
-            v = v * 1e3 if m.group(2) == "s" else v
-            if not (math.isfinite(v) and 0 < v <= MAX_MS):
-                raise UsageError(f"{where}: key slo: {str(s)[:40]!r} is not a latency objective above 0 and at most "
-                                 f"{MAX_MS:g} ms; give the file optkit wrote, unedited (or --slo-p99 MS)")
-            return v
-    return None
+    """'p99<=20ms' (tune's --slo, bounded by best.json's contract) as 20.0."""
+    try:
+        return best_contract.slo_p99_ms(list(slos or []))
+    except ValueError as e:
+        raise UsageError(f"{where}: key slo: {e}; give the file optkit wrote, unedited (or --slo-p99 MS)") from None
 
 
 def _tuned(figures: dict, confirmed: dict | None, setting: dict, where: str, source: str) -> PerReplica:
@@ -163,8 +152,13 @@ def _tuned(figures: dict, confirmed: dict | None, setting: dict, where: str, sou
 
 
 def _from_best(p: Path) -> PerReplica:
-    data, _ = schemas.load_tuned(p)
-    return _from_tuned(data, str(p), f"tune best.json {p.name}")
+    data = read_tuned(p)
+    r = _from_tuned(data, str(p), f"tune best.json {p.name}")
+    r.model_sha256 = recorded_sha256(data)
+    if r.model_sha256 is None:
+        raise UsageError(f"{p}: key model_sha256: missing, and its model {data.get('model')!r} is not here to check: "
+                         "the figures cannot be tied to their model; tune the model again with `optkit tune`")
+    return r
 
 
 def _from_tuned(data: dict, where: str, what: str) -> PerReplica:
@@ -175,16 +169,23 @@ def _from_tuned(data: dict, where: str, what: str) -> PerReplica:
     return r
 
 
-def from_tune_result(result: dict, where: str) -> PerReplica:
-    """A recipe's tune stage result (its `measurements.tune`: the object tune writes to best.json), checked by
-    best.json's schema, without a file between."""
-    data = {k: v for k, v in result.items() if k != "trials"}
-    schemas.validate(data, schemas.TunedFile, where, "run the recipe's tune stage again")
-    return _from_tuned(data, where, where)
+def from_tune_result(result: dict, where: str, model: str, model_sha256: str) -> PerReplica:
+    """A recipe's tune stage result (its `measurements.tune`: the object tune writes to best.json) for `model`,
+    checked by best.json's contract, without a file between."""
+    data, _ = best_contract.of_result(result, model, model_sha256, where)
+    r = _from_tuned(data, where, where)
+    r.model_sha256 = model_sha256
+    return r
 
 
 def _from_lineage(p: Path) -> PerReplica:
-    data, _ = schemas.load_lineage(p)
+    data, _ = lineage.read(p)
+    folder = p.parent
+    if folder.name.isdigit() and int(folder.name) != data["version"]:
+        raise UsageError(f"{p}: key version: {data['version']}, not this folder's ({folder.name}): the lineage of "
+                         f"another version; {lineage.HINT}")
+    # the figures are of the model beside the lineage, as it records it
+    lineage.verify_files(folder, data, "a lineage is read in the version folder it describes: give REPO/NAME/N")
     tuned = data["tuned"]
     if tuned.get("source") is None:
         raise UsageError(f"{p}: the package was made without --tuned (key tuned.source is null): it carries no "
@@ -194,7 +195,7 @@ def _from_lineage(p: Path) -> PerReplica:
     peak = ((data.get("measured") or {}).get("memory") or {}).get("peak_mb")
     if r.memory_mb is None and peak is not None:
         r.memory_mb = _finite(peak, str(p), "measured.memory.peak_mb")
-    r.model = data["model"]["path"]
+    r.model, r.model_sha256 = data["model"]["path"], data["model"]["sha256"]
     return r
 
 
@@ -240,7 +241,11 @@ def from_report(rep: Report, where: str, name: str | None = None) -> PerReplica:
                    memory_mb=_finite(mem.get("peak_mb"), str(p), "measurements.memory.peak_mb", most=2 ** 24),
                    source=f"{'bench --url' if served else rep.command or 'report'} report {name} "
                           f"(stage {stage.name!r})",
-                   model=stage.output.path if stage.output else None)
+                   model=stage.output.path if stage.output else None,
+                   model_sha256=stage.output.sha256 if SHA256_RE.fullmatch(stage.output.sha256) else None)
+    if r.model_sha256 is None and not served:
+        raise UsageError(f"{p}: key {key.rsplit('.measurements', 1)[0]}.output.sha256: not a sha256, so the figures "
+                         "cannot be tied to their model; give the report optkit wrote")
     if req.get("body_bytes") is not None:
         r.request_bytes = int(_finite(req.get("body_bytes"), str(p), "measurements.request.body_bytes"))
     if served:

@@ -51,4 +51,4 @@ if __name__ == "__main__":
         except Exception as e:  # the one line the caller shows
             print(f"{name}: {type(e).__name__}: {e}", file=sys.stderr)
             sys.exit(1)
-        print(json.dumps(out))
+        print(json.dumps(out, allow_nan=False))

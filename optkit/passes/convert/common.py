@@ -73,9 +73,9 @@ class ConvertConfig(PassConfig):
     opset: int | None = Field(default=None, ge=7, description="ONNX opset (default: the newest the exporter "
                                                                "and onnxruntime both support).",
                               json_schema_extra=cli("--opset"))
-    atol: float | None = Field(default=None, ge=0, description="Absolute tolerance (default per dtype).",
+    atol: float | None = Field(default=None, ge=0, le=1e9, description="Absolute tolerance (default per dtype).",
                                json_schema_extra=cli("--atol", group="budgets"))
-    rtol: float | None = Field(default=None, ge=0, description="Relative tolerance (default per dtype).",
+    rtol: float | None = Field(default=None, ge=0, le=1e6, description="Relative tolerance (default per dtype).",
                                json_schema_extra=cli("--rtol", group="budgets"))
     samples: int = Field(default=64, ge=1, description="Validation samples taken from the data.",
                          json_schema_extra=cli("--samples", group="evaluation"))

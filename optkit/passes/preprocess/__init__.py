@@ -19,7 +19,6 @@ that feed the original model's input(s), "spec": the spec}: the boundary `optkit
 from __future__ import annotations
 
 import copy
-import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any, Optional
 import numpy as np
 from pydantic import Field, field_validator
 
+from optkit.core import strictjson
 from optkit.core.artifact import Artifact
 from optkit.core.atomic import atomic_path
 from optkit.core.errors import PassError, UsageError, ValidationError
@@ -72,7 +72,7 @@ class PreprocessConfig(PassConfig):
                                                       f"(default {MAX_DETECTIONS} with a threshold; at most the "
                                                       "head's anchors).",
                                           json_schema_extra=cli("--max-detections"))
-    tolerance: float = Field(default=0.05, ge=0, description="Max output difference against PIL preprocessing + the "
+    tolerance: float = Field(default=0.05, ge=0, le=1e6, description="Max output difference against PIL preprocessing + the "
                                                              "original model (scaled by max(1, |reference|)).",
                              json_schema_extra=cli("--tolerance", group="budgets"))
     max_top1_changes: int = Field(default=1, ge=0, description="Checked images whose top-1 class may differ from "
@@ -186,7 +186,7 @@ def _meta(model, key: str, value: Any) -> None:
         if p.key == key:
             model.metadata_props.remove(p)
     entry = model.metadata_props.add()
-    entry.key, entry.value = key, json.dumps(value, sort_keys=True)
+    entry.key, entry.value = key, strictjson.dumps(value, sort_keys=True)
 
 
 __all__ = ["META_POST", "META_PRE", "PreprocessConfig", "PreprocessOnnx", "ValidationError"]

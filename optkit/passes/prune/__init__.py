@@ -254,7 +254,7 @@ class TorchPruneConfig(PruneConfig):
     round_to: int | None = Field(default=None, ge=1, description="torch channels: multiple of this.",
                                  json_schema_extra=cli("--round-to"))
     # saved program vs in-memory model, max abs difference
-    max_error: float = Field(default=1e-4, gt=0, description="Saved program vs the model in memory: max abs "
+    max_error: float = Field(default=1e-4, gt=0, le=1e9, description="Saved program vs the model in memory: max abs "
                                                              "difference.",
                              json_schema_extra=cli(recipe_only="the export check's tolerance; not a user trade-off"))
 

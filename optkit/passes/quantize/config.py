@@ -90,12 +90,12 @@ class QuantizeConfig(PassConfig):
     # the check and the accuracy-aware search
     metric: Annotated[Optional[str], PathRole("input", names=python_file)] = Field(default=None, description="top1, top5, mse, mae, cosine or module:function (a custom metric runs your code).",
                                   json_schema_extra=cli("--metric", group="evaluation"))
-    max_accuracy_drop: Optional[float] = Field(default=None, ge=0, description="Budget: metric drop (0.01 = 1 point).",
+    max_accuracy_drop: Optional[float] = Field(default=None, ge=0, le=1e9, description="Budget: metric drop (0.01 = 1 point).",
                                                json_schema_extra=cli("--max-accuracy-drop", group="budgets"))
-    max_fidelity_loss: Optional[float] = Field(default=None, ge=0, description="Budget: 1 - cosine to the FP32 outputs.",
+    max_fidelity_loss: Optional[float] = Field(default=None, ge=0, le=2, description="Budget: 1 - cosine to the FP32 outputs.",
                                                json_schema_extra=cli("--max-fidelity-loss", group="budgets"))
     # the mode's fidelity budget (1 - cosine)
-    tolerance: Optional[float] = Field(default=None, ge=0, description="The check's fidelity budget (default per mode).",
+    tolerance: Optional[float] = Field(default=None, ge=0, le=2, description="The check's fidelity budget (default per mode).",
                                        json_schema_extra=cli("--tolerance", group="budgets"))
     # keep sensitive nodes in float when the check fails
     fallback: bool = Field(default=False, description="When the check fails, keep sensitive nodes in float until it "
@@ -104,7 +104,7 @@ class QuantizeConfig(PassConfig):
     max_candidates: int = Field(default=20, ge=1, description="Candidates the search may try.",
                                 json_schema_extra=cli("--max-candidates", group="budgets"))
     # seconds the search may take before it stops trying
-    time_budget: Optional[float] = Field(default=600, gt=0, description="Seconds the search may take.",
+    time_budget: Optional[float] = Field(default=600, gt=0, le=30 * 86_400, description="Seconds the search may take.",
                                          json_schema_extra=cli("--time-budget", group="budgets"))
     # budgets are judged on the whole eval set unless a subset is asked for (then reported with its size and
     # sampling noise); candidates are first screened on `screen_samples` and only the plausible ones scored
@@ -131,13 +131,13 @@ class QuantizeConfig(PassConfig):
                                                          "int8 kernel table says cannot win.",
                               json_schema_extra=cli("--full-search"))
     # size budget: output bytes / input bytes
-    max_size_ratio: Optional[float] = Field(default=None, gt=0, description="Budget: output size / input size (e.g. "
+    max_size_ratio: Optional[float] = Field(default=None, gt=0, le=1000, description="Budget: output size / input size (e.g. "
                                                                             "0.3).",
                                             json_schema_extra=cli("--max-size-ratio", group="budgets"))
     # A static or dynamic INT8 model slower than its parent is an error (exit 3) unless allowed: p50 at batch 1 on one
     # thread must not exceed max_latency_ratio x the parent's beyond the timing noise (the 95% interval of the
     # paired ratio lies wholly above it); the 5% margin covers the lasting offset between two sessions
-    max_latency_ratio: float = Field(default=1.05, gt=0,
+    max_latency_ratio: float = Field(default=1.05, gt=0, le=1000,
                                      description="Static/dynamic INT8: slower means p50 (batch 1, 1 thread) above this x the "
                                                  "parent's beyond the timing noise.",
                                      json_schema_extra=cli("--max-latency-ratio", group="budgets"))

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from optkit.core import strictjson
 from optkit.core.cachedir import NoCacheDir, cache_dir, private_folder, trusted
 from optkit.onnx import session as onnx_session
 
@@ -103,7 +104,7 @@ def table_key() -> dict[str, Any]:
 
 
 def cache_path(key: dict[str, Any]) -> Path:
-    digest = sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    digest = sha256(strictjson.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return cache_dir() / f"kernels-{digest}.json"
 
 
@@ -161,7 +162,7 @@ def write_cached(path: Path, key: dict[str, Any], ratios: dict[str, dict[str, fl
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)  # 0600, whatever the umask
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(doc, f, indent=1, sort_keys=True)
+                f.write(strictjson.dumps(doc, indent=1, sort_keys=True))
             with contextlib.suppress(FileNotFoundError):  # only our own file or a link is replaced, never a
                 mode = os.lstat(path).st_mode                 # folder, FIFO, socket or device at the cache path
                 if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):

@@ -82,7 +82,7 @@ class TensorRTBuildConfig(PassConfig):
     validate_output: bool = Field(True, description="Compare the engine with the ONNX model on sample inputs.",
                                   json_schema_extra=cli("--no-validate", sets=False, group="evaluation",
                                                         help="Skip comparing the engine with the ONNX model."))
-    tolerance: float | None = Field(None, gt=0, description="Max |engine - onnx| / max|onnx| (default by precision).",
+    tolerance: float | None = Field(None, gt=0, le=1000, description="Max |engine - onnx| / max|onnx| (default by precision).",
                                     json_schema_extra=cli("--tolerance", group="budgets"))
 
 

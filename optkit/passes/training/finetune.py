@@ -34,7 +34,7 @@ class FinetuneConfig(PassConfig):
     # global batch (split across replicas / workers)
     batch_size: int = Field(default=32, ge=1, description="Global batch size, split over replicas and workers.",
                             json_schema_extra=cli("--batch-size"))
-    learning_rate: float = Field(default=1e-3, gt=0, description="Learning rate.",
+    learning_rate: float = Field(default=1e-3, gt=0, le=10, description="Learning rate.",
                                  json_schema_extra=cli("--learning-rate"))
     optimizer: Optimizer = Field(default="adam", description="adam, adamw, sgd or rmsprop.",
                                  json_schema_extra=cli("--optimizer"))

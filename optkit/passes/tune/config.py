@@ -4,12 +4,13 @@ keeps). `num` and `short` write figures as people read them."""
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
 
+from optkit.contracts.base import MAX_MIB
+from optkit.contracts.best import SLO_FIGURES, parse_slo
 from optkit.core import dburl
 from optkit.core.atomic import PathRole
 from optkit.core.dburl import is_sqlite
@@ -19,7 +20,7 @@ from optkit.core.registry import PassConfig, cli
 # objective -> (figure, direction)
 OBJECTIVES = {"throughput": ("throughput_per_s", "maximize"), "latency": ("p50_ms", "minimize"),
               "cost": ("cpu_s_per_1k", "minimize")}
-SLO_FIGURES = {"p50": "p50_ms", "p90": "p90_ms", "p99": "p99_ms", "throughput": "throughput_per_s"}
+MAX_TIME_BUDGET_S = 30 * 86_400
 DIMENSIONS = ("provider", "threads", "execution_mode", "inter_op_threads", "graph_optimization", "batch",
               "concurrency", "sessions", "cpu_mem_arena", "mem_pattern")
 
@@ -37,27 +38,15 @@ def storage_file(url: str) -> Path | None:
 
 
 class Slo:
-    """A service-level objective: `p99<=20ms`, `p50 < 5 ms`, `throughput>=200`."""
-
-    _RE = re.compile(r"^\s*(p50|p90|p99|throughput)\s*(<=|<|>=|>)\s*(\d+(?:\.\d*)?(?:e[-+]?\d+)?|\.\d+)\s*"
-                     r"(ms|s|us|/s)?\s*$", re.I)
+    """A service-level objective: `p99<=20ms`, `p50 < 5 ms`, `throughput>=200`, read as best.json's readers read
+    it (contracts.best.parse_slo: the limit bounded as they bound the figure)."""
 
     def __init__(self, text: str):
-        m = self._RE.match(text)
-        if not m:
-            raise UsageError(f"cannot read SLO {text!r}; write it as p50|p90|p99<=MILLISECONDS ms or "
-                             "throughput>=SAMPLES/s, e.g. 'p99<=20ms'")
-        what, op, value, unit = m[1].lower(), m[2], float(m[3]), (m[4] or "").lower()
-        if (what == "throughput") != (unit in ("", "/s")) and unit:
-            raise UsageError(f"SLO {text!r}: {what} is in " + ("samples/s" if what == "throughput" else
-                                                                "ms, s or us"))
-        if what == "throughput" and op in ("<", "<=") or what != "throughput" and op in (">", ">="):
-            raise UsageError(f"SLO {text!r} asks for {'less throughput' if what == 'throughput' else 'more latency'}"
-                             "; write p99<=X ms or throughput>=Y")
-        if not math.isfinite(value) or value <= 0:
-            raise UsageError(f"SLO {text!r}: the limit must be a finite positive number")
+        try:
+            what, _, self.limit = parse_slo(text)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
         self.text, self.figure = text.strip(), SLO_FIGURES[what]
-        self.limit = value * {"s": 1e3, "us": 1e-3}.get(unit, 1.0)
         self.upper = what != "throughput"
 
     def violation(self, figures: dict) -> float:
@@ -83,13 +72,13 @@ class TuneConfig(PassConfig):
     slo: list[str] = Field(default_factory=list, description="A service-level objective every chosen setting "
                                                              "meets: 'p99<=20ms', 'throughput>=200' (repeatable).",
                            json_schema_extra=cli("--slo", group="budgets"))
-    max_memory_mb: float | None = Field(default=None, gt=0, allow_inf_nan=False,
+    max_memory_mb: float | None = Field(default=None, gt=0, le=MAX_MIB, allow_inf_nan=False,
                                         description="Peak memory (RSS) a setting may use, in MiB.",
                                         json_schema_extra=cli("--max-memory", kind="str", group="budgets",
                                                               help="Peak memory a setting may use, e.g. 2GB."))
     trials: int = Field(default=40, ge=1, le=10_000, strict=True, description="Trials in the study.",
                         json_schema_extra=cli("--trials", group="budgets"))
-    time_budget: float | None = Field(default=None, gt=0, allow_inf_nan=False,
+    time_budget: float | None = Field(default=None, gt=0, le=MAX_TIME_BUDGET_S, allow_inf_nan=False,
                                       description="Stop searching after this many seconds.",
                                       json_schema_extra=cli("--time-budget", kind="str", group="budgets",
                                                             help="Stop searching after this long, e.g. 10m."))

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from optkit.core import interrupts
+from optkit.core import interrupts, strictjson
 from optkit.core.isolate import TimedOut
 from optkit.core.text import first_line
 from optkit.measure.serving import Setting
@@ -80,7 +80,7 @@ class Confirmation:
         import optuna
 
         S = optuna.trial.TrialState
-        key = hashlib.sha256(json.dumps([r["number"] for r in top]).encode()).hexdigest()[:16]
+        key = hashlib.sha256(strictjson.dumps([r["number"] for r in top]).encode()).hexdigest()[:16]
         with interrupts.deferred():
             trial = study.ask()
             trial.set_user_attr("worker", self.worker)
@@ -103,7 +103,7 @@ class Confirmation:
                     if not any(t.state == S.RUNNING and t._trial_id < trial._trial_id for t in marked):
                         out = self.confirm(top)
                         with interrupts.deferred():
-                            trial.set_user_attr("confirmed", json.loads(json.dumps(out)))
+                            trial.set_user_attr("confirmed", json.loads(strictjson.dumps(out)))
                         break
                     if self.measurer.left() <= studies.POLL_S:
                         self.notes.append("the best setting was not measured again: the time budget ran out while "

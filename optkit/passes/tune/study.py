@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from optkit.core import interrupts
+from optkit.core import interrupts, strictjson
 from optkit.core.artifact import Artifact
 from optkit.core.errors import OptkitError, UsageError
 from optkit.core.text import first_line
@@ -41,7 +41,7 @@ def identity(artifact: Artifact, cfg: TuneConfig, space: dict, feeds: dict) -> t
              # the values too: another --value, other data or seed is another search
              "inputs_sha256": hashlib.sha256(b"".join(np.ascontiguousarray(feeds[k]).tobytes()
                                                       for k in sorted(feeds))).hexdigest()}
-    digest = hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()[:10]
+    digest = hashlib.sha256(strictjson.dumps(asked, sort_keys=True).encode()).hexdigest()[:10]
     return cfg.study or f"optkit-tune-{Path(artifact.path).stem}-{digest}", asked
 
 
@@ -70,14 +70,14 @@ def load_or_create(storage, url: str, name: str, asked: dict[str, Any], cfg: Tun
                          f"({first_line(e)}); name a new one with study (--study)") from None
     except Exception as e:  # noqa: BLE001 - the storage cannot be written or read
         raise UsageError(f"cannot use tune storage {redact(url)}: {db_message(e)}") from None
-    asked = json.loads(json.dumps(asked))  # as storage gives it back (lists, string keys)
+    asked = json.loads(strictjson.dumps(asked))  # as storage gives it back (lists, string keys)
     stored = study.user_attrs.get("optkit")
     if stored is None:
         with interrupts.deferred():
             study.set_user_attr("optkit", asked)
     elif stored != asked:
-        differs = [k for k in asked if json.dumps(stored.get(k), sort_keys=True) !=
-                   json.dumps(asked[k], sort_keys=True)]
+        differs = [k for k in asked if strictjson.dumps(stored.get(k), sort_keys=True) !=
+                   strictjson.dumps(asked[k], sort_keys=True)]
         if "machine" in differs:
             others = [k for k in differs if k != "machine"]
             raise UsageError(f"study {name!r} in {redact(url)} holds figures measured on another "

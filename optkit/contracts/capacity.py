@@ -1,67 +1,82 @@
-"""CAPACITY.json as `optkit package --capacity` reads it: the per-replica figures, replicas, resources and autoscaling
-`optkit capacity` wrote, turned into each manifest's own fields (package/manifests.py).
+"""CAPACITY.json: what `optkit capacity` worked out (per-replica figures, replicas, resources, autoscaling, the
+forecast's schedule, the replay) for one model, written by package/capacity/plan.py and read by `optkit package
+--capacity` into each manifest's own fields (package/manifests.py).
 
-It is user input like every file optkit reads back (anyone may have edited it): strict types, finite numbers,
-bounds, min <= max, requests <= limits, cron expressions of five plain fields. The keys package copies into a
-manifest (resources, schedule windows) take nothing else; the sections it reads figures from (per_replica, replicas,
-autoscaling, slo, replay) may carry more figures of `optkit capacity`'s own (replicas.fixed_for_peak,
-autoscaling.strategy, per_replica.request_bytes...), each a finite number or plain value. A bad one is exit 2, one line
-naming the file and the key, before anything is written. The contract (schema 1):
+Schema 2 records the sha256 of the model the figures were measured on (`model_sha256`; null only for a served
+model, `bench --url`, whose `model` is its URL): package refuses another model's file. Schema 1 (before it did)
+is refused with the command that writes it again.
 
-    {"schema": 1, "model": str|null, "slo": {"p99_ms": float|null},
-     "per_replica": {"throughput_per_s", "throughput_source", "p99_ms", "cpu_cores", "cpu_per_1000_samples_s",
-                     "memory_mb", "source"},
-     "headroom": float, "replicas": {"min", "max", "peak"},
-     "resources": {"requests": {"cpu": "<n>m", "memory": "<n>Mi"}, "limits": {...}},
-     "autoscaling": {"metric": "cpu"|"rps", "target_utilization", "target_rps_per_replica", "tolerance",
-                     "scale_down_stabilization_s", "scale_up_stabilization_s", "startup_s"},
-     "schedule": [{"start": "<cron>", "end": "<cron>", "desired_replicas": int, "timezone": "UTC"}],
-     "replay": {...}}
+It is user input like every file optkit reads back: strict types, finite numbers, bounds, min <= max, requests <=
+limits, cron expressions of five plain fields. The bounds are the capacity command's flags' own (`--slo-p99`,
+`--headroom`, `--tolerance`, `--min/--max-replicas`, windows, `--cpu`, `--memory-mb`: package/capacity/config.py
+declares them from here), so the command never writes a file package refuses. The sections package reads figures
+from keep other keys of `optkit capacity`'s own, each a finite number or plain value.
 """
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from optkit.core.errors import UsageError
-from optkit.package import schemas
-from optkit.package.schemas import MAX_MIB, MiB, Ms, Open, Strict
+from optkit.contracts.base import (
+    MAX_CORES,
+    MAX_MIB,
+    MAX_MS,
+    MAX_THROUGHPUT,
+    MiB,
+    Ms,
+    Open,
+    Sha256,
+    Strict,
+    Text,
+    finite,
+)
 
-MAX_REPLICAS = 10_000              # far past any one model's fleet; KEDA and the HPA take int32
-MAX_MILLICORES = 1_024_000         # 1,024 cores
-MAX_WINDOW_S = 3600                # the HPA's own bound on a stabilization window
+SCHEMA = 2
 HINT = "give the CAPACITY.json `optkit capacity` wrote, unedited"
+FIX = "write it for this model: optkit capacity FIGURES (a tune best.json, report or lineage of this model) -o FILE"
+
+# the bounds of `optkit capacity`'s flags, which are this file's
+MAX_REPLICAS = 10_000              # far past any one model's fleet; KEDA and the HPA take int32
+MAX_MILLICORES = int(MAX_CORES * 1000)
+MAX_WINDOW_S = 3600                # the HPA's own bound on a stabilization window; a pod's start-up too
+MAX_HEADROOM = 4.0                 # spare capacity over the load: 400%
+MAX_TOLERANCE = 1.0                # the HPA tolerance, below 1 (exclusive)
 
 Replicas = Annotated[int, Field(ge=1, le=MAX_REPLICAS)]
-Text = Annotated[str, Field(pattern=r"^[^\x00-\x1f\x7f]{0,512}$")]
 CPU = Annotated[str, Field(pattern=r"^[1-9][0-9]{0,9}m$")]
 Memory = Annotated[str, Field(pattern=r"^[1-9][0-9]{0,9}Mi$")]
+SloMs = Annotated[float, Field(gt=0, le=MAX_MS)]
 # a cron field: digits, names (MON, JAN), * / , - and ?; five of them, space-separated (KEDA's cron scaler)
 CRON_RE = re.compile(r"^[0-9A-Za-z*/,?-]{1,64}( [0-9A-Za-z*/,?-]{1,64}){4}$")
 TZ_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_+-]{0,30}(/[A-Za-z0-9_+-]{1,30}){0,2}$")
+URL_RE = re.compile(r"^https?://")
 
 
 class Slo(Open):
-    p99_ms: Annotated[float, Field(gt=0, le=schemas.MAX_MS)] | None = None
+    p99_ms: SloMs | None = None
 
 
 class PerReplica(Open):
-    throughput_per_s: Annotated[float, Field(gt=0, le=1e9)]
+    throughput_per_s: Annotated[float, Field(gt=0, le=MAX_THROUGHPUT)]
     throughput_source: Text
     p99_ms: Ms | None = None
-    cpu_cores: Annotated[float, Field(gt=0, le=1024)] | None = None
+    cpu_cores: Annotated[float, Field(gt=0, le=MAX_CORES)] | None = None
     cpu_per_1000_samples_s: Annotated[float, Field(ge=0, le=1e9)] | None = None
     memory_mb: MiB | None = None
     source: Text
+    cpu_source: Text | None = None
+    memory_source: Text | None = None
+    request_bytes: Annotated[int, Field(ge=0)] | None = None
 
 
 class ReplicaCounts(Open):
     min: Replicas
     max: Replicas
     peak: Replicas
+    needed_at_peak: Annotated[int, Field(ge=0)] | None = None
+    fixed_for_peak: Annotated[int, Field(ge=0)] | None = None
 
     @model_validator(mode="after")
     def _order(self):
@@ -78,7 +93,7 @@ class Quantities(Strict):
     @classmethod
     def _cores(cls, v):
         if v is not None and int(v[:-1]) > MAX_MILLICORES:
-            raise ValueError(f"{v} is over {MAX_MILLICORES}m (1,024 cores)")
+            raise ValueError(f"{v} is over {MAX_MILLICORES}m ({MAX_CORES:,} cores)")
         return v
 
     @field_validator("memory")
@@ -105,11 +120,12 @@ class Resources(Strict):
 class Autoscaling(Open):
     metric: Literal["cpu", "rps"]
     target_utilization: Annotated[float, Field(gt=0, le=1)]
-    target_rps_per_replica: Annotated[float, Field(gt=0, le=1e9)]
-    tolerance: Annotated[float, Field(ge=0, lt=1)] = 0.1
+    target_rps_per_replica: Annotated[float, Field(gt=0, le=MAX_THROUGHPUT)]
+    tolerance: Annotated[float, Field(ge=0, lt=MAX_TOLERANCE)] = 0.1
     scale_down_stabilization_s: Annotated[int, Field(ge=0, le=MAX_WINDOW_S)]
     scale_up_stabilization_s: Annotated[int, Field(ge=0, le=MAX_WINDOW_S)]
-    startup_s: Annotated[int, Field(ge=0, le=86_400)]
+    startup_s: Annotated[int, Field(ge=0, le=MAX_WINDOW_S)]
+    strategy: Literal["reactive", "forecast"] | None = None
 
 
 class Window(Strict):
@@ -136,35 +152,40 @@ class Window(Strict):
 class CapacityFile(Open):
     """The sections package reads, strict; other top-level keys (and replay) are kept with finite numbers."""
 
-    schema_: Literal[1] = Field(alias="schema")
+    schema_: Literal[2] = Field(alias="schema")
     model: Text | None = None
+    model_sha256: Sha256 | None
     slo: Slo = Field(default_factory=Slo)
     per_replica: PerReplica
-    headroom: Annotated[float, Field(ge=0, le=10)]
+    headroom: Annotated[float, Field(ge=0, le=MAX_HEADROOM)]
     replicas: ReplicaCounts
     resources: Resources = Field(default_factory=Resources)
     autoscaling: Autoscaling
     schedule: Annotated[list[Window], Field(max_length=1000)] = Field(default_factory=list)
     replay: dict[str, Any] = Field(default_factory=dict)
+    notes: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list)
+
+    @field_validator("schema_", mode="before")
+    @classmethod
+    def _schema(cls, v):
+        if v == 1:
+            raise ValueError("schema 1 is a CAPACITY.json written before it recorded its model's sha256; write it "
+                             "again with `optkit capacity`")
+        return v
 
     @field_validator("replay")
     @classmethod
     def _finite_replay(cls, v):
-        schemas._finite(v, "replay")
+        finite(v, "replay")
         return v
 
     @model_validator(mode="after")
-    def _schedule_within_max(self):
+    def _consistent(self):
+        if self.model_sha256 is None and not URL_RE.match(self.model or ""):
+            raise ValueError("key model_sha256: null, but the figures are not of a served model (model is not a URL); "
+                             "write it again with `optkit capacity`")
         for i, w in enumerate(self.schedule):
             if w.desired_replicas > self.replicas.max:
-                raise ValueError(f"schedule.{i}.desired_replicas {w.desired_replicas} is above replicas.max "
+                raise ValueError(f"key schedule.{i}.desired_replicas {w.desired_replicas} is above replicas.max "
                                  f"{self.replicas.max}")
         return self
-
-
-def load(path: str | Path) -> CapacityFile:
-    """The validated CAPACITY.json (a file the user named: a link to it is read); exit 2 naming file and key."""
-    p = Path(path)
-    if not p.exists() and not p.is_symlink():
-        raise UsageError(f"--capacity {path} does not exist; write it with `optkit capacity ... -o {p.name}`")
-    return schemas.load(p, CapacityFile, HINT, links=True)[1]  # type: ignore[return-value]
