@@ -92,22 +92,24 @@ def test_a_kernel_cache_folder_not_ours_is_not_written(cache, caplog, how):
 
 def test_a_planted_table_no_longer_changes_which_model_quantize_writes(cli, cache, tmp_path):
     """The same in-bounds table, the user's own and private, skips the ConvInteger tier; writable by group it is
-    ignored (measured again), said at -v, and the planted 5.00x decides nothing."""
+    ignored (measured again), said at -v, and the planted 37.50x decides nothing (a figure no CPU's int8 convs
+    measure, so the measured table cannot say it too)."""
     from optkit.onnx import io as onnx_io
 
     model = tmp_path / "m.onnx"
     onnx_io.save(_model(tmp_path, convs=3), model)
     key = kernels.table_key()
     path = kernels.cache_path(key)
-    assert kernels.write_cached(path, key, _ratios(conv3x3_small={"dynamic": 5.0}))
+    planted = _ratios(conv3x3_small={"dynamic": 37.5})
+    assert kernels.write_cached(path, key, planted)
     q, _ = _quantize(cli, tmp_path, model, "--per-channel", "--no-reduce-range")
-    assert any("ConvInteger runs 5.00x" in s["why"] for s in q["settings"].get("skipped", []))  # the control
+    assert any("ConvInteger runs 37.50x" in s["why"] for s in q["settings"].get("skipped", []))  # the control
     os.chmod(path, 0o664)
     q, err = _quantize(cli, tmp_path, model, "--per-channel", "--no-reduce-range")
     assert f"kernel table {path} ignored: writable by group" in err
     assert q["settings"]["kernel_table"]["cached"] is False
-    assert not any("5.00x" in s["why"] for s in q["settings"].get("skipped", []))
-    assert _mode(path) == 0o600 and "5.0" not in json.dumps(kernels.read_cached(path, key))
+    assert not any("37.50x" in s["why"] for s in q["settings"].get("skipped", []))
+    assert _mode(path) == 0o600 and kernels.read_cached(path, key) != planted
 
 
 # ------------------------------------------------------------------ onnxruntime's TensorRT caches

@@ -253,7 +253,7 @@ def _config_classes() -> dict[str, type]:
     from optkit.package.config import PackageConfig
     from optkit.passes import all_passes
 
-    found = {f"pass {name}": cls.Config for name, cls in all_passes().items()}
+    found = {f"pass {name}": cls.Config for name, cls in all_passes().items() if cls.__module__ != "_testpasses"}
     found.update({c.__name__: c for c in (PackageConfig, CapacityConfig, RecipeCapacity, MeasureSettings, DataSpec,
                                           Preprocess, Setting, OrtSettings)})
     found.update({f"recipe.{n}": c for n, c in vars(recipe).items() if isinstance(c, type)

@@ -19,6 +19,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from optkit.core import strictjson
 from optkit.core.atomic import normal_mode, remove, tmp_prefix
 from optkit.core.errors import UsageError
 
@@ -38,7 +39,7 @@ class Record:
     kind: str = "tokenizer"   # tokenizer | image-processor
 
     def to_json(self) -> str:
-        return json.dumps({"folder": self.folder, "sha256": self.sha256, "kind": self.kind}, sort_keys=True)
+        return strictjson.dumps({"folder": self.folder, "sha256": self.sha256, "kind": self.kind}, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str, where: str) -> Record:
