@@ -45,7 +45,6 @@ import numpy as np
 
 from optkit.core.artifact import Artifact
 from optkit.core.isolate import run_isolated
-from optkit.measure.datasets import load_dataset
 from optkit.measure.latency import LIMIT_S, summarize, t95
 from optkit.measure.model import latency_feeds, synthesized
 from optkit.onnx.session import ort_session
@@ -163,7 +162,7 @@ def _trials(artifact: Artifact, settings, trials: int, normalize: bool, data, li
     trial_limit = (LIMIT_S if limit_s is None else limit_s) / (2 * trials)
     session = settings.open(artifact)
     if data is not None:
-        ds = load_dataset(data.path, data.preprocess, data.labels)
+        ds = data.load(artifact.path)
         feeds = latency_feeds(session.inputs, ds.bind(session.inputs, stream=True), settings.batch, ds.source)
     else:
         feeds, _ = synthesized(session, settings)

@@ -34,8 +34,9 @@ class PackageConfig(BaseModel):
     data: str | None = Field(default=None, description="Sample data: .npz, an image folder or IDX images; its "
                                                        "samples give the warm-up's dims.",
                              json_schema_extra=cli("--data", help=(
-                                 "Sample data: .npz, an image folder or IDX images; the command feeds it instead of "
-                                 "random inputs (with labels, accuracy is measured too).")))
+                                 "Sample data: .npz, an image folder, IDX images, or text (CSV, TSV, JSONL, Parquet, "
+                                 "a datasets folder; tokenized by the model's own tokenizer); the command feeds it "
+                                 "instead of random inputs (with labels, accuracy is measured too).")))
     shape: list[str] = Field(default_factory=list, description="Dims the warm-up needs where the model's are "
                                                                 "dynamic: name=1x128 (repeatable; or the --data .npz's "
                                                                 "samples).", json_schema_extra=cli("--shape"))

@@ -327,7 +327,11 @@ def _value(g: Gate, report: Report, baseline: Report | None) -> tuple[float | No
         return f.top1_agreement, 0.0, ""
     if m == "accuracy_drop":
         a, b = StageFigures.of(first, strict=True).accuracy, f.accuracy
-        return (None if a is None or b is None else a - b), 0.0, f"{first.name} {_f(a)} -> {s.name} {_f(b)}"
+        detail = f"{first.name} {_f(a)} -> {s.name} {_f(b)}"
+        if f.accuracy_drop_ci95 is not None and s is not first:  # no per-sample loss: a paired bootstrap's band
+            lo, hi = f.accuracy_drop_ci95
+            return (None if a is None or b is None else a - b), Band(lo, hi), f"{detail}; 95% band {lo:+.4f} .. {hi:+.4f}"
+        return (None if a is None or b is None else a - b), 0.0, detail
     if m == "size_ratio":
         a, b = StageFigures.of(first, strict=True).size_bytes, f.size_bytes
         return (None if not a or b is None else b / a), 0.0, f"{first.name} -> {s.name}"
