@@ -12,6 +12,7 @@ token ids are a real tokenizer's. The weights are random (seeded): outputs are c
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -121,11 +122,17 @@ SENTIMENT = {0: "negative", 1: "neutral", 2: "positive"}
 TAGS = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}
 
 
+@functools.cache
+def _trained() -> str:
+    return tokenizer(sentences()).to_str()
+
+
 def hf_tokenizer(folder: Path, max_length: int = 128):
     """A WordPiece tokenizer trained on real sentences (`tokenizer`), saved as a transformers fast tokenizer."""
+    from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    tok = PreTrainedTokenizerFast(tokenizer_object=tokenizer(sentences()), unk_token="[UNK]", pad_token="[PAD]",
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(_trained()), unk_token="[UNK]", pad_token="[PAD]",
                                   cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]",
                                   model_max_length=max_length,
                                   model_input_names=["input_ids", "token_type_ids", "attention_mask"])
