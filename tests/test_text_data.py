@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from _encoders import SENTIMENT, text_model
+
 from conftest import ROOT, one_error_line
 
 STS = ROOT / "tests" / "data" / "sts-test.csv"

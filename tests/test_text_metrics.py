@@ -10,13 +10,13 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from _encoders import text_model
 
 from optkit.core.errors import UsageError
 from optkit.measure.accuracy import compute, metric_rows, per_sample
 from optkit.measure.text.labels import Answers, Tags
 from optkit.measure.textmetrics import paired_bootstrap, rows_of
 
-from _encoders import text_model
 from conftest import ROOT, one_error_line
 
 RNG = np.random.default_rng(7)
