@@ -50,7 +50,9 @@ band at all (a report edited by hand, or written before optkit recorded bands) i
 judge: the figure carries no noise band; measure it again with this optkit". A band end the runs do not bound
 (e.g. the p99 of fewer than 368 runs has no upper end) cannot be on the right side of a threshold either.
 Figures without a measured noise (size, accuracy, fidelity, memory) have a band of zero
-width: plain pass or fail. A band or a latency that no measurement gives (negative, NaN, the wrong type, a band
+width: plain pass or fail; except accuracy_drop on a metric with no per-sample loss (f1, spearman, pearson), judged
+on the 95% interval of a paired bootstrap over the rows that the stage's measurement against the input records
+(`accuracy.drop_ci95`, measure.textmetrics). A band or a latency that no measurement gives (negative, NaN, the wrong type, a band
 that does not hold its figure) is bad input (UsageError, exit 2), read by StageFigures.of(strict=True). A
 regression gate on an unchanged model stays a pass as long as the upper end of the interval is under the
 threshold: the interval is that of a shift estimate over all trial pairs, a few % wide on a shared machine
