@@ -204,3 +204,15 @@ def text_model(kind: str, cache: Path, max_length: int = 128) -> Path:
         preprocessor.stamp(proto, record)
         onnx.save(proto, str(out))
     return out
+
+
+def conll_entities(tags):
+    """conlleval's chunks of an IOB2 sequence, by hand: (type, start, end)."""
+    out, start, kind = [], None, None
+    for i, t in enumerate([*tags, "O"]):
+        if start is not None and (t == "O" or t.startswith("B-") or t[2:] != kind):
+            out.append((kind, start, i - 1))
+            start = kind = None
+        if t != "O" and start is None:
+            start, kind = i, t[2:]
+    return set(out)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _encoders import SENTIMENT, text_model
+from _encoders import SENTIMENT, TAGS, conll_entities, text_model
 
 from conftest import ROOT, one_error_line
 
@@ -238,3 +238,50 @@ def test_text_data_feeds_bench_tune_and_profile(cli, models, tmp_path):
     assert shapes["input_ids"][1] < 128
     r = cli("profile", models["classifier"], "--data", data, "--print-recipe")
     assert r.rc == 0 and "d.csv" in r.out, r.err
+
+
+def test_token_classification_and_question_answering_from_jsonl(models, tmp_path):
+    """CoNLL-shaped (tokens, ner_tags: names or indices) and SQuAD-shaped (question, context, answers) rows: the
+    entity F1 equals conlleval's count on the words' first sub-tokens, by transformers' word_ids and onnxruntime;
+    SQuAD's figures are their per-row mean."""
+    import onnxruntime as ort
+    from transformers import AutoTokenizer
+
+    from optkit.measure.accuracy import per_sample
+
+    cache = models["classifier"].parent
+    tagger, qa = text_model("tagger", cache), text_model("qa", cache)
+    rows = [{"tokens": ["John", "lives", "in", "Paris", "."], "ner_tags": ["B-PER", "O", "O", "B-LOC", "O"]},
+            {"tokens": ["Mary", "Smith", "visited", "New", "York"], "ner_tags": [1, 2, 0, 3, 4]},
+            {"tokens": ["Nothing", "here"], "ner_tags": ["O", "O"]}]
+    data = tmp_path / "ner.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    ds, out, figures = _scored(tagger, data, "f1")
+    tok = AutoTokenizer.from_pretrained(str(tagger.with_suffix(".preprocessor")))
+    sess = ort.InferenceSession(str(tagger), providers=["CPUExecutionProvider"])
+    names = [TAGS[i] for i in sorted(TAGS)]
+    correct = n_gold = n_pred = 0
+    for r in rows:
+        enc = tok(r["tokens"], is_split_into_words=True, return_tensors="np")
+        logits = sess.run(None, {k: enc[k].astype(np.int64) for k in ("input_ids", "attention_mask",
+                                                                       "token_type_ids")})[0][0]
+        first = {}
+        for pos, w in enumerate(enc.word_ids(0)):
+            if w is not None and w not in first:
+                first[w] = pos
+        gold = [t if isinstance(t, str) else TAGS[t] for t in r["ner_tags"]]
+        pred = [names[int(logits[first[w]].argmax())] for w in range(len(r["tokens"]))]
+        g, p = conll_entities(gold), conll_entities(pred)
+        correct, n_gold, n_pred = correct + len(g & p), n_gold + len(g), n_pred + len(p)
+    assert figures["f1"] == pytest.approx(2 * correct / (n_gold + n_pred) if n_gold + n_pred else 0.0)
+
+    qa_rows = [{"question": "Where is the tower?", "context": "The Eiffel Tower is in Paris, the capital of France.",
+                "answers": {"text": ["Paris"], "answer_start": [23]}},
+               {"question": "What is the capital?", "context": "Paris is the capital of France.",
+                "answers": {"text": ["Paris"], "answer_start": [0]}}]
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in qa_rows), encoding="utf-8")
+    for metric in ("exact_match", "f1"):
+        ds, out, figures = _scored(qa, data, metric)
+        assert [o.shape[0] for o in out] == [2, 2] and 0.0 <= figures[metric] <= 1.0
+        assert figures[metric] == pytest.approx(float(per_sample(metric, out, ds.labels).mean()))

@@ -10,7 +10,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from _encoders import text_model
+from _encoders import conll_entities, text_model
 
 from optkit.core.errors import UsageError
 from optkit.measure.accuracy import compute, metric_rows, per_sample
@@ -52,18 +52,6 @@ def test_spearman_and_pearson_of_embeddings_and_of_one_score():
         compute("spearman", [RNG.normal(size=(100, 7, 16))], labels)
 
 
-def _conll_entities(tags):
-    """conlleval's chunks of an IOB2 sequence, by hand: (type, start, end)."""
-    out, start, kind = [], None, None
-    for i, t in enumerate([*tags, "O"]):
-        if start is not None and (t == "O" or t.startswith("B-") or t[2:] != kind):
-            out.append((kind, start, i - 1))
-            start = kind = None
-        if t != "O" and start is None:
-            start, kind = i, t[2:]
-    return set(out)
-
-
 def test_entity_f1_counts_entities_as_conlleval_does():
     classes = ("O", "B-PER", "I-PER", "B-LOC", "I-LOC")
     gold_rows = [["B-PER", "I-PER", "O", "B-LOC"], ["O", "B-LOC", "I-LOC", "O", "B-PER"], ["O", "O"]]
@@ -73,9 +61,9 @@ def test_entity_f1_counts_entities_as_conlleval_does():
         pos = np.arange(1, len(g) + 1)          # each word's first sub-token, after [CLS]
         labels[i] = Tags(np.array([classes.index(t) for t in g]), pos, classes)
         logits[i, pos, [classes.index(t) for t in p]] = 5.0
-    correct = sum(len(_conll_entities(g) & _conll_entities(p)) for g, p in zip(gold_rows, pred_rows))
-    n_gold = sum(len(_conll_entities(g)) for g in gold_rows)
-    n_pred = sum(len(_conll_entities(p)) for p in pred_rows)
+    correct = sum(len(conll_entities(g) & conll_entities(p)) for g, p in zip(gold_rows, pred_rows))
+    n_gold = sum(len(conll_entities(g)) for g in gold_rows)
+    n_pred = sum(len(conll_entities(p)) for p in pred_rows)
     assert compute("f1", [logits], labels)["f1"] == pytest.approx(2 * correct / (n_gold + n_pred))
 
 

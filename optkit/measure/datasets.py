@@ -189,7 +189,8 @@ def load_dataset(spec: str | Path, preprocess: Preprocess | dict[str, Any] | Non
         return _checked(_npy(path, labels))
     if "idx" in name or name.endswith(("-ubyte", "-ubyte.gz")):
         return _checked(_idx_dataset(path, labels, pre))
-    raise UsageError(f"cannot read data {path}: expected an .npz, an .npy, an image folder or IDX (-ubyte) files")
+    raise UsageError(f"cannot read data {path}: expected an .npz, an .npy, an image folder, IDX (-ubyte) files, or text "
+                     "(.csv, .tsv, .txt, .jsonl, .parquet, a datasets folder)")
 
 
 def _npz(path: Path) -> Dataset:
