@@ -47,6 +47,16 @@ class Rows:
     def value(self, idx: np.ndarray | None = None) -> float:
         return float(self.stat(np.arange(self.n) if idx is None else idx))
 
+    def resampled(self, resamples: int = BOOTSTRAP, seed: int = SEED) -> np.ndarray:
+        """The figure on each of `resamples` resamples of the rows, drawn from `seed`: the same rows for every model
+        of the same n, so two models' vectors pair up (kept: the choice among candidates compares many pairs)."""
+        cache = self.__dict__.setdefault("_resampled", {})
+        if (resamples, seed) not in cache:
+            rng = np.random.default_rng(seed)
+            cache[(resamples, seed)] = np.array([self.value(rng.integers(0, self.n, self.n))
+                                                 for _ in range(resamples)])
+        return cache[(resamples, seed)]
+
 
 def rows_of(metric: str, outputs: list, labels: Any, classes: list[str] | None = None) -> Rows:
     labels = np.asarray(labels) if not isinstance(labels, np.ndarray) else labels
@@ -220,12 +230,7 @@ def paired_bootstrap(a: Rows, b: Rows, resamples: int = BOOTSTRAP, seed: int = S
     a figure is undefined, e.g. a constant correlation, are left out)."""
     if a.n != b.n:
         raise ValueError(f"paired rows differ: {a.n} and {b.n}")
-    rng = np.random.default_rng(seed)
-    d = []
-    for _ in range(resamples):
-        idx = rng.integers(0, a.n, a.n)
-        d.append(a.value(idx) - b.value(idx))
-    d = np.asarray(d)
+    d = a.resampled(resamples, seed) - b.resampled(resamples, seed)
     d = d[np.isfinite(d)]
     if not len(d):
         return float("nan"), float("nan")
