@@ -12,6 +12,7 @@ token ids are a real tokenizer's. The weights are random (seeded): outputs are c
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -113,3 +114,105 @@ def encoder(size: str, cache: Path) -> Path:
     tmp.replace(out)
     meta.write_text(key)
     return out
+
+
+# ---------------------------------------------------------------- text models with their tokenizer, as convert writes them
+TEXT_SIZE = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
+SENTIMENT = {0: "negative", 1: "neutral", 2: "positive"}
+TAGS = {0: "O", 1: "B-PER", 2: "I-PER", 3: "B-LOC", 4: "I-LOC"}
+
+
+@functools.cache
+def _trained() -> str:
+    return tokenizer(sentences()).to_str()
+
+
+def hf_tokenizer(folder: Path, max_length: int = 128):
+    """A WordPiece tokenizer trained on real sentences (`tokenizer`), saved as a transformers fast tokenizer."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(_trained()), unk_token="[UNK]", pad_token="[PAD]",
+                                  cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]",
+                                  model_max_length=max_length,
+                                  model_input_names=["input_ids", "token_type_ids", "attention_mask"])
+    tok.save_pretrained(str(folder))
+    return tok
+
+
+def text_model(kind: str, cache: Path, max_length: int = 128) -> Path:
+    """A tiny seeded BERT exported to ONNX with its tokenizer folder beside it and the record stamped into its
+    metadata (optkit.core.preprocessor), as `optkit convert` writes a Hugging Face model. `kind`: "classifier"
+    (logits [batch, 3], SENTIMENT labels), "encoder" (a mean-pooled sentence_embedding [batch, 32]), "tagger"
+    (token logits [batch, sequence, 5], TAGS) or "qa" (start_logits, end_logits [batch, sequence])."""
+    import tempfile
+
+    import onnx
+    import torch
+    from transformers import (
+        BertConfig,
+        BertForQuestionAnswering,
+        BertForSequenceClassification,
+        BertForTokenClassification,
+        BertModel,
+    )
+
+    from optkit.core import preprocessor
+
+    out = cache / f"text-{kind}.onnx"
+    if out.exists() and preprocessor.folder_beside(out).is_dir():
+        return out
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        tok = hf_tokenizer(Path(tmp), max_length)
+        labels = {"classifier": SENTIMENT, "tagger": TAGS}.get(kind, {0: "LABEL_0", 1: "LABEL_1"})
+        config = BertConfig(vocab_size=len(tok), max_position_embeddings=max_length, attn_implementation="eager",
+                            id2label=labels, label2id={v: k for k, v in labels.items()}, **TEXT_SIZE)
+        torch.manual_seed({"classifier": 1, "encoder": 2, "tagger": 3, "qa": 4}[kind])
+        net = {"classifier": BertForSequenceClassification, "encoder": BertModel, "tagger": BertForTokenClassification,
+               "qa": BertForQuestionAnswering}[kind](config).eval()
+        config.save_pretrained(tmp)
+        names = {"classifier": ["logits"], "encoder": ["sentence_embedding"], "tagger": ["logits"],
+                 "qa": ["start_logits", "end_logits"]}[kind]
+
+        class Wrapped(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.net = net
+
+            def forward(self, input_ids, attention_mask, token_type_ids):
+                o = self.net(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)
+                if kind == "encoder":
+                    m = attention_mask.unsqueeze(-1).to(o.last_hidden_state.dtype)
+                    return (o.last_hidden_state * m).sum(1) / m.sum(1).clamp(min=1e-9)
+                if kind == "qa":
+                    return o.start_logits, o.end_logits
+                return o.logits
+
+        enc = tok(["a first sentence", "and a second, longer one"], padding=True, return_tensors="pt")
+        feeds = (enc["input_ids"], enc["attention_mask"], enc["token_type_ids"])
+        dyn = {0: "batch", 1: "sequence"}
+        axes = {k: dyn for k in ("input_ids", "attention_mask", "token_type_ids")}
+        axes.update({n: (dyn if kind in ("tagger", "qa") else {0: "batch"}) for n in names})
+        raw = Path(tmp) / "model.onnx"
+        with torch.no_grad():
+            torch.onnx.export(Wrapped(), feeds, str(raw), input_names=list(axes)[:3], output_names=names,
+                              opset_version=17, dynamo=False, dynamic_axes=axes)
+        files = [p for p in Path(tmp).iterdir() if p.is_file() and p.suffix != ".onnx"]
+        record = preprocessor.write_folder(files, out)
+        proto = onnx.load(str(raw))
+        preprocessor.stamp(proto, record)
+        onnx.save(proto, str(out))
+    return out
+
+
+def conll_entities(tags):
+    """conlleval's chunks of an IOB2 sequence, by hand: (type, start, end)."""
+    out, start, kind = [], None, None
+    for i, t in enumerate([*tags, "O"]):
+        if start is not None and (t == "O" or t.startswith("B-") or t[2:] != kind):
+            out.append((kind, start, i - 1))
+            start = kind = None
+        if t != "O" and start is None:
+            start, kind = i, t[2:]
+    return set(out)

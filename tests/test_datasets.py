@@ -79,8 +79,11 @@ def test_image_folder_with_preprocessing(tmp_path):
 def test_bad_data_sources(tmp_path):
     with pytest.raises(UsageError, match="not found"):
         load_dataset(tmp_path / "missing.npz")
-    (tmp_path / "x.csv").write_text("1,2")
+    (tmp_path / "x.bin").write_text("1,2")
     with pytest.raises(UsageError, match="cannot read data"):
+        load_dataset(tmp_path / "x.bin")
+    (tmp_path / "x.csv").write_text("1,2")   # text data: tokenized by a model's tokenizer, and none is given
+    with pytest.raises(UsageError, match="is text data, tokenized by the model's own tokenizer"):
         load_dataset(tmp_path / "x.csv")
     (tmp_path / "broken.npz").write_bytes(b"PK\x03\x04 not really")
     with pytest.raises(UsageError, match="cannot read"):

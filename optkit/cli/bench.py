@@ -10,7 +10,7 @@ from optkit.core.errors import UsageError
 from optkit.core.text import redact_url
 
 
-@flags.groups("data", "weights", "provider", "measure", "timing", "output")
+@flags.groups("data", "text", "weights", "provider", "measure", "timing", "output")
 def bench_cmd(
     ctx: typer.Context,
     model: Optional[str] = typer.Argument(None, help="Model file, SavedModel folder or file.py:factory (or "
@@ -34,7 +34,7 @@ def bench_cmd(
     --concurrency throughput under load; with --url, of a model a KServe v2 server serves."""
     from optkit.measure.model import DataSpec
 
-    data = DataSpec(path=shared.data) if shared.data else None
+    data = DataSpec(path=shared.data, **shared.text()) if shared.data else None
     if url is not None:
         return _bench_url(ctx, model, url, shared, batch=batch, duration=duration, concurrency=concurrency, data=data)
     if model is None:

@@ -9,7 +9,8 @@ from optkit.cli import common, flags, options
 from optkit.core.errors import UsageError
 
 
-@flags.groups("data_required", "weights", "metric", "labels", "max_samples", "provider", "measure", "output")
+@flags.groups("data_required", "text", "weights", "metric", "labels", "max_samples", "provider", "measure",
+               "output")
 def eval_cmd(
     model: str = typer.Argument(..., help="Model file, SavedModel folder or file.py:factory."),
     reference: Optional[str] = typer.Option(None, "--reference", help="Also report fidelity to this model."),
@@ -33,7 +34,8 @@ def eval_cmd(
     ref = common.load_artifact(reference) if reference else None
     common.measure_and_report(
         artifact, settings, command=f"optkit eval {model}", latency=False,
-        data=DataSpec(path=shared.data, labels=shared.labels, preprocess=pre, max_samples=shared.max_samples),
+        data=DataSpec(path=shared.data, labels=shared.labels, preprocess=pre, max_samples=shared.max_samples,
+                      **shared.text()),
         metric=None if no_metric else shared.metric, reference=ref, report_path=shared.report,
         as_json=shared.as_json,
     )

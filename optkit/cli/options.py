@@ -51,9 +51,11 @@ def output_file(help: str) -> Any:
     return option(..., ("-o", "--output"), help=help)
 
 
-DATA_HELP = ("Sample data: .npz, an image folder or IDX images (an image of at most 64M pixels, by its header); the "
+DATA_HELP = ("Sample data: .npz, an image folder or IDX images (an image of at most 64M pixels, by its header), or "
+             "text (CSV, TSV, JSONL, Parquet, a datasets folder; tokenized by the model's own tokenizer); the "
              "command feeds it instead of random inputs (with labels, accuracy is measured too).")
-METRIC_HELP = "top1, top5, mse, mae, cosine or module:function (a custom metric runs your code)."
+METRIC_HELP = ("top1 (or accuracy), top5, f1, spearman, pearson, exact_match, mse, mae, cosine or module:function "
+               "(a custom metric runs your code).")
 _STR, _INT, _LIST = Optional[str], Optional[int], Optional[list[str]]
 
 # keyed by the flag's name: "--eval-data" is "eval_data"
@@ -69,6 +71,10 @@ OPTIONS: dict[str, Opt] = {o.flags[0].lstrip("-").replace("-", "_"): o for o in 
     Opt("color", ("--color",), str, "rgb", "Image folders: rgb, bgr or gray.", "data"),
     Opt("weights", ("--weights",), _STR, None, "State dict for a factory model (loaded with weights_only=True).",
         "data"),
+    Opt("columns", ("--columns",), _STR, None, "Text data: the column of each role, by position (from 0) or header "
+        "name, e.g. text=5,text_pair=6,label=4 (default: columns named text, text_pair, label).", "data"),
+    Opt("no_truncation", ("--no-truncation",), bool, False, "Text data: a row over the model's token limit is an "
+        "error instead of truncated (and counted).", "data"),
     # evaluation: labelled data and how it is scored
     Opt("eval_data", ("--eval-data",), _STR, None, "Labelled data the input and the result are measured (and "
         "checked) on: .npz, image folder or IDX images.", "evaluation"),
@@ -105,6 +111,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "eval": ("eval_data", "labels", "max_samples"),  # labelled data to measure (and check) on
     "finetune": ("train", "eval_data", "metric", "layout", "color"),
     "output": ("report", "json"),                    # a command that reports: the report file and --json
+    "text": ("columns", "no_truncation"),            # how text data is read
 }
 
 
@@ -117,6 +124,8 @@ class Shared:
     layout: Optional[str] = None
     color: str = "rgb"
     weights: Optional[str] = None
+    columns: Optional[str] = None
+    no_truncation: bool = False
     eval_data: Optional[str] = None
     labels: Optional[str] = None
     max_samples: Optional[int] = None
@@ -131,6 +140,15 @@ class Shared:
     as_json: bool = False
     print_recipe: bool = False
     baseline: Optional[str] = None
+
+    def text(self) -> dict[str, Any]:
+        """How text data is read (--columns, --no-truncation), as DataSpec and recipe data-item keys."""
+        out: dict[str, Any] = {"columns": self.columns} if self.columns else {}
+        return {**out, "truncation": False} if self.no_truncation else out
+
+    def item(self, path: Optional[str]) -> Any:
+        """A data path as a recipe data item, with how text data is read (the path alone when that is default)."""
+        return None if path is None else ({"path": path, **self.text()} if self.text() else path)
 
     def settings(self, **more: Any) -> Any:
         """MeasureSettings from the provider, threads, --shape, --value, warm-up and runs; `more` adds or replaces."""

@@ -17,7 +17,7 @@ NUMERIC = ("nodes", "ms", "share", "a ms", "b ms", "delta", "delta ms")
 
 
 @flags.pass_options("profile.onnx")
-@flags.groups("data", "shape", "value", "json", "print_recipe")
+@flags.groups("data", "text", "shape", "value", "json", "print_recipe")
 def profile_cmd(
     model: str = typer.Argument(..., help="ONNX model (or Keras / SavedModel with --logdir)."),
     compare: Optional[str] = typer.Option(None, "--compare",
@@ -66,7 +66,7 @@ def profile_cmd(
         raise UsageError("--logdir is for Keras / SavedModel models; for ONNX write a Chrome trace with --trace")
     if other is None:  # one model: the one-stage recipe (profile.onnx), through the recipe runner
         result = run_profile_stage(model, cfg, MeasureSettings(shapes=kwargs["shapes"], values=kwargs["values"]),
-                                   data=data, trace=trace, print_recipe=print_recipe)
+                                   data=shared.item(data), trace=trace, print_recipe=print_recipe)
         if result is None:  # --print-recipe: printed, nothing ran
             return
     else:  # two models side by side: both profiled whole, then compared (no recipe stage does this)

@@ -12,7 +12,7 @@ from optkit.core.errors import UsageError, ValidationError
 
 
 @flags.pass_options("quantize.onnx")
-@flags.groups("calibration_data", "eval", "measure", "output", "print_recipe")
+@flags.groups("calibration_data", "eval", "text", "measure", "output", "print_recipe")
 def quantize_cmd(
     model: str = typer.Argument(..., help="ONNX model (float32)."),
     output: str = options.output_file("Where to write the quantized model."),
@@ -30,8 +30,8 @@ def quantize_cmd(
         raise UsageError(f"unknown --mode {mode!r}; choose dynamic, static, fp16 or int4")
     config["mode"] = mode
     settings = shared.settings(check_outputs=config.get("check_outputs", []))
-    data = {"calibration": shared.calibration_data} if shared.calibration_data else {}
-    spec = DataSpec(path=shared.eval_data, labels=shared.labels, max_samples=shared.max_samples) \
+    data = {"calibration": shared.item(shared.calibration_data)} if shared.calibration_data else {}
+    spec = DataSpec(path=shared.eval_data, labels=shared.labels, max_samples=shared.max_samples, **shared.text()) \
         if shared.eval_data else None
     run_and_explain(f"quantize.onnx-{mode}", model, output, config, settings=settings,
                     command=f"optkit quantize {model} --mode {mode}", eval_data=spec, metric=config.get("metric"),

@@ -60,7 +60,7 @@ def _check_storage(storage: Optional[str], output: Path, others: list) -> None:
 
 
 @flags.pass_options("tune.onnx")
-@flags.groups("data", "shape", "value", "json", "print_recipe")
+@flags.groups("data", "text", "shape", "value", "json", "print_recipe")
 def tune_cmd(
     model: Optional[str] = typer.Argument(None, help="ONNX model (none with --report alone: read a study)."),
     output: Optional[str] = typer.Option(None, "-o", "--output",
@@ -107,7 +107,7 @@ def tune_cmd(
         config["time_budget"] = parse_duration(config["time_budget"])
     cfg = build_config(get_pass("tune.onnx"), config, unknown="unknown option")
     settings = MeasureSettings(shapes=parse_shapes(shape), values=parse_values(value), seed=cfg.seed)
-    run_tune(model, cfg, settings, data=data, output=Path(output), report_path=report, as_json=as_json,
+    run_tune(model, cfg, settings, data=shared.item(data), output=Path(output), report_path=report, as_json=as_json,
              print_recipe=print_recipe)
 
 

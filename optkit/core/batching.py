@@ -5,6 +5,11 @@ Feeds always carry a leading sample axis. How one sample of an input becomes par
   an input [batch,3,224,224]); when every input is batched, several samples go in one call;
 - "whole": the sample is a complete input (data [N,2,1,128] for a state [2,batch,128]; data [N] for a scalar
   input), so the model runs one sample per call and each output gets a leading sample axis.
+
+Token sequences padded at the end (text data: arrays with a `lengths` attribute, each sample's real length) are
+batched by length: each WINDOW of samples is sorted by length, each call cut to its longest sample, and each
+output with a sequence axis (its dim 1 not fixed) padded back with zeros to the data's width, the samples put back
+in their order. So padding does not dominate the time, and every sample's output is where it was.
 """
 from __future__ import annotations
 
@@ -14,6 +19,8 @@ import numpy as np
 
 from optkit.core.errors import UsageError
 from optkit.core.shapes import dim_kind, format_shape
+
+WINDOW = 4096   # samples sorted by length at a time: batches of like length, the data read in order otherwise
 
 
 def fixed_batch(specs: list) -> int | None:
@@ -113,13 +120,33 @@ def call_as_samples(specs: list, feeds: dict[str, np.ndarray]) -> dict[str, np.n
     return feeds if stackable(specs) else as_samples(feeds)
 
 
+def sequence_lengths(feeds: dict) -> tuple[np.ndarray | None, set[str]]:
+    """The samples' real lengths and the feeds that are token sequences padded at the end (see the module);
+    (None, set()) for other data."""
+    keys = {k for k, v in feeds.items() if getattr(v, "lengths", None) is not None}
+    return (np.asarray(feeds[next(iter(sorted(keys)))].lengths) if keys else None), keys
+
+
+def cut(part: dict, keys: set[str], lengths: np.ndarray) -> tuple[dict, int, int]:
+    """A call's token sequences cut to its longest sample: (feeds, width used, full width)."""
+    if not keys:
+        return part, 0, 0
+    width = int(np.shape(part[next(iter(keys))])[1])
+    used = max(1, min(width, int(lengths.max()) if len(lengths) else width))
+    if used == width:
+        return part, width, width
+    return {k: (np.asarray(v)[:, :used] if k in keys else v) for k, v in part.items()}, used, width
+
+
 def first_call(specs: list, feeds: dict[str, np.ndarray], batch: int = 1) -> dict[str, np.ndarray]:
     """The feeds of the first call run_batched would make with `batch` samples (one sample when the inputs
-    are not all batched on a common axis)."""
+    are not all batched on a common axis); token sequences cut to their longest."""
     by_name = {s.name: s for s in specs}
     layouts = {k: layout(by_name[k], np.shape(v)[1:]) if k in by_name else "batched" for k, v in feeds.items()}
     if all(how == "batched" for how in layouts.values()) and stackable(specs):
-        return {k: v[:batch] for k, v in feeds.items()}
+        lengths, keys = sequence_lengths(feeds)
+        part = {k: v[:batch] for k, v in feeds.items()}
+        return cut(part, keys, lengths[:batch])[0] if keys else part
     return {k: v[0:1] if layouts[k] == "batched" else np.asarray(v[0]) for k, v in feeds.items()}
 
 
@@ -146,14 +173,14 @@ def stack_samples(calls: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 
 
 def run_batched(run: Callable[[dict], list], specs: list, feeds: dict[str, np.ndarray], batch: int | None = 64,
-                progress: Callable[[int], None] | None = None) -> list[np.ndarray]:
+                progress: Callable[[int], None] | None = None, outputs: list | None = None) -> list[np.ndarray]:
     """Run `run(feeds) -> outputs` over every sample of `feeds` (see the module's layouts).
 
     When every input is batched and the model's batch is dynamic or one fixed size, samples go `batch` at a
     time (exactly the fixed size when it has one; samples that would not fill the last call are an error,
     never dropped in silence: `trim` first to drop them on purpose) and outputs join on their first axis.
     Otherwise each sample is one call, and outputs are stacked on a new sample axis. A model without inputs
-    runs once."""
+    runs once. With the model's `outputs` (specs), token sequences are batched by length (see the module)."""
     if not specs and not feeds:
         return [np.asarray(o) for o in run({})]
     n = count(feeds)
@@ -167,6 +194,9 @@ def run_batched(run: Callable[[dict], list], specs: list, feeds: dict[str, np.nd
         if fixed and n % fixed:
             raise UsageError(f"the model fixes batch size {fixed} but the data has {n} samples")
         step = fixed or batch or n or 1
+        lengths, keys = sequence_lengths(feeds)
+        if keys and not fixed and _sequence_outputs(outputs) is not None:
+            return _by_length(run, feeds, step, lengths, keys, _sequence_outputs(outputs), progress)
         chunks = []
         for start, part in batches(feeds, step):
             chunks.append(run(part))
@@ -183,6 +213,39 @@ def run_batched(run: Callable[[dict], list], specs: list, feeds: dict[str, np.nd
     if not calls:
         raise UsageError("no sample to run")
     return [_stack([c[j] for c in calls]) for j in range(len(calls[0]))]
+
+
+def _sequence_outputs(outputs: list | None) -> set[int] | None:
+    """The positions of the outputs with a sequence axis (dim 1 not fixed); None when an output's shape is unknown
+    (then calls are not cut: an output could not be put back)."""
+    if outputs is None or any(o.shape is None for o in outputs):
+        return None
+    return {i for i, o in enumerate(outputs) if len(o.shape) >= 2 and not (isinstance(o.shape[1], int) and o.shape[1] > 0)}
+
+
+def _by_length(run, feeds: dict, step: int, lengths: np.ndarray, keys: set[str], seq: set[int], progress) -> list:
+    """run_batched over token sequences: sorted by length in windows, each call cut, its outputs put back."""
+    n = count(feeds)
+    order = np.concatenate([w + np.argsort(lengths[w:w + WINDOW], kind="stable") for w in range(0, n, WINDOW)])
+    chunks = []
+    for start in range(0, n, step):
+        idx = order[start:start + step]
+        part, used, width = cut({k: v[idx] for k, v in feeds.items()}, keys, lengths[idx])
+        outs = [np.asarray(o) for o in run(part)]
+        chunks.append([_pad_axis1(o, width) if i in seq and o.ndim >= 2 and o.shape[1] == used else o
+                       for i, o in enumerate(outs)])
+        if progress:
+            progress(min(start + step, n))
+    back = np.argsort(order, kind="stable")
+    return [join([c[i] for c in chunks])[back] for i in range(len(chunks[0]))]
+
+
+def _pad_axis1(o: np.ndarray, width: int) -> np.ndarray:
+    if o.shape[1] >= width:
+        return o
+    pad = [(0, 0)] * o.ndim
+    pad[1] = (0, width - o.shape[1])
+    return np.pad(o, pad)
 
 
 def mismatch(spec, sample_shape) -> str:

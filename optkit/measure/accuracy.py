@@ -11,8 +11,9 @@ import numpy as np
 
 from optkit.core.batching import run_batched
 from optkit.core.errors import PassError, UsageError
+from optkit.measure.textmetrics import TEXT_METRICS, Rows, rows_of
 
-LABELLED = ("top1", "top5", "mse", "mae", "cosine")
+LABELLED = ("top1", "top5", "accuracy", "mse", "mae", "cosine", *TEXT_METRICS)
 ROWS = 4096  # top-k sorts this many rows at a time
 
 
@@ -43,7 +44,9 @@ def _cosine(pred, target):
     return float(np.mean(np.where(den > 0, num / np.where(den > 0, den, 1), 0.0)))
 
 
-BUILTIN = {"top1": _topk(1), "top5": _topk(5), "mse": _mse, "mae": _mae, "cosine": _cosine}
+BUILTIN = {"top1": _topk(1), "top5": _topk(5), "accuracy": _topk(1), "mse": _mse, "mae": _mae, "cosine": _cosine,
+           **{m: None for m in TEXT_METRICS}}   # text metrics: measure.textmetrics, from per-row parts
+CLASS_METRICS = ("top1", "top5", "accuracy")
 
 
 def resolve_metric(name: str) -> Callable:
@@ -74,13 +77,14 @@ def resolve_metric(name: str) -> Callable:
 
 def run_over(session, feeds: dict[str, np.ndarray], batch: int | None = None, progress=None) -> list[np.ndarray]:
     """Run a session over all samples, in batches the model accepts; outputs concatenated on axis 0."""
-    return run_batched(session.run, session.inputs, feeds, batch or 64, progress)
+    return run_batched(session.run, session.inputs, feeds, batch or 64, progress, outputs=session.outputs)
 
 
 def compute(metric: str, outputs: list[np.ndarray], labels: np.ndarray | None,
-            names: list[str] | None = None) -> dict:
-    """The metric on outputs[0]. Non-finite outputs fail (exit 3); labels that do not fit the metric and
-    the output (class range, one-hot, shape) are a usage error (exit 2)."""
+            names: list[str] | None = None, classes: list[str] | None = None) -> dict:
+    """The metric on outputs[0] (a text metric on every output it needs: measure.textmetrics; `classes` names
+    f1's per-class figures). Non-finite outputs fail (exit 3); labels that do not fit the metric and the output
+    (class range, one-hot, shape) are a usage error (exit 2)."""
     fn = resolve_metric(metric)
     if labels is None:
         raise UsageError(f"metric {metric!r} needs labels, and the data has none (add a 'labels' array)")
@@ -91,9 +95,13 @@ def compute(metric: str, outputs: list[np.ndarray], labels: np.ndarray | None,
         if bad:
             raise PassError(f"model output {name} has {bad} non-finite values (NaN or Inf) out of {out.size}; "
                             f"no {metric} figure is computed from them")
-    if metric in BUILTIN:
-        labels = check_labels(metric, out, np.asarray(labels), name)
-    value = fn(out, labels)
+    if metric in TEXT_METRICS:
+        rows = rows_of(metric, outputs, labels, classes)
+        value = {metric: rows.value(), **(rows.extra or {})}
+    else:
+        if metric in BUILTIN:
+            labels = check_labels(metric, out, np.asarray(labels), name)
+        value = fn(out, labels)
     values = {k: float(v) for k, v in value.items()} if isinstance(value, dict) else {metric: float(value)}
     for k, v in values.items():
         if not np.isfinite(v):
@@ -106,6 +114,8 @@ def per_sample(metric: str, outputs: list[np.ndarray], labels: np.ndarray | None
     models on the same samples; None for a metric of the user's own, which need not be a mean over samples."""
     if metric not in BUILTIN or labels is None:
         return None
+    if metric in TEXT_METRICS:
+        return rows_of(metric, outputs, labels).per_row
     out = np.asarray(outputs[0])
     labels = check_labels(metric, out, np.asarray(labels))
     fn = BUILTIN[metric]
@@ -119,8 +129,8 @@ def check_labels(metric: str, out: np.ndarray, labels: np.ndarray, name: str = "
     if len(labels) != n:
         raise UsageError(f"{len(labels)} labels for {n} model outputs")
     classes = int(np.prod(out.shape[1:], dtype=np.int64)) if out.ndim >= 2 else 1
-    if metric in ("top1", "top5"):
-        k = 1 if metric == "top1" else 5
+    if metric in CLASS_METRICS:
+        k = 5 if metric == "top5" else 1
         if out.ndim < 2 or classes < 2:
             raise UsageError(f"metric {metric} needs class scores [N, C] but output {name} has shape "
                              f"{list(out.shape)}; use mse or mae for a regression output")
@@ -158,3 +168,12 @@ def check_labels(metric: str, out: np.ndarray, labels: np.ndarray, name: str = "
         raise UsageError(f"metric {metric}: labels have shape {list(labels.shape)} but output {name} has "
                          f"{list(out.shape)}; give targets with the output's shape")
     return labels
+
+
+def metric_rows(metric: str, outputs: list[np.ndarray], labels) -> Rows | None:
+    """A text metric's per-row parts (measure.textmetrics.Rows), for the paired bootstrap of a difference; None
+    for a metric that has a per-sample loss (its paired test needs no resampling) or none of optkit's."""
+    if metric not in TEXT_METRICS or labels is None:
+        return None
+    rows = rows_of(metric, outputs, labels)
+    return None if rows.per_row is not None else rows

@@ -22,6 +22,7 @@ from optkit.core.text import first_line
 from optkit.measure.images import image_folder
 from optkit.measure.lazy import CHUNK, LazyArray, materialize
 from optkit.measure.preprocess import DTYPES, Preprocess, as_dtype, parse_preprocess
+from optkit.measure.text import TextOptions, is_text_data, load_text
 
 __all__ = ["CHUNK", "DTYPES", "LABELS", "Dataset", "LazyArray", "Preprocess", "load_dataset", "materialize",
            "parse_preprocess", "read_idx"]
@@ -163,7 +164,7 @@ def _size_one_targets(spec, k: int) -> list[list[int]]:
 
 
 def load_dataset(spec: str | Path, preprocess: Preprocess | dict[str, Any] | None = None,
-                 labels: str | Path | None = None) -> Dataset:
+                 labels: str | Path | None = None, *, model: str | Path | None = None, text=None) -> Dataset:
     """Load .npz, an image folder or IDX images (labels from `labels` or a sibling file).
 
     An image folder's labels: by default each class sub-folder's position in sorted order. `labels` may give
@@ -171,11 +172,16 @@ def load_dataset(spec: str | Path, preprocess: Preprocess | dict[str, Any] | Non
     images are exactly the files it lists) or a .txt class list (one class name per line, line number =
     class index) through which the sub-folder names map. A folder without sub-folders that holds a
     `labels.csv` uses it.
+
+    Text data (CSV, TSV, JSONL, Parquet, a `datasets` folder: measure.text) is tokenized by `model`'s own
+    tokenizer; `text` (measure.text.TextOptions) says how it is read.
     """
     path = Path(spec)
     pre = parse_preprocess(preprocess or {}, "preprocess")
     if not path.exists():
         raise UsageError(f"data {path} not found")
+    if is_text_data(path):
+        return load_text(path, text or TextOptions(), model)
     if path.is_dir():
         images, ys, classes = image_folder(path, pre, labels)
         return _checked(Dataset({"": images}, ys, str(path), classes, pre.dtype))
@@ -186,7 +192,8 @@ def load_dataset(spec: str | Path, preprocess: Preprocess | dict[str, Any] | Non
         return _checked(_npy(path, labels))
     if "idx" in name or name.endswith(("-ubyte", "-ubyte.gz")):
         return _checked(_idx_dataset(path, labels, pre))
-    raise UsageError(f"cannot read data {path}: expected an .npz, an .npy, an image folder or IDX (-ubyte) files")
+    raise UsageError(f"cannot read data {path}: expected an .npz, an .npy, an image folder, IDX (-ubyte) files, or text "
+                     "(.csv, .tsv, .txt, .jsonl, .parquet, a datasets folder)")
 
 
 def _npz(path: Path) -> Dataset:

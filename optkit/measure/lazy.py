@@ -14,13 +14,20 @@ class LazyArray:
     array, sorted or not) as one ndarray. Indexing on the first axis (an int, a slice, an index array, a
     tuple whose first item is one of those) reads only those samples; `np.asarray` reads them all.
     `checks`: whether `read` itself refuses NaN/Inf (decoded images); otherwise the values are scanned once
-    at load (`_checked`)."""
+    at load (`_checked`). `lengths`: for token sequences padded at the end (text data), each sample's real
+    length, by which core.batching batches samples of like length and cuts each call to its longest."""
 
     def __init__(self, read: Callable[[np.ndarray], np.ndarray], n: int, sample_shape: tuple, dtype,
-                 index: np.ndarray | None = None, checks: bool = False):
+                 index: np.ndarray | None = None, checks: bool = False, lengths: np.ndarray | None = None):
         self._read, self._n = read, n
         self._index = np.arange(n) if index is None else np.asarray(index, dtype=np.int64)
         self.sample_shape, self.dtype, self.checks = tuple(sample_shape), np.dtype(dtype), checks
+        self._lengths = lengths
+
+    @property
+    def lengths(self) -> np.ndarray | None:
+        """Each sample's real length (token sequences padded at the end), or None."""
+        return None if self._lengths is None else self._lengths[self._index]
 
     @property
     def shape(self) -> tuple:
@@ -61,13 +68,15 @@ class LazyArray:
     def take(self, positions) -> LazyArray:
         """These samples, still unread."""
         return LazyArray(self._read, self._n, self.sample_shape, self.dtype, self._index[np.asarray(positions)],
-                         self.checks)
+                         self.checks, self._lengths)
 
     def map(self, fn: Callable[[np.ndarray], np.ndarray]) -> LazyArray:
         """`fn` applied to every chunk read (a cast, a reshape); its shape and dtype from the first sample."""
         probe = fn(self[:1])
         read = self._read
-        return LazyArray(lambda idx: fn(read(idx)), self._n, probe.shape[1:], probe.dtype, self._index, self.checks)
+        lengths = self._lengths if probe.shape[1:] == self.sample_shape else None
+        return LazyArray(lambda idx: fn(read(idx)), self._n, probe.shape[1:], probe.dtype, self._index, self.checks,
+                         lengths)
 
     def chunks(self, size: int = CHUNK):
         for start in range(0, len(self), size):

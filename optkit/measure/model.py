@@ -15,13 +15,15 @@ from optkit.core.errors import OptkitError, UsageError
 from optkit.core.isolate import run_isolated
 from optkit.core.text import first_line
 from optkit.measure import memory
-from optkit.measure.accuracy import compute, run_over
+from optkit.measure.accuracy import compute, metric_rows, run_over
 from optkit.measure.concurrency import measure_concurrency
 from optkit.measure.datasets import load_dataset
 from optkit.measure.fidelity import attention_mask, compare_outputs, refuse_nonfinite_reference
 from optkit.measure.inputs import probe, synthesize
 from optkit.measure.latency import measure_latency
 from optkit.measure.size import measure_size
+from optkit.measure.text import TextOptions
+from optkit.measure.textmetrics import BOOTSTRAP, paired_bootstrap
 from optkit.onnx.session import OrtSettings
 from optkit.runtimes.base import open_session, session_class, warm_runtime
 
@@ -84,13 +86,21 @@ class MeasureSettings(BaseModel):
 
 
 class DataSpec(BaseModel):
-    """Where labelled or input data comes from."""
+    """Where labelled or input data comes from, and how text data is read (measure.text)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     path: str
     labels: str | None = None             # IDX labels file, when not beside the images
     preprocess: dict[str, Any] | None = None
     max_samples: int | None = None       # 0 or less is refused when the data is loaded (UsageError)
+    columns: str | None = None           # text data: --columns text=5,text_pair=6,label=4
+    truncation: bool = True              # text data: rows over the model's limit truncated (counted), else exit 2
+    tokenizer: str | None = None         # text data: the tokenizer folder (default: the measured model's own)
+
+    def load(self, model: str | None = None, metric: str | None = None):
+        """The data set (not yet cut to max_samples); text data tokenized by the tokenizer named, else `model`'s."""
+        text = TextOptions.of(self.columns, truncation=self.truncation, metric=metric, tokenizer=self.tokenizer)
+        return load_dataset(self.path, self.preprocess, self.labels, model=model, text=text)
 
 
 def synthesized(session, settings: MeasureSettings) -> tuple[dict, dict]:
@@ -152,13 +162,14 @@ def _run_measurements(result: dict, artifact: Artifact, session, settings: Measu
         feeds, result["inputs"] = synthesized(session, settings)
         eval_feeds = call_as_samples(session.inputs, feeds)
     else:
-        ds = load_dataset(data.path, data.preprocess, data.labels).subset(data.max_samples, settings.seed)
+        ds = data.load(artifact.path, metric).subset(data.max_samples, settings.seed)
         eval_feeds, labels = ds.bind(session.inputs, stream=True), ds.labels  # read a batch at a time
         # time real samples
         feeds = latency_feeds(session.inputs, eval_feeds, settings.batch, ds.source) if latency else \
             first_call(session.inputs, eval_feeds, settings.batch)
         result["inputs"] = {"source": ds.source, "samples": len(ds),
-                            "shapes": {k: list(np.shape(v)) for k, v in feeds.items()}, "dims": "from the data"}
+                            "shapes": {k: list(np.shape(v)) for k, v in feeds.items()}, "dims": "from the data",
+                            **(ds.describe() if hasattr(ds, "describe") else {})}
     session.check_feeds(feeds)
     try:
         if latency:
@@ -180,19 +191,35 @@ def _run_measurements(result: dict, artifact: Artifact, session, settings: Measu
         if reference is None:  # the model measured on its own: outputs that are NaN on this data are the data's
             refuse_nonfinite_reference(artifact.path, outputs[:1], names[:1], session.inputs, eval_feeds,
                                        ds.source if ds is not None else "synthesized inputs", data_only=True)
-        result["accuracy"] = {**compute(metric, outputs, labels, names), "metric": metric, "samples": len(labels)}
+        result["accuracy"] = {**compute(metric, outputs, labels, names, ds.classes if ds is not None else None),
+                              "metric": metric, "samples": len(labels)}
     if reference is not None:
         peak.stop()
         ref_session = open_session(reference, provider="cpu")
         ref_feeds = ds.bind(ref_session.inputs, stream=True) if ds is not None else dict(
             zip([s.name for s in ref_session.inputs], eval_feeds.values()))
         ref_out = run_over(ref_session, ref_feeds, batch=64)
+        if metric and "accuracy" in result:
+            result["accuracy"].update(drop_noise(metric, ref_out, outputs, labels))
         result["fidelity"] = {**compare_outputs(ref_out, outputs, [s.name for s in session.outputs],
                                                 mask=attention_mask(session.inputs, eval_feeds,
                                                                     session.outputs),
                                                 only=settings.check_outputs or None),
                               "reference": reference.path,
                               "samples": len(outputs[0]) if getattr(outputs[0], "ndim", 1) else 1}
+
+
+def drop_noise(metric: str, ref_out: list, outputs: list, labels) -> dict:
+    """For a metric with no per-sample loss (measure.textmetrics): the reference's figure and the 95% interval of
+    its drop to this model's, from a paired bootstrap over the rows (fixed seed), which gates judge. {} else."""
+    if labels is None:
+        return {}
+    ref_rows, rows = metric_rows(metric, ref_out, labels), metric_rows(metric, outputs, labels)
+    if ref_rows is None or rows is None:
+        return {}
+    lo, hi = paired_bootstrap(ref_rows, rows)
+    return {"reference_value": ref_rows.value(), "drop_ci95": [lo, hi], "drop_noise": "paired bootstrap over "
+            f"{rows.n} rows, {BOOTSTRAP} resamples"}
 
 
 def check_sharing(fmt, settings: MeasureSettings) -> None:

@@ -17,7 +17,6 @@ from typing import Any
 from optkit.core.artifact import Artifact
 from optkit.core.errors import OptkitError
 from optkit.core.isolate import run_isolated
-from optkit.measure.datasets import load_dataset
 from optkit.measure.latency import LIMIT_S, summarize
 from optkit.measure.model import MeasureSettings, latency_feeds, synthesized
 from optkit.measure.trials import low, ratio_ci95
@@ -62,11 +61,11 @@ def head_to_head(first: Artifact, second: Artifact, feeds: dict, *, limit_s: flo
     return r["ratio"], r["ratio_ci95"][0], r["ratio_ci95"][1]
 
 
-def _feeds_for(session, settings: MeasureSettings, data) -> dict:
+def _feeds_for(session, settings: MeasureSettings, data, model: str | None = None) -> dict:
     if isinstance(data, dict):
         feeds = data
     elif data is not None:
-        ds = load_dataset(data.path, data.preprocess, data.labels)
+        ds = data.load(model)
         feeds = latency_feeds(session.inputs, ds.bind(session.inputs, stream=True), settings.batch, ds.source)
     else:
         feeds = synthesized(session, settings)[0]
@@ -82,7 +81,7 @@ def _paired(parent: Artifact, children: list[Artifact], settings: MeasureSetting
     deadline = clock() + (LIMIT_S if limit_s is None else limit_s)
     arts = [parent, *children]
     sessions = [settings.open(a) for a in arts]
-    feeds = [_feeds_for(s, settings, data) for s in sessions]
+    feeds = [_feeds_for(s, settings, data, arts[0].path) for s in sessions]
     fresh = all(s.provider == "cpu" and s.runtime in ("onnxruntime", "tflite") for s in sessions)
     live = list(range(len(arts)))                       # 0 (the parent) is always timed
     times: list[list[list[float]]] = [[] for _ in arts]         # the timed calls, per model, per trial

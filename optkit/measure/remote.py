@@ -17,7 +17,6 @@ import numpy as np
 
 from optkit.core.errors import OptkitError, UsageError
 from optkit.measure.concurrency import measure_concurrency
-from optkit.measure.datasets import load_dataset
 from optkit.measure.latency import measure_latency
 from optkit.measure.model import latency_feeds, synthesized
 from optkit.runtimes.kserve import CHECK_TIMEOUT_S, REQUEST_TIMEOUT_S, RemoteSession
@@ -76,7 +75,7 @@ def measure_remote(url: str, settings, data=None) -> dict[str, Any]:
         if data is None:
             feeds, result["inputs"] = _synthesized(session, settings, synthesized)
         else:
-            ds = load_dataset(data.path, data.preprocess, data.labels).subset(data.max_samples, settings.seed)
+            ds = data.load().subset(data.max_samples, settings.seed)
             feeds = latency_feeds(session.inputs, ds.bind(session.inputs, stream=True), settings.batch, ds.source)
             result["inputs"] = {"source": ds.source, "samples": len(ds),
                                 "shapes": {k: list(np.shape(v)) for k, v in feeds.items()}, "dims": "from the data"}

@@ -45,7 +45,6 @@ import numpy as np
 
 from optkit.core.artifact import Artifact
 from optkit.core.isolate import run_isolated
-from optkit.measure.datasets import load_dataset
 from optkit.measure.latency import LIMIT_S, summarize, t95
 from optkit.measure.model import latency_feeds, synthesized
 from optkit.onnx.session import ort_session
@@ -210,7 +209,7 @@ class _Runner:
     def _feeds(self, data) -> dict:
         if data is None:
             return synthesized(self.session, self.settings)[0]
-        ds = load_dataset(data.path, data.preprocess, data.labels)
+        ds = data.load(self.artifact.path)
         return latency_feeds(self.session.inputs, ds.bind(self.session.inputs, stream=True), self.settings.batch,
                              ds.source)
 

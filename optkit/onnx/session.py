@@ -184,7 +184,10 @@ def run_all(sess, feeds: dict[str, np.ndarray], names: list[str] | None = None, 
             ) -> list[np.ndarray]:
     """Run a session over every sample, in batches the model accepts (see core.batching.run_batched)."""
     names = names or [o.name for o in sess.get_outputs()]
-    return run_batched(lambda f: sess.run(names, f), input_specs(sess), feeds, batch)
+    by_name = {o.name: o for o in sess.get_outputs()}
+    outputs = [spec_of(by_name[n]) for n in names] if all(n in by_name and by_name[n].shape is not None
+                                                          for n in names) else None
+    return run_batched(lambda f: sess.run(names, f), input_specs(sess), feeds, batch, outputs=outputs)
 
 
 @functools.cache

@@ -37,8 +37,9 @@ class PackageConfig(BaseModel):
                                                        "samples give the warm-up's dims.",
                              json_schema_extra=cli("--data", help=(
                                  "Sample data: .npz, an image folder or IDX images (an image of at most 64M pixels, by "
-                                 "its header); the command feeds it instead of random inputs (with labels, accuracy is "
-                                 "measured too).")))
+                                 "its header), or text (CSV, TSV, JSONL, Parquet, a datasets folder; tokenized by the "
+                                 "model's own tokenizer); the command feeds it instead of random inputs (with labels, "
+                                 "accuracy is measured too).")))
     shape: list[str] = Field(default_factory=list, description="Dims the warm-up needs where the model's are "
                                                                 "dynamic: name=1x128 (repeatable; or the --data .npz's "
                                                                 "samples).", json_schema_extra=cli("--shape"))

@@ -50,7 +50,9 @@ band at all (a report edited by hand, or written before optkit recorded bands) i
 judge: the figure carries no noise band; measure it again with this optkit". A band end the runs do not bound
 (e.g. the p99 of fewer than 368 runs has no upper end) cannot be on the right side of a threshold either.
 Figures without a measured noise (size, accuracy, fidelity, memory) have a band of zero
-width: plain pass or fail. A band or a latency that no measurement gives (negative, NaN, the wrong type, a band
+width: plain pass or fail; except accuracy_drop on a metric with no per-sample loss (f1, spearman, pearson), judged
+on the 95% interval of a paired bootstrap over the rows that the stage's measurement against the input records
+(`accuracy.drop_ci95`, measure.textmetrics). A band or a latency that no measurement gives (negative, NaN, the wrong type, a band
 that does not hold its figure) is bad input (UsageError, exit 2), read by StageFigures.of(strict=True). A
 regression gate on an unchanged model stays a pass as long as the upper end of the interval is under the
 threshold: the interval is that of a shift estimate over all trial pairs, a few % wide on a shared machine
@@ -327,7 +329,11 @@ def _value(g: Gate, report: Report, baseline: Report | None) -> tuple[float | No
         return f.top1_agreement, 0.0, ""
     if m == "accuracy_drop":
         a, b = StageFigures.of(first, strict=True).accuracy, f.accuracy
-        return (None if a is None or b is None else a - b), 0.0, f"{first.name} {_f(a)} -> {s.name} {_f(b)}"
+        detail = f"{first.name} {_f(a)} -> {s.name} {_f(b)}"
+        if f.accuracy_drop_ci95 is not None and s is not first:  # no per-sample loss: a paired bootstrap's band
+            lo, hi = f.accuracy_drop_ci95
+            return (None if a is None or b is None else a - b), Band(lo, hi), f"{detail}; 95% band {lo:+.4f} .. {hi:+.4f}"
+        return (None if a is None or b is None else a - b), 0.0, detail
     if m == "size_ratio":
         a, b = StageFigures.of(first, strict=True).size_bytes, f.size_bytes
         return (None if not a or b is None else b / a), 0.0, f"{first.name} -> {s.name}"

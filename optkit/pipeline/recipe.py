@@ -65,11 +65,16 @@ class DataItem(_Strict):
     labels: str | None = None
     preprocess: Preprocess | None = None
     max_samples: int | None = Field(default=None, ge=1)
+    columns: str | None = Field(default=None, description="Text data: which column plays which role, "
+                                "e.g. text=5,text_pair=6,label=4 (positions from 0, or header names).")
+    truncation: bool = Field(default=True, description="Text data: rows over the model's limit are truncated "
+                             "and counted; false: such a row is an error.")
 
 
 class EvalData(DataItem):
-    metric: str | None = Field(default="top1", description="top1, top5, mse, mae, cosine or module:function; "
-                                                           "null: no metric (the data feeds fidelity and timing)")
+    metric: str | None = Field(default="top1", description="top1 (accuracy), top5, f1, spearman, pearson, "
+                               "exact_match, mse, mae, cosine or module:function; null: no metric (the data feeds "
+                               "fidelity and timing)")
 
 
 class DataSection(_Strict):

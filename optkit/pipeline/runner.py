@@ -12,10 +12,10 @@ from optkit.core.errors import UsageError
 from optkit.core.formats import Format, detect_format
 from optkit.core.registry import PassContext
 from optkit.core.text import redact_config
-from optkit.measure.datasets import load_dataset
 from optkit.measure.model import DataSpec, MeasureSettings, measure
 from optkit.measure.paired import change_against
 from optkit.measure.serving import Setting
+from optkit.measure.text import is_text_data, text_tokenizer
 from optkit.measure.trials import latency_trials
 from optkit.onnx.session import OrtSettings
 from optkit.package.capacity import recipe as capacity_recipe
@@ -269,15 +269,20 @@ def _load_data(loaded) -> dict[str, Any]:
             continue
         path, labels = loaded.resolve(item.path), loaded.resolve(item.labels)
         pre = item.preprocess.model_dump() if item.preprocess else None
+        spec = DataSpec(path=path, labels=labels, preprocess=pre, max_samples=item.max_samples, columns=item.columns,
+                        truncation=item.truncation)
         try:
-            ds = load_dataset(path, pre, labels).subset(item.max_samples, r.measure.seed)
+            if is_text_data(Path(path)):  # every stage's figures come from the same rows, tokenized once the same way
+                spec.tokenizer = str(text_tokenizer(loaded.resolve(r.model.path), path))
+            ds = spec.load(loaded.resolve(r.model.path), item.metric if key == "eval" else None).subset(
+                item.max_samples, r.measure.seed)
         except UsageError as e:
             raise UsageError(f"{loaded.where(('data', key, 'path'))}: {e.message}") from None
         if key == "eval" and ds.labels is None and item.metric in ("top1", "top5"):
             raise UsageError(f"{loaded.where(('data', key, 'path'))}: {item.path} has no labels for metric "
                              f"{item.metric}")
         datasets[key] = ds
-        specs[key] = DataSpec(path=path, labels=labels, preprocess=pre, max_samples=item.max_samples)
+        specs[key] = spec
     return {"datasets": datasets, "specs": specs}
 
 

@@ -170,6 +170,9 @@ class StageFigures:
     metric: str | None = None
     accuracy: float | None = None
     scores: dict[str, float] = field(default_factory=dict)
+    # the 95% interval of the drop from the reference (the input) to this stage, from a paired bootstrap over the
+    # rows: metrics with no per-sample loss (f1, spearman, pearson; measure.textmetrics)
+    accuracy_drop_ci95: tuple[float, ...] | None = None
     # fidelity to the reference model's outputs (overall: the worst of the judged outputs)
     cosine: float | None = None
     top1_agreement: float | None = None       # None also when the outputs have no classes
@@ -231,6 +234,7 @@ class StageFigures:
             metric=metric,
             accuracy=acc.number(metric) if metric else None,
             scores={k: v for k, v in acc.d.items() if isinstance(v, float)},
+            accuracy_drop_ci95=_pair(acc, "drop_ci95"),
             cosine=fid.number("cosine"),
             top1_agreement=fid.number("top1_agreement", None),
             max_abs_error=fid.number("max_abs_error", math.inf),
@@ -292,6 +296,17 @@ def _references(lat: _Reader) -> dict[str, Normalisation]:
 
 
 BANDED = ("p50_ms", "p90_ms", "p99_ms", "throughput_per_s")
+
+
+def _pair(r: _Reader, key: str) -> tuple[float, float] | None:
+    """A [low, high] interval of finite numbers, or None (absent, or not one: strict readers refuse it)."""
+    v = r.numbers(key)
+    if v is None:
+        return None
+    if len(v) != 2 or not all(math.isfinite(x) for x in v) or v[0] > v[1]:
+        r.wrong(key, list(v), "a [low, high] interval")
+        return None
+    return (float(v[0]), float(v[1]))
 
 
 def _bands(lat: _Reader, values: dict[str, float | None]) -> dict[str, tuple[float | None, float | None]]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from optkit.core.errors import UsageError
+from optkit.measure.textmetrics import paired_bootstrap
 from optkit.passes.quantize.candidates import Candidate
 from optkit.passes.quantize.config import TOLERANCE, QuantizeConfig
 
@@ -104,8 +105,13 @@ class Budget:
         """`a` is more accurate than `b` beyond the noise of the figure the budget bounds: on the same check
         samples, the mean per-sample difference of their losses (Candidate.sample_loss: the metric per sample,
         or 1 - the sample's cosine to the parent) lies below zero by more than its 95% interval (a paired test;
-        for top-1 this is McNemar's on the samples where they disagree). Without per-sample figures (a metric
-        of the user's own): the figures themselves, compared as they are."""
+        for top-1 this is McNemar's on the samples where they disagree). A metric with no per-sample loss (f1,
+        spearman, pearson: measure.textmetrics): the 95% interval of the difference of their figures from a paired
+        bootstrap over the check rows (fixed seed) lies above zero. Without either (a metric of the user's own):
+        the figures themselves, compared as they are."""
+        if self.on_accuracy and a.rows is not None and b.rows is not None and a.rows.n == b.rows.n > 1:
+            lo, _ = paired_bootstrap(a.rows, b.rows)
+            return bool(lo > 0)
         la, lb = a.sample_loss, b.sample_loss
         if la is not None and lb is not None and len(la) == len(lb) and len(la) > 1:
             d = np.asarray(la, dtype=np.float64) - np.asarray(lb, dtype=np.float64)

@@ -76,6 +76,8 @@ class Candidate:
     error: str | None = None
     sample_loss: Any = None             # per check sample, what the budget bounds (lower is better): the paired
                                         # test of Budget.more_accurate; not in the report
+    rows: Any = None                    # a metric with no per-sample loss: its per-row parts on the check data
+                                        # (measure.textmetrics.Rows), for the paired bootstrap; not in the report
     passed: bool = False
     chosen: bool = False
     rejected_file: str | None = None

@@ -88,7 +88,9 @@ class QuantizeConfig(PassConfig):
                                           description="int4: onnxruntime MatMulNBits accuracy level (0-4).",
                                           json_schema_extra=cli(recipe_only="int4 expert setting, rarely changed"))
     # the check and the accuracy-aware search
-    metric: Annotated[Optional[str], PathRole("input", names=python_file)] = Field(default=None, description="top1, top5, mse, mae, cosine or module:function (a custom metric runs your code).",
+    metric: Annotated[Optional[str], PathRole("input", names=python_file)] = Field(
+        default=None, description="top1 (or accuracy), top5, f1, spearman, pearson, exact_match, mse, mae, cosine or "
+                                  "module:function (a custom metric runs your code).",
                                   json_schema_extra=cli("--metric", group="evaluation"))
     max_accuracy_drop: Optional[float] = Field(default=None, ge=0, le=1e9, description="Budget: metric drop (0.01 = 1 point).",
                                                json_schema_extra=cli("--max-accuracy-drop", group="budgets"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from optkit.core.errors import ValidationError
 from optkit.core.registry import PassContext
+from optkit.measure.textmetrics import paired_bootstrap
 from optkit.passes.quantize import ops as qops
 from optkit.passes.quantize.budget import Budget
 from optkit.passes.quantize.candidates import Candidate, aside_path, keep_rejected
@@ -38,6 +39,14 @@ class Teller:
             s += f" on the {cand.checked_on} of {n} samples it was screened on"
         return s + f"; budget: {self.budget}"
 
+    def drop_noise(self, cand: Candidate, n: int) -> float:
+        """The 95% noise of the candidate's metric drop: half the paired bootstrap interval for a metric with no
+        per-sample loss (measure.textmetrics), else the sampling noise of a proportion (Budget.noise)."""
+        if cand.rows is not None and self.ref.parent_rows is not None and cand.rows.n == self.ref.parent_rows.n:
+            lo, hi = paired_bootstrap(self.ref.parent_rows, cand.rows)
+            return (hi - lo) / 2
+        return self.budget.noise(n, self.ref.parent_accuracy)
+
     def say_chosen(self, cand: Candidate) -> None:
         ctx, s = self.ctx, cand.settings
         if self.mode in ("static", "dynamic"):
@@ -49,7 +58,7 @@ class Teller:
         where = f"{check['samples']} {check['source']} inputs"
         ctx.note(f"checked against the parent on {where}: {self.figures(cand)}")
         if check.get("subset"):
-            noise = self.budget.noise(check["samples"], self.ref.parent_accuracy)
+            noise = self.drop_noise(cand, check["samples"])
             ctx.note(f"judged on {check['samples']} of {check['of']} samples (check_samples / --check-samples): "
                      f"{self.budget.kind} is known to about +-{noise:.3g} (95%)"
                      + (" - the verdict is inside that noise" if abs(self.budget.margin(cand)) < noise else ""))

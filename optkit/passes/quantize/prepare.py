@@ -15,7 +15,7 @@ from optkit.core.batching import count, stack_samples, stackable, trim
 from optkit.core.errors import UsageError
 from optkit.core.registry import PassContext
 from optkit.core.text import first_line
-from optkit.measure.accuracy import compute, resolve_metric
+from optkit.measure.accuracy import compute, metric_rows, resolve_metric
 from optkit.measure.fidelity import attention_mask, check_names, refuse_nonfinite_reference
 from optkit.measure.inputs import probe, synthesize
 from optkit.onnx import graph
@@ -230,6 +230,7 @@ class Reference:
     mask: Any = None                   # measure.fidelity.Padding, or None
     parent_outputs: list = field(default_factory=list)
     parent_accuracy: float | None = None
+    parent_rows: Any = None            # the metric's per-row parts, where it has no per-sample loss
     calib_feeds: dict | None = None
 
     @classmethod
@@ -300,6 +301,7 @@ def load_reference(path, cfg: QuantizeConfig, ctx: PassContext, settings: dict) 
                                "synthesized inputs" if source is None else source.source,
                                only=None if cfg.metric else ref.checked)
     ref.parent_accuracy = ref.accuracy(ref.parent_outputs, ref.labels) if cfg.metric else None
+    ref.parent_rows = metric_rows(cfg.metric, ref.parent_outputs, ref.labels) if cfg.metric else None
     return ref
 
 

@@ -14,7 +14,7 @@ import numpy as np
 from optkit.core.batching import first_call, fixed_batch
 from optkit.core.errors import UsageError
 from optkit.core.text import first_line
-from optkit.measure.accuracy import per_sample
+from optkit.measure.accuracy import metric_rows, per_sample
 from optkit.onnx import session as onnx_session
 from optkit.passes.quantize import ops as qops
 from optkit.passes.quantize.budget import Budget
@@ -104,8 +104,8 @@ class Scorer:
 
     def score_on(self, cand: Candidate, sess, n: int) -> None:
         """The candidate's fidelity (and accuracy, with a metric) on the first n check samples."""
-        ref = self.ref
-        feeds = {k: v[:n] for k, v in ref.check_feeds.items()}
+        ref = self.ref  # the whole set as bound: text data is then batched by length (core.batching)
+        feeds = ref.check_feeds if n == ref.samples else {k: v[:n] for k, v in ref.check_feeds.items()}
         try:
             out = ref.run(sess, feeds)
         except UsageError as e:
@@ -125,6 +125,7 @@ class Scorer:
             cand.accuracy_drop = (cand.accuracy - base if self.cfg.metric in LOWER_IS_BETTER
                                   else base - cand.accuracy)
         cand.sample_loss = self.sample_loss(parent, out, labels, mask)
+        cand.rows = metric_rows(self.cfg.metric, out, labels) if self.cfg.metric else None
 
     def sample_loss(self, parent: list, out: list, labels, mask) -> np.ndarray | None:
         """Per sample, what the budget bounds (lower is better): the metric of each sample, or one minus its
