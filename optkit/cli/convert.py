@@ -1,4 +1,4 @@
-"""optkit convert SRC -o OUT.onnx: PyTorch and TensorFlow models to validated ONNX."""
+"""optkit convert SRC -o OUT.onnx: PyTorch, TensorFlow and Hugging Face models to validated ONNX."""
 from __future__ import annotations
 
 import typer
@@ -9,18 +9,20 @@ from optkit.core.formats import Format, detect_format
 from optkit.core.shapes import parse_shapes
 
 TORCH_FORMATS = ("torch-module", "torchscript", "torch-export")
+_KINDS = {"convert.torch": "PyTorch", "convert.tf": "TensorFlow", "convert.hf": "Hugging Face"}
 
 
-@flags.pass_options("convert.torch", "convert.tf")
+@flags.pass_options("convert.torch", "convert.tf", "convert.hf")
 @flags.groups("weights", "data", "measure", "output", "print_recipe")
 def convert_cmd(
     model: str = typer.Argument(..., help="file.py:make_model, pkg.mod:make_model, TorchScript .pt, "
-                                           ".pt2, SavedModel folder, .keras, .h5 or .tflite."),
+                                           ".pt2, SavedModel folder, .keras, .h5, .tflite, or a Hugging Face "
+                                           "folder or Hub id (org/name, from the local cache)."),
     output: str = options.output_file("The ONNX file to write."),
     runs: int = typer.Option(50, "--runs", min=1, help="Timed runs for the latency figures."),
     *, config: dict, shared: options.Shared,
 ) -> None:
-    """Convert a PyTorch or TensorFlow model to ONNX, validated against the source framework."""
+    """Convert a PyTorch, TensorFlow or Hugging Face model to ONNX, validated against the source framework."""
     from optkit.core.registry import build_config
     from optkit.passes import get_pass
 
@@ -31,14 +33,17 @@ def convert_cmd(
         pass_name = "convert.torch"
         if config.get("signature"):
             raise UsageError("signature (--signature) applies to SavedModels")
-    elif fmt in (Format.KERAS, Format.TF_SAVEDMODEL, Format.TFLITE):
-        pass_name = "convert.tf"
+        if config.get("task"):
+            raise UsageError("task (--task) applies to Hugging Face models")
+    elif fmt in (Format.KERAS, Format.TF_SAVEDMODEL, Format.TFLITE, Format.HF):
+        pass_name = "convert.hf" if fmt == Format.HF else "convert.tf"
         if weights:
             raise UsageError(f"weights (--weights) applies to PyTorch models, not {fmt.value}")
-        for key in config:  # the PyTorch exporter's options
+        for key in config:  # the other converters' options
             if key not in flags.keys(pass_name):
-                raise UsageError(f"{key} ({flags.field('convert.torch', key)['flag']}) applies to PyTorch "
-                                 f"models, not {fmt.value}")
+                owner = next(p for p in ("convert.torch", "convert.tf", "convert.hf") if key in flags.keys(p))
+                raise UsageError(f"{key} ({flags.field(owner, key)['flag']}) applies to "
+                                 f"{_KINDS[owner]} models, not {fmt.value}")
     else:
         raise UsageError(f"convert takes PyTorch or TensorFlow models; {model} is {fmt.value}")
     build_config(get_pass(pass_name), config)  # bad options fail before any data is read
