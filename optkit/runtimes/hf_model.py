@@ -173,6 +173,12 @@ def load(spec: Spec):
 
     transformers = import_transformers()
     auto = getattr(transformers, TASKS[spec.task][0])
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    if spec.config.get("model_type") not in CONFIG_MAPPING_NAMES and not spec.config.get("auto_map"):
+        raise UsageError(f"{spec.inner / 'config.json'}: model_type {spec.config.get('model_type')!r} is not one "
+                         f"transformers {transformers.__version__} knows, so optkit cannot export it; tasks optkit "
+                         f"exports: {SUPPORTED}")
     try:
         model, info = auto.from_pretrained(str(spec.inner), local_files_only=True, trust_remote_code=trust.trusted(),
                                            dtype=torch.float32, output_loading_info=True)

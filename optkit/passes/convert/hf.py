@@ -38,29 +38,32 @@ def convert_hf(artifact: Artifact, config, ctx: PassContext) -> Artifact:
 
     start = time.perf_counter()
     spec = hf_model.describe(artifact.path, config.task)
+    inputs = _preprocessor(spec)   # the tokenizer (or image processor) checked before the model is loaded
     module, names = hf_model.load(spec)
-    batches, where = _batches(spec, names, ctx, config)
+    batches, where = _batches(spec, names, inputs, ctx, config)
     ref = hf_check.run(module, batches, names)
     out_names = list(spec.outputs)
     example = tuple(torch.from_numpy(batches[0][n]) for n in names)
     dynamic = {n: ({0: "batch"} if n == "pixel_values" else {0: "batch", 1: "sequence"}) for n in names}
     specs = [TensorSpec(n, list(batches[0][n].shape), str(batches[0][n].dtype)) for n in names]
     with Staging(ctx.output) as stage:
-        used = export_module(module, module, example, specs, out_names, dynamic,
-                             SimpleNamespace(exporter="dynamo", fallback=True, opset=config.opset), stage.model, ctx)
-        proto = onnx_io.load(stage.model, external_data=False)
-        bad = unsupported_nodes(proto)
-        if bad:
-            raise PassError(f"the exported model contains op {bad[0][0]}::{bad[0][1]} (node {bad[0][2]!r}), not a "
-                            "standard ONNX operator; onnxruntime cannot run it")
-        stage.finalize(config.external_data, ctx)
+        try:
+            used, opset, got = _export_checked(module, example, specs, out_names, dynamic, config.opset, stage,
+                                               batches, names, config, ctx)
+        except _RuntimeFailure as e:
+            if config.opset is not None:
+                raise PassError(str(e)) from None
+            # onnxruntime may not run every op of the newest opset (opset 23's RotaryEmbedding and Attention,
+            # fused by the exporter's optimizer, with the shapes a causal LM gives them): one opset older
+            used, opset, got = _export_checked(module, example, specs, out_names, dynamic, e.opset - 1, stage,
+                                               batches, names, config, ctx)
+            ctx.note(f"onnxruntime could not run the opset {e.opset} export ({e.detail}); exported at opset "
+                     f"{opset}")
         _stamp_task(stage.model, spec.task)
-        check_model(stage.model)
-        got = _run_onnx(stage.model, batches, names)
         ref64 = hf_check.float64_reference(module, batches, names)
         outputs = hf_check.judge(out_names, batches, got, ref, ref64, config.atol, config.rtol,
                                  f"the {hf_model.TASKS[spec.task][0]} model (transformers)")
-        figures = {"task": spec.task, "inputs": where, "exporter": used, "opset": graph.opset(proto),
+        figures = {"task": spec.task, "inputs": where, "exporter": used, "opset": opset,
                    "reference": _versions(), "outputs": outputs, "source_dtype": spec.source_dtype}
         st = _sentence_transformers(spec, batches, names, got, outputs, config)
         if st is not None:
@@ -75,23 +78,27 @@ def convert_hf(artifact: Artifact, config, ctx: PassContext) -> Artifact:
                            input_names=names, output_names=out_names, exporter=used, opset=figures["opset"])
 
 
-def _batches(spec, names, ctx, config):
-    if names == ["pixel_values"]:
+def _preprocessor(spec):
+    if spec.image:
         transformers = hf_model.import_transformers()
         try:
-            processor = transformers.AutoImageProcessor.from_pretrained(
+            return transformers.AutoImageProcessor.from_pretrained(
                 str(spec.folder), local_files_only=True, trust_remote_code=trust.trusted())
         except Exception as e:  # noqa: BLE001
             raise UsageError(f"{spec.folder} has no image processor transformers can read "
                              f"(preprocessor_config.json): {first_line(e)}") from None
-        batches, where = hf_inputs.image_batches(processor, ctx.seed)
+    tok = hf_model.tokenizer(spec)
+    if tok.pad_token is None:   # causal LMs often have none: padding only for the comparison, masked out
+        tok.pad_token = tok.eos_token or tok.unk_token or tok.convert_ids_to_tokens(0)
+    tok.padding_side = "right"
+    return tok
+
+
+def _batches(spec, names, pre, ctx, config):
+    if names == ["pixel_values"]:
+        batches, where = hf_inputs.image_batches(pre, ctx.seed)
     else:
-        tok = hf_model.tokenizer(spec)
-        if tok.pad_token is None:   # causal LMs often have none: padding only for the comparison, masked out
-            tok.pad_token = tok.eos_token or tok.unk_token or tok.convert_ids_to_tokens(0)
-        tok.padding_side = "right"
-        limit = _limit(spec, tok)
-        batches, where = hf_inputs.text_batches(tok, names, spec.task, limit)
+        batches, where = hf_inputs.text_batches(pre, names, spec.task, _limit(spec, pre))
     user = hf_inputs.data_batch(ctx.data.get("eval") or ctx.data.get("calibration"), names, config.samples, ctx.seed)
     if user is not None:
         batches.insert(0, user)
@@ -108,14 +115,32 @@ def _limit(spec, tok) -> int:
     return max(8, min(limits))
 
 
-def _run_onnx(path, batches, names):
+class _RuntimeFailure(Exception):
+    def __init__(self, opset: int, detail: str):
+        super().__init__(f"onnxruntime cannot run the exported model (opset {opset}): {detail}")
+        self.opset, self.detail = opset, detail
+
+
+def _export_checked(module, example, specs, out_names, dynamic, opset, stage, batches, names, config, ctx):
+    """Export into the staging folder, check the file, run it on the batches: (exporter, opset, outputs)."""
+    used = export_module(module, module, example, specs, out_names, dynamic,
+                         SimpleNamespace(exporter="dynamo", fallback=True, opset=opset), stage.model, ctx)
+    proto = onnx_io.load(stage.model, external_data=False)
+    bad = unsupported_nodes(proto)
+    if bad:
+        raise PassError(f"the exported model contains op {bad[0][0]}::{bad[0][1]} (node {bad[0][2]!r}), not a "
+                        "standard ONNX operator; onnxruntime cannot run it")
+    stage.finalize(config.external_data, ctx)
+    check_model(stage.model)
+    got_opset = graph.opset(proto)
     try:
-        sess = ort_session(path)
-        return [[o.astype("float64") for o in sess.run(None, {n: b[n] for n in names})] for b in batches]
+        sess = ort_session(stage.model)
+        got = [[o.astype("float64") for o in sess.run(None, {n: b[n] for n in names})] for b in batches]
     except OptkitError:
         raise
     except Exception as e:  # noqa: BLE001 - onnxruntime's errors
-        raise PassError(f"onnxruntime cannot run the exported model: {first_line(e)[:300]}") from None
+        raise _RuntimeFailure(got_opset, first_line(e)[:300]) from None
+    return used, got_opset, got
 
 
 def _stamp_task(path, task: str) -> None:

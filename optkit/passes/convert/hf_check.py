@@ -16,7 +16,7 @@ import numpy as np
 
 from optkit.core.errors import ValidationError
 
-NOISE_MEASURED = 4        # measured: max |onnx - float32| / max |float32 - float64| (the module docstring)
+NOISE_MEASURED = 2.5      # measured: max |onnx - float32| / max |float32 - float64| (the module docstring)
 NOISE_MULTIPLE = 16       # the tolerance: this many times the model's own float32 noise
 FLOOR_ULPS = 8            # and at least this many float32 steps (2^-23) of the output's largest value
 FP64_MAX_BYTES = 8 << 30  # a float64 copy of a larger model is not made: the fixed rule below is used instead
@@ -79,13 +79,13 @@ def _finite(a: np.ndarray) -> np.ndarray:
 
 
 def _one(name, got, ref, ref64, atol, rtol, source) -> dict:
-    diff = max(float(np.max(np.abs(np.where(np.isfinite(r), g - r, 0.0)), initial=0.0)) for g, r in zip(got, ref))
+    diff = max(float(np.max(np.abs(g[np.isfinite(r)] - r[np.isfinite(r)]), initial=0.0)) for g, r in zip(got, ref))
     bad = any(np.any(np.isfinite(r) != np.isfinite(g)) or np.any(np.isnan(g)) for g, r in zip(got, ref))
     scale = max(float(np.max(np.abs(_finite(r)), initial=0.0)) for r in ref)
     fig = {"max_abs_error": diff, "max_rel_error": diff / scale if scale else 0.0, "scale": scale, "dtype": "float32",
            "positions": int(sum(len(r) for r in ref))}
     if ref64 is not None:
-        noise = max(float(np.max(np.abs(np.where(np.isfinite(a), a - b, 0.0)), initial=0.0))
+        noise = max(float(np.max(np.abs(a[np.isfinite(a)] - b[np.isfinite(a)]), initial=0.0))
                     for a, b in zip(ref, ref64))
         tol = max(NOISE_MULTIPLE * noise, FLOOR_ULPS * 2.0 ** -23 * scale)
         fig.update(noise=noise, tolerance_rule=f"{NOISE_MULTIPLE}x the float32-vs-float64 noise of the source "
@@ -106,8 +106,7 @@ def _one(name, got, ref, ref64, atol, rtol, source) -> dict:
         fig["clear_flips"] = flips
     else:
         flips = 0
-    over = [np.abs(g - r) - (tol + (rtol or 0.0) * np.abs(r)) for g, r in zip(got, ref)]
-    worst = max(float(np.max(np.where(np.isfinite(o), o, 0.0), initial=-1.0)) for o in over)
+    worst = max(float(np.max(_excess(g, r, tol, rtol or 0.0), initial=-1.0)) for g, r in zip(got, ref))
     if bad or worst > 0 or flips:
         why = ("it gives NaN or infinity where the source does not" if bad else
                f"{flips} top-1 flips where the source's lead is over {2 * tol:.3g}" if flips and worst <= 0 else
@@ -117,6 +116,12 @@ def _one(name, got, ref, ref64, atol, rtol, source) -> dict:
                               + ("" if atol is not None else " (--atol sets a fixed tolerance if this is expected)"),
                               details={"validation": {"outputs": {name: fig}}})
     return fig
+
+
+def _excess(g: np.ndarray, r: np.ndarray, atol: float, rtol: float) -> np.ndarray:
+    """|diff| past atol + rtol |ref| at the kept (finite) positions."""
+    keep = np.isfinite(r)
+    return np.abs(g[keep] - r[keep]) - (atol + rtol * np.abs(r[keep]))
 
 
 def _cosines(g: np.ndarray, r: np.ndarray) -> np.ndarray:
