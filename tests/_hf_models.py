@@ -24,9 +24,8 @@ def minilm() -> Path | None:
 
 
 def _tokenizer(folder: Path):
-    from transformers import BertTokenizerFast
-
     from _encoders import sentences, tokenizer
+    from transformers import BertTokenizerFast
 
     tok = BertTokenizerFast(tokenizer_object=tokenizer(sentences()), unk_token="[UNK]", pad_token="[PAD]",
                             cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]", model_max_length=128)

@@ -8,8 +8,8 @@ import os
 import shutil
 
 import pytest
-
 from _hf_models import build
+
 from conftest import ROOT, no_result_files, one_error_line
 
 pytest.importorskip("transformers")
@@ -106,9 +106,8 @@ def test_tokenizer_missing(cli, tiny, tmp_path):
 def test_tokenizer_not_matching_the_vocabulary(cli, tiny, tmp_path):
     """A model built for a 1,000-token table with a 4,000-token tokenizer: ids past its table."""
     import torch
-    from transformers import BertConfig, BertModel
-
     from _hf_models import TINY, _tokenizer
+    from transformers import BertConfig, BertModel
 
     folder = tmp_path / "m"
     torch.manual_seed(0)

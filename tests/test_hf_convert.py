@@ -8,8 +8,8 @@ import json
 
 import numpy as np
 import pytest
-
 from _hf_models import TASKS, build
+
 from conftest import no_result_files, one_error_line
 
 pytest.importorskip("transformers")
@@ -73,9 +73,8 @@ def test_text_classifier_equals_transformers_on_padded_pairs(folders, tmp_path):
     pairs padded to several lengths, unpadded rows only (logits are per row)."""
     import onnxruntime as ort
     import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
     from _encoders import sentences
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     _convert(folders["text-classification"], tmp_path / "m.onnx")
     tok = AutoTokenizer.from_pretrained(tmp_path / "m.preprocessor" if (tmp_path / "m.preprocessor").is_dir()
@@ -179,3 +178,20 @@ def test_image_processor_spec_refuses_what_it_cannot_express(tmp_path):
                                                                    "resample": 1}))
     with pytest.raises(UsageError, match="resample 1 is not nearest"):
         from_folder(tmp_path)
+
+
+def test_image_processor_travels_to_optkit_preprocess(cli, folders, tmp_path):
+    """An image classifier's processor travels beside the ONNX file; `optkit preprocess` takes its spec with no
+    --preprocess."""
+    import yaml
+
+    m = tmp_path / "m.onnx"
+    _convert(folders["image-classification"], m)
+    from optkit.core import preprocessor
+
+    preprocessor.restamp(m, preprocessor.carry(folders["image-classification"], m))  # what the stage does
+    assert preprocessor.read_record(m).kind == "image-processor"
+    r = cli("preprocess", m, "-o", tmp_path / "p.onnx", "--print-recipe")
+    assert r.rc == 0, r.err
+    spec = yaml.safe_load(r.out)["stages"][0]["config"]["preprocess"]
+    assert spec == {"resize": [32, 32], "mean": [0.5, 0.4, 0.3], "std": [0.2, 0.25, 0.3]}

@@ -16,9 +16,9 @@ from optkit.core.formats import Format
 from optkit.core.registry import Pass, PassContext, cli, register
 from optkit.passes.convert.common import ConvertConfig, ExportConfig
 from optkit.passes.convert.hf import convert_hf
-from optkit.runtimes.hf_model import TASKS
 from optkit.passes.convert.tf import convert_tf
 from optkit.passes.convert.torch import convert_torch
+from optkit.runtimes.hf_model import TASKS
 
 
 @register
