@@ -90,20 +90,38 @@ def test_model_type_transformers_does_not_know(cli, tiny, tmp_path):
     assert "optkit-nonexistent" in line and "tasks optkit exports" in line
 
 
-def test_task_whose_head_the_weights_lack(cli, tiny, tmp_path):
-    line = _refused(cli, tiny["feature-extraction"], tmp_path, "--task", "text-classification")
+def _refused_by_the_pass(folder, tmp_path, **config) -> str:
+    """The same refusal through the Python API (the pass in this process: transformers imported once for the
+    module); UsageError is exit 2 on the command line."""
+    from optkit.core.artifact import Artifact
+    from optkit.core.errors import UsageError
+    from optkit.core.registry import PassContext, build_config
+    from optkit.passes import get_pass
+
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    cls = get_pass("convert.hf")
+    with pytest.raises(UsageError) as e:
+        cls().run(Artifact.load(folder), build_config(cls, config), PassContext(output=out / "m.onnx"))
+    assert e.value.exit_code == 2 and "\n" not in str(e.value)
+    assert no_result_files(out) == []
+    return str(e.value)
+
+
+def test_task_whose_head_the_weights_lack(tiny, tmp_path):
+    line = _refused_by_the_pass(tiny["feature-extraction"], tmp_path, task="text-classification")
     assert "classifier" in line and "not saved with a text-classification head" in line
 
 
-def test_tokenizer_missing(cli, tiny, tmp_path):
+def test_tokenizer_missing(tiny, tmp_path):
     folder = _copy(tiny["feature-extraction"], tmp_path / "m")
     for n in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
         (folder / n).unlink(missing_ok=True)
-    line = _refused(cli, folder, tmp_path)
+    line = _refused_by_the_pass(folder, tmp_path)
     assert f"{folder} has no tokenizer" in line
 
 
-def test_tokenizer_not_matching_the_vocabulary(cli, tiny, tmp_path):
+def test_tokenizer_not_matching_the_vocabulary(tiny, tmp_path):
     """A model built for a 1,000-token table with a 4,000-token tokenizer: ids past its table."""
     import torch
     from _hf_models import TINY, _tokenizer
@@ -113,7 +131,7 @@ def test_tokenizer_not_matching_the_vocabulary(cli, tiny, tmp_path):
     torch.manual_seed(0)
     BertModel(BertConfig(vocab_size=1000, max_position_embeddings=128, **TINY)).save_pretrained(folder)
     _tokenizer(folder)
-    line = _refused(cli, folder, tmp_path)
+    line = _refused_by_the_pass(folder, tmp_path)
     assert "vocab_size 1000" in line and "not this model's tokenizer" in line
 
 
@@ -173,3 +191,24 @@ def test_offline_before_any_hub_import():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split()[-2:] == ["True", "True"]
+
+
+class _Payload:
+    """Unpickling this runs a command: what a pickled pytorch_model.bin can do when not loaded weights_only."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_pytorch_model_bin_is_read_weights_only(tiny, tmp_path):
+    import torch
+
+    folder = _copy(tiny["feature-extraction"], tmp_path / "m")
+    (folder / "model.safetensors").unlink()
+    marker = tmp_path / "code-ran"
+    torch.save({"embeddings.word_embeddings.weight": _Payload(marker)}, folder / "pytorch_model.bin")
+    line = _refused_by_the_pass(folder, tmp_path)
+    assert "cannot load" in line and not marker.exists()

@@ -5,6 +5,7 @@ differences."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -195,3 +196,48 @@ def test_image_processor_travels_to_optkit_preprocess(cli, folders, tmp_path):
     assert r.rc == 0, r.err
     spec = yaml.safe_load(r.out)["stages"][0]["config"]["preprocess"]
     assert spec == {"resize": [32, 32], "mean": [0.5, 0.4, 0.3], "std": [0.2, 0.25, 0.3]}
+
+
+def test_bfloat16_weights_are_exported_as_float32(folders, tmp_path):
+    import onnx
+    import torch
+    from transformers import AutoModel
+
+    folder = tmp_path / "bf16"
+    shutil.copytree(folders["feature-extraction"], folder)
+    AutoModel.from_pretrained(folder).to(torch.bfloat16).save_pretrained(folder)
+    assert json.loads((folder / "config.json").read_text()).get("dtype") == "bfloat16"
+    _, ctx = _convert(folder, tmp_path / "m.onnx")
+    assert any("bfloat16 were exported as float32" in n for n in ctx.notes)
+    out = onnx.load(str(tmp_path / "m.onnx")).graph.output[0]
+    assert out.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
+    assert ctx.measurements["validation"]["outputs"]["last_hidden_state"]["max_abs_error"] < 1e-5
+
+
+def test_hf_format_runs_through_torch_from_pytorch_model_bin(folders, tmp_path):
+    """The folder as a model (what eval, bench and inspect open): pytorch_model.bin weights (read weights_only), the
+    inputs and outputs the ONNX file has, and the same logits as the ONNX file on real tokenized pairs."""
+    import onnxruntime as ort
+    import torch
+    from _encoders import sentences
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from optkit.core.artifact import Artifact
+    from optkit.runtimes.base import open_session
+
+    src = folders["text-classification"]
+    folder = tmp_path / "bin"
+    shutil.copytree(src, folder)
+    (folder / "model.safetensors").unlink()
+    torch.save(AutoModelForSequenceClassification.from_pretrained(src).state_dict(), folder / "pytorch_model.bin")
+    assert (folder / "pytorch_model.bin").is_file() and not (folder / "model.safetensors").exists()
+    _convert(src, tmp_path / "m.onnx")
+    session = open_session(Artifact.load(folder))
+    assert [s.name for s in session.inputs] == ["input_ids", "attention_mask", "token_type_ids"]
+    assert [s.name for s in session.outputs] == ["logits"] and session.inputs[2].value_range == (0, 2)
+    s = sentences()
+    enc = AutoTokenizer.from_pretrained(folder)(s[:6], s[6:12], padding=True, return_tensors="np")
+    feeds = {k: enc[k].astype(np.int64) for k in ("input_ids", "attention_mask", "token_type_ids")}
+    ours = session.run(feeds)[0]
+    onnx_out = ort.InferenceSession(str(tmp_path / "m.onnx")).run(None, feeds)[0]
+    assert np.abs(ours - onnx_out).max() < 1e-5

@@ -73,15 +73,28 @@ def _print_validation(report) -> None:
     if not val:
         return
     table = Table(title=f"validation: source vs onnxruntime on {val.get('inputs', '')}", title_justify="left")
-    for col in ("output", "dtype", "max abs err", "max rel err", "top-1 agree", "atol", "rtol"):
+    noise = any("noise" in o for o in val.get("outputs", {}).values())  # Hugging Face: the tolerance from it
+    cols = ("output", "dtype", "max abs err", "max rel err", "top-1 agree") + (
+        ("min cosine", "f32 noise", "tolerance") if noise else ("atol", "rtol"))
+    for col in cols:
         table.add_column(col, justify="left" if col in ("output", "dtype") else "right")
     for name, o in val.get("outputs", {}).items():
         agree = o.get("top1_agreement")
-        table.add_row(name, o.get("dtype", ""), f"{o['max_abs_error']:.3g}", f"{o['max_rel_error']:.3g}",
-                      "-" if agree is None else f"{agree:.4f}", f"{o.get('atol', 0):g}", f"{o.get('rtol', 0):g}")
+        row = [name, o.get("dtype", ""), f"{o['max_abs_error']:.3g}", f"{o['max_rel_error']:.3g}",
+               "-" if agree is None else f"{agree:.4f}"]
+        row += ([f"{o['min_cosine']:.6f}", f"{o['noise']:.3g}" if "noise" in o else "-", f"{o['tolerance']:.3g}"]
+                if noise else [f"{o.get('atol', 0):g}", f"{o.get('rtol', 0):g}"])
+        table.add_row(*row)
     con = common.console()
     con.print(table)
     extra = [f"exporter {val['exporter']}" if "exporter" in val else "", f"opset {val['opset']}" if "opset" in val else ""]
+    rules = {o["tolerance_rule"] for o in val.get("outputs", {}).values() if "tolerance_rule" in o}
+    if rules:
+        extra.append("tolerance: " + "; ".join(sorted(rules)) + " (padded positions left out)")
+    if "sentence_transformers" in val:
+        st = val["sentence_transformers"]
+        extra.append(f"against sentence-transformers {st['version']}: max abs err " + ", ".join(
+            f"{n} {o['max_abs_error']:.3g}" for n, o in st["outputs"].items()))
     if "onnx_top1" in val:
         extra.append(f"top-1 on the labels: source {val['source_top1']:.4f}, onnx {val['onnx_top1']:.4f}")
     con.print(", ".join(e for e in extra if e))

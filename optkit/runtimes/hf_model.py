@@ -181,7 +181,7 @@ def load(spec: Spec):
                          f"exports: {SUPPORTED}")
     try:
         model, info = auto.from_pretrained(str(spec.inner), local_files_only=True, trust_remote_code=trust.trusted(),
-                                           dtype=torch.float32, output_loading_info=True)
+                                           dtype=torch.float32, output_loading_info=True, weights_only=True)
     except (ValueError, KeyError) as e:
         msg = first_line(e)
         if "Unrecognized" in msg or "model_type" in msg or isinstance(e, KeyError):
