@@ -241,3 +241,26 @@ def test_hf_format_runs_through_torch_from_pytorch_model_bin(folders, tmp_path):
     ours = session.run(feeds)[0]
     onnx_out = ort.InferenceSession(str(tmp_path / "m.onnx")).run(None, feeds)[0]
     assert np.abs(ours - onnx_out).max() < 1e-5
+
+
+def test_eval_of_the_folder_equals_eval_of_the_onnx(cli, folders, tmp_path):
+    """`optkit eval` runs the hf folder through torch: on labelled, tokenized real sentences its top-1 is the ONNX
+    file's (the equality with transformers is one eval away)."""
+    from _encoders import sentences
+    from transformers import AutoTokenizer
+
+    src = folders["text-classification"]
+    _convert(src, tmp_path / "m.onnx")
+    enc = AutoTokenizer.from_pretrained(src)(sentences()[:48], padding="max_length", max_length=32, truncation=True,
+                                             return_tensors="np")
+    data = tmp_path / "tokens.npz"
+    np.savez(data, labels=np.arange(48) % 3, **{k: enc[k].astype(np.int64) for k in
+                                                  ("input_ids", "attention_mask", "token_type_ids")})
+    top1 = {}
+    for model in (src, tmp_path / "m.onnx"):
+        r = cli("eval", model, "--data", data, "--json")
+        assert r.rc == 0, r.err
+        acc = json.loads(r.out)["stages"][0]["measurements"]["accuracy"]
+        assert acc["samples"] == 48
+        top1[str(model)] = acc["top1"]
+    assert len(set(top1.values())) == 1, top1
