@@ -135,12 +135,15 @@ def test_tokenizer_not_matching_the_vocabulary(tiny, tmp_path):
     assert "vocab_size 1000" in line and "not this model's tokenizer" in line
 
 
-def test_remote_code_only_with_trust_code(cli, tiny, tmp_path):
+@pytest.mark.parametrize("file", ["config.json", "tokenizer_config.json"])
+def test_remote_code_only_with_trust_code(cli, tiny, tmp_path, file):
+    """Custom modelling or tokenizer code (auto_map) runs only with --trust-code."""
     folder = _copy(tiny["feature-extraction"], tmp_path / "m")
-    cfg = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**cfg, "auto_map": {"AutoModel": "modeling_x.XModel"}}))
+    cfg = json.loads((folder / file).read_text())
+    (folder / file).write_text(json.dumps({**cfg, "auto_map": {"AutoModel": "modeling_x.XModel",
+                                                              "AutoTokenizer": ["tok_x.XTokenizer", None]}}))
     line = _refused(cli, folder, tmp_path)
-    assert "auto_map" in line and "--trust-code" in line
+    assert f"{folder / file} names custom modelling code (auto_map)" in line and "--trust-code" in line
 
 
 def test_custom_sentence_transformers_module(cli, tiny, tmp_path):
