@@ -53,10 +53,25 @@ def test_bad_files_are_usage_errors(tmp_path, name, content, message):
 def test_missing_model_and_plain_folder(tmp_path):
     with pytest.raises(UsageError, match="not found"):
         detect_format(tmp_path / "nope.onnx")
-    with pytest.raises(UsageError, match="not a TensorFlow SavedModel"):
+    with pytest.raises(UsageError, match=r"neither a TensorFlow SavedModel \(saved_model.pb\) nor a Hugging Face model"):
         detect_format(tmp_path)
     with pytest.raises(UsageError, match="factory file"):
         detect_format(tmp_path / "missing.py:make_model")
+
+
+def test_hugging_face_folders_and_hub_ids(tmp_path, monkeypatch):
+    from optkit.core.formats import Format
+
+    (tmp_path / "config.json").write_text("{}")
+    assert detect_format(tmp_path) == Format.HF
+    st = tmp_path / "st"
+    st.mkdir()
+    (st / "modules.json").write_text("[]")   # sentence-transformers, its transformer in a sub-folder
+    assert detect_format(st) == Format.HF
+    monkeypatch.chdir(tmp_path)
+    assert detect_format("some-org/some-model") == Format.HF   # no such path: a Hub id
+    with pytest.raises(UsageError, match="not found"):
+        detect_format("some-org/model.onnx")                      # a missing file, not an id
 
 
 def test_sha256_follows_content_and_weights(samples, tmp_path):

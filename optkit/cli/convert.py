@@ -1,4 +1,4 @@
-"""optkit convert SRC -o OUT.onnx: PyTorch and TensorFlow models to validated ONNX."""
+"""optkit convert SRC -o OUT.onnx: PyTorch, TensorFlow and Hugging Face models to validated ONNX."""
 from __future__ import annotations
 
 import typer
@@ -9,18 +9,20 @@ from optkit.core.formats import Format, detect_format
 from optkit.core.shapes import parse_shapes
 
 TORCH_FORMATS = ("torch-module", "torchscript", "torch-export")
+_KINDS = {"convert.torch": "PyTorch", "convert.tf": "TensorFlow", "convert.hf": "Hugging Face"}
 
 
-@flags.pass_options("convert.torch", "convert.tf")
+@flags.pass_options("convert.torch", "convert.tf", "convert.hf")
 @flags.groups("weights", "data", "measure", "output", "print_recipe")
 def convert_cmd(
     model: str = typer.Argument(..., help="file.py:make_model, pkg.mod:make_model, TorchScript .pt, "
-                                           ".pt2, SavedModel folder, .keras, .h5 or .tflite."),
+                                           ".pt2, SavedModel folder, .keras, .h5, .tflite, or a Hugging Face "
+                                           "folder or Hub id (org/name, from the local cache)."),
     output: str = options.output_file("The ONNX file to write."),
     runs: int = typer.Option(50, "--runs", min=1, help="Timed runs for the latency figures."),
     *, config: dict, shared: options.Shared,
 ) -> None:
-    """Convert a PyTorch or TensorFlow model to ONNX, validated against the source framework."""
+    """Convert a PyTorch, TensorFlow or Hugging Face model to ONNX, validated against the source framework."""
     from optkit.core.registry import build_config
     from optkit.passes import get_pass
 
@@ -31,14 +33,17 @@ def convert_cmd(
         pass_name = "convert.torch"
         if config.get("signature"):
             raise UsageError("signature (--signature) applies to SavedModels")
-    elif fmt in (Format.KERAS, Format.TF_SAVEDMODEL, Format.TFLITE):
-        pass_name = "convert.tf"
+        if config.get("task"):
+            raise UsageError("task (--task) applies to Hugging Face models")
+    elif fmt in (Format.KERAS, Format.TF_SAVEDMODEL, Format.TFLITE, Format.HF):
+        pass_name = "convert.hf" if fmt == Format.HF else "convert.tf"
         if weights:
             raise UsageError(f"weights (--weights) applies to PyTorch models, not {fmt.value}")
-        for key in config:  # the PyTorch exporter's options
+        for key in config:  # the other converters' options
             if key not in flags.keys(pass_name):
-                raise UsageError(f"{key} ({flags.field('convert.torch', key)['flag']}) applies to PyTorch "
-                                 f"models, not {fmt.value}")
+                owner = next(p for p in ("convert.torch", "convert.tf", "convert.hf") if key in flags.keys(p))
+                raise UsageError(f"{key} ({flags.field(owner, key)['flag']}) applies to "
+                                 f"{_KINDS[owner]} models, not {fmt.value}")
     else:
         raise UsageError(f"convert takes PyTorch or TensorFlow models; {model} is {fmt.value}")
     build_config(get_pass(pass_name), config)  # bad options fail before any data is read
@@ -68,15 +73,28 @@ def _print_validation(report) -> None:
     if not val:
         return
     table = Table(title=f"validation: source vs onnxruntime on {val.get('inputs', '')}", title_justify="left")
-    for col in ("output", "dtype", "max abs err", "max rel err", "top-1 agree", "atol", "rtol"):
+    noise = any("noise" in o for o in val.get("outputs", {}).values())  # Hugging Face: the tolerance from it
+    cols = ("output",) + (() if noise else ("dtype",)) + ("max abs err", "max rel err", "top-1 agree") + (
+        ("min cosine", "f32 noise", "tolerance") if noise else ("atol", "rtol"))
+    for col in cols:
         table.add_column(col, justify="left" if col in ("output", "dtype") else "right")
     for name, o in val.get("outputs", {}).items():
         agree = o.get("top1_agreement")
-        table.add_row(name, o.get("dtype", ""), f"{o['max_abs_error']:.3g}", f"{o['max_rel_error']:.3g}",
-                      "-" if agree is None else f"{agree:.4f}", f"{o.get('atol', 0):g}", f"{o.get('rtol', 0):g}")
+        row = [name] + ([] if noise else [o.get("dtype", "")]) + [
+            f"{o['max_abs_error']:.3g}", f"{o['max_rel_error']:.3g}", "-" if agree is None else f"{agree:.4f}"]
+        row += ([f"{o['min_cosine']:.6f}", f"{o['noise']:.3g}" if "noise" in o else "-", f"{o['tolerance']:.3g}"]
+                if noise else [f"{o.get('atol', 0):g}", f"{o.get('rtol', 0):g}"])
+        table.add_row(*row)
     con = common.console()
     con.print(table)
     extra = [f"exporter {val['exporter']}" if "exporter" in val else "", f"opset {val['opset']}" if "opset" in val else ""]
+    rules = {o["tolerance_rule"] for o in val.get("outputs", {}).values() if "tolerance_rule" in o}
+    if rules:
+        extra.append("tolerance: " + "; ".join(sorted(rules)) + " (padded positions left out)")
+    if "sentence_transformers" in val:
+        st = val["sentence_transformers"]
+        extra.append(f"against sentence-transformers {st['version']}: max abs err " + ", ".join(
+            f"{n} {o['max_abs_error']:.3g}" for n, o in st["outputs"].items()))
     if "onnx_top1" in val:
         extra.append(f"top-1 on the labels: source {val['source_top1']:.4f}, onnx {val['onnx_top1']:.4f}")
     con.print(", ".join(e for e in extra if e))

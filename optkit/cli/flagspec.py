@@ -3,14 +3,22 @@
 Each pass: its Config fields in order, with the flag, type, default, bounds, help and group the CLI
 derives its options from (cli.flags). Plain data, so `optkit --help` imports nothing else."""
 PASSES = {
+    'convert.hf': [
+        {'key': 'opset', 'flag': '--opset', 'type': 'int', 'default': None, 'required': False, 'optional': True, 'min': 7, 'help': 'ONNX opset (default: the newest the exporter and onnxruntime both support).'},
+        {'key': 'atol', 'flag': '--atol', 'type': 'float', 'default': None, 'required': False, 'optional': True, 'min': 0, 'max': 1000000000.0, 'help': 'Absolute tolerance (default per dtype).', 'group': 'budgets'},
+        {'key': 'rtol', 'flag': '--rtol', 'type': 'float', 'default': None, 'required': False, 'optional': True, 'min': 0, 'max': 1000000.0, 'help': 'Relative tolerance (default per dtype).', 'group': 'budgets'},
+        {'key': 'samples', 'flag': '--samples', 'type': 'int', 'default': 64, 'required': False, 'optional': False, 'min': 1, 'help': 'Validation samples taken from the data.', 'group': 'evaluation'},
+        {'key': 'external_data', 'flag': '--external-data', 'type': 'str', 'choices': ['auto', 'always', 'never'], 'default': 'auto', 'required': False, 'optional': False, 'help': 'ONNX external data: auto (only over 2 GB), always or never.'},
+        {'key': 'task', 'flag': '--task', 'type': 'str', 'choices': ['feature-extraction', 'sentence-embeddings', 'text-classification', 'token-classification', 'question-answering', 'image-classification', 'text-generation'], 'default': None, 'required': False, 'optional': True, 'help': 'Task to export (Hugging Face models; default: from the folder): feature-extraction, sentence-embeddings, text-classification, token-classification, question-answering, image-classification, text-generation.'},
+    ],
     'convert.tf': [
         {'key': 'opset', 'flag': '--opset', 'type': 'int', 'default': None, 'required': False, 'optional': True, 'min': 7, 'help': 'ONNX opset (default: the newest the exporter and onnxruntime both support).'},
         {'key': 'atol', 'flag': '--atol', 'type': 'float', 'default': None, 'required': False, 'optional': True, 'min': 0, 'max': 1000000000.0, 'help': 'Absolute tolerance (default per dtype).', 'group': 'budgets'},
         {'key': 'rtol', 'flag': '--rtol', 'type': 'float', 'default': None, 'required': False, 'optional': True, 'min': 0, 'max': 1000000.0, 'help': 'Relative tolerance (default per dtype).', 'group': 'budgets'},
         {'key': 'samples', 'flag': '--samples', 'type': 'int', 'default': 64, 'required': False, 'optional': False, 'min': 1, 'help': 'Validation samples taken from the data.', 'group': 'evaluation'},
+        {'key': 'external_data', 'flag': '--external-data', 'type': 'str', 'choices': ['auto', 'always', 'never'], 'default': 'auto', 'required': False, 'optional': False, 'help': 'ONNX external data: auto (only over 2 GB), always or never.'},
         {'key': 'batch', 'flag': None, 'type': 'int', 'default': 2, 'required': False, 'optional': False, 'min': 1, 'help': 'batch of synthesized validation inputs', 'recipe_only': 'validation detail: the batch of synthesized inputs (--data feeds real ones)'},
         {'key': 'static_batch', 'flag': '--static-batch', 'type': 'bool', 'default': False, 'required': False, 'optional': False, 'help': 'Keep the batch axis (the first) fixed; by default it is dynamic, as exporters such as Optimum make it.'},
-        {'key': 'external_data', 'flag': '--external-data', 'type': 'str', 'choices': ['auto', 'always', 'never'], 'default': 'auto', 'required': False, 'optional': False, 'help': 'ONNX external data: auto (only over 2 GB), always or never.'},
         {'key': 'signature', 'flag': '--signature', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': 'SavedModel signature to convert (default: the only one, or serving_default).'},
     ],
     'convert.torch': [
@@ -18,9 +26,9 @@ PASSES = {
         {'key': 'atol', 'flag': '--atol', 'type': 'float', 'default': None, 'required': False, 'optional': True, 'min': 0, 'max': 1000000000.0, 'help': 'Absolute tolerance (default per dtype).', 'group': 'budgets'},
         {'key': 'rtol', 'flag': '--rtol', 'type': 'float', 'default': None, 'required': False, 'optional': True, 'min': 0, 'max': 1000000.0, 'help': 'Relative tolerance (default per dtype).', 'group': 'budgets'},
         {'key': 'samples', 'flag': '--samples', 'type': 'int', 'default': 64, 'required': False, 'optional': False, 'min': 1, 'help': 'Validation samples taken from the data.', 'group': 'evaluation'},
+        {'key': 'external_data', 'flag': '--external-data', 'type': 'str', 'choices': ['auto', 'always', 'never'], 'default': 'auto', 'required': False, 'optional': False, 'help': 'ONNX external data: auto (only over 2 GB), always or never.'},
         {'key': 'batch', 'flag': None, 'type': 'int', 'default': 2, 'required': False, 'optional': False, 'min': 1, 'help': 'batch of synthesized validation inputs', 'recipe_only': 'validation detail: the batch of synthesized inputs (--data feeds real ones)'},
         {'key': 'static_batch', 'flag': '--static-batch', 'type': 'bool', 'default': False, 'required': False, 'optional': False, 'help': 'Keep the batch axis (the first) fixed; by default it is dynamic, as exporters such as Optimum make it.'},
-        {'key': 'external_data', 'flag': '--external-data', 'type': 'str', 'choices': ['auto', 'always', 'never'], 'default': 'auto', 'required': False, 'optional': False, 'help': 'ONNX external data: auto (only over 2 GB), always or never.'},
         {'key': 'exporter', 'flag': '--exporter', 'type': 'str', 'choices': ['dynamo', 'legacy'], 'default': 'dynamo', 'required': False, 'optional': False, 'help': 'PyTorch exporter: dynamo or legacy.'},
         {'key': 'dynamic', 'flag': '--dynamic', 'type': 'list', 'default': [], 'required': False, 'optional': False, 'help': 'Dynamic axes (PyTorch) besides the batch: NAME:DIM[=LABEL] (repeatable).'},
         {'key': 'fallback', 'flag': '--no-fallback', 'type': 'bool', 'default': True, 'required': False, 'optional': False, 'help': 'Fail instead of falling back to the legacy exporter.', 'sets': False},

@@ -20,6 +20,8 @@ def preprocess_cmd(
     common.guard_outputs({"-o": output, "--report": shared.report}, common.inputs_of(shared, {"MODEL": model}))
     if isinstance(config.get("preprocess"), str):
         config["preprocess"] = _spec(config["preprocess"])
+    elif "preprocess" not in config:  # a model converted from a Hugging Face folder: its own image processor
+        config.update(_from_image_processor(model))
     pre = config.get("preprocess")
     # the input is measured on the data prepared by the spec (PIL path: its top-1 is the reference's); the
     # result takes uint8 images and is checked by the pass on the same files
@@ -36,6 +38,17 @@ def _spec(text: str) -> dict:
 
     mapping, _ = yaml_with_lines(text, "--preprocess")
     return mapping
+
+
+def _from_image_processor(model: str) -> dict:
+    """{"preprocess": spec} from the image processor that travelled with the model (core.preprocessor), or {}."""
+    from optkit.core import preprocessor
+    from optkit.measure.image_processor import FILE, from_folder
+
+    folder = preprocessor.resolve(model)
+    if folder is None or not (folder / FILE).is_file():
+        return {}
+    return {"preprocess": from_folder(folder).model_dump(mode="json", exclude_defaults=True)}
 
 
 def register(app: typer.Typer) -> None:

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from optkit.core import strictjson
+from optkit.core import hffolder, hub, strictjson
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format, detect_format, split_factory
 
@@ -24,6 +24,7 @@ class Artifact:
 
     @classmethod
     def load(cls, spec: str | Path, *, format: Format | str | None = None, **meta: Any) -> Artifact:
+        spec = hub.local_model(str(spec)) if isinstance(spec, (str, os.PathLike)) else spec  # org/name: its cached snapshot
         fmt = Format(format) if format else detect_format(spec)
         meta = {k: v for k, v in meta.items() if v is not None}
         return cls(path=str(spec), format=fmt, sha256=content_sha256(spec, fmt, meta.get("weights")), meta=meta)
@@ -46,6 +47,8 @@ class Artifact:
         if self.format == Format.TORCH_MODULE:
             weights = self.meta.get("weights")
             return Path(weights).stat().st_size if weights else 0
+        if self.format == Format.HF:
+            return sum(f.stat().st_size for f in hffolder.model_files(p))
         if p.is_dir():
             return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
         extra = external_data_files(p) if self.format == Format.ONNX else []
@@ -70,6 +73,11 @@ def content_sha256(spec: str | Path, fmt: Format, weights: str | None = None) ->
             _hash_file(h, Path(weights))
         return h.hexdigest()
     p = Path(spec)
+    if fmt == Format.HF:  # the files the model is made of (a Hub repository's README or ONNX copies are not)
+        for f in hffolder.model_files(p):
+            h.update(str(f.relative_to(p)).encode())
+            _hash_file(h, f)
+        return h.hexdigest()
     _hash_path(h, p)
     if fmt == Format.ONNX and not p.is_dir():
         for location, f in external_data_files(p):

@@ -6,6 +6,7 @@ import zipfile
 from enum import Enum
 from pathlib import Path
 
+from optkit.core import hffolder, hub
 from optkit.core.errors import UsageError
 
 
@@ -18,6 +19,7 @@ class Format(str, Enum):
     KERAS = "keras"
     TFLITE = "tflite"
     TRT_ENGINE = "trt-engine"
+    HF = "hf"   # a Hugging Face transformers / sentence-transformers folder (core/hffolder.py)
 
     def __str__(self) -> str:
         return self.value
@@ -26,7 +28,8 @@ class Format(str, Enum):
 # A factory spec: `path/to/file.py:make_model` or `pkg.mod:make_model`.
 _FACTORY = re.compile(r"^(?P<target>[^:]+\.py|[A-Za-z_][\w.]*):(?P<attr>[A-Za-z_]\w*)$")
 
-_KNOWN = ".onnx, .tflite, .keras, .h5, .pt (TorchScript), .pt2, .engine/.plan, a SavedModel folder, file.py:factory"
+_KNOWN = (".onnx, .tflite, .keras, .h5, .pt (TorchScript), .pt2, .engine/.plan, a SavedModel folder, a Hugging Face "
+          "folder (config.json) or Hub id (org/name), file.py:factory")
 
 
 def split_factory(spec: str) -> tuple[str, str] | None:
@@ -45,11 +48,15 @@ def detect_format(spec: str | Path) -> Format:
             raise UsageError(f"model factory file {target} not found")
         return Format.TORCH_MODULE
     path = Path(spec)
+    if hub.is_hub_id(spec):
+        return Format.HF   # a snapshot in the local Hugging Face cache (Artifact.load finds it, or says how to get it)
     if not path.exists():
         raise UsageError(f"model {path} not found")
     if path.is_dir():
         if (path / "saved_model.pb").exists() or (path / "saved_model.pbtxt").exists():
             return Format.TF_SAVEDMODEL
+        if hffolder.is_folder(path):
+            return Format.HF
         raise UsageError(folder_problem(path))
     if path.stat().st_size == 0:
         raise UsageError(f"model {path} is empty (0 bytes)")
@@ -98,7 +105,8 @@ def folder_problem(path: Path) -> str:
             + (" ..." if len(models) > 3 else "")) if models else "it holds no model file"
     if what:
         return f"{path} is {what}, not a model file; {give}"
-    return f"{path} is a folder but not a TensorFlow SavedModel (no saved_model.pb); {give}"
+    return (f"{path} is a folder but neither a TensorFlow SavedModel (saved_model.pb) nor a Hugging Face model "
+            f"(config.json); {give}")
 
 
 def _models_in(path: Path, depth: int = 2, limit: int = 200) -> list[Path]:

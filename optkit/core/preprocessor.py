@@ -4,7 +4,10 @@ A model made from a Hugging Face folder records, in its ONNX metadata under META
 files that lies beside it (`model.onnx` -> `model.preprocessor/`) and that folder's sha256. Every pass's output
 inherits the record and a copy of the folder (`carry`), so eval, quantize, bench, tune, package and recipes find
 the tokenizer with `resolve`, without flags. A folder that is missing or changed since the model was written is
-exit 2. A Hugging Face folder is its own preprocessor folder.
+exit 2. A Hugging Face folder is its own preprocessor folder; what a model made from it carries are its
+tokenizer / image-processor files and configs (core.hffolder.PREPROCESSOR_FILES), not its weights.
+`inherit` is the rule a pipeline applies after every pass, and `carry` what a copy of a model (a published `-o`)
+does.
 
 The folder holds plain files only (no links, no sub-folders), at most MAX_FILES of at most MAX_BYTES in all, and a
 marker MARKER that says optkit wrote it: only such a folder is ever replaced.
@@ -19,8 +22,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from optkit.core import strictjson
-from optkit.core.atomic import normal_mode, remove, tmp_prefix
+from optkit.core import hffolder, strictjson
+from optkit.core.atomic import atomic_path, normal_mode, remove, tmp_prefix
 from optkit.core.errors import UsageError
 
 META_KEY = "optkit.preprocessor"
@@ -125,7 +128,7 @@ def resolve(model: str | os.PathLike) -> Path | None:
     checked (missing or changed: exit 2); None when the model has none."""
     model = Path(model)
     if model.is_dir():
-        return model if (model / "config.json").is_file() else None
+        return model if hffolder.is_folder(model) else None
     rec = read_record(model)
     if rec is None:
         return None
@@ -163,6 +166,9 @@ def carry(src_model: str | os.PathLike, dest_model: str | os.PathLike) -> Record
     folder = resolve(src_model)
     if folder is None:
         return None
+    if Path(folder).is_dir() and hffolder.is_folder(folder) and Path(folder) == Path(src_model):
+        files, kind = hffolder.preprocessor_files(folder)
+        return None if kind == "none" else write_folder(files, dest_model, kind)
     kind = "tokenizer"
     rec = read_record(src_model)
     if rec is not None:
@@ -170,6 +176,37 @@ def carry(src_model: str | os.PathLike, dest_model: str | os.PathLike) -> Record
     if Path(folder).resolve() == folder_beside(dest_model).resolve():
         return Record(folder=Path(folder).name, sha256=folder_sha256(folder), kind=kind)
     return write_folder(files_of(folder), dest_model, kind)
+
+
+def inherit(src_model: str | os.PathLike, dest_model: str | os.PathLike) -> bool:
+    """A pass's ONNX output inherits its input's preprocessor: the folder beside it and the record in its
+    metadata (rewritten in place, atomically; its external data untouched). Returns whether `dest_model` changed
+    (its sha256 with it). An output whose record already names its own folder (the pass carried it) is left."""
+    dest = Path(dest_model)
+    if dest.is_dir() or dest.suffix.lower() != ".onnx" or not dest.is_file():
+        return False
+    own = read_record(dest)
+    if own is not None and (dest.parent / own.folder).is_dir():
+        try:
+            resolve(dest)
+            return False
+        except UsageError:  # a folder of that name that is not the recorded one: carried again
+            pass
+    record = carry(src_model, dest)
+    if record is None and own is None:
+        return False
+    restamp(dest, record)
+    return True
+
+
+def restamp(model: str | os.PathLike, record: Record | None) -> None:
+    """Set the record in an ONNX file's metadata, rewriting the file atomically (external data stays where it is)."""
+    import onnx
+
+    proto = onnx.load(str(model), load_external_data=False)
+    stamp(proto, record)
+    with atomic_path(model) as tmp:
+        onnx.save_model(proto, str(tmp))
 
 
 def _mkdtemp(dest: Path) -> str:

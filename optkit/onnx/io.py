@@ -86,13 +86,15 @@ class Staging:
         return self.dest
 
 
-def copy_model(src: str | Path, dest: str | Path) -> Path:
+def copy_model(src: str | Path, dest: str | Path, edit=None) -> Path:
     """The model at `src`, external data included, written unchanged to `dest` (atomically): the output of a
-    pass that measures a model without changing it (tune, profile)."""
+    pass that measures a model without changing it (tune, profile). `edit(proto)` may change its metadata first."""
     import onnx
 
     with Staging(Path(dest)) as staged:
         model = load(src)
+        if edit is not None:
+            edit(model)
         if model.ByteSize() >= TWO_GB:
             onnx.save_model(model, str(staged.model), save_as_external_data=True, all_tensors_to_one_file=True,
                             location=f"{staged.dest.name}.data", size_threshold=1024)

@@ -18,7 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from optkit.core.atomic import Input, Output, atomic_path, check_outputs
+from optkit.core import preprocessor
+from optkit.core.atomic import Input, Output, atomic_path, check_outputs, remove
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format
 from optkit.measure.model import DataSpec
@@ -126,8 +127,15 @@ def run_one_stage(rec: dict, output: str | Path, *, command: str, input_last: bo
 
 def publish(src: Path, fmt: Format, dest: Path) -> None:
     """Copy a result out of the workspace to where the caller asked for it, atomically."""
-    if fmt == Format.ONNX:
-        copy_model(src, dest)  # external data included
+    if fmt == Format.ONNX:  # external data included; its preprocessor folder beside it first, then the model
+        folder, made = preprocessor.folder_beside(dest), not preprocessor.folder_beside(dest).exists()
+        record = preprocessor.carry(src, dest)
+        try:
+            copy_model(src, dest, edit=lambda proto: preprocessor.stamp(proto, record))
+        except BaseException:
+            if made and record is not None:
+                remove(folder)
+            raise
     elif src.is_dir():
         raise UsageError(f"the result is a folder ({fmt.value}); run a recipe to keep it in its workspace")
     else:

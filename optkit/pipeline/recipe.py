@@ -19,7 +19,7 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic import ValidationError as PydanticValidationError
 
-from optkit.core import strictjson
+from optkit.core import hub, strictjson
 from optkit.core.errors import DependencyError, UsageError
 from optkit.core.formats import detect_format, split_factory
 from optkit.core.registry import ConfigError, build_config, check_accepts, config_message
@@ -233,6 +233,8 @@ class LoadedRecipe:
             return f"{self._abs(target)}:{attr}"
         if factory and not factory[0].endswith(".py"):
             return p  # pkg.mod:make_model
+        if hub.is_hub_id(p) and not (self.base / p).exists():
+            return p  # a Hugging Face Hub id (org/name): Artifact.load finds it in the local cache
         return self._abs(p)
 
     def _abs(self, p: str) -> str:

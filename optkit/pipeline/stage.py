@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from optkit.core.artifact import Artifact
+from optkit.core import preprocessor
+from optkit.core.artifact import Artifact, content_sha256
 from optkit.core.atomic import check_output_path
 from optkit.core.errors import PassError
 from optkit.core.registry import PassContext, build_config, check_pass
@@ -46,6 +47,8 @@ def run_pass(artifact: Artifact, pass_name: str, config: dict[str, Any], output:
     log.info("pass %s done in %.1f s", pass_name, time.perf_counter() - start)
     if not Path(result.path).exists():
         raise PassError(f"pass {pass_name} reported {result.path} but wrote nothing")
+    if preprocessor.inherit(artifact.path, result.path):  # the tokenizer travels with the model
+        result.sha256 = content_sha256(result.path, result.format)
     return StageResult(name=pass_name, pass_name=pass_name, input=artifact, output=result,
                        config=redact_config(cfg.model_dump(mode="json")), duration_s=time.perf_counter() - start,
                        ctx=ctx)

@@ -1,4 +1,4 @@
-"""convert.torch and convert.tf: PyTorch and TensorFlow models to validated ONNX.
+"""convert.torch, convert.tf and convert.hf: PyTorch, TensorFlow and Hugging Face models to validated ONNX.
 
 Both passes export to a temporary file next to the destination, check it with `onnx.checker` (full shape
 inference), run the source framework and onnxruntime on the same inputs (sample data or synthesized ones)
@@ -14,9 +14,11 @@ from pydantic import Field, model_validator
 from optkit.core.artifact import Artifact
 from optkit.core.formats import Format
 from optkit.core.registry import Pass, PassContext, cli, register
-from optkit.passes.convert.common import ConvertConfig
+from optkit.passes.convert.common import ConvertConfig, ExportConfig
+from optkit.passes.convert.hf import convert_hf
 from optkit.passes.convert.tf import convert_tf
 from optkit.passes.convert.torch import convert_torch
+from optkit.runtimes.hf_model import TASKS
 
 
 @register
@@ -76,3 +78,23 @@ class ConvertTF(Pass):
 
     def run(self, artifact: Artifact, config, ctx: PassContext) -> Artifact:
         return convert_tf(artifact, config, ctx)
+
+
+@register
+class ConvertHF(Pass):
+    name = "convert.hf"
+    summary = ("Hugging Face transformers / sentence-transformers folder or Hub id -> ONNX via torch.onnx (dynamo), "
+               "validated on real text over the unpadded positions")
+    accepts = (Format.HF,)
+    produces = Format.ONNX
+    extra = "hf"
+
+    class Config(ExportConfig):
+        task: Literal[tuple(TASKS)] | None = Field(
+            default=None, description="What to export (default: from config.json's architectures and "
+                                      "sentence-transformers' modules.json): " + ", ".join(TASKS) + ".",
+            json_schema_extra=cli("--task", help="Task to export (Hugging Face models; default: from the folder): "
+                                  + ", ".join(TASKS) + "."))
+
+    def run(self, artifact: Artifact, config, ctx: PassContext) -> Artifact:
+        return convert_hf(artifact, config, ctx)

@@ -69,7 +69,9 @@ DEFAULT_TOLERANCE = {
 }
 
 
-class ConvertConfig(PassConfig):
+class ExportConfig(PassConfig):
+    """What every converter takes."""
+
     opset: int | None = Field(default=None, ge=7, description="ONNX opset (default: the newest the exporter "
                                                                "and onnxruntime both support).",
                               json_schema_extra=cli("--opset"))
@@ -79,15 +81,18 @@ class ConvertConfig(PassConfig):
                                json_schema_extra=cli("--rtol", group="budgets"))
     samples: int = Field(default=64, ge=1, description="Validation samples taken from the data.",
                          json_schema_extra=cli("--samples", group="evaluation"))
+    external_data: Literal["auto", "always", "never"] = Field(
+        default="auto", description="ONNX external data: auto (only over 2 GB), always or never.",
+        json_schema_extra=cli("--external-data"))
+
+
+class ConvertConfig(ExportConfig):
     batch: int = Field(default=2, ge=1, description="batch of synthesized validation inputs",
                        json_schema_extra=cli(recipe_only="validation detail: the batch of synthesized inputs "
                                                          "(--data feeds real ones)"))
     static_batch: bool = Field(default=False, description="Keep the batch axis (the first) fixed; by default it "
                                                           "is dynamic, as exporters such as Optimum make it.",
                                json_schema_extra=cli("--static-batch"))
-    external_data: Literal["auto", "always", "never"] = Field(
-        default="auto", description="ONNX external data: auto (only over 2 GB), always or never.",
-        json_schema_extra=cli("--external-data"))
 
 
 _ORT_MAX: int | None = None

@@ -113,7 +113,7 @@ class _RuntimeFailure(Exception):
 def _export_and_validate(export_obj, model, tensors, specs, out_names, dynamic, config, stage, ctx, names,
                          batch_check: bool = False):
 
-    used = _export(export_obj, model, tensors, specs, out_names, dynamic, config, stage.model, ctx)
+    used = export_module(export_obj, model, tensors, specs, out_names, dynamic, config, stage.model, ctx)
     proto = onnx_io.load(stage.model, external_data=False)
     bad = unsupported_nodes(proto)
     if bad:
@@ -255,7 +255,7 @@ def _call(model, tensors):
 # ------------------------------------------------------------------------------------------------ export
 
 
-def _export(export_obj, model, tensors, specs, out_names, dynamic, config, dest: Path, ctx: PassContext) -> str:
+def export_module(export_obj, model, tensors, specs, out_names, dynamic, config, dest: Path, ctx: PassContext) -> str:
     """Export with the chosen exporter; dynamo failures fall back to the TorchScript exporter. Returns the one used."""
     from torch.onnx import _constants
 
