@@ -60,7 +60,7 @@ def test_the_python_api_says_the_same(written, tmp_path):
 def test_a_plain_folder_still_says_savedmodel_and_that_it_holds_no_model(cli, tmp_path):
     (tmp_path / "empty").mkdir()
     r = cli("inspect", tmp_path / "empty")
-    assert r.rc == 2 and "not a TensorFlow SavedModel (no saved_model.pb); it holds no model file" in one_error_line(r)
+    assert r.rc == 2 and "nor a Hugging Face model (config.json); it holds no model file" in one_error_line(r)
 
 
 def _free_port() -> int:
