@@ -45,7 +45,7 @@ class MeasureSettings(BaseModel):
     0..100,000, runs 1..1,000,000, duration finite, over 0 and at most 3600 s. Out of bounds is a UsageError
     naming the command-line option (exit 2), not a pydantic ValidationError."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid")   # duration and values: finite and bounded, each naming its flag
     provider: str = "cpu"
     threads: int | None = None
     batch: int = 1
