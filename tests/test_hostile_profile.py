@@ -271,7 +271,7 @@ def test_help_states_the_bounds(tmpdir_env, work):
     assert r.returncode == 0, r.stderr
     text = " ".join(r.stdout.replace("│", " ").split())
     assert f"at most {TRACE_CAP_BYTES // 2**20} MB" in text and f"under {EVENT_BUDGET:,}" in text
-    readme = " ".join((ROOT / "README.md").read_text().split())
+    readme = " ".join((ROOT / "docs" / "profile.md").read_text().split())
     assert f"{TRACE_CAP_BYTES // 2**20} MB" in readme and f"{EVENT_BUDGET:,}" in readme
 
 

@@ -544,7 +544,7 @@ def test_without_a_budget_a_trial_is_stopped_at_the_stated_limit(work):
     usage = subprocess.run([sys.executable, "-m", "optkit", "tune", "--help"], cwd=ROOT, capture_output=True,
                            text=True, env=_env()).stdout
     assert "max(30 s, 10x these)" in " ".join(usage.split())
-    assert "max(30 s, 10x `--trial-seconds`)" in " ".join((ROOT / "README.md").read_text().split())
+    assert "max(30 s, 10x `--trial-seconds`)" in " ".join((ROOT / "docs" / "tune.md").read_text().split())
 
 
 def test_per_thread_sessions_that_oversubscribe_the_cores_are_left_out(work):

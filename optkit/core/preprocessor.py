@@ -60,7 +60,11 @@ class Record:
 def folder_beside(model: str | os.PathLike) -> Path:
     """Where a model file's preprocessor folder lies: `x/model.onnx` -> `x/model.preprocessor`."""
     model = Path(model)
-    return model.with_name(model.stem + SUFFIX)
+    name = model.stem + SUFFIX
+    if len(os.fsencode(name)) > 255:
+        raise UsageError(f"{model}: its preprocessor folder would be named {name[:40]}... ({len(os.fsencode(name))} "
+                         "bytes), longer than a file name may be; choose a shorter output name")
+    return model.with_name(name)
 
 
 def files_of(folder: Path) -> list[Path]:

@@ -128,8 +128,11 @@ def run_one_stage(rec: dict, output: str | Path, *, command: str, input_last: bo
 def publish(src: Path, fmt: Format, dest: Path) -> None:
     """Copy a result out of the workspace to where the caller asked for it, atomically."""
     if fmt == Format.ONNX:  # external data included; its preprocessor folder beside it first, then the model
-        folder, made = preprocessor.folder_beside(dest), not preprocessor.folder_beside(dest).exists()
-        record = preprocessor.carry(src, dest)
+        record, made, folder = None, False, None
+        if preprocessor.resolve(src) is not None:  # most models have none: nothing beside them to write
+            folder = preprocessor.folder_beside(dest)
+            made = not folder.exists()
+            record = preprocessor.carry(src, dest)
         try:
             copy_model(src, dest, edit=lambda proto: preprocessor.stamp(proto, record))
         except BaseException:
