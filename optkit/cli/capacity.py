@@ -16,9 +16,9 @@ def capacity_cmd(
 ) -> None:
     """Replicas and autoscaling from per-replica figures and traffic: the HPA rule replayed minute by minute
     (fixed for the peak, reactive, and with a forecast's KEDA cron schedule), the target utilisation searched."""
-    from optkit.package.capacity import config as capacity_config
-    from optkit.package.capacity import pictures, replica
-    from optkit.package.capacity import run as capacity_run
+    from optkit.capacity import config as capacity_config
+    from optkit.capacity import pictures, replica
+    from optkit.capacity import run as capacity_run
 
     cfg = capacity_config.build(config)
     common.guard_outputs({"-o": cfg.output, "--html": cfg.html}, {"FIGURES": figures, "--history": cfg.history})

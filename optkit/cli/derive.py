@@ -85,8 +85,8 @@ def derive_package() -> list[dict[str, Any]]:
 
 
 def derive_capacity() -> list[dict[str, Any]]:
-    """`optkit capacity`'s options, from package.capacity.config.CapacityConfig."""
-    from optkit.package.capacity.config import CapacityConfig
+    """`optkit capacity`'s options, from capacity.config.CapacityConfig."""
+    from optkit.capacity.config import CapacityConfig
 
     return [field_spec(k, f) for k, f in CapacityConfig.model_fields.items()]
 
@@ -128,7 +128,7 @@ def render(specs: dict, package: list[dict[str, Any]] | None = None,
     lines.append("PACKAGE = [")
     lines.extend(f"    {field!r}," for field in package or [])
     lines.append("]")
-    lines.append("# optkit capacity: CapacityConfig's fields (optkit/package/capacity/config.py)")
+    lines.append("# optkit capacity: CapacityConfig's fields (optkit/capacity/config.py)")
     lines.append("CAPACITY = [")
     lines.extend(f"    {field!r}," for field in capacity or [])
     lines.append("]")

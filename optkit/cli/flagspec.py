@@ -353,22 +353,23 @@ PACKAGE = [
     {'key': 'registry', 'flag': '--registry', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': "MLflow: also register the version in this model registry (default: MLFLOW_REGISTRY_URI) and point the alias 'served' at it."},
     {'key': 'stage', 'flag': None, 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': 'Whose model (default: the last stage).', 'recipe_only': "a recipe's stage; the command packages MODEL"},
 ]
-# optkit capacity: CapacityConfig's fields (optkit/package/capacity/config.py)
+# optkit capacity: CapacityConfig's fields (optkit/capacity/config.py)
 CAPACITY = [
     {'key': 'output', 'flag': '--output', 'type': 'str', 'default': None, 'required': True, 'optional': False, 'help': 'CAPACITY.json to write: replicas, requests, autoscaling, schedule and the replay (read by `optkit package --capacity`).', 'short': '-o'},
     {'key': 'peak', 'flag': '--peak', 'type': 'float', 'default': None, 'required': False, 'optional': True, 'min_open': 0, 'max': 1000000000.0, 'help': 'Peak request rate (requests/s), instead of a history.'},
     {'key': 'history', 'flag': '--history', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': "Traffic history: CSV of timestamp,requests_per_s (ISO 8601 or epoch seconds) or a Prometheus range-query JSON; at most 64 MB, 2,000,000 rows and 366 days from its first to its last sample plus that sample's interval."},
     {'key': 'html', 'flag': '--html', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': 'Also write an HTML page: traffic, capacity and replicas over time, SLO minutes marked.'},
-    {'key': 'headroom', 'flag': '--headroom', 'type': 'float', 'default': 0.2, 'required': False, 'optional': False, 'min': 0, 'max': 4.0, 'help': 'Spare capacity over the load when sizing (0.2: 20%).'},
     {'key': 'min_replicas', 'flag': '--min-replicas', 'type': 'int', 'default': 1, 'required': False, 'optional': False, 'min': 1, 'max': 10000, 'help': 'Fewest replicas.'},
     {'key': 'max_replicas', 'flag': '--max-replicas', 'type': 'int', 'default': 100, 'required': False, 'optional': False, 'min': 1, 'max': 10000, 'help': 'Most replicas; a rate that needs more is exit 2.'},
     {'key': 'startup_s', 'flag': '--startup', 'type': 'int', 'default': 60, 'required': False, 'optional': False, 'min': 0, 'max': 3600, 'help': 'Seconds a new pod takes before it serves.'},
-    {'key': 'lead_s', 'flag': '--lead', 'type': 'int', 'default': 120, 'required': False, 'optional': False, 'min': 0, 'max': 86400, 'help': 'Seconds before a predicted surge (beyond the start-up) the schedule raises the minimum.'},
-    {'key': 'max_slo_minutes', 'flag': '--max-slo-minutes', 'type': 'int', 'default': 0, 'required': False, 'optional': False, 'min': 0, 'max': 527040, 'help': 'Minutes over the SLO the chosen target may allow in the replay.'},
     {'key': 'tolerance', 'flag': '--tolerance', 'type': 'float', 'default': 0.1, 'required': False, 'optional': False, 'min': 0, 'max_open': 1.0, 'help': 'HPA tolerance (its default 0.1).'},
     {'key': 'down_window_s', 'flag': '--scale-down-window', 'type': 'int', 'default': 300, 'required': False, 'optional': False, 'min': 0, 'max': 3600, 'help': 'HPA scale-down stabilisation window, seconds (its default 300).'},
+    {'key': 'headroom', 'flag': '--headroom', 'type': 'float', 'default': 0.2, 'required': False, 'optional': False, 'min': 0, 'max': 4.0, 'help': 'Spare capacity over the load when sizing (0.2: 20%).'},
+    {'key': 'lead_s', 'flag': '--lead', 'type': 'int', 'default': 120, 'required': False, 'optional': False, 'min': 0, 'max': 86400, 'help': 'Seconds before a predicted surge (beyond the start-up) the schedule raises the minimum.'},
+    {'key': 'max_slo_minutes', 'flag': '--max-slo-minutes', 'type': 'int', 'default': 0, 'required': False, 'optional': False, 'min': 0, 'max': 527040, 'help': 'Minutes over the SLO the chosen target may allow in the replay.'},
     {'key': 'slo_p99_ms', 'flag': '--slo-p99', 'type': 'float', 'default': None, 'required': False, 'optional': True, 'min_open': 0, 'max': 1000000000.0, 'help': "Latency objective, p99 in ms (default: tune's --slo)."},
     {'key': 'cpu_cores', 'flag': '--cpu', 'type': 'float', 'default': None, 'required': False, 'optional': True, 'min_open': 0, 'max': 1024, 'help': 'CPU cores a replica uses at its throughput, where the figures carry none (bench --url).'},
     {'key': 'memory_mb', 'flag': '--memory-mb', 'type': 'float', 'default': None, 'required': False, 'optional': True, 'min_open': 0, 'max': 16777216.0, 'help': "Memory of one replica's container, MB (default: the model's measured peak)."},
     {'key': 'forecast', 'flag': '--no-forecast', 'type': 'bool', 'default': True, 'required': False, 'optional': False, 'help': 'Reactive scaling only: no forecast, no schedule.', 'sets': False},
+    {'key': 'figures', 'flag': None, 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': "Per-replica figures: a tune best.json, a report.json or an optkit-package.json (default in a recipe: the tune stage before it, else the run's report).", 'recipe_only': "the command's FIGURES argument"},
 ]

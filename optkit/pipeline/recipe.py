@@ -19,6 +19,7 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic import ValidationError as PydanticValidationError
 
+from optkit.capacity.config import CapacityConfig
 from optkit.core import hub, strictjson
 from optkit.core.errors import DependencyError, UsageError
 from optkit.core.formats import detect_format, split_factory
@@ -27,7 +28,6 @@ from optkit.core.shapes import MAX_DIM, MAX_ELEMENTS
 from optkit.measure.datasets import Preprocess
 from optkit.measure.model import MeasureSettings, check_sharing
 from optkit.onnx.session import OrtSettings
-from optkit.package.capacity.config import RecipeCapacity
 from optkit.package.config import PackageConfig
 from optkit.passes import get_pass
 from optkit.pipeline.gates import check_gates_plan, parse_gates
@@ -173,7 +173,7 @@ class Recipe(_Strict):
     baseline: str | None = Field(default=None, description="A report.json for the baseline gates.")
     package: list[PackageConfig] = Field(default_factory=list, description="Package the last (or a named) stage's "
                                                                           "model when every gate passed.")
-    capacity: RecipeCapacity | None = Field(default=None, description="Replicas and autoscaling from this run's "
+    capacity: CapacityConfig | None = Field(default=None, description="Replicas and autoscaling from this run's "
                                                                      "figures (optkit capacity's options).")
 
     @field_validator("version")
@@ -233,9 +233,15 @@ class LoadedRecipe:
             return f"{self._abs(target)}:{attr}"
         if factory and not factory[0].endswith(".py"):
             return p  # pkg.mod:make_model
-        if hub.is_hub_id(p) and not (self.base / p).exists():
-            return p  # a Hugging Face Hub id (org/name): Artifact.load finds it in the local cache
         return self._abs(p)
+
+    @property
+    def model_path(self) -> str:
+        """The model's path, resolved as every recipe path is; a Hugging Face Hub id (org/name) that is no path
+        here stays one (Artifact.load finds it in the local cache). Only the model may be a Hub id: an output
+        `dir/file.html` is a path."""
+        p = self.recipe.model.path
+        return p if hub.is_hub_id(p) and not (self.base / p).exists() else self.resolve(p)
 
     def _abs(self, p: str) -> str:
         q = Path(p).expanduser()
@@ -313,7 +319,7 @@ def check_passes(loaded: LoadedRecipe, allow_missing: bool = False) -> list:
 
     r = loaded.recipe
     fmt = None
-    model = loaded.resolve(r.model.path)
+    model = loaded.model_path
     try:
         fmt = detect_format(model)
     except UsageError as e:

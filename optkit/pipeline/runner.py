@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from optkit.capacity import recipe as capacity_recipe
 from optkit.core.artifact import Artifact
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format, detect_format
@@ -18,7 +19,6 @@ from optkit.measure.serving import Setting
 from optkit.measure.text import is_text_data, text_tokenizer
 from optkit.measure.trials import latency_trials
 from optkit.onnx.session import OrtSettings
-from optkit.package.capacity import recipe as capacity_recipe
 from optkit.package.recipe import check_specs, package_run
 from optkit.pipeline.gates import evaluate, gates_of_recipe
 from optkit.pipeline.recipe import validate
@@ -58,7 +58,7 @@ class RunOutcome:
     gate_results: list = field(default_factory=list)
     packages: list = field(default_factory=list)   # optkit.package.build.Result, one per `package:` entry
     package_note: str | None = None
-    capacity: Any = None                           # optkit.package.capacity.run.Result of `capacity:`
+    capacity: Any = None                           # optkit.capacity.run.Result of `capacity:`
 
     @property
     def failed_gates(self) -> list:
@@ -74,7 +74,7 @@ def plan(loaded, baseline: str | None = None) -> list[dict[str, Any]]:
         check_specs(loaded)
     capacity_recipe.prepare(loaded)
     rows = [{"stage": "00-input", "pass": "-", "from": "-", "accepts": "-",
-             "format": detect_format(loaded.resolve(loaded.recipe.model.path)).value, "config": {},
+             "format": detect_format(loaded.model_path).value, "config": {},
              "available": True, "missing": None}]
     names = loaded.stage_names()
     for i, ((cls, cfg), name) in enumerate(zip(resolved, names), start=1):
@@ -102,7 +102,7 @@ def execute(loaded, opts: RunOptions | None = None) -> RunOutcome:
     baseline = Report.load(baseline_path) if baseline_path else None
     gates = gates_of_recipe(loaded)
     data = _load_data(loaded)
-    path = loaded.resolve(r.model.path)
+    path = loaded.model_path
     meta = {}
     if r.measure.shapes and detect_format(path) == Format.TORCH_MODULE:  # a factory declares no input shapes
         meta["input_shapes"] = dict(r.measure.shapes)  # "" (unnamed): the single input
@@ -273,8 +273,8 @@ def _load_data(loaded) -> dict[str, Any]:
                         truncation=item.truncation)
         try:
             if is_text_data(Path(path)):  # every stage's figures come from the same rows, tokenized once the same way
-                spec.tokenizer = str(text_tokenizer(loaded.resolve(r.model.path), path))
-            ds = spec.load(loaded.resolve(r.model.path), item.metric if key == "eval" else None).subset(
+                spec.tokenizer = str(text_tokenizer(loaded.model_path, path))
+            ds = spec.load(loaded.model_path, item.metric if key == "eval" else None).subset(
                 item.max_samples, r.measure.seed)
         except UsageError as e:
             raise UsageError(f"{loaded.where(('data', key, 'path'))}: {e.message}") from None

@@ -3,7 +3,7 @@
 Every step declares its files with one method, `paths() -> (inputs, outputs)` (core.atomic.Step): the recipe's
 own reads (`Source`: the recipe file, the model with its weights and factory, the data with labels and a metric's
 file, the baseline), each pass stage (`PassStage`: the files its Config names, from the PathRole of each field),
-each `package:` entry (package.recipe.PackageStep) and `capacity:` (package.capacity.recipe.CapacityStep).
+each `package:` entry (package.recipe.PackageStep) and `capacity:` (capacity.recipe.CapacityStep).
 `guard` checks every output against every input and every other output (core.atomic.check_steps): `optkit run`,
 its --dry-run, `optkit.run` and `optkit.run_pass` (and every command, through its one-stage recipe) refuse, exit 2,
 before anything is written. A new kind of step implements paths() and is added to `steps_of`.
@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from optkit.capacity.recipe import CapacityStep
 from optkit.core.atomic import Input, Output, Step, check_steps, declared_paths, python_file
-from optkit.package.capacity.recipe import CapacityStep
 from optkit.package.recipe import PackageStep
 from optkit.pipeline.recipe import LoadedRecipe
 
@@ -28,7 +28,7 @@ class Source:
     def paths(self) -> tuple[list[Input], list[Output]]:
         loaded, r = self.loaded, self.loaded.recipe
         inputs = [Input("the recipe file", loaded.path)] if loaded.path else []
-        inputs.append(Input("model.path", loaded.resolve(r.model.path)))
+        inputs.append(Input("model.path", loaded.model_path))
         if r.model.weights:
             inputs.append(Input("model.weights", loaded.resolve(r.model.weights)))
         for key in ("calibration", "eval", "train"):

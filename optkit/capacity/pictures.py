@@ -7,8 +7,8 @@ from html import escape
 
 import numpy as np
 
+from optkit.capacity.plan import Plan
 from optkit.core.text import printable
-from optkit.package.capacity.plan import Plan
 from optkit.report.html import CSS, capacity_section
 from optkit.report.schema import MAX_POINTS, CapacitySection
 

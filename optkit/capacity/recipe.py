@@ -11,17 +11,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from optkit.capacity import config as cmod
+from optkit.capacity import pictures, replica
+from optkit.capacity import run as crun
+from optkit.capacity.traffic import Traffic
 from optkit.core.atomic import Input, Output
 from optkit.core.errors import UsageError
-from optkit.package.capacity import config as cmod
-from optkit.package.capacity import pictures, replica
-from optkit.package.capacity import run as crun
-from optkit.package.capacity.traffic import Traffic
 
 
 @dataclass
 class Prepared:
-    cfg: cmod.RecipeCapacity
+    cfg: cmod.CapacityConfig
     traffic: Traffic
 
 
@@ -47,12 +47,10 @@ def prepare(loaded) -> Prepared | None:
         return None
     where = loaded.where(("capacity",))
     resolved = {k: loaded.resolve(getattr(spec, k)) for k in ("output", "history", "html", "figures")}
-    values = spec.model_dump(exclude={"figures"}) | {k: v for k, v in resolved.items() if k != "figures"}
     try:
-        cfg = cmod.build(values)
+        cfg = cmod.build(spec.model_dump() | resolved)
     except UsageError as e:
         raise UsageError(f"{where}: {e.message}") from None
-    cfg = cmod.RecipeCapacity(**cfg.model_dump(), figures=resolved["figures"])
     for key in ("figures", "history"):
         path = getattr(cfg, key)
         if path and not Path(path).exists():
