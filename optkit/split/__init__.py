@@ -19,9 +19,9 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
+from optkit.core.atomic import remove, stage_folder
 from optkit.core.errors import UsageError
 from optkit.core.formats import folder_problem
-from optkit.core.locks import locked_output
 from optkit.core.shapes import LADDERS, dim_kind
 from optkit.core.text import first_line
 from optkit.measure.images import client_images
@@ -60,7 +60,7 @@ def split_model(model: Path, out_dir: Path, provider: str = "tensorrt", cuts="au
     doc = plan["doc"]
     if not doc["parts"]:
         return doc
-    tmp = write.stage(out_dir)
+    tmp = stage_folder(out_dir)
     try:
         parts = []
         for part in doc["parts"]:
@@ -71,11 +71,9 @@ def split_model(model: Path, out_dir: Path, provider: str = "tensorrt", cuts="au
             parts.append((written, [o["name"] for o in part["outputs"]]))
         doc["check"] = write.check_chain(plan["source"], parts, plan["feeds"], [o["name"] for o in doc["outputs"]])
         write.write_doc(tmp, doc)
-        with locked_output(out_dir, on_wait):
-            write.check_out_dir(out_dir, model)   # again under the lock: another run may have written it since
-            write.commit(tmp, out_dir)
+        write.commit(tmp, out_dir, model, on_wait)
     finally:
-        write.remove_tmp(tmp)
+        remove(tmp)
     return doc
 
 
