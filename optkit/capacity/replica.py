@@ -200,10 +200,16 @@ def _from_report(p: Path) -> PerReplica:
 
 
 def from_report(rep: Report, where: str, name: str | None = None) -> PerReplica:
-    """The figures of a report (a file read through Report.load, or a run's own report in memory)."""
+    """The figures of a report (a file read through Report.load)."""
+    return from_stages(rep.stages, rep.command, where, name)
+
+
+def from_stages(all_stages: list, command: str, where: str, name: str | None = None) -> PerReplica:
+    """The figures of a report's stages (a file's, or a run's own stages so far, in memory): its last stage timed
+    with a throughput."""
     p = where
     name = name or where
-    stages = [s for s in rep.stages if isinstance(s.measurements, dict)
+    stages = [s for s in all_stages if isinstance(s.measurements, dict)
               and any(isinstance(s.measurements.get(g), dict) and s.measurements[g].get("throughput_per_s") is not None
                       for g in ("concurrency", "latency"))]
     if not stages:
@@ -215,7 +221,7 @@ def from_report(rep: Report, where: str, name: str | None = None) -> PerReplica:
     group = "concurrency" if isinstance(m.get("concurrency"), dict) \
         and m["concurrency"].get("throughput_per_s") is not None else "latency"
     g = m[group]
-    key = f"stages.{rep.stages.index(stage)}.measurements.{group}"
+    key = f"stages.{all_stages.index(stage)}.measurements.{group}"
     thr = _finite(g.get("throughput_per_s"), str(p), f"{key}.throughput_per_s", positive=True, most=MAX_THROUGHPUT)
     band = (g.get("ci95") or {}).get("throughput_per_s") if isinstance(g.get("ci95"), dict) else None
     low = _band(str(p), f"{key}.ci95.throughput_per_s", band, thr) if band is not None else None
@@ -235,7 +241,7 @@ def from_report(rep: Report, where: str, name: str | None = None) -> PerReplica:
     r = PerReplica(throughput_per_s=used, throughput_source=text,
                    p99_ms=_finite(g.get("p99_ms"), str(p), f"{key}.p99_ms", most=MAX_MS),
                    memory_mb=_finite(mem.get("peak_mb"), str(p), "measurements.memory.peak_mb", most=2 ** 24),
-                   source=f"{'bench --url' if served else rep.command or 'report'} report {name} "
+                   source=f"{'bench --url' if served else command or 'report'} report {name} "
                           f"(stage {stage.name!r})",
                    model=stage.output.path if stage.output else None,
                    model_sha256=stage.output.sha256 if SHA256_RE.fullmatch(stage.output.sha256) else None)

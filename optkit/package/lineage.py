@@ -46,7 +46,8 @@ def build_lineage(*, artifact, target: str, name: str, version: int, tag: str | 
                   split: dict | None = None) -> dict:
     chain, figures, source = [], {}, None
     if report is not None:
-        chain, figures, first = chain_from_report(report, artifact.sha256)
+        # a model in parts: the report's stages made the model it was split from
+        chain, figures, first = chain_from_report(report, (split or {}).get("model_sha256") or artifact.sha256)
         source = {"path": first.path, "sha256": first.sha256, "format": first.format}
     out = {
         "schema": SCHEMA,
