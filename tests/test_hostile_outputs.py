@@ -399,7 +399,9 @@ def test_every_recipe_section_that_names_files_is_a_step(tmp_path):
     configs, each package entry (every PackageConfig file field), capacity (every file field)."""
     from optkit.capacity.config import CapacityConfig
     from optkit.core.atomic import python_file
+    from optkit.core.registry import build_config
     from optkit.package.config import PackageConfig
+    from optkit.passes import get_pass
     from optkit.pipeline.recipe import Recipe, from_dict
     from optkit.pipeline.steps import steps_of
 
@@ -424,7 +426,10 @@ def test_every_recipe_section_that_names_files_is_a_step(tmp_path):
     assert set(Recipe.model_fields) - no_files == {"model", "data", "baseline", "package", "capacity"}
     loaded = from_dict(rec, path=tmp_path / "r.yaml")
     named = set()
-    for step in steps_of(loaded, []):
+    # the stages' built Configs (the `capacity:` section is the last stage: capacity.plan)
+    configs = [build_config(get_pass(st.pass_name), st.config) for st in loaded.stages]
+    assert [st.pass_name for st in loaded.stages] == ["simplify.onnx", "capacity.plan"]
+    for step in steps_of(loaded, configs):
         ins, outs = step.paths()
         named |= {Path(str(p.path)).name for p in [*ins, *outs]}
     expected = {"r.yaml", "m.onnx", "w.pt", "b.json", "metric.py", *(f"{k}.npz" for k in rec["data"]),

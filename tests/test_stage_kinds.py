@@ -117,3 +117,17 @@ def test_gates_judge_the_last_stage_measured_not_a_capacity_stage(cli, tmp_path)
     assert [s["name"] for s in rep["stages"]] == ["input", "fp16", "capacity"]
     assert rep["gates"][0]["stage"] == "fp16" and rep["gates"][0]["passed"]
     assert rep["capacity"]["output"] == str(tmp_path / "c.json") and (tmp_path / "c.json").is_file()
+
+
+def test_stages_after_a_preprocess_stage_are_measured_on_their_own_inputs(cli, tmp_path):
+    """preprocess.onnx changes the model's inputs (uint8 images): the stages after it get neither the recipe's data
+    nor a comparison with the recipe's model (float [N,1,8,8]); they were compared with it, and failed."""
+    path = _recipe(tmp_path, {"model": {"path": str(CNN)}, "measure": {"latency": "paired", "runs": 20},
+                              "stages": [{"pass": "preprocess.onnx", "name": "u8",
+                                          "config": {"preprocess": {"color": "gray", "resize": 8, "center_crop": 8}}},
+                                         {"pass": "simplify.onnx", "name": "simple"}]})
+    r = cli("run", path, "--workspace", tmp_path / "runs", "--json")
+    assert r.rc == 0, r.err
+    stages = {s["name"]: s["measurements"] for s in json.loads(r.out)["stages"]}
+    assert "fidelity" not in stages["u8"] and "size" in stages["simple"]
+    assert not {"fidelity", "latency_change"} & set(stages["simple"])

@@ -34,6 +34,9 @@ EXTENSIONS = {"onnx": "model.onnx", "tflite": "model.tflite", "keras": "model.ke
               "torchscript": "model.pt", "torch-export": "model.pt2", "trt-engine": "model.engine"}
 
 
+NO_DATA: dict[str, Any] = {"datasets": {}, "specs": {}}  # a model that takes other inputs than the recipe's data
+
+
 def stage_output_name(fmt) -> str:
     return EXTENSIONS.get(getattr(fmt, "value", str(fmt)), "model")
 
@@ -83,7 +86,8 @@ def plan(loaded, baseline: str | None = None) -> list[dict[str, Any]]:
         formats[name] = fmt
         rows.append({"stage": f"{i:02d}-{name}", "pass": cls.name,
                      "from": spec.from_ or (names[i - 2] if i > 1 else "input"),
-                     "accepts": ", ".join(f.value for f in cls.accepts), "format": fmt or "-",
+                     "accepts": "any" if set(cls.accepts) == set(Format) else ", ".join(f.value for f in cls.accepts),
+                     "format": fmt or "-",
                      "config": cfg.model_dump(mode="json", exclude_defaults=True),
                      "available": cls.missing() is None, "missing": cls.missing()})
     return rows
@@ -165,15 +169,17 @@ def _run_stages(st: _Run) -> Report:
     st.progress.start_run(st.run, len(st.resolved) + 1)  # the stages and the input (stage 0)
     if st.source is not None and not opts.input_last:
         st.stages.append(_input(st))
-    current = st.source
+    current, before = st.source, "input"
     outputs = {"input": st.source}
+    takes = {"input": True}  # whether a model still takes the recipe's inputs (preprocess.onnx changes them)
     for i, ((cls, cfg), name) in enumerate(zip(st.resolved, loaded.stage_names()), start=1):
         spec = loaded.stages[i - 1]
         if spec.from_ is not None:
             current = outputs[spec.from_]
-        stage, out = _stage(st, i, name, cls, cfg, current)
+        stage, out = _stage(st, i, name, cls, cfg, current, takes[spec.from_ or before])
         st.stages.append(stage)
         current = outputs[name] = out if st.source is not None else None
+        takes[name], before = takes[spec.from_ or before] and cls.keeps_inputs, name
     if st.source is not None and opts.input_last:
         st.stages.insert(0, _input(st))
     if st.source is not None and st.measures and r.measure.latency == "paired" \
@@ -188,9 +194,12 @@ def _run_stages(st: _Run) -> Report:
     return report
 
 
-def _stage(st: _Run, i: int, name: str, cls, cfg, current):
+def _stage(st: _Run, i: int, name: str, cls, cfg, current, takes_inputs: bool = True):
     """One stage: resumed when this run completed it earlier, else computed (from the cache where it may be) and
-    measured, unless its kind passes its model through unmeasured. Returns (its report entry, its model)."""
+    measured, unless its kind passes its model through unmeasured. `takes_inputs`: its input model still takes the
+    recipe's inputs (else neither it nor its result gets the recipe's data, nor is compared with the recipe's model).
+    Returns (its report entry, its model)."""
+    data = st.data if takes_inputs else NO_DATA
     ws, run, progress, r = st.ws, st.run, st.progress, st.loaded.recipe
     config = cfg.model_dump(mode="json")
     if cls.cached:
@@ -208,13 +217,13 @@ def _stage(st: _Run, i: int, name: str, cls, cfg, current):
             # a result refused by a budget is kept in the run folder, which outlives the failed stage
             aside = st.opts.aside or run.path / f"{final_dir.name}.REJECTED.onnx"
             given = config if cls.recipe_paths else st.loaded.stages[i - 1].config  # its files resolved, or as given
-            result = _compute_stage(st, key, tmp, name, cls, current, given, aside)
+            result = _compute_stage(st, key, tmp, name, cls, current, given, aside, data)
         out = result.output = _relocate(result.output, tmp, final_dir)
         if cls.measured:
-            keeps = cls.keeps_inputs  # else the result takes other inputs: measured on its own
+            keeps = takes_inputs and cls.keeps_inputs  # else the result takes other inputs: measured on its own
             stage, before = _measure_stage(st.loaded, _relocate(out, final_dir, tmp), result,
-                                           st.data if keeps else {"datasets": {}, "specs": {}}, progress,
-                                           name=name, reference=st.source if keeps else None)
+                                           data if keeps else NO_DATA, progress, name=name,
+                                           reference=st.source if keeps else None)
             st.input_latency = st.input_latency or before
         else:
             stage = pass_stage(result, {})
@@ -245,7 +254,7 @@ def _input(st: _Run):
 
 
 def _compute_stage(st: _Run, key: str | None, tmp: Path, name: str, cls, current, config: dict,
-                   aside: Path) -> StageResult:
+                   aside: Path, data: dict) -> StageResult:
     """A stage's pass output in `tmp`: from the cache when a verified entry exists (`key`: None when the stage is
     not cached), else computed (and stored)."""
     ws, r = st.ws, st.loaded.recipe
@@ -265,7 +274,7 @@ def _compute_stage(st: _Run, key: str | None, tmp: Path, name: str, cls, current
     st.progress.step(f"running {cls.name}" + _long_hint(cls.name))
     result = run_pass(current, cls.name, config, tmp / stage_output_name(cls.produces),
                       shapes=r.measure.shapes, values=r.measure.values, seed=r.measure.seed,
-                      data=st.data["datasets"], aside=aside, earlier=list(st.stages))
+                      data=data["datasets"], aside=aside, earlier=list(st.stages))
     result.name = name
     if key:
         ws.cache_put(key, tmp, result)

@@ -31,22 +31,23 @@ _SECONDS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}
 
 def parse_memory(value: Any) -> Any:
     """'2GB', '512MiB', '800' (MiB) -> MiB; a number is MiB already (a recipe takes what the command takes)."""
-    if not isinstance(value, str):
-        return value
-    m = _SIZE.match(value)
-    if not m:
-        raise ValueError(f"{value[:40]!r} is not a size: give one such as 2GB, 512MB or 512MiB")
-    return float(m[1]) * _BYTES[(m[2] or "mib").lower()] / 2 ** 20
+    return _in_units(value, _SIZE, _BYTES, "mib", 2 ** 20, "a size: give one such as 2GB, 512MB or 512MiB")
 
 
 def parse_duration(value: Any) -> Any:
     """'10m', '90s', '1h', '600' (seconds) -> seconds; a number is seconds already."""
+    return _in_units(value, _DURATION, _SECONDS, "s", 1, "a duration: give one such as 90s, 10m or 1h")
+
+
+def _in_units(value: Any, pattern: re.Pattern, units: dict[str, float], default: str, per: float, what: str) -> Any:
     if not isinstance(value, str):
         return value
-    m = _DURATION.match(value)
+    m = pattern.match(value)
     if not m:
-        raise ValueError(f"{value[:40]!r} is not a duration: give one such as 90s, 10m or 1h")
-    return float(m[1]) * _SECONDS[(m[2] or "s").lower()]
+        raise ValueError(f"{value[:40]!r} is not {what}")
+    return float(m[1]) * units[(m[2] or default).lower()] / per
+
+
 DIMENSIONS = ("provider", "threads", "execution_mode", "inter_op_threads", "graph_optimization", "batch",
               "concurrency", "sessions", "cpu_mem_arena", "mem_pattern")
 
@@ -141,15 +142,11 @@ class TuneConfig(PassConfig):
                                      "(default 3; 1: the best only, for its 95% interval; 0: none).",
                          json_schema_extra=cli("--confirm", group="measurement"))
 
-    @field_validator("max_memory_mb", mode="before")
+    @field_validator("max_memory_mb", "time_budget", mode="before")
     @classmethod
-    def _memory(cls, v: Any) -> Any:
-        return parse_memory(v)
-
-    @field_validator("time_budget", mode="before")
-    @classmethod
-    def _duration(cls, v: Any) -> Any:
-        return parse_duration(v)
+    def _with_units(cls, v: Any, info) -> Any:
+        """A size or a duration as the command takes it ("2GB", "10m"), or a plain number of MiB / seconds."""
+        return parse_memory(v) if info.field_name == "max_memory_mb" else parse_duration(v)
 
     @field_validator("objective")
     @classmethod
