@@ -8,8 +8,9 @@ import math
 import numpy as np
 import pytest
 
+from optkit.capacity import hpa, plan, replica, traffic
+from optkit.capacity.config import CapacityConfig, Scaling
 from optkit.core.errors import UsageError
-from optkit.package.capacity import hpa, plan, replica, traffic
 
 from conftest import SAMPLES, one_error_line, run_cli
 
@@ -31,17 +32,17 @@ def test_hpa_rule_against_a_hand_computed_trace():
     m11   the window holds only 2s                             -> 2 from m12
     """
     load = np.array([10, 10, 10.4, 40, 40, 40, 40, 10, 10, 10, 10, 10, 10, 10], float)
-    r = hpa.replay(load, 10.0, hpa.HPA(target=0.5, tolerance=0.1, down_window_s=300, startup_s=60))
+    r = hpa.replay(load, 10.0, hpa.HPA(target=0.5, scaling=Scaling(tolerance=0.1, down_window_s=300, startup_s=60)))
     assert r.replicas.tolist() == [2, 2, 2, 2, 8, 8, 8, 8, 8, 8, 8, 8, 2, 2]
     assert r.ready.tolist() == [2, 2, 2, 2, 2, 8, 8, 8, 8, 8, 8, 8, 2, 2]
     assert np.flatnonzero(r.over).tolist() == [3, 4]
     assert r.summary() == {"slo_minutes": 2, "replica_hours": round(sum(r.replicas) / 60, 2), "peak_replicas": 8}
     assert r.utilisation[3] == pytest.approx(2.0) and r.utilisation[5] == pytest.approx(0.5)
     # no tolerance: m2 scales to 3; no start-up: the new pods serve from m4, one minute over
-    assert hpa.replay(load, 10.0, hpa.HPA(target=0.5, tolerance=0.0)).replicas[3] == 3
-    assert hpa.replay(load, 10.0, hpa.HPA(target=0.5, startup_s=0)).over.sum() == 1
+    assert hpa.replay(load, 10.0, hpa.HPA(target=0.5, scaling=Scaling(tolerance=0.0))).replicas[3] == 3
+    assert hpa.replay(load, 10.0, hpa.HPA(target=0.5, scaling=Scaling(startup_s=0))).over.sum() == 1
     # no stabilisation window: down to 2 right after the surge
-    assert hpa.replay(load, 10.0, hpa.HPA(target=0.5, down_window_s=0)).replicas[8] == 2
+    assert hpa.replay(load, 10.0, hpa.HPA(target=0.5, scaling=Scaling(down_window_s=0))).replicas[8] == 2
 
 
 def test_scale_up_policy_and_bounds():
@@ -74,6 +75,10 @@ def _write_csv(path, rates, start=MIDNIGHT, iso=False):
     return path
 
 
+def _cfg(**values) -> CapacityConfig:
+    return CapacityConfig(output="CAPACITY.json", peak=1.0, **values)
+
+
 def _per(thr=50.0):
     return replica.PerReplica(throughput_per_s=thr, throughput_source="test", cpu_cores=0.5,
                               cpu_per_1000_samples_s=10.0, memory_mb=100.0, source="test")
@@ -82,7 +87,7 @@ def _per(thr=50.0):
 def test_the_chosen_target_meets_the_slo_in_the_replay_with_the_fewest_replica_hours():
     rates = _surge(days=2, surge=1.0)          # no surge: reactive scaling can meet the SLO
     tr = traffic.Traffic(rates=rates, start=MIDNIGHT, source="t")
-    p = plan.make_plan(_per(), tr, plan.Options(forecast=False))
+    p = plan.make_plan(_per(), tr, _cfg(forecast=False))
     s = p.strategies["reactive"]
     assert s.replay.summary()["slo_minutes"] == 0
     again = hpa.replay(rates, 50.0, hpa.HPA(target=s.target, max_replicas=s.max_replicas))
@@ -95,7 +100,7 @@ def test_the_chosen_target_meets_the_slo_in_the_replay_with_the_fewest_replica_h
 
 def test_forecast_beats_reactive_on_a_surge_and_fixed_costs_the_most():
     tr = traffic.Traffic(rates=_surge(), start=MIDNIGHT, source="t")
-    p = plan.make_plan(_per(), tr, plan.Options())
+    p = plan.make_plan(_per(), tr, _cfg())
     got = {k: v.replay.summary() for k, v in p.strategies.items()}
     assert got["forecast"]["slo_minutes"] < got["reactive"]["slo_minutes"]
     assert got["forecast"]["slo_minutes"] == 0
@@ -236,9 +241,9 @@ def test_prometheus_range_query(tmp_path):
 def test_html_fits_1280_pixels(tmp_path):
     from test_report_html import layout
 
-    from optkit.package.capacity.pictures import to_html
+    from optkit.capacity.pictures import to_html
 
-    p = plan.make_plan(_per(), traffic.Traffic(rates=_surge(), start=MIDNIGHT, source="t"), plan.Options())
+    p = plan.make_plan(_per(), traffic.Traffic(rates=_surge(), start=MIDNIGHT, source="t"), _cfg())
     m = layout(to_html(p), tmp_path)
     assert m["scrollWidth"] <= 1280, m["scrollWidth"]
 
@@ -274,7 +279,7 @@ def test_hostile_history_is_read_with_its_repair_stated(tmp_path, body, minutes,
     assert tr.minutes == minutes
     if note:
         assert any(note in n for n in tr.notes), tr.notes
-        p = plan.make_plan(_per(), tr, plan.Options(forecast=False))
+        p = plan.make_plan(_per(), tr, _cfg(forecast=False))
         assert any(note in n for n in p.to_contract()["notes"])   # in CAPACITY.json, not only in memory
 
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from test_capacity import MIDNIGHT, best  # noqa: F401 - the module's real tune best.json
 
-from optkit.package.capacity import forecast, traffic
+from optkit.capacity import forecast, traffic
 
 from conftest import SAMPLES, one_error_line, run_cli
 
@@ -63,7 +63,7 @@ def _peak_rss_mb(path) -> tuple[str, float]:
     """traffic.load(path) in a child: (its one-line UsageError, its peak resident memory in MB, Linux's VmHWM)."""
     code = textwrap.dedent(f"""
         from optkit.core.errors import UsageError
-        from optkit.package.capacity import traffic
+        from optkit.capacity import traffic
         try:
             traffic.load({str(path)!r})
             line = ""

@@ -245,16 +245,16 @@ def _config_classes() -> dict[str, type]:
     from pydantic import BaseModel
 
     import optkit.pipeline.recipe as recipe
+    from optkit.capacity.config import CapacityConfig
     from optkit.measure.model import DataSpec, MeasureSettings
     from optkit.measure.preprocess import Preprocess
     from optkit.measure.serving import Setting
     from optkit.onnx.session import OrtSettings
-    from optkit.package.capacity.config import CapacityConfig, RecipeCapacity
     from optkit.package.config import PackageConfig
     from optkit.passes import all_passes
 
     found = {f"pass {name}": cls.Config for name, cls in all_passes().items() if cls.__module__ != "_testpasses"}
-    found.update({c.__name__: c for c in (PackageConfig, CapacityConfig, RecipeCapacity, MeasureSettings, DataSpec,
+    found.update({c.__name__: c for c in (PackageConfig, CapacityConfig, MeasureSettings, DataSpec,
                                           Preprocess, Setting, OrtSettings)})
     found.update({f"recipe.{n}": c for n, c in vars(recipe).items() if isinstance(c, type)
                   and issubclass(c, BaseModel) and c.__module__ == recipe.__name__})

@@ -397,9 +397,11 @@ def test_every_pass_config_field_that_names_a_file_declares_it():
 def test_every_recipe_section_that_names_files_is_a_step(tmp_path):
     """Every file a recipe names comes out of some step's paths(): the model and data (Source), the stages'
     configs, each package entry (every PackageConfig file field), capacity (every file field)."""
+    from optkit.capacity.config import CapacityConfig
     from optkit.core.atomic import python_file
-    from optkit.package.capacity.config import RecipeCapacity
+    from optkit.core.registry import build_config
     from optkit.package.config import PackageConfig
+    from optkit.passes import get_pass
     from optkit.pipeline.recipe import Recipe, from_dict
     from optkit.pipeline.steps import steps_of
 
@@ -409,7 +411,7 @@ def test_every_recipe_section_that_names_files_is_a_step(tmp_path):
     not_capacity_files = {"peak": "instead of a history", "cpu_cores": "a figure", "forecast": "of the history"}
     package_files = {k for k, f in PackageConfig.model_fields.items()
                      if re.search(r"file|folder|\.json|registry|data", f.description or "")} - set(not_package_files)
-    capacity_files = {k for k, f in RecipeCapacity.model_fields.items()
+    capacity_files = {k for k, f in CapacityConfig.model_fields.items()
                       if re.search(r"\b(file|folder|history|figures)\b|\.json|HTML", f.description or "")} \
         - set(not_capacity_files)
     assert {"output", "tuned", "data", "capacity", "registry"} <= package_files
@@ -424,7 +426,10 @@ def test_every_recipe_section_that_names_files_is_a_step(tmp_path):
     assert set(Recipe.model_fields) - no_files == {"model", "data", "baseline", "package", "capacity"}
     loaded = from_dict(rec, path=tmp_path / "r.yaml")
     named = set()
-    for step in steps_of(loaded, []):
+    # the stages' built Configs (the `capacity:` section is the last stage: capacity.plan)
+    configs = [build_config(get_pass(st.pass_name), st.config) for st in loaded.stages]
+    assert [st.pass_name for st in loaded.stages] == ["simplify.onnx", "capacity.plan"]
+    for step in steps_of(loaded, configs):
         ins, outs = step.paths()
         named |= {Path(str(p.path)).name for p in [*ins, *outs]}
     expected = {"r.yaml", "m.onnx", "w.pt", "b.json", "metric.py", *(f"{k}.npz" for k in rec["data"]),

@@ -1,5 +1,5 @@
-"""The package layers stay honest: cli -> pipeline -> package -> split -> {passes, report} -> measure -> runtimes ->
-onnx -> contracts -> core.
+"""The package layers stay honest: cli -> pipeline -> package -> capacity -> split -> {passes, report} -> measure ->
+runtimes -> onnx -> contracts -> core.
 
 Every `import` of an optkit module (at the top of a file or inside a function) is parsed, and so are the
 strings that import one by name: arguments of `import_module` / `__import__` / `find_spec`, "module:Name"
@@ -27,6 +27,7 @@ LAYERS = {
     "passes": 4,
     "report": 4,
     "split": 4.2,     # CPU/GPU parts of a model; reads trt check's table (passes), the package writes its parts
+    "capacity": 4.3,  # replicas and autoscaling from measured figures (read through contracts) and a traffic history
     "package": 4.5,   # a server's repository from a model, its report and its tuned settings; recipes run it
     "pipeline": 5,
     "cli": 6,

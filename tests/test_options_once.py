@@ -218,6 +218,7 @@ OWN_MEANING = {
     ("tune", "--report"): "with no file, prints a study's report",
     ("trt build", "--shape"): "a TensorRT optimization profile, MIN:OPT:MAX (tensorrt.build's Config)",
     ("trt check", "--shape"): "the build's --shape",
+    ("split", "--provider"): "where the core part runs: tensorrt by default (split.onnx's Config)",
     ("package", "--report"): "an input: the report of the run that made the model",
     ("package", "--shape"): "the dims of the server's warm-up",
 }

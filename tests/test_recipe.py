@@ -11,7 +11,8 @@ import pytest
 
 from optkit.core.errors import UsageError
 from optkit.passes import all_passes
-from optkit.pipeline.recipe import from_dict, load_recipe, one_stage_recipe, validate
+from optkit.pipeline.recipe import from_dict, load_recipe, one_stage_recipe
+from optkit.pipeline.validation import validate
 
 from conftest import ROOT, SAMPLES, one_error_line
 

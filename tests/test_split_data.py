@@ -151,20 +151,20 @@ def test_two_splits_racing_into_one_folder(preprocessed, tmp_path, monkeypatch, 
     out = tmp_path / "split"
     if exists:
         split_model(preprocessed, out, dims=["height=16", "width=16"])
-    real, inside, most, lock = write.commit, [0], [0], threading.Lock()
+    real, inside, most, lock = write.commit_folder, [0], [0], threading.Lock()
 
-    def slow_commit(tmp, dest):
+    def slow_commit(tmp, dest, **rules):
         with lock:
             inside[0] += 1
             most[0] = max(most[0], inside[0])
         time.sleep(0.5)
         try:
-            real(tmp, dest)
+            real(tmp, dest, **rules)
         finally:
             with lock:
                 inside[0] -= 1
 
-    monkeypatch.setattr(write, "commit", slow_commit)
+    monkeypatch.setattr(write, "commit_folder", slow_commit)
     docs, errors = {}, []
 
     def run(h):

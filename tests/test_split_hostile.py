@@ -11,6 +11,7 @@ import time
 import onnx
 
 from optkit.core import interrupts
+from optkit.core.atomic import commit_folder, remove, stage_folder
 from optkit.split import write
 
 from conftest import one_error_line
@@ -40,7 +41,7 @@ def test_metadata_nested_past_the_parser_is_exit_2(cli, preprocessed, tmp_path):
 
 
 def test_ctrl_c_while_replacing_a_previous_split_leaves_a_whole_one(cli, preprocessed, tmp_path):
-    """SIGINT arriving at any moment of write.commit into a previous split output: afterwards the folder is a split
+    """SIGINT arriving at any moment of commit_folder (core.atomic) into a previous split output: afterwards the folder is a split
     output (split.json and its parts), never part files without split.json, which the next run refuses as foreign."""
     out = tmp_path / "split"
     assert cli("split", preprocessed, "-o", out).rc == 0
@@ -63,11 +64,11 @@ def test_ctrl_c_while_replacing_a_previous_split_leaves_a_whole_one(cli, preproc
             tmp = None
             t = threading.Thread(target=nag)
             try:
-                tmp = write.stage(out)
+                tmp = stage_folder(out)
                 for name, data in files.items():
                     (tmp / name).write_bytes(data)
                 t.start()
-                write.commit(tmp, out)
+                commit_folder(tmp, out, ours=write.ours, last=write.DOC)
                 t.join()
             except KeyboardInterrupt:
                 interrupted += 1
@@ -77,7 +78,7 @@ def test_ctrl_c_while_replacing_a_previous_split_leaves_a_whole_one(cli, preproc
                     t.join()
                 stop.clear()
                 if tmp is not None:
-                    write.remove_tmp(tmp)
+                    remove(tmp)
             interrupts.received = None
             broken += not write.is_split_output(out)
             if broken:

@@ -170,6 +170,36 @@ def test_bad_tune_flags(cli, samples, tmp_path, args, words):
     assert no_result_files(tmp_path) == []
 
 
+def test_sizes_and_durations_are_the_configs_own_on_every_entry_point(cli, samples, tmp_path):
+    """"2GB" and "10m" are read by TuneConfig itself: a recipe's tune stage and optkit.run_pass take what the
+    command takes, and a bad one is exit 2 naming the key (the recipe's line, the flag) with nothing written."""
+    import yaml
+
+    import optkit
+    from optkit.core.errors import UsageError
+    from optkit.core.registry import build_config
+    from optkit.passes import get_pass
+
+    cfg = build_config(get_pass("tune.onnx"), {"max_memory_mb": "2GB", "time_budget": "10m"})
+    assert cfg.max_memory_mb == pytest.approx(2e9 / 2 ** 20) and cfg.time_budget == 600.0
+    assert build_config(get_pass("tune.onnx"), {"max_memory_mb": 512, "time_budget": 90}).time_budget == 90
+    model = str(samples / "torch_cnn.onnx")
+    recipe = tmp_path / "r.yaml"
+    for config, ok in (({"max_memory_mb": "512MiB", "time_budget": "1h"}, True),
+                       ({"max_memory_mb": "lots"}, False), ({"time_budget": "soon"}, False)):
+        recipe.write_text(yaml.safe_dump({"version": 1, "model": {"path": model},
+                                          "stages": [{"pass": "tune.onnx", "config": config}]}))
+        r = cli("run", recipe, "--dry-run")
+        assert (r.rc == 0) == ok, r.err
+        if not ok:
+            key = next(iter(config))
+            assert r.rc == 2 and f"stages[0].config.{key}" in one_error_line(r) and "is not a" in r.err
+    for key, bad in (("max_memory_mb", "lots"), ("time_budget", "soon")):
+        with pytest.raises(UsageError, match=f"{key}: .* is not a"):
+            optkit.run_pass("tune.onnx", model, tmp_path / "t.onnx", **{key: bad})
+    assert no_result_files(tmp_path) == ["r.yaml"]
+
+
 def test_the_study_identity_includes_the_input_values(cli, realcases, tmp_path):
     """Another --value is another search: its figures are never taken from a study measured on other inputs."""
     args = ["tune", realcases / "silero_vad.onnx", *FAST, "--trials", "2", "--space", "threads=1",

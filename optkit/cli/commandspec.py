@@ -6,7 +6,7 @@ COMMANDS = [
     ('inspect', 'Format, inputs/outputs with shapes and dtypes, opset, op histogram, parameters, size.'),
     ('bench', "Latency on the model's own runtime (p50/p90/p99, mean, std, throughput), memory, and with\n--concurrency throughput under load; with --url, of a model a KServe v2 server serves."),
     ('eval', 'Accuracy on labelled data, and fidelity to a reference model.'),
-    ('passes', 'Every registered pass (built-in and plugins), what it accepts and produces, and whether it can run here.'),
+    ('passes', 'Every registered pass (built-in and plugins, split.onnx and capacity.plan too), what it accepts and produces,\nand whether it can run here.'),
     ('convert', 'Convert a PyTorch, TensorFlow or Hugging Face model to ONNX, validated against the source framework.'),
     ('simplify', 'onnxslim + onnxruntime offline optimizations, checked for equal outputs and bounded growth.'),
     ('preprocess', "Put image preprocessing (uint8 images in) and top-k / detection post-processing into an ONNX model, checked\nagainst optkit's PIL preprocessing + the original model; states the bytes that cross per request."),

@@ -254,18 +254,17 @@ def run_single_stage(pass_name: str, model: str, output: str, config: dict, *, c
     recipe data item; `eval_data` is what the input and output are measured on, with `metric`. With
     print_recipe (the commands' --print-recipe), print that recipe and run nothing.
     """
+    from optkit.cli import onestage
     from optkit.core.registry import build_config
     from optkit.passes import get_pass
     from optkit.pipeline.api import run_one_stage
-    from optkit.pipeline.recipe import from_dict, one_stage_recipe, to_yaml
+    from optkit.pipeline.recipe import one_stage_recipe
 
     cfg = build_config(get_pass(pass_name), config)
     rec = one_stage_recipe(pass_name, model, cfg.model_dump(mode="json", exclude_defaults=True), settings=settings,
                            weights=weights, signature=signature, eval_data=eval_data, metric=metric, data=data)
     if print_recipe:
-        from_dict(rec)  # the printed recipe must load
-        sys.stdout.write("# optkit recipe: the same as this command; save it and run `optkit run FILE.yaml`\n"
-                         + to_yaml(rec))
+        onestage.show(rec)
         return None
     report = run_one_stage(rec, output, command=command, input_last=input_last,
                            outputs={"-o": output, "--report": report_path})

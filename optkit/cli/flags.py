@@ -103,11 +103,6 @@ def package_options():
     return _extend("specs", [s for s in flagspec.PACKAGE if s.get("flag")])
 
 
-def capacity_options():
-    """Decorate `optkit capacity` with CapacityConfig's derived flags (flagspec.CAPACITY); its body gets `config`."""
-    return _extend("specs", [s for s in getattr(flagspec, "CAPACITY", []) if s.get("flag")])
-
-
 def package_option(key: str, help: str | None = None):
     """One of PackageConfig's flags on another package command (serve-version's --version, --tag, --registry),
     not given by default; `help` where the command means something else by it."""

@@ -3,6 +3,25 @@
 Each pass: its Config fields in order, with the flag, type, default, bounds, help and group the CLI
 derives its options from (cli.flags). Plain data, so `optkit --help` imports nothing else."""
 PASSES = {
+    'capacity.plan': [
+        {'key': 'output', 'flag': '--output', 'type': 'str', 'default': None, 'required': True, 'optional': False, 'help': 'CAPACITY.json to write: replicas, requests, autoscaling, schedule and the replay (read by `optkit package --capacity`).', 'short': '-o'},
+        {'key': 'peak', 'flag': '--peak', 'type': 'float', 'default': None, 'required': False, 'optional': True, 'min_open': 0, 'max': 1000000000.0, 'help': 'Peak request rate (requests/s), instead of a history.'},
+        {'key': 'history', 'flag': '--history', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': "Traffic history: CSV of timestamp,requests_per_s (ISO 8601 or epoch seconds) or a Prometheus range-query JSON; at most 64 MB, 2,000,000 rows and 366 days from its first to its last sample plus that sample's interval."},
+        {'key': 'html', 'flag': '--html', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': 'Also write an HTML page: traffic, capacity and replicas over time, SLO minutes marked.'},
+        {'key': 'min_replicas', 'flag': '--min-replicas', 'type': 'int', 'default': 1, 'required': False, 'optional': False, 'min': 1, 'max': 10000, 'help': 'Fewest replicas.'},
+        {'key': 'max_replicas', 'flag': '--max-replicas', 'type': 'int', 'default': 100, 'required': False, 'optional': False, 'min': 1, 'max': 10000, 'help': 'Most replicas; a rate that needs more is exit 2.'},
+        {'key': 'startup_s', 'flag': '--startup', 'type': 'int', 'default': 60, 'required': False, 'optional': False, 'min': 0, 'max': 3600, 'help': 'Seconds a new pod takes before it serves.'},
+        {'key': 'tolerance', 'flag': '--tolerance', 'type': 'float', 'default': 0.1, 'required': False, 'optional': False, 'min': 0, 'max_open': 1.0, 'help': 'HPA tolerance (its default 0.1).'},
+        {'key': 'down_window_s', 'flag': '--scale-down-window', 'type': 'int', 'default': 300, 'required': False, 'optional': False, 'min': 0, 'max': 3600, 'help': 'HPA scale-down stabilisation window, seconds (its default 300).'},
+        {'key': 'headroom', 'flag': '--headroom', 'type': 'float', 'default': 0.2, 'required': False, 'optional': False, 'min': 0, 'max': 4.0, 'help': 'Spare capacity over the load when sizing (0.2: 20%).'},
+        {'key': 'lead_s', 'flag': '--lead', 'type': 'int', 'default': 120, 'required': False, 'optional': False, 'min': 0, 'max': 86400, 'help': 'Seconds before a predicted surge (beyond the start-up) the schedule raises the minimum.'},
+        {'key': 'max_slo_minutes', 'flag': '--max-slo-minutes', 'type': 'int', 'default': 0, 'required': False, 'optional': False, 'min': 0, 'max': 527040, 'help': 'Minutes over the SLO the chosen target may allow in the replay.'},
+        {'key': 'slo_p99_ms', 'flag': '--slo-p99', 'type': 'float', 'default': None, 'required': False, 'optional': True, 'min_open': 0, 'max': 1000000000.0, 'help': "Latency objective, p99 in ms (default: tune's --slo)."},
+        {'key': 'cpu_cores', 'flag': '--cpu', 'type': 'float', 'default': None, 'required': False, 'optional': True, 'min_open': 0, 'max': 1024, 'help': 'CPU cores a replica uses at its throughput, where the figures carry none (bench --url).'},
+        {'key': 'memory_mb', 'flag': '--memory-mb', 'type': 'float', 'default': None, 'required': False, 'optional': True, 'min_open': 0, 'max': 16777216.0, 'help': "Memory of one replica's container, MB (default: the model's measured peak)."},
+        {'key': 'forecast', 'flag': '--no-forecast', 'type': 'bool', 'default': True, 'required': False, 'optional': False, 'help': 'Reactive scaling only: no forecast, no schedule.', 'sets': False},
+        {'key': 'figures', 'flag': None, 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': "Per-replica figures: a tune best.json, a report.json or an optkit-package.json (default in a recipe: the tune stage before it, else the run's report).", 'recipe_only': "the command's FIGURES argument"},
+    ],
     'convert.hf': [
         {'key': 'opset', 'flag': '--opset', 'type': 'int', 'default': None, 'required': False, 'optional': True, 'min': 7, 'help': 'ONNX opset (default: the newest the exporter and onnxruntime both support).'},
         {'key': 'atol', 'flag': '--atol', 'type': 'float', 'default': None, 'required': False, 'optional': True, 'min': 0, 'max': 1000000000.0, 'help': 'Absolute tolerance (default per dtype).', 'group': 'budgets'},
@@ -298,6 +317,12 @@ PASSES = {
         {'key': 'tolerance', 'flag': '--tolerance', 'type': 'float', 'default': 1e-05, 'required': False, 'optional': False, 'min': 0, 'max': 1000, 'help': 'Max output difference allowed (scaled by max(1, |reference|)).', 'group': 'budgets'},
         {'key': 'check_samples', 'flag': '--check-samples', 'type': 'int', 'default': 8, 'required': False, 'optional': False, 'min': 1, 'help': 'Inputs the outputs are compared on.', 'group': 'evaluation'},
     ],
+    'split.onnx': [
+        {'key': 'provider', 'flag': '--provider', 'type': 'str', 'default': 'tensorrt', 'required': False, 'optional': False, 'help': "Where the core part runs: tensorrt (trt check's table of what TensorRT builds), cuda (onnxruntime's CUDA provider's ops); cpu has nothing to split.", 'metavar': 'tensorrt|cuda|cpu'},
+        {'key': 'cut', 'flag': '--cut', 'type': 'list', 'default': ['auto'], 'required': False, 'optional': False, 'help': 'auto (the cut with the fewest bytes crossing CPU<->GPU per sample), preprocess (at the boundary optkit preprocess recorded; what optkit package cuts at) or node names whose outputs are the cut points (repeatable; default: auto).'},
+        {'key': 'dims', 'flag': '--dim', 'type': 'list', 'default': [], 'required': False, 'optional': False, 'help': "Size of a dynamic input dim, NAME=SIZE (repeatable; default: the data's sizes, else batch 1, images 224, stated in the report; one the data contradicts is refused)."},
+        {'key': 'data', 'flag': None, 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': 'Sample inputs the chain of parts is checked on: an .npz with one array per input or, for a model taking uint8 images, an image folder (its first image); it sizes the dynamic dims `dims` does not name (default: synthesized inputs).', 'recipe_only': "the command's --data (a shared option)"},
+    ],
     'tensorrt.build': [
         {'key': 'precision', 'flag': '--precision', 'type': 'str', 'choices': ['fp32', 'fp16', 'bf16', 'int8'], 'default': 'fp16', 'required': False, 'optional': False, 'help': 'fp32, fp16, bf16, or int8 (int8 needs a Q/DQ model: no calibration).'},
         {'key': 'strongly_typed', 'flag': '--strongly-typed', 'type': 'bool', 'default': None, 'required': False, 'optional': True, 'help': "Strongly typed network: precision comes from the model's types (fp16/bf16: the model is cast first). Default: strongly typed for int8 and wherever TensorRT has no precision flags (TensorRT 11); --weakly-typed uses TensorRT 10's FP16/BF16/INT8 builder flags.", 'secondary': '--weakly-typed'},
@@ -352,23 +377,4 @@ PACKAGE = [
     {'key': 'capacity', 'flag': '--capacity', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': 'CAPACITY.json from `optkit capacity`: replicas, autoscaling and resources in each manifest (with --manifests).'},
     {'key': 'registry', 'flag': '--registry', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': "MLflow: also register the version in this model registry (default: MLFLOW_REGISTRY_URI) and point the alias 'served' at it."},
     {'key': 'stage', 'flag': None, 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': 'Whose model (default: the last stage).', 'recipe_only': "a recipe's stage; the command packages MODEL"},
-]
-# optkit capacity: CapacityConfig's fields (optkit/package/capacity/config.py)
-CAPACITY = [
-    {'key': 'output', 'flag': '--output', 'type': 'str', 'default': None, 'required': True, 'optional': False, 'help': 'CAPACITY.json to write: replicas, requests, autoscaling, schedule and the replay (read by `optkit package --capacity`).', 'short': '-o'},
-    {'key': 'peak', 'flag': '--peak', 'type': 'float', 'default': None, 'required': False, 'optional': True, 'min_open': 0, 'max': 1000000000.0, 'help': 'Peak request rate (requests/s), instead of a history.'},
-    {'key': 'history', 'flag': '--history', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': "Traffic history: CSV of timestamp,requests_per_s (ISO 8601 or epoch seconds) or a Prometheus range-query JSON; at most 64 MB, 2,000,000 rows and 366 days from its first to its last sample plus that sample's interval."},
-    {'key': 'html', 'flag': '--html', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': 'Also write an HTML page: traffic, capacity and replicas over time, SLO minutes marked.'},
-    {'key': 'headroom', 'flag': '--headroom', 'type': 'float', 'default': 0.2, 'required': False, 'optional': False, 'min': 0, 'max': 4.0, 'help': 'Spare capacity over the load when sizing (0.2: 20%).'},
-    {'key': 'min_replicas', 'flag': '--min-replicas', 'type': 'int', 'default': 1, 'required': False, 'optional': False, 'min': 1, 'max': 10000, 'help': 'Fewest replicas.'},
-    {'key': 'max_replicas', 'flag': '--max-replicas', 'type': 'int', 'default': 100, 'required': False, 'optional': False, 'min': 1, 'max': 10000, 'help': 'Most replicas; a rate that needs more is exit 2.'},
-    {'key': 'startup_s', 'flag': '--startup', 'type': 'int', 'default': 60, 'required': False, 'optional': False, 'min': 0, 'max': 3600, 'help': 'Seconds a new pod takes before it serves.'},
-    {'key': 'lead_s', 'flag': '--lead', 'type': 'int', 'default': 120, 'required': False, 'optional': False, 'min': 0, 'max': 86400, 'help': 'Seconds before a predicted surge (beyond the start-up) the schedule raises the minimum.'},
-    {'key': 'max_slo_minutes', 'flag': '--max-slo-minutes', 'type': 'int', 'default': 0, 'required': False, 'optional': False, 'min': 0, 'max': 527040, 'help': 'Minutes over the SLO the chosen target may allow in the replay.'},
-    {'key': 'tolerance', 'flag': '--tolerance', 'type': 'float', 'default': 0.1, 'required': False, 'optional': False, 'min': 0, 'max_open': 1.0, 'help': 'HPA tolerance (its default 0.1).'},
-    {'key': 'down_window_s', 'flag': '--scale-down-window', 'type': 'int', 'default': 300, 'required': False, 'optional': False, 'min': 0, 'max': 3600, 'help': 'HPA scale-down stabilisation window, seconds (its default 300).'},
-    {'key': 'slo_p99_ms', 'flag': '--slo-p99', 'type': 'float', 'default': None, 'required': False, 'optional': True, 'min_open': 0, 'max': 1000000000.0, 'help': "Latency objective, p99 in ms (default: tune's --slo)."},
-    {'key': 'cpu_cores', 'flag': '--cpu', 'type': 'float', 'default': None, 'required': False, 'optional': True, 'min_open': 0, 'max': 1024, 'help': 'CPU cores a replica uses at its throughput, where the figures carry none (bench --url).'},
-    {'key': 'memory_mb', 'flag': '--memory-mb', 'type': 'float', 'default': None, 'required': False, 'optional': True, 'min_open': 0, 'max': 16777216.0, 'help': "Memory of one replica's container, MB (default: the model's measured peak)."},
-    {'key': 'forecast', 'flag': '--no-forecast', 'type': 'bool', 'default': True, 'required': False, 'optional': False, 'help': 'Reactive scaling only: no forecast, no schedule.', 'sets': False},
 ]

@@ -9,13 +9,16 @@ from optkit.core import strictjson
 
 @flags.groups("json")
 def passes_cmd(*, shared: options.Shared) -> None:
-    """Every registered pass (built-in and plugins), what it accepts and produces, and whether it can run here."""
+    """Every registered pass (built-in and plugins, split.onnx and capacity.plan too), what it accepts and produces,
+    and whether it can run here."""
     from optkit.passes import all_passes
+    from optkit.pipeline.kinds import KINDS
 
     rows = []
-    for name, cls in all_passes().items():
+    for name, cls in sorted({**all_passes(), **{kind.name: kind for kind in KINDS}}.items()):
         missing = cls.missing()
-        rows.append({"name": name, "accepts": [f.value for f in cls.accepts], "produces": cls.produces.value,
+        rows.append({"name": name, "accepts": [f.value for f in cls.accepts],
+                     "produces": "its input, unchanged" if cls.passes_through else cls.produces.value,
                      "extra": cls.extra, "available": missing is None, "install": missing,
                      "summary": cls.summary, "module": cls.__module__})
     if shared.as_json:

@@ -56,7 +56,7 @@ def run_cmd(
 def _print_plan(loaded, rows, as_json: bool) -> None:
     
     from optkit.pipeline.gates import gates_of_recipe
-    from optkit.pipeline.recipe import measured_figures
+    from optkit.pipeline.validation import measured_figures
 
     gates = [g.text for g in gates_of_recipe(loaded)]
     m = loaded.recipe.measure

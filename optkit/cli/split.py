@@ -2,48 +2,74 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
-from optkit.cli import common, options
+from optkit.cli import common, flags, onestage, options
 from optkit.core import strictjson
-from optkit.core.atomic import Output
 
 
+@flags.pass_options("split.onnx")
+@flags.groups("data", "json", "print_recipe")
 def split_cmd(
     model: str = typer.Argument(..., help="ONNX model to split."),
-    output: str = typer.Option(..., "-o", "--output", help="Folder to write pre.onnx / core.onnx / post.onnx (only "
-                               "the parts needed) and split.json; new, empty, or a complete previous split output "
-                               "(written under the folder's lock: a second run waits)."),
-    provider: str = typer.Option("tensorrt", "--provider", help=options.OPTIONS["provider"].help),
-    cut: Optional[list[str]] = typer.Option(None, "--cut", help="auto (default: the cut with the fewest bytes "
-                                            "crossing CPU<->GPU per sample), preprocess (at the boundary optkit "
-                                            "preprocess recorded; what optkit package cuts at) or node names whose "
-                                            "outputs are the cut points (repeatable)."),
-    dim: Optional[list[str]] = typer.Option(None, "--dim", help="Size of a dynamic input dim, NAME=SIZE "
-                                            "(repeatable; default: the --data's sizes, else batch 1, images 224, "
-                                            "stated in the report; one the data contradicts is refused)."),
-    data: Optional[str] = options.typer_option("data"),
-    as_json: bool = options.JSON,
+    output: str = options.output_file("Folder to write pre.onnx / core.onnx / post.onnx (only the parts needed) and "
+                                      "split.json; new, empty, or a complete previous split output (written under "
+                                      "the folder's lock: a second run waits)."),
+    *, config: dict, shared: options.Shared,
 ) -> None:
     """Cut an ONNX model into CPU / GPU / CPU parts where the fewest bytes cross, checked bit-exact against it
     (on --data, an .npz with one array per input or, for a model taking uint8 images, an image folder's first
     image; else synthesized inputs). --data sizes the dynamic dims --dim does not name. The GPU part is placed for
     --provider tensorrt by default (trt check's table); cuda uses onnxruntime's CUDA provider's ops; cpu has
     nothing to split."""
-    from optkit.split import split_model
+    from optkit.core.atomic import Output
+    from optkit.core.registry import build_config
+    from optkit.split import check_model, write
+    from optkit.split.stage import SplitOnnx
 
-    common.guard_outputs([Output("-o", output, folder=True)], {"MODEL": model, "--data": data})
-    cuts = "auto" if not cut or cut == ["auto"] else cut
-    def waiting() -> None:
-        typer.echo(f"waiting: another optkit split is writing {output}", err=True)
+    common.guard_outputs([Output("-o", output, folder=True)], {"MODEL": model, "--data": shared.data})
+    if shared.data:
+        config["data"] = str(Path(shared.data).absolute())  # the printed recipe runs from anywhere
+    cfg = build_config(SplitOnnx, config)
+    check_model(Path(model))  # split's own line for a model of another format, before the recipe
+    write.check_out_dir(Path(output), Path(model))
 
-    doc = split_model(Path(model), Path(output), provider=provider, cuts=cuts, dims=dim, data=data, on_wait=waiting)
-    if as_json:
+    def keep(stage) -> None:  # the stage's parts folder committed to -o under its lock (nothing to split: nothing)
+        _publish(stage, Path(model), Path(output))
+
+    report = onestage.run_recipe_stage(SplitOnnx.name, model, cfg, settings=None, command=f"optkit split {model}",
+                                       output=output, keep=keep, print_recipe=shared.print_recipe,
+                                       outputs=[Output("-o", output, folder=True)])
+    if report is None:  # --print-recipe: printed, nothing ran
+        return
+    doc = report.stages[-1].measurements["split"]
+    if shared.as_json:
         common.print_json(strictjson.dumps(doc, indent=2))
     else:
         _render(doc, output)
+
+
+def _publish(stage, model: Path, out: Path) -> None:
+    """Copy the stage's parts beside -o and commit them there (split.write.commit: under -o's lock, checked again)."""
+    import shutil
+
+    from optkit.core.atomic import remove, stage_folder
+    from optkit.split import stage as split_stage
+    from optkit.split import write
+
+    parts = split_stage.parts_of(stage)
+    if parts is None:
+        return
+    tmp = stage_folder(out)
+    try:
+        for f in sorted(parts.iterdir()):
+            shutil.copyfile(f, tmp / f.name)
+        write.commit(tmp, out, model, on_wait=lambda: typer.echo(f"waiting: another optkit split is writing {out}",
+                                                                 err=True))
+    finally:
+        remove(tmp)
+    stage.notes.append(f"parts written to {out}")
 
 
 def _render(doc: dict, output: str) -> None:

@@ -2,7 +2,6 @@
 optkit tune --storage URL --study NAME --report: a shared study's results, from any machine, without measuring"""
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Optional
 
@@ -12,27 +11,6 @@ from optkit.cli import common, flags, onestage, options
 from optkit.core.atomic import check_output_path, write_text
 from optkit.core.errors import UsageError
 from optkit.core.shapes import parse_shapes, parse_values
-
-_NUMBER = r"(\d+(?:\.\d*)?|\.\d+)"
-_SIZE = re.compile(rf"^\s*{_NUMBER}\s*(b|kb|mb|gb|kib|mib|gib)?\s*$", re.I)
-_DURATION = re.compile(rf"^\s*{_NUMBER}\s*(s|sec|m|min|h)?\s*$", re.I)
-
-
-def parse_memory(text: str) -> float:
-    """'2GB', '512MiB', '800' (MiB) -> MiB."""
-    m = _SIZE.match(text)
-    if not m or float(m[1]) <= 0:
-        raise UsageError(f"max_memory_mb (--max-memory) {text!r}: give a size such as 2GB, 512MB or 512MiB")
-    scale = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30}
-    return float(m[1]) * scale[(m[2] or "mib").lower()] / 2 ** 20
-
-
-def parse_duration(text: str) -> float:
-    """'10m', '90s', '1h', '600' (seconds) -> seconds."""
-    m = _DURATION.match(text)
-    if not m or float(m[1]) <= 0:
-        raise UsageError(f"time_budget (--time-budget) {text!r}: give a duration such as 90s, 10m or 1h")
-    return float(m[1]) * {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}[(m[2] or "s").lower()]
 
 
 def parse_space(items: list[str]) -> dict[str, list[str]]:
@@ -101,10 +79,6 @@ def tune_cmd(
         config["objective"] = [o.strip() for item in config["objective"] for o in item.split(",") if o.strip()]
     if "space" in config:
         config["space"] = parse_space(config["space"])
-    if "max_memory_mb" in config:
-        config["max_memory_mb"] = parse_memory(config["max_memory_mb"])
-    if "time_budget" in config:
-        config["time_budget"] = parse_duration(config["time_budget"])
     cfg = build_config(get_pass("tune.onnx"), config, unknown="unknown option")
     settings = MeasureSettings(shapes=parse_shapes(shape), values=parse_values(value), seed=cfg.seed)
     run_tune(model, cfg, settings, data=shared.item(data), output=Path(output), report_path=report, as_json=as_json,

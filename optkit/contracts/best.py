@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from optkit.contracts.base import MAX_MS, MAX_THROUGHPUT, Label, MiB, Ms, Open, Sha256, Strict, build, validate
+from optkit.contracts.base import MAX_MS, MAX_THROUGHPUT, Label, MiB, Ms, Open, Sha256, Strict, build, load, validate
+from optkit.core.artifact import Artifact
 
 HINT = "give the JSON `optkit tune -o` wrote, unedited"
 
@@ -138,3 +140,21 @@ def of_result(result: dict, model: str, model_sha256: str, where: str) -> tuple[
     sees it, without a file between; exit 2 naming `where` and the key."""
     data = {"model": model, "model_sha256": model_sha256, **{k: v for k, v in result.items() if k != "trials"}}
     return data, validate(data, BestFile, where, "run the recipe's tune stage again")
+
+
+def read(path: str | Path) -> dict:
+    """best.json (a file the user named: a link to it is read) through its model; exit 2 naming file and key."""
+    return load(Path(path), BestFile, HINT, links=True)[0]
+
+
+def recorded_sha256(data: dict) -> str | None:
+    """The sha256 of the model best.json was tuned for: its model_sha256, or for an older file (which names its
+    model by path only) that file's, where it is here to check."""
+    sha = data.get("model_sha256")
+    if sha is None:
+        named = data.get("model")
+        try:
+            sha = Artifact.load(named).sha256 if named and Path(named).exists() else None
+        except Exception:  # noqa: BLE001 - an unreadable model names nothing
+            sha = None
+    return sha

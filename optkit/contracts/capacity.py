@@ -1,5 +1,5 @@
 """CAPACITY.json: what `optkit capacity` worked out (per-replica figures, replicas, resources, autoscaling, the
-forecast's schedule, the replay) for one model, written by package/capacity/plan.py and read by `optkit package
+forecast's schedule, the replay) for one model, written by capacity/plan.py and read by `optkit package
 --capacity` into each manifest's own fields (package/manifests.py).
 
 Schema 2 records the sha256 of the model the figures were measured on (`model_sha256`; null only for a served
@@ -8,7 +8,7 @@ is refused with the command that writes it again.
 
 It is user input like every file optkit reads back: strict types, finite numbers, bounds, min <= max, requests <=
 limits, cron expressions of five plain fields. The bounds are the capacity command's flags' own (`--slo-p99`,
-`--headroom`, `--tolerance`, `--min/--max-replicas`, windows, `--cpu`, `--memory-mb`: package/capacity/config.py
+`--headroom`, `--tolerance`, `--min/--max-replicas`, windows, `--cpu`, `--memory-mb`: capacity/config.py
 declares them from here), so the command never writes a file package refuses. The sections package reads figures
 from keep other keys of `optkit capacity`'s own, each a finite number or plain value.
 """

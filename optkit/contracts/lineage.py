@@ -6,13 +6,30 @@ each wrote, what was measured with its noise, the tuned setting and its confirma
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from optkit.contracts.base import Fraction, Label, MiB, Ms, Name, Open, Sha256, Strict, Tag, TargetName, Version, build
+from optkit.contracts.base import (
+    Fraction,
+    Label,
+    MiB,
+    Ms,
+    Name,
+    Open,
+    Sha256,
+    Strict,
+    Tag,
+    TargetName,
+    Version,
+    build,
+    load,
+)
 from optkit.contracts.best import Confirmed, TunedFigures, TunedSetting
 from optkit.contracts.files import FileRef
+from optkit.core.artifact import path_sha256
+from optkit.core.errors import UsageError
 
 SCHEMA = "optkit-package/1"
 FILE = "optkit-package.json"
@@ -117,3 +134,25 @@ class Lineage(Strict):
 def document(data: dict) -> Lineage:
     """The lineage as package writes it: exit 3 if a reader would refuse it."""
     return build(Lineage, data, FILE)
+
+
+def read(path: Path) -> tuple[dict, Lineage]:
+    """A version's lineage through its contract; exit 2 naming the file and the key."""
+    return load(path, Lineage, HINT)
+
+
+def verify_files(vdir: Path, recorded: dict, fix: str = "restore it or package the model again") -> None:
+    """Every file the version's lineage records is there with the bytes optkit wrote (a server would load a
+    damaged or replaced model.onnx as it stands; figures read from a lineage are of the model beside it), else
+    exit 2 naming it."""
+    for rel, digest in recorded["files"].items():
+        p = vdir / rel
+        if Path(rel).is_absolute() or ".." in Path(rel).parts or not rel:
+            raise UsageError(f"{vdir / FILE}: key files.{rel}: not a file of the version folder; {HINT}")
+        if p.is_symlink() or not p.is_file():
+            raise UsageError(f"{p} is missing (the lineage lists it); {fix}")
+        have = path_sha256(p)
+        if have != digest:
+            raise UsageError(f"{vdir / FILE}: key files.{rel}: {p} was edited after optkit packaged it, or "
+                             f"is another model's (its sha256 {have[:12]}..., the lineage records {digest[:12]}...); "
+                             f"{fix}")

@@ -283,12 +283,57 @@ def atomic_path(dest: str | os.PathLike, *, directory: bool = False) -> Iterator
         yield tmp
         interrupts.check()  # a library may have swallowed Ctrl-C: never commit a result after one
         if directory:
-            os.rename(tmp, dest)  # fails rather than replace a folder that appeared meanwhile
+            commit_folder(tmp, dest)  # never replaces a folder that appeared meanwhile
         else:
             check_output_path(dest)  # it may have become a folder or link while we worked
             os.replace(tmp, dest)
     finally:
         remove(tmp)
+
+
+def stage_folder(dest: str | os.PathLike, prefix: str | None = None) -> Path:
+    """A new, empty folder beside `dest` to build it in (with the permissions the user's umask gives: a server may
+    read it as another user), named as optkit's temporaries are (`prefix`: the caller's own naming, one that
+    records its owner). commit_folder moves it into place; the caller removes it on every exit path."""
+    dest = Path(dest)
+    tmp = Path(tempfile.mkdtemp(prefix=prefix or tmp_prefix(dest), dir=dest.parent))
+    normal_mode(tmp)
+    return tmp
+
+
+def commit_folder(staged: Path, dest: str | os.PathLike, *, ours: Callable[[Path], bool] | None = None,
+                  last: str | None = None) -> None:
+    """The one way a folder optkit built comes into place (an atomic_path folder, a split's parts, a package
+    version): `staged`, built beside `dest` (stage_folder), renamed onto a new `dest`. An existing `dest` is replaced
+    only when `ours(dest)` recognises it as optkit's own (else exit 2, nothing touched; without `ours` a folder is
+    never replaced): its entries are replaced by the staged ones and those the staged folder lacks are removed,
+    `last` (the file that makes the folder a result: split.json, a preprocessor's marker) removed first and renamed
+    in last, so a half-done replacement never looks like a result. The folder itself stays, so a lock held on it
+    (core.locks) still guards it. The caller holds its own lock and checks; Ctrl-C or SIGTERM during the renames is
+    raised once they are done."""
+    dest = Path(dest)
+    interrupts.check()  # never commit a result after an interrupt a library swallowed
+    if not os.path.lexists(dest):
+        os.rename(staged, dest)
+        return
+    if ours is None or dest.is_symlink() or not dest.is_dir() or not ours(dest):
+        raise UsageError(f"{dest} exists and is not a folder optkit wrote; move it away or choose another output "
+                         "(nothing was written)")
+    names = sorted(p.name for p in staged.iterdir())
+    with interrupts.deferred():
+        if last is not None:
+            with contextlib.suppress(FileNotFoundError):
+                (dest / last).unlink()
+        for name in names:
+            if name != last:
+                if (dest / name).is_dir() and not (dest / name).is_symlink():
+                    remove(dest / name)
+                os.replace(staged / name, dest / name)
+        for old in dest.iterdir():
+            if old.name not in names:
+                remove(old)
+        if last is not None and last in names:
+            os.replace(staged / last, dest / last)
 
 
 def normal_mode(path: Path) -> None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from optkit.core import hffolder, strictjson
-from optkit.core.atomic import atomic_path, normal_mode, remove, tmp_prefix
+from optkit.core.atomic import atomic_path, commit_folder, remove, stage_folder
 from optkit.core.errors import UsageError
 
 META_KEY = "optkit.preprocessor"
@@ -214,16 +214,14 @@ def restamp(model: str | os.PathLike, record: Record | None) -> None:
 
 
 def _mkdtemp(dest: Path) -> str:
-    import tempfile
-
     if not dest.parent.is_dir():
         raise UsageError(f"folder {dest.parent} does not exist; create it first")
-    path = tempfile.mkdtemp(prefix=tmp_prefix(dest), dir=dest.parent)
-    normal_mode(Path(path))
-    return path
+    return str(stage_folder(dest))
 
 
 def _commit(tmp: Path, dest: Path, record: Record) -> None:
+    """The folder into place (core.atomic.commit_folder): a new one, or one optkit wrote (it has the marker),
+    replaced with the marker last; the same files are kept as they are."""
     if dest.is_symlink() or (dest.exists() and not dest.is_dir()):
         raise UsageError(f"{dest} exists and is not a folder optkit wrote; move it away (the model's preprocessor "
                          "files go there)")
@@ -233,14 +231,4 @@ def _commit(tmp: Path, dest: Path, record: Record) -> None:
                              "preprocessor files go there)")
         if folder_sha256(dest) == record.sha256:
             return
-        old = Path(_mkdtemp(dest))
-        os.rename(dest, old / "old")   # the old folder aside, the new one in, the old removed
-        try:
-            os.rename(tmp, dest)
-        except OSError:
-            os.rename(old / "old", dest)
-            raise
-        finally:
-            remove(old)
-        return
-    os.rename(tmp, dest)
+    commit_folder(tmp, dest, ours=lambda p: (p / MARKER).is_file(), last=MARKER)

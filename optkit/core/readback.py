@@ -2,6 +2,7 @@
 without blocking on a FIFO or device and, unless allowed, without following a link. They are user input."""
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from pathlib import Path
@@ -32,7 +33,8 @@ def read_regular(path: Path, limit: int, *, links: bool = True, hint: str = "") 
             raise _too_large(path, limit)
         f = os.fdopen(fd, "rb")
     except BaseException:
-        os.close(fd)
+        with contextlib.suppress(OSError):  # an interrupt inside fdopen: the file object may have closed it
+            os.close(fd)
         raise
     with f:
         try:

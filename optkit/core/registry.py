@@ -99,6 +99,11 @@ class PassContext:
     notes: list[str] = field(default_factory=list)     # said in the report (fallbacks, upgrades)
     warnings: list[str] = field(default_factory=list)  # said loudly in the report
     measurements: dict[str, Any] = field(default_factory=dict)  # a pass may add figures (e.g. fidelity)
+    # the stages of this run before this one (report Stages, in memory): what a stage reads of the run so far
+    # (capacity.plan: the tune stage's result, else the figures measured)
+    earlier: list[Any] = field(default_factory=list)
+    # fields of the run's report a stage fills (capacity.plan: `capacity`, the section the HTML report shows)
+    report_fields: dict[str, Any] = field(default_factory=dict)
 
     def note(self, text: str) -> None:
         self.notes.append(text)
@@ -119,9 +124,29 @@ class Pass:
     # False: the result takes other inputs than its input (preprocessing into the graph): the runner measures it on
     # its own, not on the input's data nor against the input
     keeps_inputs: ClassVar[bool] = True
+    # False: the stage's model is its input's, unchanged (its product is something else: split's parts, a capacity
+    # plan): the runner does not measure it again, and a gate with no stage judges the last stage measured
+    measured: ClassVar[bool] = True
+    # False: the stage runs every time (its product is the user's files: capacity.plan): never cached nor resumed
+    cached: ClassVar[bool] = True
+    # True: the stage's output is its input artifact itself (no copy; the next stage takes the same format)
+    passes_through: ClassVar[bool] = False
+    # True: a Config field that names a file (core.atomic.PathRole) is relative to the recipe file, as every other
+    # recipe path is (the stage kinds of pipeline/kinds.py)
+    recipe_paths: ClassVar[bool] = False
 
     def run(self, artifact: Artifact, config: PassConfig, ctx: PassContext) -> Artifact:
         raise NotImplementedError
+
+    @classmethod
+    def check(cls, config: PassConfig) -> None:
+        """Before any stage of the run: what this stage can check of its own inputs (exit 2: a ConfigError naming
+        the key), beyond its Config's own validation (capacity.plan reads its traffic history here)."""
+
+    @classmethod
+    def runs_without_model(cls, config: PassConfig) -> bool:
+        """Whether this stage runs in a recipe that has no model (capacity.plan from a figures file)."""
+        return False
 
     @classmethod
     def missing(cls) -> str | None:

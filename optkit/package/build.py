@@ -49,10 +49,13 @@ _OLD_NAMES = {"target": "to", "tuned_path": "tuned", "report_path": "report"}
 
 
 def package(model: str, config: PackageConfig | dict | None = None, *, tuned: Tuned | None = None,
-            shapes: dict | None = None, **options) -> Result:
+            shapes: dict | None = None, report: Report | None = None, plan: ensemble.Plan | None = None,
+            capacity: capacity_contract.CapacityFile | None = None, **options) -> Result:
     """Package `model` for `config.to`: the options as a PackageConfig, a dict of them, or keyword arguments
     (`package("m.onnx", to="triton", output="repo", tag="v1")`). `tuned` is a Tuned setting already read (a
-    recipe's tune stage; config.tuned reads best.json instead); `shapes` are dims already parsed ({name: dims})."""
+    recipe's tune stage; config.tuned reads best.json instead); `shapes` are dims already parsed ({name: dims}).
+    What a recipe's run made is handed over in memory, not read back from its files: `report` (config.report names
+    where it is), `plan` (a split stage's parts), `capacity` (a capacity stage's CAPACITY.json, at config.capacity)."""
     if config is None:
         config = {_OLD_NAMES.get(k, k): v for k, v in options.items()}
     elif options:
@@ -61,16 +64,16 @@ def package(model: str, config: PackageConfig | dict | None = None, *, tuned: Tu
     target = check_options(cfg)
     if not Path(model).exists():
         raise UsageError(f"model {model} does not exist")
-    plan = ensemble.detect(model)  # a split folder, or a model with preprocessing in its graph: parts
+    plan = plan if plan is not None else ensemble.detect(model)  # a split folder, a model with preprocessing: parts
     try:
-        return _package(model, cfg, target, plan, tuned, shapes)
+        return _package(model, cfg, target, plan, tuned, shapes, report, capacity)
     finally:
         if plan is not None and plan.tmp is not None:
             remove(plan.tmp)
 
 
 def _package(model: str, cfg: PackageConfig, target: Target, plan, tuned: Tuned | None,
-             shapes: dict | None) -> Result:
+             shapes: dict | None, report: Report | None = None, given_capacity=None) -> Result:
     if plan is not None and not target.ensembles:
         raise UsageError(f"{model} is a model in parts ({', '.join(p.role for p in plan.parts)}); --to "
                          f"{target.name} packages one model: use --to triton (an ensemble), or package one part file")
@@ -89,7 +92,7 @@ def _package(model: str, cfg: PackageConfig, target: Target, plan, tuned: Tuned 
         if not kinds:
             raise UsageError(f"--capacity {cfg.capacity}: give --manifests kserve,seldon,kubedl too (the capacity "
                              "goes into the deployment manifests)")
-        capacity = _capacity(cfg.capacity, artifact, plan, capacity_notes)
+        capacity = _capacity(cfg.capacity, artifact, plan, capacity_notes, given_capacity)
     margin = mf.MARGIN if cfg.memory_margin is None else cfg.memory_margin  # bounded by PackageConfig
     out = Path(cfg.output)
     check_outputs(outputs(cfg, name, lambda k: key_and_flag(PackageConfig, k)),
@@ -110,8 +113,9 @@ def _package(model: str, cfg: PackageConfig, target: Target, plan, tuned: Tuned 
     given = tuned is not None or bool(cfg.tuned)
     if tuned is None:
         tuned = _tuned(cfg.tuned, artifact, plan) if cfg.tuned else defaults()
-    report = Report.load(cfg.report) if cfg.report else None
-    measured = lineage.chain_from_report(report, artifact.sha256)[1] if report is not None else {}  # else exit 2
+    report = report if report is not None else Report.load(cfg.report) if cfg.report else None
+    made = plan.model_sha256 if plan is not None and plan.model_sha256 else artifact.sha256  # parts: their model's
+    measured = lineage.chain_from_report(report, made)[1] if report is not None else {}  # else exit 2
     if report is not None:
         schemas.check_measured(measured, f"--report {cfg.report}")
     notes = capacity_notes + ([] if given else [
@@ -148,13 +152,15 @@ def _tuned(path: str, artifact, plan) -> Tuned:
     return load_tuned(path, artifact.sha256, str(artifact.path), plan.model_sha256 if plan is not None else None)
 
 
-def _capacity(path: str, artifact, plan, notes: list[str]):
-    """CAPACITY.json (a file the user named: a link to it is read) through its contract, for this model (or, for
-    a model in parts, the model it was split from), else exit 2 naming the file and the key."""
+def _capacity(path: str, artifact, plan, notes: list[str], given=None):
+    """CAPACITY.json (a file the user named: a link to it is read; `given`: its document already read, a recipe's
+    capacity stage's) through its contract, for this model (or, for a model in parts, the model it was split
+    from), else exit 2 naming the file and the key."""
     p = Path(path)
-    if not p.exists() and not p.is_symlink():
+    if given is None and not p.exists() and not p.is_symlink():
         raise UsageError(f"--capacity {path} does not exist; write it with `optkit capacity ... -o {p.name}`")
-    cap = base.load(p, capacity_contract.CapacityFile, capacity_contract.HINT, links=True)[1]
+    cap = given if given is not None else base.load(p, capacity_contract.CapacityFile, capacity_contract.HINT,
+                                                    links=True)[1]
     if cap.model_sha256 is None:  # the contract allows it for a served model only (bench --url: its URL)
         notes.append(f"--capacity {path}: its figures are of a served model ({cap.model}, bench --url), which has "
                      f"no file to check: not checked to be {artifact.path}")

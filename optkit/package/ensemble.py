@@ -123,11 +123,21 @@ def detect(model: str | Path) -> Plan | None:
 # ------------------------------------------------------------------ split.json
 
 def read_split(path: Path) -> Plan:
-    where = f"{path}"
     if not (path.exists() or path.is_symlink()):
         raise UsageError(f"{path} does not exist; give a folder `optkit split` wrote (it holds {SPLIT_FILE})")
     _, doc = base.load(path, contract.SplitFile, HINT, links=True)
-    folder = path.parent
+    return _split_plan(doc, path.parent, str(path), path, sha256_of(path))
+
+
+def from_split(doc: dict, folder: Path, where: str) -> Plan:
+    """The plan of a split a recipe's split stage made (its split.json document, in memory: no file read back)
+    whose parts are in `folder`, checked as read_split checks a file."""
+    model = base.validate(doc, contract.SplitFile, where, HINT)
+    text = base.text(model)
+    return _split_plan(model, folder, where, folder / SPLIT_FILE, hashlib.sha256(text.encode()).hexdigest())
+
+
+def _split_plan(doc: contract.SplitFile, folder: Path, where: str, source: Path, digest: str) -> Plan:
     roles = [p.name for p in doc.parts]
     if len(set(roles)) != len(roles) or roles != sorted(roles, key=ROLES.index):
         raise UsageError(f"{where}: key parts: {roles} is not pre, core, post in order, each once; {HINT}")
@@ -152,11 +162,10 @@ def read_split(path: Path) -> Plan:
     inputs, outputs = _wire(parts, [t.name for t in doc.inputs], [t.name for t in doc.outputs], where)
     for role, declared, have in (("inputs", doc.inputs, inputs), ("outputs", doc.outputs, outputs)):
         _match(declared, have, where, role, "the parts")
-    plan = _plan("split", path, sha256_of(path), inputs, outputs, parts,
-                 [c.model_dump(by_alias=True) for c in doc.cuts])
+    plan = _plan("split", source, digest, inputs, outputs, parts, [c.model_dump(by_alias=True) for c in doc.cuts])
     plan.model_sha256 = doc.model_sha256
     if doc.schema_ == 1 and any(spec.sha256 is None for spec in doc.parts):
-        plan.notes.append(f"{path.name} is schema 1 (before parts carried a sha256): its part files are packaged "
+        plan.notes.append(f"{source.name} is schema 1 (before parts carried a sha256): its part files are packaged "
                           "as found; split the model again to have them checked")
     return plan
 
@@ -256,7 +265,7 @@ def cut_preprocess(model: Path, meta_text: str) -> Plan | None:
         if not doc["parts"]:
             shutil.rmtree(tmp, ignore_errors=True)
             return None
-        plan = read_split(tmp / "split" / SPLIT_FILE)
+        plan = from_split(doc, tmp / "split", where)  # the document split returned: no file read back
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -1,7 +1,8 @@
 """The lineage a package carries (`optkit-package.json` beside the model, MLflow `metadata`): where the model
 came from, the passes that made it and what each wrote, what was measured with its noise, the tuned setting
 and its confirmation, the machine and the time. Its contract is optkit/contracts/lineage.py: `text` writes it
-through the model, `read` validates it, `verify_files` checks a version folder is the one it describes."""
+through the model; the contract's `read` validates it and `verify_files` checks a version folder is the one it
+describes."""
 from __future__ import annotations
 
 from datetime import datetime, timezone
@@ -45,7 +46,8 @@ def build_lineage(*, artifact, target: str, name: str, version: int, tag: str | 
                   split: dict | None = None) -> dict:
     chain, figures, source = [], {}, None
     if report is not None:
-        chain, figures, first = chain_from_report(report, artifact.sha256)
+        # a model in parts: the report's stages made the model it was split from
+        chain, figures, first = chain_from_report(report, (split or {}).get("model_sha256") or artifact.sha256)
         source = {"path": first.path, "sha256": first.sha256, "format": first.format}
     out = {
         "schema": SCHEMA,
@@ -79,25 +81,3 @@ def file_hashes(folder: Path) -> dict[str, str]:
 def text(data: dict) -> str:
     """The lineage file as written: validated by its contract (exit 3 if a reader would refuse it)."""
     return base.text(contract.document(data))
-
-
-def read(path: Path) -> tuple[dict, contract.Lineage]:
-    """A version's lineage through its contract; exit 2 naming the file and the key."""
-    return base.load(path, contract.Lineage, HINT)
-
-
-def verify_files(vdir: Path, recorded: dict, fix: str = "restore it or package the model again") -> None:
-    """Every file the version's lineage records is there with the bytes optkit wrote (a server would load a
-    damaged or replaced model.onnx as it stands; figures read from a lineage are of the model beside it), else
-    exit 2 naming it."""
-    for rel, digest in recorded["files"].items():
-        p = vdir / rel
-        if Path(rel).is_absolute() or ".." in Path(rel).parts or not rel:
-            raise UsageError(f"{vdir / LINEAGE_FILE}: key files.{rel}: not a file of the version folder; {HINT}")
-        if p.is_symlink() or not p.is_file():
-            raise UsageError(f"{p} is missing (the lineage lists it); {fix}")
-        have = path_sha256(p)
-        if have != digest:
-            raise UsageError(f"{vdir / LINEAGE_FILE}: key files.{rel}: {p} was edited after optkit packaged it, or "
-                             f"is another model's (its sha256 {have[:12]}..., the lineage records {digest[:12]}...); "
-                             f"{fix}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from optkit.contracts import lineage as lineage_contract
 from optkit.contracts.base import same_model
 from optkit.core.errors import PassError, UsageError
 from optkit.core.text import redact_config
@@ -20,7 +21,7 @@ def serve_version(model_dir: str, version: str | None = None, tag: str | None = 
     with repo.serving(d) as index:  # read and checked again under the lock: nothing foreign, no link
         number = repo.resolve_version(index, version, tag)
         recorded = _version_lineage(d, index, number)
-        lineage.verify_files(d / str(number), recorded)
+        lineage_contract.verify_files(d / str(number), recorded)
         target = get_target(index["target"], f"{d / repo.INDEX}: key target:")
         if registry and "registry" not in target.options:
             raise UsageError(f"--registry is for --to {choices(takers('registry'))} packages, not {target.name}")
@@ -46,7 +47,7 @@ def _version_lineage(d: Path, index: dict, number: int) -> dict:
     """Version N's lineage, read through its contract, and it is this version's (name, number, and the model the
     index records for it), else exit 2."""
     path = d / str(number) / lineage.LINEAGE_FILE
-    data, _ = lineage.read(path)
+    data, _ = lineage_contract.read(path)
     name = index["name"]
     if data["name"] != name or data["version"] != number:
         raise UsageError(f"{path}: key {'name' if data['name'] != name else 'version'}: "
@@ -99,7 +100,7 @@ def _model(d: Path) -> dict[str, Any]:
 
 
 def _lineage(vdir: Path) -> dict[str, Any]:
-    data, _ = lineage.read(vdir / lineage.LINEAGE_FILE)
+    data, _ = lineage_contract.read(vdir / lineage.LINEAGE_FILE)
     measured = data["measured"]
     lat, acc, size, mem = (measured.get(k) or {} for k in ("latency", "accuracy", "size", "memory"))
     return {"path": str(vdir), "source": data["source"], "model_sha256": data["model"]["sha256"],

@@ -26,8 +26,7 @@ from typing import Any
 
 from optkit.contracts import base
 from optkit.contracts import index as contract
-from optkit.core import interrupts
-from optkit.core.atomic import Output, normal_mode, remove
+from optkit.core.atomic import Output, commit_folder, normal_mode, remove
 from optkit.core.errors import UsageError
 from optkit.core.locks import lock_folder
 from optkit.package import schemas
@@ -408,9 +407,9 @@ def replace_text(path: Path, text: str) -> None:
 
 
 def commit(staged: Path, dest: Path, replace: dict[Path, str]) -> None:
-    """Rename the staged folder onto `dest` (never replacing one), then each small file onto its place."""
-    interrupts.check()
-    os.rename(staged, dest)
+    """Rename the staged folder onto `dest` (core.atomic.commit_folder: a version folder is never replaced), then
+    each small file onto its place."""
+    commit_folder(staged, dest)
     for path, text in replace.items():
         replace_text(path, text)
 

@@ -12,7 +12,6 @@ from typing import Any
 
 from optkit.contracts import base
 from optkit.contracts import best as contract
-from optkit.core.artifact import Artifact
 from optkit.core.errors import UsageError
 
 # What a package gets without --tuned: one CPU instance, onnxruntime's own thread pools and optimisations,
@@ -46,24 +45,6 @@ def defaults() -> Tuned:
     return Tuned(setting=copy.deepcopy(DEFAULTS), label="defaults (no --tuned)")
 
 
-def read(path: str | Path) -> dict:
-    """best.json (a file the user named: a link to it is read) through its contract; exit 2 naming file and key."""
-    return base.load(Path(path), contract.BestFile, contract.HINT, links=True)[0]
-
-
-def recorded_sha256(data: dict) -> str | None:
-    """The sha256 of the model best.json was tuned for: its model_sha256, or for an older file (which names its
-    model by path only) that file's, where it is here to check."""
-    sha = data.get("model_sha256")
-    if sha is None:
-        named = data.get("model")
-        try:
-            sha = Artifact.load(named).sha256 if named and Path(named).exists() else None
-        except Exception:  # noqa: BLE001 - an unreadable model names nothing
-            sha = None
-    return sha
-
-
 def load_tuned(path: str | Path, model_sha256: str, model_path: str, split_from: str | None = None) -> Tuned:
     """best.json from `optkit tune`, for this model (its sha256; for a model in parts, the core part's or that of
     the model it was split from, `split_from`), else exit 2; every value the package uses is checked (types,
@@ -71,8 +52,8 @@ def load_tuned(path: str | Path, model_sha256: str, model_path: str, split_from:
     p = Path(path)
     if not p.exists() and not p.is_symlink():
         raise UsageError(f"--tuned {path} does not exist")
-    data = read(p)
-    recorded = recorded_sha256(data)
+    data = contract.read(p)
+    recorded = contract.recorded_sha256(data)
     if split_from is None or recorded != split_from:
         base.same_model(f"--tuned {path}", "model_sha256", recorded, model_sha256, model_path,
                         "tune this model (optkit tune MODEL -o best.json)")

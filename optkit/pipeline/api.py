@@ -101,19 +101,21 @@ def run_pass(pass_name: str, model: str | Path, output: str | Path, *, weights: 
 
 
 def run_one_stage(rec: dict, output: str | Path, *, command: str, input_last: bool = False,
-                  keep: Callable[[Stage], None] | None = None, outputs: dict | None = None) -> Report:
+                  keep: Callable[[Stage], None] | None = None, outputs: dict | list[Output] | None = None) -> Report:
     """Run a one-stage recipe in a scratch workspace and copy its result to `output`: what every single-stage
     command and run_pass do. A result a budget refuses is kept beside `output` (OUT.REJECTED.onnx). A stage whose
     product is not its model (tune's settings, profile's figures and trace) gives `keep` instead: it is called
     with the stage while the workspace is there, and the model (unchanged) is not copied. `outputs` names what
     the caller writes ({"-o": out, "--report": rep}; default {"output": output} without keep), checked with the
-    recipe's steps before the stage runs."""
+    recipe's steps before the stage runs; a list of core.atomic.Output for a folder)."""
     if outputs is None:
         outputs = {} if keep is not None else {"output": output}
+    if isinstance(outputs, dict):
+        outputs = [Output(k, v) for k, v in outputs.items() if v is not None]
     with tempfile.TemporaryDirectory(prefix="optkit-stage-") as scratch:
         opts = RunOptions(workspace=Path(scratch), use_cache=False, resume=False, command=command,
                           aside=rejected_path(Path(output)), input_last=input_last,
-                          outputs=[Output(k, v) for k, v in outputs.items() if v is not None])
+                          outputs=outputs)
         report = execute(from_dict(rec), opts).report
         stage = report.stages[-1]
         if keep is None:

@@ -291,8 +291,8 @@ def _rel_band(f: StageFigures) -> float | None:
 def _find(report: Report, name: str | None, what: str) -> Stage:
     if not report.stages:
         raise UsageError(f"{what} has no stages")
-    if name is None:
-        return report.stages[-1]
+    if name is None:  # the last stage measured: a split or capacity stage passes its model through unmeasured
+        return next((s for s in reversed(report.stages) if s.measured), report.stages[-1])
     for s in report.stages:
         if s.name == name:
             return s

@@ -1,7 +1,7 @@
 """Recipes: one YAML file describes a whole optimization (model, data, stages, measurement, gates).
 
 Loading is strict: a typo or a wrong type is a one-line error that names the file, the YAML line and the
-key (`recipes/x.yaml:12: stages[1].config.bits: unknown option`). `validate` then checks everything that
+key (`recipes/x.yaml:12: stages[1].config.bits: unknown option`). `validation.validate` then checks everything that
 can be checked before any work starts: files exist, passes exist and are installed, pass configs, that
 each stage accepts the previous stage's format, and that every gate is on a figure the recipe measures.
 Paths in a recipe are relative to the recipe file.
@@ -19,18 +19,17 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic import ValidationError as PydanticValidationError
 
+from optkit.capacity.config import CapacityConfig
 from optkit.core import hub, strictjson
-from optkit.core.errors import DependencyError, UsageError
-from optkit.core.formats import detect_format, split_factory
-from optkit.core.registry import ConfigError, build_config, check_accepts, config_message
+from optkit.core.errors import UsageError
+from optkit.core.formats import split_factory
+from optkit.core.registry import config_message
 from optkit.core.shapes import MAX_DIM, MAX_ELEMENTS
 from optkit.measure.datasets import Preprocess
-from optkit.measure.model import MeasureSettings, check_sharing
+from optkit.measure.model import MeasureSettings
 from optkit.onnx.session import OrtSettings
-from optkit.package.capacity.config import RecipeCapacity
 from optkit.package.config import PackageConfig
-from optkit.passes import get_pass
-from optkit.pipeline.gates import check_gates_plan, parse_gates
+from optkit.pipeline.kinds import CAPACITY
 from optkit.pipeline.yamlsafe import yaml_with_lines
 
 RECIPE_VERSION = 1
@@ -165,7 +164,8 @@ class Recipe(_Strict):
     version: int = RECIPE_VERSION
     name: str | None = None
     description: str | None = None
-    model: ModelSpec
+    model: ModelSpec | None = Field(default=None, description="The model the stages start from (none: a recipe "
+                                                               "whose stages need none, capacity.plan on its figures).")
     data: DataSection = Field(default_factory=DataSection)
     stages: list[StageSpec] = Field(default_factory=list)
     measure: MeasureSection = Field(default_factory=MeasureSection)
@@ -173,8 +173,9 @@ class Recipe(_Strict):
     baseline: str | None = Field(default=None, description="A report.json for the baseline gates.")
     package: list[PackageConfig] = Field(default_factory=list, description="Package the last (or a named) stage's "
                                                                           "model when every gate passed.")
-    capacity: RecipeCapacity | None = Field(default=None, description="Replicas and autoscaling from this run's "
-                                                                     "figures (optkit capacity's options).")
+    capacity: CapacityConfig | None = Field(default=None, description="Replicas and autoscaling from this run's "
+                                                                     "figures (optkit capacity's options): a "
+                                                                     "capacity.plan stage run last, named capacity.")
 
     @field_validator("version")
     @classmethod
@@ -233,9 +234,17 @@ class LoadedRecipe:
             return f"{self._abs(target)}:{attr}"
         if factory and not factory[0].endswith(".py"):
             return p  # pkg.mod:make_model
-        if hub.is_hub_id(p) and not (self.base / p).exists():
-            return p  # a Hugging Face Hub id (org/name): Artifact.load finds it in the local cache
         return self._abs(p)
+
+    @property
+    def model_path(self) -> str | None:
+        """The model's path, resolved as every recipe path is; a Hugging Face Hub id (org/name) that is no path
+        here stays one (Artifact.load finds it in the local cache). Only the model may be a Hub id: an output
+        `dir/file.html` is a path. None: a recipe without a model."""
+        if self.recipe.model is None:
+            return None
+        p = self.recipe.model.path
+        return p if hub.is_hub_id(p) and not (self.base / p).exists() else self.resolve(p)
 
     def _abs(self, p: str) -> str:
         q = Path(p).expanduser()
@@ -244,9 +253,23 @@ class LoadedRecipe:
     def sha256(self) -> str:
         return hashlib.sha256(strictjson.dumps(self.raw, sort_keys=True, default=str).encode()).hexdigest()
 
+    @property
+    def stages(self) -> list[StageSpec]:
+        """The stages as they run: `stages:`, then the `capacity:` section as a capacity.plan stage."""
+        extra = [] if self.recipe.capacity is None else [StageSpec(
+            pass_name=CAPACITY, name="capacity", config=self.recipe.capacity.model_dump(exclude_unset=True))]
+        return [*self.recipe.stages, *extra]
+
+    def config_loc(self, i: int) -> tuple:
+        """Where stage i's config is in the recipe (the `capacity:` section is its own config)."""
+        return ("stages", i, "config") if i < len(self.recipe.stages) else ("capacity",)
+
+    def stage_loc(self, i: int, key: str) -> tuple:
+        return ("stages", i, key) if i < len(self.recipe.stages) else ("capacity",)
+
     def stage_names(self) -> list[str]:
         names, seen = [], set()
-        for i, st in enumerate(self.recipe.stages):
+        for i, st in enumerate(self.stages):
             base = st.name or st.pass_name.split(".")[0]
             name = base if base not in seen else f"{base}-{i + 1}"
             seen.add(name)
@@ -306,125 +329,9 @@ def _first_error(e: PydanticValidationError) -> tuple[tuple, str]:
     return loc, config_message(err, unknown="unknown key")
 
 
-# ---------------------------------------------------------------- validation before any work
-
-def check_passes(loaded: LoadedRecipe, allow_missing: bool = False) -> list:
-    """Resolve each stage's pass and config; check the chain of formats. Returns [(cls, config), ...]."""
-
-    r = loaded.recipe
-    fmt = None
-    model = loaded.resolve(r.model.path)
-    try:
-        fmt = detect_format(model)
-    except UsageError as e:
-        raise UsageError(f"{loaded.where(('model', 'path'))}: {e.message}") from None
-    if r.model.weights and not Path(loaded.resolve(r.model.weights)).is_file():
-        raise UsageError(f"{loaded.where(('model', 'weights'))}: weights file {r.model.weights} not found")
-    out = []
-    names = loaded.stage_names()
-    formats = {"input": fmt}
-    for i, st in enumerate(r.stages):
-        loc = ("stages", i, "pass")
-        prev = "the model" if i == 0 else f"stage {names[i - 1]!r}"
-        if st.from_ is not None:
-            if st.from_ not in formats:
-                raise UsageError(f"{loaded.where(('stages', i, 'from'))}: no earlier stage named {st.from_!r}; "
-                                 f"choose one of {', '.join(formats)}")
-            fmt = formats[st.from_]
-            prev = "the model" if st.from_ == "input" else f"stage {st.from_!r}"
-        try:
-            cls = get_pass(st.pass_name)
-        except UsageError as e:
-            raise UsageError(f"{loaded.where(loc)}: {e.message}") from None
-        try:
-            cfg = build_config(cls, st.config, unknown="unknown key")
-        except ConfigError as e:
-            raise UsageError(f"{loaded.where(('stages', i, 'config', *e.loc))}: {e.detail} (pass {cls.name})") from None
-        try:
-            check_accepts(cls, fmt)
-        except UsageError:
-            raise UsageError(f"{loaded.where(loc)}: {cls.name} accepts {', '.join(f.value for f in cls.accepts)}, "
-                             f"but {prev} gives {fmt.value}") from None
-        missing = cls.missing()
-        if missing and not allow_missing:
-            raise DependencyError(f"{loaded.where(loc)}: pass {cls.name} is unavailable here: {missing}")
-        out.append((cls, cfg))
-        fmt = cls.produces
-        formats[names[i]] = fmt
-    for i, fmt in enumerate(formats.values()):  # measured under load: refused now, not after the stages before
-        try:
-            check_sharing(fmt, r.measure)
-        except UsageError as e:
-            where = "the model" if i == 0 else f"stage {names[i - 1]!r}"
-            raise UsageError(f"{loaded.where(('measure', 'sessions'))}: {where} gives {fmt.value}: {e.message}") \
-                from None
-    return out
-
-
-def check_files(loaded: LoadedRecipe) -> None:
-    r = loaded.recipe
-    for key in ("calibration", "eval", "train"):
-        item = getattr(r.data, key)
-        if item is None:
-            continue
-        if not Path(loaded.resolve(item.path)).exists():
-            raise UsageError(f"{loaded.where(('data', key, 'path'))}: data {item.path} not found "
-                             f"(paths are relative to the recipe file)")
-        if item.labels and not Path(loaded.resolve(item.labels)).exists():
-            raise UsageError(f"{loaded.where(('data', key, 'labels'))}: labels {item.labels} not found")
-    if r.baseline and not Path(loaded.resolve(r.baseline)).is_file():
-        raise UsageError(f"{loaded.where(('baseline',))}: baseline report {r.baseline} not found")
-
-
-def validate(loaded: LoadedRecipe, *, baseline: str | None = None, allow_missing: bool = False) -> list:
-    """Everything that can be checked before work starts; returns the resolved passes.
-
-    With allow_missing (dry runs), a pass whose extra is not installed here is not an error.
-    """
-
-    if not loaded.recipe.stages:
-        raise UsageError(f"{loaded.where(('stages',))}: the recipe has no stages")
-    resolved = check_passes(loaded, allow_missing=allow_missing)
-    check_files(loaded)
-    names = loaded.stage_names()
-    gates = []
-    for i, g in enumerate(loaded.recipe.gates):
-        try:
-            gates.append(parse_gates([g])[0])
-        except UsageError as e:
-            raise UsageError(f"{loaded.where(('gates', i))}: {e.message}") from None
-    measured = measured_figures(loaded)
-    for i, g in enumerate(gates):
-        try:
-            check_gates_plan([g], stages=["input", *names], measured=measured,
-                             has_baseline=bool(baseline or loaded.recipe.baseline))
-        except UsageError as e:
-            raise UsageError(f"{loaded.where(('gates', i))}: {e.message}") from None
-    return resolved
-
-
-def measured_figures(loaded: LoadedRecipe) -> set[str]:
-    r = loaded.recipe
-    figures = {"size", "memory"}
-    if r.measure.latency or r.measure.concurrency:
-        figures.add("throughput")
-    if r.measure.latency:
-        figures.add("latency")
-        if r.measure.normalize and r.measure.latency is True:
-            figures.add("normalized")
-    if r.data.eval is not None and r.data.eval.metric:
-        figures.add("accuracy")
-    figures.add("fidelity")
-    return figures
-
-
-def gates_of(loaded: LoadedRecipe):
-    return parse_gates(loaded.recipe.gates)
-
-
 # ---------------------------------------------------------------- one-stage recipes and the starter
 
-def one_stage_recipe(pass_name: str, model: str, config: dict, *, settings=None, weights: str | None = None,
+def one_stage_recipe(pass_name: str, model: str | None, config: dict, *, settings=None, weights: str | None = None,
                      signature: str | None = None, eval_data=None, metric: str | None = None,
                      data: dict | None = None) -> dict:
     """The recipe a single-stage command is equivalent to (paths made absolute). `data` maps calibration/train
@@ -450,6 +357,8 @@ def one_stage_recipe(pass_name: str, model: str, config: dict, *, settings=None,
             out["labels"] = ab(str(out["labels"]))
         return {k: v for k, v in out.items() if v is not None}
 
+    if model is None:  # a stage that needs no model (capacity.plan on its figures): the stage alone
+        return {"version": RECIPE_VERSION, "stages": [{"pass": pass_name, "config": config or {}}]}
     rec: dict[str, Any] = {"version": RECIPE_VERSION, "model": {"path": ab(model)}}
     if weights:
         rec["model"]["weights"] = ab(weights)

@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from optkit.core.artifact import Artifact
+from optkit.core.atomic import declared_paths
 from optkit.core.errors import UsageError
 from optkit.core.formats import Format, detect_format
-from optkit.core.registry import PassContext
+from optkit.core.registry import PassContext, build_config
 from optkit.core.text import redact_config
 from optkit.measure.model import DataSpec, MeasureSettings, measure
 from optkit.measure.paired import change_against
@@ -18,12 +19,11 @@ from optkit.measure.serving import Setting
 from optkit.measure.text import is_text_data, text_tokenizer
 from optkit.measure.trials import latency_trials
 from optkit.onnx.session import OrtSettings
-from optkit.package.capacity import recipe as capacity_recipe
 from optkit.package.recipe import check_specs, package_run
 from optkit.pipeline.gates import evaluate, gates_of_recipe
-from optkit.pipeline.recipe import validate
 from optkit.pipeline.stage import StageResult, run_pass
 from optkit.pipeline.steps import guard
+from optkit.pipeline.validation import validate
 from optkit.pipeline.workspace import Progress, Workspace
 from optkit.report.build import input_stage, pass_stage
 from optkit.report.schema import Report
@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 
 EXTENSIONS = {"onnx": "model.onnx", "tflite": "model.tflite", "keras": "model.keras", "tf-savedmodel": "model_savedmodel",
               "torchscript": "model.pt", "torch-export": "model.pt2", "trt-engine": "model.engine"}
+
+
+NO_DATA: dict[str, Any] = {"datasets": {}, "specs": {}}  # a model that takes other inputs than the recipe's data
 
 
 def stage_output_name(fmt) -> str:
@@ -58,7 +61,6 @@ class RunOutcome:
     gate_results: list = field(default_factory=list)
     packages: list = field(default_factory=list)   # optkit.package.build.Result, one per `package:` entry
     package_note: str | None = None
-    capacity: Any = None                           # optkit.package.capacity.run.Result of `capacity:`
 
     @property
     def failed_gates(self) -> list:
@@ -72,151 +74,209 @@ def plan(loaded, baseline: str | None = None) -> list[dict[str, Any]]:
     guard(loaded, resolved, baseline=baseline)
     if loaded.recipe.package:
         check_specs(loaded)
-    capacity_recipe.prepare(loaded)
-    rows = [{"stage": "00-input", "pass": "-", "from": "-", "accepts": "-",
-             "format": detect_format(loaded.resolve(loaded.recipe.model.path)).value, "config": {},
-             "available": True, "missing": None}]
+    fmt = detect_format(loaded.model_path).value if loaded.recipe.model is not None else None
+    rows = [] if fmt is None else [{"stage": "00-input", "pass": "-", "from": "-", "accepts": "-", "format": fmt,
+                                    "config": {}, "available": True, "missing": None}]
+    formats = {"input": fmt}
     names = loaded.stage_names()
     for i, ((cls, cfg), name) in enumerate(zip(resolved, names), start=1):
-        spec = loaded.recipe.stages[i - 1]
+        spec = loaded.stages[i - 1]
+        fmt = formats[spec.from_] if spec.from_ is not None else fmt
+        fmt = fmt if cls.passes_through else cls.produces.value
+        formats[name] = fmt
         rows.append({"stage": f"{i:02d}-{name}", "pass": cls.name,
                      "from": spec.from_ or (names[i - 2] if i > 1 else "input"),
-                     "accepts": ", ".join(f.value for f in cls.accepts), "format": cls.produces.value,
+                     "accepts": "any" if set(cls.accepts) == set(Format) else ", ".join(f.value for f in cls.accepts),
+                     "format": fmt or "-",
                      "config": cfg.model_dump(mode="json", exclude_defaults=True),
                      "available": cls.missing() is None, "missing": cls.missing()})
     return rows
 
 
-def execute(loaded, opts: RunOptions | None = None) -> RunOutcome:
-    """Run a recipe: validate everything first, then each stage (cached, resumable), measure, gate, report."""
+@dataclass
+class _Run:
+    """One run, phase to phase: what was checked before any stage, then the stages as they complete."""
+    loaded: Any
+    opts: RunOptions
+    resolved: list
+    data: dict
+    source: Artifact | None    # None: a recipe without a model (its stages need none)
+    progress: Any
+    baseline: Any = None
+    ws: Any = None
+    run: Any = None
+    stages: list = field(default_factory=list)
+    input_latency: dict | None = None
+    fields: dict = field(default_factory=dict)     # the report's fields stages filled (capacity.plan's section)
 
+    @property
+    def measures(self) -> bool:
+        """Whether any stage is measured (else the input is not either: split and capacity alone time nothing)."""
+        return any(cls.measured for cls, _ in self.resolved)
+
+
+def execute(loaded, opts: RunOptions | None = None) -> RunOutcome:
+    """Run a recipe: validate everything first, then each stage (cached, resumable), measure, gate, report; then
+    package what the gates let through."""
     opts = opts or RunOptions()
-    progress = opts.progress or Progress(quiet=True)
+    st = _prepare(loaded, opts)
+    _preload()
+    st.ws = Workspace(Path(opts.workspace), loaded.name)
+    st.run = st.ws.open_run(loaded, resume=opts.resume)
+    try:
+        report = _run_stages(st)
+        st.run.finish(report)
+    except BaseException as e:
+        st.run.abort("interrupted" if isinstance(e, KeyboardInterrupt) else "failed")  # SIGTERM's Terminated too
+        with contextlib.suppress(Exception):
+            getattr(st.progress, "abort", lambda: None)()
+        raise
+    finally:
+        st.run.release()
+    st.progress.end_run(st.run)
+    outcome = RunOutcome(report=report, run_dir=st.run.path, gate_results=list(report.gates))
+    if loaded.recipe.package and outcome.failed_gates:
+        outcome.package_note = "not packaged: a gate failed"
+    elif loaded.recipe.package:
+        outcome.packages = package_run(loaded, report, st.run.path)
+    return outcome
+
+
+def _prepare(loaded, opts: RunOptions) -> _Run:
+    """Everything checked before any stage (exit 2 now, nothing written): the recipe, every step's outputs against
+    every input, the package entries, the baseline, the data, the model."""
     r = loaded.recipe
     resolved = validate(loaded, baseline=opts.baseline)
     guard(loaded, resolved, baseline=opts.baseline, outputs=opts.outputs)  # outputs are never inputs: exit 2 now
     if r.package:
         check_specs(loaded)  # a repository optkit may not write into fails the run before any stage
-    capacity = capacity_recipe.prepare(loaded)  # its options and traffic: exit 2 before any stage
     baseline_path = opts.baseline or loaded.resolve(r.baseline)
-    baseline = Report.load(baseline_path) if baseline_path else None
+    source = None
+    if r.model is not None:
+        meta = {}
+        if r.measure.shapes and detect_format(loaded.model_path) == Format.TORCH_MODULE:  # no declared shapes
+            meta["input_shapes"] = dict(r.measure.shapes)  # "" (unnamed): the single input
+        source = Artifact.load(loaded.model_path, weights=loaded.resolve(r.model.weights),
+                               signature=r.model.signature, **meta)
+    return _Run(loaded=loaded, opts=opts, resolved=resolved, data=_load_data(loaded), source=source,
+                progress=opts.progress or Progress(quiet=True),
+                baseline=Report.load(baseline_path) if baseline_path else None)
+
+
+def _run_stages(st: _Run) -> Report:
+    """The input (measured as the stages need), each stage in order, the report with its gates."""
+    loaded, r, opts = st.loaded, st.loaded.recipe, st.opts
+    st.progress.start_run(st.run, len(st.resolved) + 1)  # the stages and the input (stage 0)
+    if st.source is not None and not opts.input_last:
+        st.stages.append(_input(st))
+    current, before = st.source, "input"
+    outputs = {"input": st.source}
+    takes = {"input": True}  # whether a model still takes the recipe's inputs (preprocess.onnx changes them)
+    for i, ((cls, cfg), name) in enumerate(zip(st.resolved, loaded.stage_names()), start=1):
+        spec = loaded.stages[i - 1]
+        if spec.from_ is not None:
+            current = outputs[spec.from_]
+        stage, out = _stage(st, i, name, cls, cfg, current, takes[spec.from_ or before])
+        st.stages.append(stage)
+        current = outputs[name] = out if st.source is not None else None
+        takes[name], before = takes[spec.from_ or before] and cls.keeps_inputs, name
+    if st.source is not None and opts.input_last:
+        st.stages.insert(0, _input(st))
+    if st.source is not None and st.measures and r.measure.latency == "paired" \
+            and "latency" not in st.stages[0].measurements:
+        st.stages[0].measurements["latency"] = st.input_latency or measure(
+            st.source, _settings_for(loaded, st.source), data=st.data["specs"].get("eval"))["latency"]
+    report = Report(command=opts.command or f"optkit run {loaded.path or ''}".strip(), recipe=loaded.raw,
+                    stages=st.stages, run=st.run.info(), **st.fields)
     gates = gates_of_recipe(loaded)
-    data = _load_data(loaded)
-    path = loaded.resolve(r.model.path)
-    meta = {}
-    if r.measure.shapes and detect_format(path) == Format.TORCH_MODULE:  # a factory declares no input shapes
-        meta["input_shapes"] = dict(r.measure.shapes)  # "" (unnamed): the single input
-    source = Artifact.load(path, weights=loaded.resolve(r.model.weights), signature=r.model.signature, **meta)
-
-    _preload()
-    ws = Workspace(Path(opts.workspace), loaded.name)
-    run = ws.open_run(loaded, resume=opts.resume)
-    stages = []
-    input_latency = None  # measure.latency: paired: the input's half of the first call-by-call timing
-    try:
-        progress.start_run(run, len(resolved) + 1)
-        if not opts.input_last:
-            stages.append(_input(run, loaded, source, data, progress))
-        current = source
-        outputs = {"input": source}
-        names = loaded.stage_names()
-        for i, ((cls, cfg), name) in enumerate(zip(resolved, names), start=1):
-            spec = r.stages[i - 1]
-            config = cfg.model_dump(mode="json")
-            if spec.from_ is not None:
-                current = outputs[spec.from_]
-            done, art = run.completed_stage(i, name, expect_input=current.sha256)
-            if done is not None:
-                progress.stage_done(i, name, resumed=True)
-                done.notes.append("resumed: completed earlier in this run")
-                stages.append(done)
-                current = outputs[name] = art
-                continue
-            progress.stage_start(i, name, cls.name)
-            key = ws.cache_key(current, cls.name, config, data, r.measure)
-            with run.building(i, name) as tmp:
-                final_dir = run.stage_dir(i, name)
-                with ws.cache_lock(key) if opts.use_cache else contextlib.nullcontext():
-                    # a result refused by a budget is kept in the run folder, which outlives the failed stage
-                    aside = opts.aside or run.path / f"{final_dir.name}.REJECTED.onnx"
-                    result = _compute_stage(ws, key, tmp, opts, name, cls, current, config, spec, r, data, progress,
-                                            aside)
-                out = _relocate(result.output, tmp, final_dir)
-                result.output = out
-                measured_art = _relocate(out, final_dir, tmp)  # measure where the files are now
-                keeps = getattr(cls, "keeps_inputs", True)  # else the result takes other inputs: measured on its own
-                stage, before = _measure_stage(loaded, measured_art, result,
-                                               data if keeps else {"datasets": {}, "specs": {}}, progress,
-                                               name=name, reference=source if keeps else None)
-                input_latency = input_latency or before
-                stage.output.path = out.path
-                run.write_stage(tmp, stage)
-            progress.stage_done(i, name, cached=result.cached, seconds=result.duration_s)
-            stages.append(stage)
-            current = outputs[name] = out
-        if opts.input_last:
-            stages.insert(0, _input(run, loaded, source, data, progress))
-        if r.measure.latency == "paired" and "latency" not in stages[0].measurements:
-            stages[0].measurements["latency"] = input_latency or measure(
-                source, _settings_for(loaded, source), data=data["specs"].get("eval"))["latency"]
-        report = Report(command=opts.command or f"optkit run {loaded.path or ''}".strip(), recipe=loaded.raw,
-                        stages=stages, run=run.info())
-        if gates:
-            report.gates = evaluate(report, gates, baseline)
-        if capacity is not None:
-            outcome_capacity = capacity_recipe.run(capacity, report)
-        run.finish(report)
-    except BaseException as e:
-        run.abort("interrupted" if isinstance(e, KeyboardInterrupt) else "failed")  # SIGTERM's Terminated too
-        with contextlib.suppress(Exception):
-            getattr(progress, "abort", lambda: None)()
-        raise
-    finally:
-        run.release()
-    progress.end_run(run)
-    outcome = RunOutcome(report=report, run_dir=run.path, gate_results=list(report.gates),
-                         capacity=outcome_capacity if capacity is not None else None)
-    if r.package and outcome.failed_gates:
-        outcome.package_note = "not packaged: a gate failed"
-    elif r.package:
-        outcome.packages = package_run(loaded, report, run.path)
-    return outcome
+    if gates:
+        report.gates = evaluate(report, gates, st.baseline)
+    return report
 
 
-def _input(run, loaded, source, data, progress):
-    """Stage 0: the input model, measured as it is (or as measured earlier in this run)."""
+def _stage(st: _Run, i: int, name: str, cls, cfg, current, takes_inputs: bool = True):
+    """One stage: resumed when this run completed it earlier, else computed (from the cache where it may be) and
+    measured, unless its kind passes its model through unmeasured. `takes_inputs`: its input model still takes the
+    recipe's inputs (else neither it nor its result gets the recipe's data, nor is compared with the recipe's model).
+    Returns (its report entry, its model)."""
+    data = st.data if takes_inputs else NO_DATA
+    ws, run, progress, r = st.ws, st.run, st.progress, st.loaded.recipe
+    config = cfg.model_dump(mode="json")
+    if cls.cached:
+        done, art = run.completed_stage(i, name, expect_input=current.sha256)
+        if done is not None:
+            progress.stage_done(i, name, resumed=True)
+            done.notes.append("resumed: completed earlier in this run")
+            return done, art
+    progress.stage_start(i, name, cls.name)
+    key = ws.cache_key(current, cls.name, config, st.data, r.measure, files=declared_paths(cfg, str)[0]) \
+        if cls.cached and st.opts.use_cache else None
+    with run.building(i, name) as tmp:
+        final_dir = run.stage_dir(i, name)
+        with ws.cache_lock(key) if key else contextlib.nullcontext():
+            # a result refused by a budget is kept in the run folder, which outlives the failed stage
+            aside = st.opts.aside or run.path / f"{final_dir.name}.REJECTED.onnx"
+            given = config if cls.recipe_paths else st.loaded.stages[i - 1].config  # its files resolved, or as given
+            result = _compute_stage(st, key, tmp, name, cls, current, given, aside, data)
+        out = result.output = _relocate(result.output, tmp, final_dir)
+        if cls.measured:
+            keeps = takes_inputs and cls.keeps_inputs  # else the result takes other inputs: measured on its own
+            stage, before = _measure_stage(st.loaded, _relocate(out, final_dir, tmp), result,
+                                           data if keeps else NO_DATA, progress, name=name,
+                                           reference=st.source if keeps else None)
+            st.input_latency = st.input_latency or before
+        else:
+            stage = pass_stage(result, {})
+        stage.output.path = str(out.path)
+        st.fields.update(result.ctx.report_fields)
+        run.write_stage(tmp, stage)
+    progress.stage_done(i, name, cached=result.cached, seconds=result.duration_s)
+    return stage, out
+
+
+def _input(st: _Run):
+    """Stage 0: the input model, measured as it is (or as measured earlier in this run); nothing measured when no
+    stage is (split and capacity alone time nothing)."""
+    run, progress, source = st.run, st.progress, st.source
     stage0, _ = run.completed_stage(0, "input", expect_input=None, expect_output=source.sha256)
     if stage0 is not None:
         progress.stage_done(0, "input", resumed=True)
         return stage0
     progress.stage_start(0, "input", "-")
     with run.building(0, "input") as tmp:
-        stage0, _ = _measure_stage(loaded, source, None, data, progress, name="input")
+        if st.measures:
+            stage0, _ = _measure_stage(st.loaded, source, None, st.data, progress, name="input")
+        else:
+            stage0 = input_stage(source, {})
         run.write_stage(tmp, stage0)
     progress.stage_done(0, "input")
     return stage0
 
 
-def _compute_stage(ws, key, tmp, opts, name, cls, current, config, spec, r, data, progress, aside) -> StageResult:
-    """A stage's pass output in `tmp`: from the cache when a verified entry exists, else computed (and stored)."""
+def _compute_stage(st: _Run, key: str | None, tmp: Path, name: str, cls, current, config: dict,
+                   aside: Path, data: dict) -> StageResult:
+    """A stage's pass output in `tmp`: from the cache when a verified entry exists (`key`: None when the stage is
+    not cached), else computed (and stored)."""
+    ws, r = st.ws, st.loaded.recipe
     cache_notes: list[str] = []
-    hit = ws.cache_get(key, tmp, cache_notes) if opts.use_cache else None
-    log.info("stage %s: cache %s (key %s)", name, "hit" if hit else "miss" if opts.use_cache else "off", key[:12])
+    hit = ws.cache_get(key, tmp, cache_notes) if key else None
+    log.info("stage %s: cache %s", name, ("hit" if hit else "miss") + f" (key {key[:12]})" if key else "off")
     if hit is not None:
         result = StageResult(name=name, pass_name=cls.name, input=current, output=hit["artifact"],
-                             config=redact_config(config), duration_s=hit["duration_s"],
+                             config=redact_config(build_config(cls, config).model_dump(mode="json")),
+                             duration_s=hit["duration_s"],
                              ctx=PassContext(output=tmp / stage_output_name(cls.produces),
                                              notes=list(hit["notes"]), warnings=list(hit["warnings"]),
                                              measurements=dict(hit["measurements"])),
                              cached=True)
         result.ctx.note(f"reused from the cache (key {key[:12]}, computed {hit['created']})")
         return result
-    progress.step(f"running {cls.name}" + _long_hint(cls.name))
-    result = run_pass(current, cls.name, spec.config, tmp / stage_output_name(cls.produces),
+    st.progress.step(f"running {cls.name}" + _long_hint(cls.name))
+    result = run_pass(current, cls.name, config, tmp / stage_output_name(cls.produces),
                       shapes=r.measure.shapes, values=r.measure.values, seed=r.measure.seed,
-                      data=data["datasets"], aside=aside)
+                      data=data["datasets"], aside=aside, earlier=list(st.stages))
     result.name = name
-    if opts.use_cache:
+    if key:
         ws.cache_put(key, tmp, result)
     result.ctx.notes.extend(cache_notes)  # after storing: the note is about this run only
     return result
@@ -273,8 +333,8 @@ def _load_data(loaded) -> dict[str, Any]:
                         truncation=item.truncation)
         try:
             if is_text_data(Path(path)):  # every stage's figures come from the same rows, tokenized once the same way
-                spec.tokenizer = str(text_tokenizer(loaded.resolve(r.model.path), path))
-            ds = spec.load(loaded.resolve(r.model.path), item.metric if key == "eval" else None).subset(
+                spec.tokenizer = str(text_tokenizer(loaded.model_path, path))
+            ds = spec.load(loaded.model_path, item.metric if key == "eval" else None).subset(
                 item.max_samples, r.measure.seed)
         except UsageError as e:
             raise UsageError(f"{loaded.where(('data', key, 'path'))}: {e.message}") from None

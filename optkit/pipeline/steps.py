@@ -2,8 +2,9 @@
 
 Every step declares its files with one method, `paths() -> (inputs, outputs)` (core.atomic.Step): the recipe's
 own reads (`Source`: the recipe file, the model with its weights and factory, the data with labels and a metric's
-file, the baseline), each pass stage (`PassStage`: the files its Config names, from the PathRole of each field),
-each `package:` entry (package.recipe.PackageStep) and `capacity:` (package.capacity.recipe.CapacityStep).
+file, the baseline), each stage (`PassStage`: the files its Config names, from the PathRole of each field; a
+split.onnx or capacity.plan stage, and the `capacity:` section, which runs as one) and each `package:` entry
+(package.recipe.PackageStep).
 `guard` checks every output against every input and every other output (core.atomic.check_steps): `optkit run`,
 its --dry-run, `optkit.run` and `optkit.run_pass` (and every command, through its one-stage recipe) refuse, exit 2,
 before anything is written. A new kind of step implements paths() and is added to `steps_of`.
@@ -14,7 +15,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from optkit.core.atomic import Input, Output, Step, check_steps, declared_paths, python_file
-from optkit.package.capacity.recipe import CapacityStep
 from optkit.package.recipe import PackageStep
 from optkit.pipeline.recipe import LoadedRecipe
 
@@ -28,8 +28,9 @@ class Source:
     def paths(self) -> tuple[list[Input], list[Output]]:
         loaded, r = self.loaded, self.loaded.recipe
         inputs = [Input("the recipe file", loaded.path)] if loaded.path else []
-        inputs.append(Input("model.path", loaded.resolve(r.model.path)))
-        if r.model.weights:
+        if r.model is not None:
+            inputs.append(Input("model.path", loaded.model_path))
+        if r.model is not None and r.model.weights:
             inputs.append(Input("model.weights", loaded.resolve(r.model.weights)))
         for key in ("calibration", "eval", "train"):
             item = getattr(r.data, key)
@@ -50,14 +51,15 @@ class Source:
 
 @dataclass
 class PassStage:
-    """A pass stage: the files its Config names (fields marked with core.atomic.PathRole). Its model goes to the
-    run's workspace, which is optkit's own."""
+    """A stage: the files its Config names (fields marked with core.atomic.PathRole). Its model goes to the run's
+    workspace, which is optkit's own."""
     loaded: LoadedRecipe
     index: int
     config: object  # the pass's built Config
 
     def paths(self) -> tuple[list[Input], list[Output]]:
-        return declared_paths(self.config, lambda field: self.loaded.where(("stages", self.index, "config", field)))
+        return declared_paths(self.config, lambda field: self.loaded.where((*self.loaded.config_loc(self.index),
+                                                                             field)))
 
 
 def steps_of(loaded: LoadedRecipe, configs: Iterable, baseline: str | None = None) -> list[Step]:
@@ -65,8 +67,6 @@ def steps_of(loaded: LoadedRecipe, configs: Iterable, baseline: str | None = Non
     steps: list[Step] = [Source(loaded, baseline)]
     steps += [PassStage(loaded, i, cfg) for i, cfg in enumerate(configs)]
     steps += [PackageStep(loaded, i, spec) for i, spec in enumerate(loaded.recipe.package)]
-    if loaded.recipe.capacity is not None:
-        steps.append(CapacityStep(loaded))
     return steps
 
 

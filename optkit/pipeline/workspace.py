@@ -110,11 +110,16 @@ class Workspace:
         return None
 
     # ------------------------------------------------------------ cache
-    def cache_key(self, artifact, pass_name: str, config: dict, data: dict, measure) -> str:
+    def cache_key(self, artifact, pass_name: str, config: dict, data: dict, measure, files=()) -> str:
+        """The stage's identity: its input, pass, config, the recipe's data and the files its config reads
+        (`files`: core.atomic.Input, a split's sample data...), each by content, and the versions."""
         fingerprints = {}
         for key, spec in sorted(data.get("specs", {}).items()):
             fingerprints[key] = [_file_sha(spec.path), _file_sha(spec.labels) if spec.labels else None,
                                  spec.preprocess, spec.max_samples]
+        for f in files:
+            if Path(f.path).exists():
+                fingerprints[f"config.{f.key}"] = _file_sha(str(f.path))
         return config_key("optkit-stage-v1", artifact.sha256, pass_name, config, fingerprints, measure.seed,
                           measure.shapes, optkit.__version__, library_versions(), sys.version_info[:2])
 

@@ -7,7 +7,9 @@ from optkit.core.artifact import Artifact
 from optkit.report.schema import ArtifactRef, Stage
 
 
-def ref(artifact: Artifact) -> ArtifactRef:
+def ref(artifact: Artifact | ArtifactRef) -> ArtifactRef:
+    if isinstance(artifact, ArtifactRef):  # a stage that made no model records the file it wrote
+        return artifact
     d = {**artifact.to_dict(), "path": str(artifact.path)}   # the file record is strict: a path as text
     return ArtifactRef(**{k: d[k] for k in ArtifactRef.model_fields})
 
@@ -28,7 +30,8 @@ def inputs_note(measurements: dict[str, Any]) -> list[str]:
 def pass_stage(result, measurements: dict[str, Any]) -> Stage:
     """A report stage from a pipeline StageResult; figures the pass measured itself are kept too."""
     return Stage(
-        name=result.name, pass_name=result.pass_name, input=ref(result.input), output=ref(result.output),
+        name=result.name, pass_name=result.pass_name, input=ref(result.input) if result.input is not None else None,
+        output=ref(result.output),
         config=result.config, duration_s=round(result.duration_s, 3), cached=result.cached,
         notes=list(result.ctx.notes), warnings=list(result.ctx.warnings),
         measurements={**result.ctx.measurements, **measurements},

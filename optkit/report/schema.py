@@ -45,6 +45,12 @@ class Stage(BaseModel):
 
     model_config = {"populate_by_name": True}
 
+    @property
+    def measured(self) -> bool:
+        """Whether the stage's model was measured (a split or capacity stage passes its model through unmeasured:
+        its entry holds its own product, no figures)."""
+        return "size" in self.measurements
+
 
 class GateResult(BaseModel):
     gate: str

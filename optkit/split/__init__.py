@@ -19,9 +19,9 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
+from optkit.core.atomic import remove, stage_folder
 from optkit.core.errors import UsageError
 from optkit.core.formats import folder_problem
-from optkit.core.locks import locked_output
 from optkit.core.shapes import LADDERS, dim_kind
 from optkit.core.text import first_line
 from optkit.measure.images import client_images
@@ -60,7 +60,7 @@ def split_model(model: Path, out_dir: Path, provider: str = "tensorrt", cuts="au
     doc = plan["doc"]
     if not doc["parts"]:
         return doc
-    tmp = write.stage(out_dir)
+    tmp = stage_folder(out_dir)
     try:
         parts = []
         for part in doc["parts"]:
@@ -71,11 +71,9 @@ def split_model(model: Path, out_dir: Path, provider: str = "tensorrt", cuts="au
             parts.append((written, [o["name"] for o in part["outputs"]]))
         doc["check"] = write.check_chain(plan["source"], parts, plan["feeds"], [o["name"] for o in doc["outputs"]])
         write.write_doc(tmp, doc)
-        with locked_output(out_dir, on_wait):
-            write.check_out_dir(out_dir, model)   # again under the lock: another run may have written it since
-            write.commit(tmp, out_dir)
+        write.commit(tmp, out_dir, model, on_wait)
     finally:
-        write.remove_tmp(tmp)
+        remove(tmp)
     return doc
 
 
@@ -84,10 +82,8 @@ def plan_split(model: Path, provider: str = "tensorrt", cuts="auto", dims=None, 
     return _plan(Path(model), provider, cuts, dims, data)["doc"]
 
 
-def _plan(model: Path, provider: str, cuts, dims, data=None) -> dict:
-
-    if provider not in PROVIDERS:
-        raise UsageError(f"unknown --provider {provider!r}; choose {', '.join(PROVIDERS)}")
+def check_model(model: Path) -> None:
+    """Exit 2 unless `model` is an ONNX file (the one format split reads)."""
     if not model.exists():
         raise UsageError(f"model {model} does not exist")
     if model.is_dir() and not (model / "saved_model.pb").exists():
@@ -95,25 +91,32 @@ def _plan(model: Path, provider: str, cuts, dims, data=None) -> dict:
     if model.is_dir() or model.suffix.lower() != ".onnx":
         raise UsageError(f"optkit split reads ONNX models (.onnx); {model} is not one (convert it first: optkit "
                          "convert)")
+
+
+def _cut_names(cuts) -> tuple[list[str] | None, bool]:
+    """(the node names to cut at, or None for the automatic cut; whether to cut at the preprocessing boundary)."""
     at_preprocess = cuts == PREPROCESS or cuts == [PREPROCESS]
     names = None if cuts in (None, "auto") or cuts == ["auto"] or at_preprocess else (
         [cuts] if isinstance(cuts, str) else list(cuts))
     if names is not None and (not names or "auto" in names):
         raise UsageError("--cut takes auto or node names, not both")
+    return names, at_preprocess
+
+
+def _plan(model: Path, provider: str, cuts, dims, data=None) -> dict:
+    """The split, phase by phase: the model read and its sample inputs, each node placed, the cut chosen, the
+    parts extracted, the document."""
+    if provider not in PROVIDERS:
+        raise UsageError(f"unknown --provider {provider!r}; choose {', '.join(PROVIDERS)}")
+    check_model(model)
+    names, at_preprocess = _cut_names(cuts)
     onnx_model = onnx_io.load(model)
     source = model.read_bytes()
     graph = G.build(onnx_model)
     feeds, data_doc, assumed = _samples(model, source, onnx_model, graph, dims, data)
     _observe(graph, source, feeds)
     pre_nodes = _preprocess_nodes(onnx_model, graph, model)
-    functions = {(f.domain, f.name) for f in onnx_model.functions}
-    places = []
-    for i, node in enumerate(graph.nodes):
-        if (node.domain or "", node.op_type) in functions:
-            places.append(Place(EITHER, f"{node.domain}.{node.op_type}: a model-local function: placed by the cut"))
-        else:
-            places.append(place(node, provider, i in pre_nodes))
-    lay = C.layout(graph, places)
+    lay = C.layout(graph, _places(onnx_model, graph, provider, pre_nodes))
     picks = _picks(onnx_model, graph, names, lay) if names is not None else None
     if at_preprocess:
         if not pre_nodes:
@@ -139,6 +142,30 @@ def _plan(model: Path, provider: str, cuts, dims, data=None) -> dict:
                "nothing_to_split": f"every op can run on the GPU under {provider}: the whole model is the core",
                "dims": assumed}
         return {"doc": doc}
+    parts, models = _parts(graph, levels, used, places, pre_nodes, provider)
+    doc = {**base, "parts": parts, "cuts": _crossing(graph, levels),
+           "naive_cut_bytes_per_sample": C.gpu_bytes(graph, naive), "gpu_bytes_per_sample": C.gpu_bytes(graph, levels),
+           "cut": "auto" if picks is None else PREPROCESS if at_preprocess else "named",
+           "dims": assumed,
+           "cpu_nodes": [{"node": graph.nodes[i].name, "op": graph.nodes[i].op_type,
+                          "part": C.PART_NAMES[levels[i]], "why": places[i].why}
+                         for i in range(graph.n) if places[i].kind == CPU][:50]}
+    if pre_nodes:
+        doc["preprocess_boundary_bytes_per_sample"] = _preprocess_bytes(onnx_model, graph)
+    return {"doc": doc, "models": models, "source": source, "feeds": feeds}
+
+
+def _places(onnx_model, graph, provider: str, pre_nodes: set[int]) -> list[Place]:
+    """Where each node may run under `provider` (a model-local function: wherever the cut puts it)."""
+    functions = {(f.domain, f.name) for f in onnx_model.functions}
+    return [Place(EITHER, f"{node.domain}.{node.op_type}: a model-local function: placed by the cut")
+            if (node.domain or "", node.op_type) in functions else place(node, provider, i in pre_nodes)
+            for i, node in enumerate(graph.nodes)]
+
+
+def _parts(graph, levels: list[int], used: list[int], places, pre_nodes: set[int],
+           provider: str) -> tuple[list[dict], dict]:
+    """Each part's entry in split.json and its model."""
     parts, models = [], {}
     for lv in used:
         meta = bool(pre_nodes) and lv == C.PRE and pre_nodes <= {i for i, x in enumerate(levels) if x == lv}
@@ -150,6 +177,11 @@ def _plan(model: Path, provider: str, cuts, dims, data=None) -> dict:
                       "why": _why(graph, idx, places, lv, provider),
                       "ops": dict(Counter(graph.nodes[i].op_type for i in idx).most_common()),
                       "inputs": [_io(graph, t) for t in ins], "outputs": [_io(graph, t) for t in outs]})
+    return parts, models
+
+
+def _crossing(graph, levels: list[int]) -> list[dict]:
+    """The tensors crossing each cut, with their bytes per sample."""
     cut_list = []
     for (src, dst) in ((C.PRE, C.CORE), (C.CORE, C.POST), (C.PRE, C.POST)):
         tensors = [t for t, a, b in C.crossings(graph, levels) if a == src and b == dst]
@@ -158,16 +190,7 @@ def _plan(model: Path, provider: str, cuts, dims, data=None) -> dict:
             total = sum(r["bytes_per_sample"] or 0 for r in rows)
             cut_list.append({"from": C.PART_NAMES[src], "to": C.PART_NAMES[dst], "tensors": rows,
                              "bytes_per_sample": total})
-    doc = {**base, "parts": parts, "cuts": cut_list, "naive_cut_bytes_per_sample": C.gpu_bytes(graph, naive),
-           "gpu_bytes_per_sample": C.gpu_bytes(graph, levels),
-           "cut": "auto" if picks is None else PREPROCESS if at_preprocess else "named",
-           "dims": assumed,
-           "cpu_nodes": [{"node": graph.nodes[i].name, "op": graph.nodes[i].op_type,
-                          "part": C.PART_NAMES[levels[i]], "why": places[i].why}
-                         for i in range(graph.n) if places[i].kind == CPU][:50]}
-    if pre_nodes:
-        doc["preprocess_boundary_bytes_per_sample"] = _preprocess_bytes(onnx_model, graph)
-    return {"doc": doc, "models": models, "source": source, "feeds": feeds}
+    return cut_list
 
 
 def _nbytes(graph, name: str) -> int | None:

@@ -3,17 +3,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from optkit.contracts import base
 from optkit.contracts import split as contract
-from optkit.core import interrupts
-from optkit.core.atomic import normal_mode, tmp_prefix
+from optkit.core.atomic import commit_folder
 from optkit.core.errors import OptkitError, UsageError, ValidationError
+from optkit.core.locks import locked_output
 from optkit.onnx.session import ort_session
 from optkit.split.cuts import PART_NAMES
 from optkit.split.graph import Graph
@@ -21,7 +19,6 @@ from optkit.split.graph import Graph
 PART_FILES = tuple(f"{p}.onnx" for p in PART_NAMES)
 DOC = contract.FILE
 SCHEMA = contract.SCHEMA
-OURS = frozenset(PART_FILES + (DOC,))
 META_KEY = "optkit.preprocess"
 
 
@@ -193,35 +190,16 @@ def check_out_dir(out_dir: Path, model: Path) -> None:
                              f"{problem}); nothing in it is overwritten: choose a new or empty folder")
 
 
-def stage(out_dir: Path) -> Path:
-    tmp = Path(tempfile.mkdtemp(prefix=tmp_prefix(out_dir), dir=out_dir.parent))
-    normal_mode(tmp)
-    return tmp
+def commit(tmp: Path, out_dir: Path, model: Path, on_wait=None) -> None:
+    """The staged parts into DIR (core.atomic.commit_folder), under DIR's lock (its parent's while DIR is new), DIR
+    checked again under it: a second run waits for the first (`on_wait()` when it starts waiting), then replaces its
+    output."""
+    with locked_output(out_dir, on_wait):
+        check_out_dir(out_dir, model)   # again under the lock: another run may have written it since
+        commit_folder(tmp, out_dir, ours=ours, last=DOC)
 
 
-def commit(tmp: Path, out_dir: Path) -> None:
-    """Move the staged folder into place: a new folder by rename; into an empty folder or a previous split
-    output file by file, split.json removed first and written last, so a half-done replacement never looks
-    like a result."""
-    interrupts.check()
-    if not out_dir.exists():
-        os.rename(tmp, out_dir)
-        return
-    new = {p.name for p in tmp.iterdir()}
-    # Ctrl-C or SIGTERM between the renames would leave part files without split.json: a folder the next run
-    # refuses as foreign. The renames run whole and the interrupt is raised after them.
-    with interrupts.deferred():
-        with contextlib.suppress(FileNotFoundError):
-            (out_dir / DOC).unlink()
-        for name in sorted(new - {DOC}):
-            os.replace(tmp / name, out_dir / name)
-        for name in OURS - new:
-            with contextlib.suppress(FileNotFoundError):
-                (out_dir / name).unlink()
-        os.replace(tmp / DOC, out_dir / DOC)
-        with contextlib.suppress(OSError):
-            tmp.rmdir()  # empty now; whatever else is left, the caller's remove_tmp removes
-
-
-def remove_tmp(tmp: Path) -> None:
-    shutil.rmtree(tmp, ignore_errors=True)
+def ours(path: Path) -> bool:
+    """What a split may replace: an empty folder, or a complete previous split output (core.atomic.commit_folder
+    replaces it entry by entry, split.json last)."""
+    return not any(path.iterdir()) or is_split_output(path)

@@ -4,6 +4,7 @@ keeps). `num` and `short` write figures as people read them."""
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -21,6 +22,32 @@ from optkit.core.registry import PassConfig, cli
 OBJECTIVES = {"throughput": ("throughput_per_s", "maximize"), "latency": ("p50_ms", "minimize"),
               "cost": ("cpu_s_per_1k", "minimize")}
 MAX_TIME_BUDGET_S = 30 * 86_400
+_NUMBER = r"(\d+(?:\.\d*)?|\.\d+)"
+_SIZE = re.compile(rf"^\s*{_NUMBER}\s*(b|kb|mb|gb|kib|mib|gib)?\s*$", re.I)
+_DURATION = re.compile(rf"^\s*{_NUMBER}\s*(s|sec|m|min|h)?\s*$", re.I)
+_BYTES = {"b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30}
+_SECONDS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}
+
+
+def parse_memory(value: Any) -> Any:
+    """'2GB', '512MiB', '800' (MiB) -> MiB; a number is MiB already (a recipe takes what the command takes)."""
+    return _in_units(value, _SIZE, _BYTES, "mib", 2 ** 20, "a size: give one such as 2GB, 512MB or 512MiB")
+
+
+def parse_duration(value: Any) -> Any:
+    """'10m', '90s', '1h', '600' (seconds) -> seconds; a number is seconds already."""
+    return _in_units(value, _DURATION, _SECONDS, "s", 1, "a duration: give one such as 90s, 10m or 1h")
+
+
+def _in_units(value: Any, pattern: re.Pattern, units: dict[str, float], default: str, per: float, what: str) -> Any:
+    if not isinstance(value, str):
+        return value
+    m = pattern.match(value)
+    if not m:
+        raise ValueError(f"{value[:40]!r} is not {what}")
+    return float(m[1]) * units[(m[2] or default).lower()] / per
+
+
 DIMENSIONS = ("provider", "threads", "execution_mode", "inter_op_threads", "graph_optimization", "batch",
               "concurrency", "sessions", "cpu_mem_arena", "mem_pattern")
 
@@ -73,13 +100,13 @@ class TuneConfig(PassConfig):
                                                              "meets: 'p99<=20ms', 'throughput>=200' (repeatable).",
                            json_schema_extra=cli("--slo", group="budgets"))
     max_memory_mb: float | None = Field(default=None, gt=0, le=MAX_MIB, allow_inf_nan=False,
-                                        description="Peak memory (RSS) a setting may use, in MiB.",
+                                        description="Peak memory (RSS) a setting may use: a size (2GB, 512MiB) or a number of MiB.",
                                         json_schema_extra=cli("--max-memory", kind="str", group="budgets",
                                                               help="Peak memory a setting may use, e.g. 2GB."))
     trials: int = Field(default=40, ge=1, le=10_000, strict=True, description="Trials in the study.",
                         json_schema_extra=cli("--trials", group="budgets"))
     time_budget: float | None = Field(default=None, gt=0, le=MAX_TIME_BUDGET_S, allow_inf_nan=False,
-                                      description="Stop searching after this many seconds.",
+                                      description="Stop searching after this long: a duration (90s, 10m, 1h) or a number of seconds.",
                                       json_schema_extra=cli("--time-budget", kind="str", group="budgets",
                                                             help="Stop searching after this long, e.g. 10m."))
     # timed, after a short probe
@@ -114,6 +141,12 @@ class TuneConfig(PassConfig):
                          description="Best settings measured again in 3 interleaved rounds to tell a win from noise "
                                      "(default 3; 1: the best only, for its 95% interval; 0: none).",
                          json_schema_extra=cli("--confirm", group="measurement"))
+
+    @field_validator("max_memory_mb", "time_budget", mode="before")
+    @classmethod
+    def _with_units(cls, v: Any, info) -> Any:
+        """A size or a duration as the command takes it ("2GB", "10m"), or a plain number of MiB / seconds."""
+        return parse_memory(v) if info.field_name == "max_memory_mb" else parse_duration(v)
 
     @field_validator("objective")
     @classmethod

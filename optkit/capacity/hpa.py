@@ -20,25 +20,32 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+
+from optkit.capacity.config import Scaling
 
 SYNC_S = 15
 
 
+UP_WINDOW_S = 0      # the scale-up stabilisation window: the HPA's default, which optkit does not change
+
+
 @dataclass
 class HPA:
+    """The rule at one target utilisation: `scaling` holds the settings (config.Scaling, declared once there),
+    `max_replicas` this replay's own cap where it is lower."""
     target: float                      # utilisation of a replica's throughput at the SLO, 0..1
-    min_replicas: int = 1
-    max_replicas: int = 100
-    tolerance: float = 0.1
-    down_window_s: int = 300
-    up_window_s: int = 0
-    startup_s: int = 60
+    scaling: Scaling = field(default_factory=Scaling)
+    max_replicas: int | None = None
     up_percent: float = 100.0
     up_pods: int = 4
     step_s: int = 60
+
+    def __post_init__(self) -> None:
+        if self.max_replicas is None:
+            self.max_replicas = self.scaling.max_replicas
 
     def up_limit(self, current: int) -> int:
         n = current
@@ -67,13 +74,14 @@ def replay(load: np.ndarray, throughput: float, hpa: HPA, floor: np.ndarray | No
            initial: int | None = None) -> Replay:
     """The HPA over `load` (requests per second, one per step); `floor` (per step) is a schedule's desired count."""
     n = len(load)
-    startup_steps = math.ceil(hpa.startup_s / hpa.step_s)
+    rule = hpa.scaling
+    startup_steps = math.ceil(rule.startup_s / hpa.step_s)
     start = initial if initial is not None else needed(float(load[0]) if n else 0.0, throughput, hpa.target)
-    start = min(max(start, hpa.min_replicas), hpa.max_replicas)
+    start = min(max(start, rule.min_replicas), hpa.max_replicas)
     pods: list[int] = [-1] * start             # the step from which each pod serves
     history: list[tuple[int, int]] = []         # (step, desired before stabilisation)
-    up_steps = hpa.up_window_s // hpa.step_s
-    down_steps = hpa.down_window_s // hpa.step_s
+    up_steps = UP_WINDOW_S // hpa.step_s
+    down_steps = rule.down_window_s // hpa.step_s
     replicas = np.zeros(n, dtype=np.int64)
     ready_n = np.zeros(n, dtype=np.int64)
     util = np.zeros(n)
@@ -102,7 +110,7 @@ def replay(load: np.ndarray, throughput: float, hpa: HPA, floor: np.ndarray | No
             rec = down_rec
         if rec > current:
             rec = min(rec, hpa.up_limit(current))
-        rec = min(max(rec, hpa.min_replicas), hpa.max_replicas)
+        rec = min(max(rec, rule.min_replicas), hpa.max_replicas)
         if rec > current:
             pods.extend([m + 1 + startup_steps] * (rec - current))
         elif rec < current:
@@ -118,11 +126,11 @@ def _desired(load: float, ready: int, current: int, throughput: float, hpa: HPA)
         return current
     ratio = load / (ready * throughput) / hpa.target
     if not (ready < current and ratio > 1):
-        if abs(1 - ratio) <= hpa.tolerance:
+        if abs(1 - ratio) <= hpa.scaling.tolerance:
             return current
         return math.ceil(ratio * ready - 1e-9)
     again = load / (current * throughput) / hpa.target
-    if abs(1 - again) <= hpa.tolerance or again < 1:
+    if abs(1 - again) <= hpa.scaling.tolerance or again < 1:
         return current
     return max(current, math.ceil(again * current - 1e-9))
 

@@ -7,18 +7,18 @@ from html import escape
 
 import numpy as np
 
+from optkit.capacity.plan import Plan
 from optkit.core.text import printable
-from optkit.package.capacity.plan import Plan
 from optkit.report.html import CSS, capacity_section
 from optkit.report.schema import MAX_POINTS, CapacitySection
 
 COLUMNS = (("fixed", "fixed for the peak"), ("reactive", "reactive HPA"), ("forecast", "HPA + forecast schedule"))
 
 
-def to_console(plan: Plan, console) -> None:
+def to_console(d: dict, console) -> None:
+    """The plan as CAPACITY.json holds it (its document: what the capacity stage hands over), on the console."""
     from rich.table import Table
 
-    d = plan.to_contract()
     per = d["per_replica"]
     console.print(f"per replica: {per['throughput_per_s']:,.1f}/s ({per['throughput_source']})")
     t = Table(title=f"capacity replay: {d['replay']['minutes']:,} minutes"

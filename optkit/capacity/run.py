@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from optkit.capacity import pictures, plan, traffic
+from optkit.capacity.config import CapacityConfig
+from optkit.capacity.replica import PerReplica
 from optkit.core.atomic import write_text
-from optkit.package.capacity import pictures, plan, traffic
-from optkit.package.capacity.config import CapacityConfig
-from optkit.package.capacity.replica import PerReplica
 
 
 @dataclass
@@ -23,7 +23,7 @@ def load_traffic(cfg: CapacityConfig) -> traffic.Traffic:
 
 def run(per: PerReplica, cfg: CapacityConfig, tr: traffic.Traffic | None = None) -> Result:
     tr = tr if tr is not None else load_traffic(cfg)
-    p = plan.make_plan(per, tr, plan.Options.from_config(cfg))
+    p = plan.make_plan(per, tr, cfg)
     text = p.to_json()
     page = pictures.to_html(p) if cfg.html else None
     write_text(cfg.output, text + "\n")

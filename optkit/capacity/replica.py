@@ -12,14 +12,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from optkit.contracts import base
+from optkit.contracts import base, lineage
 from optkit.contracts import best as best_contract
 from optkit.contracts.base import MAX_CORES, MAX_MS, MAX_THROUGHPUT
 from optkit.core.errors import UsageError
-from optkit.package import lineage
-from optkit.package.lineage import LINEAGE_FILE
-from optkit.package.tuned import read as read_tuned
-from optkit.package.tuned import recorded_sha256
 from optkit.report.schema import Report
 
 MAX_FILE = base.MAX_FILE_BYTES
@@ -96,12 +92,12 @@ def load(path: str | Path) -> PerReplica:
     """The per-replica figures from FILE: best.json (optkit tune -o), a report.json, optkit-package.json or a
     package version folder holding it."""
     p = Path(path)
-    if p.is_dir() and (p / LINEAGE_FILE).is_file():
-        p = p / LINEAGE_FILE
+    if p.is_dir() and (p / lineage.FILE).is_file():
+        p = p / lineage.FILE
     if not p.exists():
         raise UsageError(f"{path} does not exist; give a tune best.json, a bench report.json or a package's "
-                         f"{LINEAGE_FILE}")
-    hint = f"give a best.json, a report.json or an {LINEAGE_FILE}"
+                         f"{lineage.FILE}")
+    hint = f"give a best.json, a report.json or an {lineage.FILE}"
     doc = base.parse(base.read_bytes(p, MAX_FILE, links=True, hint=hint), p, hint)
     if isinstance(doc, dict) and doc.get("schema") == "optkit-package/1":
         return _from_lineage(p)
@@ -110,7 +106,7 @@ def load(path: str | Path) -> PerReplica:
     if isinstance(doc, dict) and "best" in doc:
         return _from_best(p)
     raise UsageError(f"{p} is none of a tune best.json (key best), a report.json (key stages) or an "
-                     f"{LINEAGE_FILE} (schema optkit-package/1)")
+                     f"{lineage.FILE} (schema optkit-package/1)")
 
 
 def _slo_p99(slos: list, where: str = "") -> float | None:
@@ -152,9 +148,9 @@ def _tuned(figures: dict, confirmed: dict | None, setting: dict, where: str, sou
 
 
 def _from_best(p: Path) -> PerReplica:
-    data = read_tuned(p)
+    data = best_contract.read(p)
     r = _from_tuned(data, str(p), f"tune best.json {p.name}")
-    r.model_sha256 = recorded_sha256(data)
+    r.model_sha256 = best_contract.recorded_sha256(data)
     if r.model_sha256 is None:
         raise UsageError(f"{p}: key model_sha256: missing, and its model {data.get('model')!r} is not here to check: "
                          "the figures cannot be tied to their model; tune the model again with `optkit tune`")
@@ -204,10 +200,16 @@ def _from_report(p: Path) -> PerReplica:
 
 
 def from_report(rep: Report, where: str, name: str | None = None) -> PerReplica:
-    """The figures of a report (a file read through Report.load, or a run's own report in memory)."""
+    """The figures of a report (a file read through Report.load)."""
+    return from_stages(rep.stages, rep.command, where, name)
+
+
+def from_stages(all_stages: list, command: str, where: str, name: str | None = None) -> PerReplica:
+    """The figures of a report's stages (a file's, or a run's own stages so far, in memory): its last stage timed
+    with a throughput."""
     p = where
     name = name or where
-    stages = [s for s in rep.stages if isinstance(s.measurements, dict)
+    stages = [s for s in all_stages if isinstance(s.measurements, dict)
               and any(isinstance(s.measurements.get(g), dict) and s.measurements[g].get("throughput_per_s") is not None
                       for g in ("concurrency", "latency"))]
     if not stages:
@@ -219,7 +221,7 @@ def from_report(rep: Report, where: str, name: str | None = None) -> PerReplica:
     group = "concurrency" if isinstance(m.get("concurrency"), dict) \
         and m["concurrency"].get("throughput_per_s") is not None else "latency"
     g = m[group]
-    key = f"stages.{rep.stages.index(stage)}.measurements.{group}"
+    key = f"stages.{all_stages.index(stage)}.measurements.{group}"
     thr = _finite(g.get("throughput_per_s"), str(p), f"{key}.throughput_per_s", positive=True, most=MAX_THROUGHPUT)
     band = (g.get("ci95") or {}).get("throughput_per_s") if isinstance(g.get("ci95"), dict) else None
     low = _band(str(p), f"{key}.ci95.throughput_per_s", band, thr) if band is not None else None
@@ -239,7 +241,7 @@ def from_report(rep: Report, where: str, name: str | None = None) -> PerReplica:
     r = PerReplica(throughput_per_s=used, throughput_source=text,
                    p99_ms=_finite(g.get("p99_ms"), str(p), f"{key}.p99_ms", most=MAX_MS),
                    memory_mb=_finite(mem.get("peak_mb"), str(p), "measurements.memory.peak_mb", most=2 ** 24),
-                   source=f"{'bench --url' if served else rep.command or 'report'} report {name} "
+                   source=f"{'bench --url' if served else command or 'report'} report {name} "
                           f"(stage {stage.name!r})",
                    model=stage.output.path if stage.output else None,
                    model_sha256=stage.output.sha256 if SHA256_RE.fullmatch(stage.output.sha256) else None)
