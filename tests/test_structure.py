@@ -51,7 +51,6 @@ FUNCTIONS_OVER: dict[str, int] = {
     "optkit/pipeline/runner.py:execute": 94,
     "optkit/split/__init__.py:_plan": 84,
     "optkit/package/capacity/plan.py:make_plan": 84,
-    "optkit/package/targets/triton.py:build_config": 81,
 }
 
 
