@@ -35,17 +35,17 @@ def toy_env(monkeypatch):
 
 @pytest.fixture
 def registry(monkeypatch):
-    """This process's target registry, put back after the test (a test registers targets of its own)."""
-    target_mod.target_names()
-    monkeypatch.setattr(target_mod, "_TARGETS", dict(target_mod._TARGETS))
-    monkeypatch.setattr(target_mod, "_CHECKED", set(target_mod._CHECKED))
+    """The toy registered in this process (as a user's import does: for good, as test_package_targets.py's), and
+    the registry put back after the test, which registers targets of its own."""
     sys.path.insert(0, TESTS)
     try:
         import _toy_target
-        target_mod.register_target("toy", _toy_target.ToyTarget)
-        yield _toy_target
     finally:
         sys.path.remove(TESTS)
+    assert "toy" in target_mod.target_names()
+    monkeypatch.setattr(target_mod, "_TARGETS", dict(target_mod._TARGETS))
+    monkeypatch.setattr(target_mod, "_CHECKED", set(target_mod._CHECKED))
+    return _toy_target
 
 
 def _sections(help_text: str) -> dict[str, str]:
