@@ -251,11 +251,13 @@ def _config_classes() -> dict[str, type]:
     from optkit.measure.serving import Setting
     from optkit.onnx.session import OrtSettings
     from optkit.package.config import PackageConfig
+    from optkit.package.target import get_target, target_names
     from optkit.passes import all_passes
 
     found = {f"pass {name}": cls.Config for name, cls in all_passes().items() if cls.__module__ != "_testpasses"}
     found.update({c.__name__: c for c in (PackageConfig, CapacityConfig, MeasureSettings, DataSpec,
                                           Preprocess, Setting, OrtSettings)})
+    found.update({f"target {n}": get_target(n).Config for n in target_names()})  # a package target's own options
     found.update({f"recipe.{n}": c for n, c in vars(recipe).items() if isinstance(c, type)
                   and issubclass(c, BaseModel) and c.__module__ == recipe.__name__})
     return found

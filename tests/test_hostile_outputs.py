@@ -401,6 +401,7 @@ def test_every_recipe_section_that_names_files_is_a_step(tmp_path):
     from optkit.core.atomic import python_file
     from optkit.core.registry import build_config
     from optkit.package.config import PackageConfig
+    from optkit.package.target import get_target, target_names
     from optkit.passes import get_pass
     from optkit.pipeline.recipe import Recipe, from_dict
     from optkit.pipeline.steps import steps_of
@@ -409,18 +410,23 @@ def test_every_recipe_section_that_names_files_is_a_step(tmp_path):
     not_package_files = {"report": "refused in a recipe (its own run's report)", "name": "the file's stem",
                          "shape": "dims, or the data's"}
     not_capacity_files = {"peak": "instead of a history", "cpu_cores": "a figure", "forecast": "of the history"}
-    package_files = {k for k, f in PackageConfig.model_fields.items()
-                     if re.search(r"file|folder|\.json|registry|data", f.description or "")} - set(not_package_files)
+
+    def file_fields(config) -> set[str]:
+        return {k for k, f in config.model_fields.items()
+                if re.search(r"file|folder|\.json|registry|data", f.description or "")}
+
+    package_files = file_fields(PackageConfig) - set(not_package_files)
+    target_files = {n: file_fields(get_target(n).Config) for n in target_names()}  # each target's own options
     capacity_files = {k for k, f in CapacityConfig.model_fields.items()
                       if re.search(r"\b(file|folder|history|figures)\b|\.json|HTML", f.description or "")} \
         - set(not_capacity_files)
-    assert {"output", "tuned", "data", "capacity", "registry"} <= package_files
+    assert {"output", "tuned", "data", "capacity"} <= package_files and "registry" in target_files["mlflow"]
     assert {"output", "history", "html", "figures"} <= capacity_files
     rec = {"version": 1, "model": {"path": "m.onnx", "weights": "w.pt"}, "baseline": "b.json",
            "data": {k: {"path": f"{k}.npz", "labels": f"{k}.csv"} for k in ("calibration", "eval", "train")},
            "stages": [{"pass": "simplify.onnx"}],
-           "package": [{"to": "triton", **{k: f"sqlite:///p-{k}.db" if k == "registry" else f"p-{k}"
-                                            for k in package_files}}],
+           "package": [{"to": n, **{k: f"sqlite:///p-{k}.db" if k == "registry" else f"p-{k}"
+                                       for k in package_files | own}} for n, own in target_files.items()],
            "capacity": {k: f"c-{k}" for k in capacity_files}}
     rec["data"]["eval"]["metric"] = "metric.py:f"
     assert set(Recipe.model_fields) - no_files == {"model", "data", "baseline", "package", "capacity"}
@@ -433,7 +439,7 @@ def test_every_recipe_section_that_names_files_is_a_step(tmp_path):
         ins, outs = step.paths()
         named |= {Path(str(p.path)).name for p in [*ins, *outs]}
     expected = {"r.yaml", "m.onnx", "w.pt", "b.json", "metric.py", *(f"{k}.npz" for k in rec["data"]),
-                *(f"{k}.csv" for k in rec["data"]), *(f"p-{k}" for k in package_files - {"registry"}),
-                "p-registry.db", *(f"c-{k}" for k in capacity_files)}
+                *(f"{k}.csv" for k in rec["data"]), *(f"p-{k}" for k in package_files),
+                *(f"p-{k}" for own in target_files.values() for k in own - {"registry"}), "p-registry.db", *(f"c-{k}" for k in capacity_files)}
     assert python_file("metric.py:f") == "metric.py"
     assert expected - named == set()

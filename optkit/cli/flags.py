@@ -97,10 +97,19 @@ def pass_options(*pass_names: str, exclude: tuple[str, ...] = (), only: Optional
     return _extend("specs", specs)
 
 
-def package_options():
-    """Decorate `optkit package`'s build command with PackageConfig's derived flags (flagspec.PACKAGE); its body
-    gets `config`: the options the user gave, under PackageConfig's keys (--to and -o are required)."""
-    return _extend("specs", [s for s in flagspec.PACKAGE if s.get("flag")])
+def package_options(targets: list[dict[str, Any]] = (), helps: dict[str, str] | None = None):
+    """Decorate `optkit package`'s build command with PackageConfig's derived flags (flagspec.PACKAGE) and the
+    targets' own (`targets`: derived from each target's Config when the command is loaded, by the same
+    core.fieldspec, since plugins register at runtime); `helps` replaces a shared flag's help (--to's choices).
+    Its body gets `config`: the options the user gave, under their Config keys (--to and -o are required)."""
+    shared = [{**s, "help": (helps or {}).get(s["key"], s["help"])} for s in flagspec.PACKAGE]
+    return derived_options([*shared, *targets])
+
+
+def derived_options(specs: list[dict[str, Any]]):
+    """Decorate a command with options derived from Config fields (core.fieldspec.field_spec dicts) at runtime;
+    its body gets `config`, as with pass_options."""
+    return _extend("specs", [s for s in specs if s.get("flag")])
 
 
 def package_option(key: str, help: str | None = None):

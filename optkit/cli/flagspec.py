@@ -360,7 +360,7 @@ PASSES = {
 }
 # optkit package: PackageConfig's fields (optkit/package/config.py)
 PACKAGE = [
-    {'key': 'to', 'flag': '--to', 'type': 'str', 'default': None, 'required': True, 'optional': False, 'help': 'triton or mlflow.'},
+    {'key': 'to', 'flag': '--to', 'type': 'str', 'default': None, 'required': True, 'optional': False, 'help': 'The package target.'},
     {'key': 'output', 'flag': '--output', 'type': 'str', 'default': None, 'required': True, 'optional': False, 'help': 'The repository folder (new, or one optkit made).', 'short': '-o'},
     {'key': 'tuned', 'flag': '--tuned', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': 'best.json from `optkit tune` for this model.'},
     {'key': 'name', 'flag': '--name', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': "Model name (default: the file's stem)."},
@@ -369,12 +369,9 @@ PACKAGE = [
     {'key': 'report', 'flag': '--report', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': 'The report.json of the run that made the model (its passes and measurements go in the lineage).'},
     {'key': 'data', 'flag': '--data', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': "Sample data: .npz, an image folder or IDX images (an image of at most 64M pixels, by its header), or text (CSV, TSV, JSONL, Parquet, a datasets folder; tokenized by the model's own tokenizer); the command feeds it instead of random inputs (with labels, accuracy is measured too)."},
     {'key': 'shape', 'flag': '--shape', 'type': 'list', 'default': [], 'required': False, 'optional': False, 'help': "Dims the warm-up needs where the model's are dynamic: name=1x128 (repeatable; or the --data .npz's samples)."},
-    {'key': 'queue_delay_us', 'flag': '--queue-delay-us', 'type': 'int', 'default': None, 'required': False, 'optional': True, 'min': 0, 'help': 'Triton dynamic batching queue delay (default 100).'},
-    {'key': 'gpu', 'flag': '--gpu', 'type': 'bool', 'default': None, 'required': False, 'optional': True, 'help': "Serve the model (a split model's core) on KIND_GPU.", 'sets': True},
     {'key': 'manifests', 'flag': '--manifests', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': 'Also write deployment manifests: kserve,seldon,kubedl (comma-separated).'},
     {'key': 'storage_uri', 'flag': '--storage-uri', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': 'Where the cluster reads REPO (s3://..., gs://..., pvc://...).'},
     {'key': 'memory_margin', 'flag': '--memory-margin', 'type': 'float', 'default': None, 'required': False, 'optional': True, 'min': 0, 'max': 10.0, 'help': 'Margin on the measured peak memory (default 0.5 = 50%).'},
     {'key': 'capacity', 'flag': '--capacity', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': 'CAPACITY.json from `optkit capacity`: replicas, autoscaling and resources in each manifest (with --manifests).'},
-    {'key': 'registry', 'flag': '--registry', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': "MLflow: also register the version in this model registry (default: MLFLOW_REGISTRY_URI) and point the alias 'served' at it."},
     {'key': 'stage', 'flag': None, 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': 'Whose model (default: the last stage).', 'recipe_only': "a recipe's stage; the command packages MODEL"},
 ]

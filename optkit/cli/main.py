@@ -10,7 +10,7 @@ import typer
 
 from optkit.cli import common
 from optkit.core import interrupts, trust
-from optkit.core.errors import exit_codes_line
+from optkit.core.errors import OptkitError, exit_codes_line
 
 # Flags of the root command that may also be written after the sub-command (`optkit inspect M --trust-code`).
 GLOBAL_FLAGS = ("--debug", "--trust-code", "-v", "-vv", "--verbose")
@@ -118,7 +118,10 @@ def _fast_help(argv: list[str]) -> bool:
     cmd = typer.main.get_command(app)
     ctx = cmd.context_class(cmd, info_name="optkit")
     for word in argv[:-1]:
-        sub = cmd.get_command(ctx, word) if hasattr(cmd, "get_command") else None
+        try:
+            sub = cmd.get_command(ctx, word) if hasattr(cmd, "get_command") else None
+        except OptkitError:  # a command that does not load (a plugin's): the normal path says so in one line
+            return False
         if sub is None:
             return False
         cmd, ctx = sub, sub.context_class(sub, info_name=word, parent=ctx)

@@ -1,4 +1,5 @@
-"""optkit package MODEL --to triton|mlflow -o REPO; optkit package serve-version REPO/NAME; optkit package inspect"""
+"""optkit package MODEL --to TARGET -o REPO (each target's own options beside the shared ones); optkit package
+serve-version REPO/NAME; optkit package inspect"""
 from __future__ import annotations
 
 from typing import Optional
@@ -10,10 +11,38 @@ from optkit.core import strictjson
 from optkit.core.text import printable
 
 SUBCOMMANDS = ("serve-version", "inspect", "build")
+# a target option's parameter -> the targets that declare it (their help sections); set by register()
+OWNERS: dict[str, list[str]] = {}
+
+
+def _sections(cmd, ctx, arguments: bool = False) -> list[tuple[str, list]]:
+    """The build command's options in sections: the shared ones (with MODEL, unless `arguments` puts it in a
+    section of its own), then each target's own ("triton options", "mlflow options", a plugin's)."""
+    args, shared, own = [], [], {}
+    for p in cmd.get_params(ctx):
+        row = p.get_help_record(ctx)
+        if row is None:
+            continue
+        if arguments and p.param_type_name == "argument":
+            args.append(row)
+            continue
+        for target in OWNERS.get(p.name, [None]):
+            (own.setdefault(target, []) if target else shared).append(row)
+    return [*([("Arguments", args)] if args else []), ("", shared), *((f"{t} options", rows) for t, rows in own.items())]
+
+
+class BuildCommand(typer.core.TyperCommand):
+    """`optkit package MODEL --help`: the options grouped per target."""
+
+    def format_options(self, ctx, formatter) -> None:
+        for title, rows in _sections(self, ctx, arguments=True):
+            with formatter.section(title or "Options"):
+                formatter.write_dl(rows)
 
 
 class PackageGroup(typer.core.TyperGroup):
     """`optkit package MODEL ...` builds a package; `serve-version` and `inspect` are sub-commands."""
+    usage = "optkit package MODEL --to TARGET -o REPO [OPTIONS]"
 
     def parse_args(self, ctx, args):
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
@@ -26,22 +55,37 @@ class PackageGroup(typer.core.TyperGroup):
         if build is None:
             return
         sub = build.context_class(build, info_name="package", parent=ctx)
-        rows = [r for r in (p.get_help_record(sub) for p in build.get_params(sub)) if r]
-        with formatter.section("optkit package MODEL --to triton|mlflow -o REPO [OPTIONS]"):
-            formatter.write_dl(rows)
+        for title, rows in _sections(build, sub):
+            with formatter.section(title or self.usage):
+                formatter.write_dl(rows)
 
 
 def register(app: typer.Typer) -> None:
+    """The package commands, with each registered target's own options (a plugin's too: loaded here)."""
+    from optkit.package.target import choices, get_target, option_specs
+
+    per_target = option_specs()
+    specs, serve_specs = [], []
+    OWNERS.clear()
+    for target, fields in per_target.items():
+        serving = get_target(target).serve_options
+        for spec in (s for s in fields if s.get("flag")):
+            OWNERS.setdefault(flags.param_name(spec), []).append(target)
+            specs.append(spec)  # one option two targets share is declared identically (checked): added once
+            if spec["key"] in serving:
+                serve_specs.append({**spec, "help": serving[spec["key"]]})
+    names = list(per_target)
+    PackageGroup.usage = f"optkit package MODEL --to {'|'.join(names)} -o REPO [OPTIONS]"
     pkg = typer.Typer(cls=PackageGroup, no_args_is_help=True, rich_markup_mode=None,
                       help="Package a model for a server (Triton repository, MLflow model) with its tuned settings, "
                            "versions kept for rollback and its lineage: optkit package MODEL --to triton -o REPO.")
     app.add_typer(pkg, name="package")
-    pkg.command("build", hidden=True)(build_cmd)
-    pkg.command("serve-version")(serve_cmd)
+    pkg.command("build", hidden=True, cls=BuildCommand)(
+        flags.package_options(specs, {"to": f"The package target: {choices(names)}."})(build_cmd))
+    pkg.command("serve-version")(flags.derived_options(serve_specs)(serve_cmd))
     pkg.command("inspect")(inspect_cmd)
 
 
-@flags.package_options()
 def build_cmd(model: str = typer.Argument(..., help="ONNX model, or a folder `optkit split` wrote (a Triton "
                                                      "ensemble)."),
               as_json: bool = options.JSON, *, config: dict) -> None:
@@ -68,14 +112,12 @@ def serve_cmd(
     model_dir: str = typer.Argument(..., help="REPO/NAME, a model optkit packaged."),
     version: Optional[str] = flags.package_option("version", "The version number to serve."),
     tag: Optional[str] = flags.package_option("tag", "Serve the version with this tag instead."),
-    registry: Optional[str] = flags.package_option("registry", "MLflow: move the alias 'served' in this model "
-                                                               "registry (default: MLFLOW_REGISTRY_URI)."),
-    as_json: bool = options.JSON,
+    as_json: bool = options.JSON, *, config: dict,
 ) -> None:
     """Serve another version (rollback or promote); no version is removed. Says what was served before."""
     from optkit.package.manage import serve_version
 
-    out = serve_version(model_dir, version, tag, registry)
+    out = serve_version(model_dir, version, tag, **config)
     if as_json:
         common.print_json(strictjson.dumps(out, indent=2))
         return

@@ -1,6 +1,6 @@
 """OPTKIT_PLUGINS: modules the user names to be imported before optkit looks up passes or package targets.
 
-    OPTKIT_PLUGINS=mycompany.optkit_targets,toy_target optkit package m.onnx --to toy -o repo
+    OPTKIT_PLUGINS=mycompany.optkit_targets,my_targets optkit package m.onnx --to mine -o repo
 
 Each name is an importable module (on sys.path / PYTHONPATH); importing it registers what it holds
 (`@register` for a pass, `register_target(...)` for a package target). It is code the user named, as an
@@ -17,11 +17,14 @@ from optkit.core.errors import UsageError
 
 ENV = "OPTKIT_PLUGINS"
 _loaded: set[str] = set()
+_failed: dict[str, UsageError] = {}  # a module that did not import fails every time it is asked for
 
 
 def load_env_plugins() -> None:
-    """Import every module OPTKIT_PLUGINS names (once per process)."""
+    """Import every module OPTKIT_PLUGINS names (once per process; one that failed fails again)."""
     for name in (n.strip() for n in os.environ.get(ENV, "").split(",")):
+        if name in _failed:
+            raise _failed[name]
         if not name or name in _loaded:
             continue
         _loaded.add(name)
@@ -30,6 +33,8 @@ def load_env_plugins() -> None:
         except KeyboardInterrupt:
             raise
         except BaseException as e:  # noqa: BLE001 - a plugin's own failure (sys.exit() too), shown as one line
-            first = (str(e).splitlines() or [""])[0][:200]
-            raise UsageError(f"{ENV}: cannot import {name!r} ({type(e).__name__}: {first}); fix it or take it out "
-                             f"of {ENV}") from None
+            limit = None if isinstance(e, UsageError) else 200  # optkit's own refusal (a clash naming both): whole
+            first = (str(e).splitlines() or [""])[0][:limit]
+            _failed[name] = UsageError(f"{ENV}: cannot import {name!r} ({type(e).__name__}: {first}); fix it or "
+                                       f"take it out of {ENV}")
+            raise _failed[name] from None

@@ -2,7 +2,6 @@
 folder beside its destination, and rename it into place (nothing half-written, nothing replaced)."""
 from __future__ import annotations
 
-import os
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -10,20 +9,18 @@ from pathlib import Path
 
 from optkit.contracts import base
 from optkit.contracts import capacity as capacity_contract
-from optkit.core import interrupts
-from optkit.core.artifact import Artifact, external_data_files
+from optkit.core.artifact import external_data_files
 from optkit.core.atomic import Input, Output, check_outputs, normal_mode, remove
-from optkit.core.dburl import is_sqlite, sqlite_file
 from optkit.core.errors import OptkitError, PassError, UsageError
 from optkit.core.formats import Format
 from optkit.core.registry import key_and_flag
 from optkit.core.shapes import parse_shapes
 from optkit.measure.size import measure_size
-from optkit.package import ensemble, lineage, repo, schemas
+from optkit.package import lineage, repo, schemas
 from optkit.package import manifests as mf
 from optkit.package.config import PackageConfig
-from optkit.package.signature import Signature, read_signature
-from optkit.package.target import Job, Target, choices, get_target, takers
+from optkit.package.signature import read_signature
+from optkit.package.target import Job, Target, get_target, own_options, target_options
 from optkit.package.tuned import Tuned, defaults, load_tuned
 from optkit.report.schema import ArtifactRef, Report, Stage
 
@@ -49,41 +46,51 @@ _OLD_NAMES = {"target": "to", "tuned_path": "tuned", "report_path": "report"}
 
 
 def package(model: str, config: PackageConfig | dict | None = None, *, tuned: Tuned | None = None,
-            shapes: dict | None = None, report: Report | None = None, plan: ensemble.Plan | None = None,
+            shapes: dict | None = None, report: Report | None = None, plan=None,
             capacity: capacity_contract.CapacityFile | None = None, **options) -> Result:
     """Package `model` for `config.to`: the options as a PackageConfig, a dict of them, or keyword arguments
-    (`package("m.onnx", to="triton", output="repo", tag="v1")`). `tuned` is a Tuned setting already read (a
-    recipe's tune stage; config.tuned reads best.json instead); `shapes` are dims already parsed ({name: dims}).
-    What a recipe's run made is handed over in memory, not read back from its files: `report` (config.report names
-    where it is), `plan` (a split stage's parts), `capacity` (a capacity stage's CAPACITY.json, at config.capacity)."""
+    (`package("m.onnx", to="triton", output="repo", tag="v1")`; a target's own options beside them). `tuned` is
+    a Tuned setting already read (a recipe's tune stage; config.tuned reads best.json instead); `shapes` are dims
+    already parsed ({name: dims}). What a recipe's run made is handed over in memory, not read back from its files:
+    `report` (config.report names where it is), `plan` (a split stage's parts: package.ensemble.Plan), `capacity`
+    (a capacity stage's CAPACITY.json, at config.capacity)."""
     if config is None:
         config = {_OLD_NAMES.get(k, k): v for k, v in options.items()}
     elif options:
         raise UsageError(f"package(): give the options in config or as keywords, not both ({', '.join(options)})")
     cfg = config if isinstance(config, PackageConfig) else PackageConfig.of(dict(config))
-    target = check_options(cfg)
+    target, opts = resolve(cfg)
+    target.check(cfg, opts)
     if not Path(model).exists():
         raise UsageError(f"model {model} does not exist")
-    plan = plan if plan is not None else ensemble.detect(model)  # a split folder, a model with preprocessing: parts
+    job = Job(model=model, config=cfg, options=opts, report=report,
+              handed={k: v for k, v in (("plan", plan), ("capacity", capacity)) if v is not None})
     try:
-        return _package(model, cfg, target, plan, tuned, shapes, report, capacity)
+        target.open(job)  # what MODEL is to this target (one model, or one in parts)
+        _accepted(model, target, job.artifact)
+        kinds, capacity = _inputs(job, target, tuned, shapes)
+        return _make(job, target, kinds, capacity)
     finally:
-        if plan is not None and plan.tmp is not None:
-            remove(plan.tmp)
+        for tmp in job.temporaries:
+            remove(tmp)
 
 
-def _package(model: str, cfg: PackageConfig, target: Target, plan, tuned: Tuned | None,
-             shapes: dict | None, report: Report | None = None, given_capacity=None) -> Result:
-    if plan is not None and not target.ensembles:
-        raise UsageError(f"{model} is a model in parts ({', '.join(p.role for p in plan.parts)}); --to "
-                         f"{target.name} packages one model: use --to triton (an ensemble), or package one part file")
-    artifact = Artifact.load(model if plan is None or plan.kind == "preprocess" else plan.core.path)
-    if artifact.format != Format.ONNX:
-        raise UsageError(f"{model} is {artifact.format.value}; package takes an ONNX model: convert it first "
-                         f"(optkit convert {model} -o model.onnx)")
-    named = model if plan is None or plan.kind == "preprocess" else str(plan.source.parent)
-    name = repo.check_name(cfg.name if cfg.name is not None else _name_from(named))  # a --name given: as it is
-    tag = repo.check_tag(cfg.tag)
+def _accepted(model: str, target: Target, artifact) -> None:
+    """The model is in a format the target packages, else exit 2 naming those and how to convert."""
+    if artifact.format in target.accepts:
+        return
+    kinds = " or ".join("ONNX" if f == Format.ONNX else f.value for f in target.accepts)
+    how = f" (optkit convert {model} -o model.onnx)" if Format.ONNX in target.accepts else ""
+    raise UsageError(f"{model} is {artifact.format.value}; a {target.name} package takes "
+                     f"{'an' if kinds[:1] in 'AEIOUaeiou' else 'a'} {kinds} model: convert it first{how}")
+
+
+def _inputs(job: Job, target: Target, tuned: Tuned | None, shapes: dict | None) -> tuple[list[str], object]:
+    """Everything read and checked before the repository lock (the repository too); then the target's
+    prepare. Returns (the manifest kinds, the capacity read)."""
+    cfg, artifact, model = job.config, job.artifact, job.model
+    job.name = repo.check_name(cfg.name if cfg.name is not None else _name_from(job.named or model))  # as given
+    job.tag = repo.check_tag(cfg.tag)
     kinds = mf.parse_kinds(cfg.manifests)
     if kinds and cfg.storage_uri:
         mf.check_storage_uri(cfg.storage_uri)
@@ -92,70 +99,62 @@ def _package(model: str, cfg: PackageConfig, target: Target, plan, tuned: Tuned 
         if not kinds:
             raise UsageError(f"--capacity {cfg.capacity}: give --manifests kserve,seldon,kubedl too (the capacity "
                              "goes into the deployment manifests)")
-        capacity = _capacity(cfg.capacity, artifact, plan, capacity_notes, given_capacity)
-    margin = mf.MARGIN if cfg.memory_margin is None else cfg.memory_margin  # bounded by PackageConfig
-    out = Path(cfg.output)
-    check_outputs(outputs(cfg, name, lambda k: key_and_flag(PackageConfig, k)),
+        capacity = _capacity(cfg.capacity, artifact, job.made_from, capacity_notes, job.handed.get("capacity"))
+    check_outputs(outputs(cfg, job.name, lambda k: _named(target, k)),
                   [Input("MODEL", model),
                    *(Input(key_and_flag(PackageConfig, k), getattr(cfg, k)) for k in INPUTS if getattr(cfg, k))])
-    part_names = [f"{name}.{p.role}" for p in plan.parts] if plan is not None else []
-    repo.next_version(repo.precheck(out, name, target.name, part_names), cfg.version, tag)  # chosen under lock
-    if plan is None:
-        externals = external_data_files(model)
-        sig = read_signature(model)
-    else:
-        externals = []
-        for p in plan.parts:
-            if external_data_files(p.path):
-                raise UsageError(f"{p.path}: its weights are in external data files; a part of an ensemble is "
-                                 "packaged as one file here (save it with its weights inside)")
-        sig = Signature(plan.inputs, plan.outputs, plan.batchable)
+    job.models = list(target.models(job))
+    repo.next_version(repo.precheck(Path(cfg.output), job.name, target.name, job.models), cfg.version,
+                      job.tag)  # chosen again under the lock
+    if job.sig is None and artifact.format == Format.ONNX:
+        job.externals, job.sig = external_data_files(model), read_signature(model)
     given = tuned is not None or bool(cfg.tuned)
     if tuned is None:
-        tuned = _tuned(cfg.tuned, artifact, plan) if cfg.tuned else defaults()
-    report = report if report is not None else Report.load(cfg.report) if cfg.report else None
-    made = plan.model_sha256 if plan is not None and plan.model_sha256 else artifact.sha256  # parts: their model's
-    measured = lineage.chain_from_report(report, made)[1] if report is not None else {}  # else exit 2
-    if report is not None:
-        schemas.check_measured(measured, f"--report {cfg.report}")
-    notes = capacity_notes + ([] if given else [
+        tuned = load_tuned(cfg.tuned, artifact.sha256, str(artifact.path), job.made_from) if cfg.tuned \
+            else defaults()
+    job.tuned = tuned
+    if job.report is None and cfg.report:
+        job.report = Report.load(cfg.report)
+    if job.report is not None:  # a model in parts: the report is of the model they were split from
+        job.measured = lineage.chain_from_report(job.report, job.made_from or artifact.sha256)[1]  # else exit 2
+        schemas.check_measured(job.measured, f"--report {cfg.report}")
+    job.notes[:0] = capacity_notes + ([] if given else [
         "no --tuned: default settings (1 CPU instance, batch 1, onnxruntime's own threads and optimisations); run "
         "`optkit tune` for measured ones"])
-    job = Job(model=model, artifact=artifact, config=cfg, name=name, tag=tag, tuned=tuned, sig=sig,
-              externals=externals, shapes={**(shapes or {}), **parse_shapes(cfg.shape or None)}, report=report,
-              measured=measured, notes=notes, plan=plan)
+    job.shapes = {**(shapes or {}), **parse_shapes(cfg.shape or None)}
     target.prepare(job)
+    return kinds, capacity
 
-    with repo.writing(out, name, target.name, part_names) as index:  # the version is chosen and written under the model's lock
+
+def _make(job: Job, target: Target, kinds: list[str], capacity) -> Result:
+    """Under the model's lock: the version number chosen, the manifests, the version written and committed."""
+    cfg, name, tag = job.config, job.name, job.tag
+    out = Path(cfg.output)
+    margin = mf.MARGIN if cfg.memory_margin is None else cfg.memory_margin  # bounded by PackageConfig
+    with repo.writing(out, name, target.name, job.models) as index:
         number = repo.next_version(index, cfg.version, tag)
         docs = {}
         if kinds:
             uri, uri_notes = mf.base_uri(cfg.storage_uri, out)
-            peak, peak_source = mf.peak_memory_mb(measured, tuned.figures)
+            peak, peak_source = mf.peak_memory_mb(job.measured, job.tuned.figures)
             docs, man_notes = mf.build(kinds, target=target, name=name, version=number, tag=tag, base_uri=uri,
                                        peak_mb=peak, peak_source=peak_source, margin=margin,
-                                       threads=tuned.get("threads"), gpu=(tuned.get("provider") or "cpu") != "cpu",
+                                       threads=job.tuned.get("threads"),
+                                       gpu=(job.tuned.get("provider") or "cpu") != "cpu",
                                        local_dir=(out / name / str(number)).resolve(), capacity=capacity,
                                        capacity_path=cfg.capacity)
             docs = {kind: mf.render(kind, doc) for kind, doc in docs.items()}
             job.notes.extend(man_notes + uri_notes)
-        write = _write if plan is None else _write_parts
-        served_before, files_before = write(out, number, index, target, job, docs)
+        served_before, files = _write(out, number, index, target, job, docs)
         target.after_commit(job, out / name, number)
     return Result(target=target.name, repo=str(out), name=name, version=number, path=str(out / name / str(number)),
-                  served_before=served_before, files=files_before, mapping=job.mapping, notes=job.notes, tag=tag)
+                  served_before=served_before, files=files, mapping=job.mapping, notes=job.notes, tag=tag)
 
 
-def _tuned(path: str, artifact, plan) -> Tuned:
-    """best.json for this model; for a model in parts, a tune of the core part (the tuned setting is the core's)
-    or of the model it was split from (its sha256 as split.json records it)."""
-    return load_tuned(path, artifact.sha256, str(artifact.path), plan.model_sha256 if plan is not None else None)
-
-
-def _capacity(path: str, artifact, plan, notes: list[str], given=None):
-    """CAPACITY.json (a file the user named: a link to it is read; `given`: its document already read, a recipe's
-    capacity stage's) through its contract, for this model (or, for a model in parts, the model it was split
-    from), else exit 2 naming the file and the key."""
+def _capacity(path: str, artifact, made_from: str | None, notes: list[str], given=None):
+    """CAPACITY.json (a file the user named: a link to it is read; `given`: its document already made, a recipe's
+    capacity stage's) through its contract, for this model (or the model it was made from: a split's), else exit 2
+    naming the file and the key."""
     p = Path(path)
     if given is None and not p.exists() and not p.is_symlink():
         raise UsageError(f"--capacity {path} does not exist; write it with `optkit capacity ... -o {p.name}`")
@@ -164,31 +163,40 @@ def _capacity(path: str, artifact, plan, notes: list[str], given=None):
     if cap.model_sha256 is None:  # the contract allows it for a served model only (bench --url: its URL)
         notes.append(f"--capacity {path}: its figures are of a served model ({cap.model}, bench --url), which has "
                      f"no file to check: not checked to be {artifact.path}")
-    elif plan is None or cap.model_sha256 != plan.model_sha256:
+    elif cap.model_sha256 != made_from:
         base.same_model(f"--capacity {path}", "model_sha256", cap.model_sha256, artifact.sha256,
                         str(artifact.path), capacity_contract.FIX)
     return cap
 
 
+def _named(target: Target, key: str) -> str:
+    """How an error names an option, shared or the target's: `key (--flag)`."""
+    return key_and_flag(target.Config if key in target.Config.model_fields else PackageConfig, key)
+
+
 def outputs(cfg: PackageConfig, name: str, key: Callable[[str], str]) -> list[Output]:
-    """What packaging writes (core.atomic.check_outputs): the repository (only the model's folders), and an
-    SQLite model registry's file; `key(option)` is what the user calls each."""
+    """What packaging writes (core.atomic.check_outputs): the repository (only the model's folders), and what
+    the target writes besides (Target.outputs); `key(option)` is what the user calls each."""
     out = [repo.output(key("output"), cfg.output, name)]
-    registry = sqlite_file(cfg.registry, "MLflow registry") if cfg.registry and is_sqlite(cfg.registry) else None
-    if registry is not None:
-        out.append(Output(key("registry"), registry))
-    return out
+    try:
+        target, opts = resolve(cfg)
+    except UsageError:  # refused by check_options, in its own words (a recipe's paths are listed before that)
+        return out
+    return out + list(target.outputs(opts, key))
+
+
+def resolve(cfg: PackageConfig, flag: str = "--to") -> tuple[Target, object]:
+    """The target and its own options (its Config) from the keys given beside the shared ones; another target's
+    option is refused naming the targets that take it (before anything is read or written)."""
+    target = get_target(cfg.to, flag)
+    return target, target_options(target, own_options(target, cfg.target_options))
 
 
 def check_options(cfg: PackageConfig, flag: str = "--to") -> Target:
-    """The target, once it took these options: another target's option is refused by name, then the target's own
-    check (before anything is read or written; a recipe's package: entries before any stage runs)."""
-    target = get_target(cfg.to, flag)
-    for key in sorted(cfg.model_fields_set - set(target.options)):
-        others = takers(key)
-        if others and getattr(cfg, key) is not None:
-            raise UsageError(f"{key_and_flag(PackageConfig, key)} is for --to {choices(others)}, not {target.name}")
-    target.check(cfg)
+    """The target, once it took these options: resolve, then the target's own check (a recipe's package:
+    entries before any stage runs)."""
+    target, opts = resolve(cfg, flag)
+    target.check(cfg, opts)
     return target
 
 
@@ -202,96 +210,82 @@ def _name_from(model: str) -> str:
 
 def _write(out: Path, number: int, index: dict | None, target: Target, job: Job,
            docs: dict[str, str]) -> tuple[int | None, dict[str, str]]:
-    """Build the version aside and rename it into place (under the lock). The highest level that does not
-    exist yet is built whole in a temporary folder beside it. Returns (the version served before, file hashes)."""
+    """Build the version aside, laid out as a repository (REPO/NAME/N, and N of each model the target writes
+    beside it), and rename it into place under the lock: a new repository whole; else each model's new folder,
+    or its version folder and then its model-level files, the other models first and NAME's index last.
+    Returns (the version served before, the version's file hashes)."""
     name = job.name
-    model_dir = out / name
-    dest = out if not out.exists() else model_dir if not model_dir.exists() else model_dir / str(number)
-    staged = Path(tempfile.mkdtemp(prefix=repo.temp_prefix(dest), dir=dest.parent))
-    try:
-        normal_mode(staged)  # a server may run as another user
-        vdir = staged / name / str(number) if dest == out else staged / str(number) if dest == model_dir else staged
-        vdir.mkdir(parents=True, exist_ok=True)
-        model_level = _target_wrote(target, job, vdir, number)
-        _write_report_and_manifests(vdir, job, docs)
-        files = lineage.file_hashes(vdir)
-        lin = job.lineage(number, files)
-        (vdir / lineage.LINEAGE_FILE).write_text(lineage.text(lin), encoding="utf-8")
-        index = index or repo.new_index(target.name, name)
-        served_before = index.get("served")
-        repo.add_version(index, number, job.tag, job.artifact.sha256, job.tuned.label)
-        replace = {}
-        if dest == model_dir / str(number):
-            replace = {model_dir / repo.INDEX: repo.index_text(index)}
-            replace.update({model_dir / f: text for f, text in model_level.items()})
-        else:
-            top = vdir.parent
-            (top / repo.INDEX).write_text(repo.index_text(index), encoding="utf-8")
-            for f, text in model_level.items():
-                (top / f).write_text(text, encoding="utf-8")
-        repo.commit(staged, dest, replace)
-    finally:
-        remove(staged)
-    return served_before, files
-
-
-def _write_parts(out: Path, number: int, index: dict | None, target: Target, job: Job,
-                 docs: dict[str, str]) -> tuple[int | None, dict[str, str]]:
-    """_write for a model in parts: the ensemble's version and each part model's version N are built in one
-    temporary folder (laid out as a repository) and renamed into place, the parts first and the index last; a new
-    repository is renamed into place whole."""
-    name, parts = job.name, job.state.get("part_names") or []
     new_repo = not out.exists()
     staged = Path(tempfile.mkdtemp(prefix=repo.temp_prefix(out if new_repo else out / name),
                                    dir=out.parent if new_repo else out))
     try:
-        normal_mode(staged)
+        normal_mode(staged)  # a server may run as another user
         vdir = staged / name / str(number)
         vdir.mkdir(parents=True)
-        job.parts_root = staged
+        job.root = staged
         model_level = _target_wrote(target, job, vdir, number)
-        part_level = job.state.get("part_level") or {}
-        for model in parts:
-            _only_files(target, staged / model)
-            if set(part_level.get(model, {})) - set(target.model_files):
-                raise PassError(f"package target {target.name!r} wrote model-level files of {model} that are not "
-                                "its model_files")
+        levels = _others_wrote(target, job, staged, number)
         _write_report_and_manifests(vdir, job, docs)
-        job.split = {**job.plan.record(),
-                     "models": {m: lineage.file_hashes(staged / m / str(number)) for m in parts}}
+        if job.models:  # the lineage lists each model's files too (serve-version checks them)
+            job.split = {**(job.split or {}), "models": {m: lineage.file_hashes(staged / m / str(number))
+                                                         for m in job.models}}
         files = lineage.file_hashes(vdir)
         (vdir / lineage.LINEAGE_FILE).write_text(lineage.text(job.lineage(number, files)), encoding="utf-8")
         index = index or repo.new_index(target.name, name)
         served_before = index.get("served")
         repo.add_version(index, number, job.tag, job.artifact.sha256, job.tuned.label)
-        index["parts"] = sorted({*index.get("parts", []), *parts})
-        levels = {**{m: part_level.get(m, {}) for m in parts}, name: {**model_level, repo.INDEX: repo.index_text(index)}}
-        if new_repo:
-            for model, files_at in levels.items():
-                for f, text in files_at.items():
-                    (staged / model / f).write_text(text, encoding="utf-8")
-            repo.commit(staged, out, {})
-        else:
-            interrupts.check()
-            for model, files_at in levels.items():  # the parts, then the ensemble; its index last
-                if not (out / model).exists():
-                    for f, text in files_at.items():
-                        (staged / model / f).write_text(text, encoding="utf-8")
-                    os.rename(staged / model, out / model)
-                else:
-                    os.rename(staged / model / str(number), out / model / str(number))
-                    for f in sorted(files_at, key=lambda f: f == repo.INDEX):
-                        repo.replace_text(out / model / f, files_at[f])
+        if job.models:
+            index["parts"] = sorted({*index.get("parts", []), *job.models})
+        levels[name] = {**model_level, repo.INDEX: repo.index_text(index)}
+        _commit(out, staged, number, levels, new_repo)
     finally:
         remove(staged)
     return served_before, files
 
 
+def _commit(out: Path, staged: Path, number: int, levels: dict[str, dict[str, str]], new_repo: bool) -> None:
+    """Rename what was staged into place; `levels`: each model's model-level files, NAME (its index) last."""
+    if new_repo:
+        for model, files_at in levels.items():
+            for f, text in files_at.items():
+                (staged / model / f).write_text(text, encoding="utf-8")
+        repo.commit(staged, out, {})
+        return
+    for model, files_at in levels.items():
+        if not (out / model).exists():
+            for f, text in files_at.items():
+                (staged / model / f).write_text(text, encoding="utf-8")
+            repo.commit(staged / model, out / model, {})
+        else:
+            repo.commit(staged / model / str(number), out / model / str(number),
+                        {out / model / f: files_at[f] for f in sorted(files_at, key=lambda f: f == repo.INDEX)})
+
+
+def _others_wrote(target: Target, job: Job, staged: Path, number: int) -> dict[str, dict[str, str]]:
+    """The models the target wrote beside NAME: the ones it declared (Target.models), each version N only, of
+    regular files, with model-level files of its model_files only. Returns those files by model."""
+    wrote = sorted(p.name for p in staged.iterdir() if p.name != job.name)
+    if wrote != sorted(job.models):
+        raise PassError(f"package target {target.name!r} wrote model folders {wrote}, not the ones it declared "
+                        f"({sorted(job.models)}) (nothing was written)")
+    levels = {}
+    for model in job.models:
+        inside = sorted(p.name for p in (staged / model).iterdir())
+        files_at = job.model_level.get(model) or {}
+        if inside != [str(number)] or any(f not in target.model_files or not isinstance(t, str)
+                                           for f, t in files_at.items()):
+            raise PassError(f"package target {target.name!r} wrote {model} otherwise than as version {number} and "
+                            "its model_files (nothing was written)")
+        _only_files(target, staged / model)
+        levels[model] = files_at
+    return levels
+
+
 def _only_files(target: Target, folder: Path) -> None:
     for p in sorted(folder.rglob("*")):
         if p.is_symlink() or not (p.is_dir() or p.is_file()):
-            raise PassError(f"package target {target.name!r} wrote {p}, a link or special file; a version holds "
-                            "regular files only (nothing was written)")
+            raise PassError(f"package target {target.name!r} wrote {p.relative_to(folder)}, a link or special file; "
+                            "a version holds regular files only (nothing was written)")
 
 
 def _target_wrote(target: Target, job: Job, vdir: Path, number: int) -> dict[str, str]:
@@ -313,10 +307,7 @@ def _target_wrote(target: Target, job: Job, vdir: Path, number: int) -> dict[str
         if f not in target.model_files or not isinstance(text, str):
             raise PassError(f"package target {target.name!r} wrote model-level file {f!r}, which is not one of its "
                             f"model_files ({', '.join(sorted(target.model_files)) or 'none'}) or not text")
-    for p in sorted(vdir.rglob("*")):
-        if p.is_symlink() or not (p.is_dir() or p.is_file()):
-            raise PassError(f"package target {target.name!r} wrote {p.relative_to(vdir)}, a link or special file; "
-                            "a version holds regular files only (nothing was written)")
+    _only_files(target, vdir)
     return model_level
 
 

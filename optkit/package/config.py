@@ -1,7 +1,8 @@
 """A package's options, declared once: `optkit package`'s flags (derived into cli/flagspec.py PACKAGE by
 `python -m optkit.cli.derive`), a recipe's `package:` entries and `optkit.package.build.package(...)` all read
-this model. Options only some targets take (queue_delay_us, registry) are listed by those targets
-(`Target.options`); another target refuses them by name."""
+this model. It holds what every target shares; a target's own options are its `Config` (package/target.py),
+given beside these as the same flat keys and flags, kept here as extra keys (`target_options`) until the chosen
+target validates them (build.resolve): another target's option is refused naming the targets that take it."""
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -14,10 +15,11 @@ MAX_MEMORY_MARGIN = 10.0  # 1,000% over the measured peak
 
 
 class PackageConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)  # extra: the target's own, checked by it
 
-    to: str = Field(description="The target: triton or mlflow (or a plugin's, see docs/internals.md).",
-                    json_schema_extra=cli("--to", help="triton or mlflow."))
+    to: str = Field(description="The target: a registered package target's name (`optkit package --help` lists "
+                                "them; a plugin's, see docs/internals.md).",
+                    json_schema_extra=cli("--to", help="The package target."))
     output: str = Field(description="The repository folder (new, or one optkit made); in a recipe, relative to it.",
                         json_schema_extra=cli("--output", short="-o",
                                               help="The repository folder (new, or one optkit made)."))
@@ -43,14 +45,6 @@ class PackageConfig(BaseModel):
     shape: list[str] = Field(default_factory=list, description="Dims the warm-up needs where the model's are "
                                                                 "dynamic: name=1x128 (repeatable; or the --data .npz's "
                                                                 "samples).", json_schema_extra=cli("--shape"))
-    queue_delay_us: int | None = Field(default=None, ge=0, description="Triton dynamic batching queue delay "
-                                                                       "(default 100).",
-                                       json_schema_extra=cli("--queue-delay-us"))
-    gpu: bool | None = Field(default=None, description="Triton: serve the model (a split model's core) on a GPU "
-                                                        "instance group (KIND_GPU) although the tuned provider is the "
-                                                        "CPU's; a tune on tensorrt adds its TensorRT accelerator.",
-                             json_schema_extra=cli("--gpu", sets=True, help="Serve the model (a split model's core) on "
-                                                                 "KIND_GPU."))
     manifests: str | None = Field(default=None, description="Also write deployment manifests: kserve,seldon,kubedl "
                                                             "(comma-separated).", json_schema_extra=cli("--manifests"))
     storage_uri: str | None = Field(default=None, description="Where the cluster reads REPO (s3://..., gs://..., "
@@ -64,10 +58,6 @@ class PackageConfig(BaseModel):
                                  json_schema_extra=cli("--capacity", help=(
                                      "CAPACITY.json from `optkit capacity`: replicas, autoscaling and resources "
                                      "in each manifest (with --manifests).")))
-    registry: str | None = Field(default=None, description="MLflow: also register the version in this model "
-                                                           "registry (default: MLFLOW_REGISTRY_URI) and point the "
-                                                           "alias 'served' at it.",
-                                 json_schema_extra=cli("--registry"))
     stage: str | None = Field(default=None, description="Whose model (default: the last stage).",
                               json_schema_extra=cli(recipe_only="a recipe's stage; the command packages MODEL"))
 
@@ -83,3 +73,8 @@ class PackageConfig(BaseModel):
             flag = flag_of(cls, str(err["loc"][0])) if err["loc"] else None
             named = f"{key} ({flag})" if flag else key
             raise UsageError(f"{where}{named}: {str(err['msg']).splitlines()[0]}") from None
+
+    @property
+    def target_options(self) -> dict:
+        """The keys given beside the shared ones: the chosen target's own options (or a mistake it refuses)."""
+        return dict(self.model_extra or {})

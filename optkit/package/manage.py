@@ -9,25 +9,25 @@ from optkit.contracts.base import same_model
 from optkit.core.errors import PassError, UsageError
 from optkit.core.text import redact_config
 from optkit.package import lineage, repo
-from optkit.package.target import choices, get_target, takers
+from optkit.package.target import get_target, own_options, target_options
 
 
 def serve_version(model_dir: str, version: str | None = None, tag: str | None = None,
-                  registry: str | None = None) -> dict[str, Any]:
-    """Serve version N (or the one tagged T): the target switches what its server loads (Triton: the model's
-    config.pbtxt serves N; MLflow: the registry's alias), the index records it; no version is deleted. Returns
-    what changed. Runs under the model folder's lock, as packaging does."""
+                  **options: Any) -> dict[str, Any]:
+    """Serve version N (or the one tagged T): the target switches what its server loads (Target.serve), the
+    index records it; no version is deleted. `options`: the target's own that its serve-version takes
+    (Target.serve_options); another target's is refused by name. Returns what changed. Runs under the model
+    folder's lock, as packaging does."""
     d = Path(model_dir)
     with repo.serving(d) as index:  # read and checked again under the lock: nothing foreign, no link
         number = repo.resolve_version(index, version, tag)
         recorded = _version_lineage(d, index, number)
         lineage_contract.verify_files(d / str(number), recorded)
         target = get_target(index["target"], f"{d / repo.INDEX}: key target:")
-        if registry and "registry" not in target.options:
-            raise UsageError(f"--registry is for --to {choices(takers('registry'))} packages, not {target.name}")
-        served = target.serve(d, index, number, recorded, registry)
+        opts = target_options(target, own_options(target, options, serving=True))
+        served = target.serve(d, index, number, recorded, opts)
         before, replace, out_registry = served.before, dict(served.replace), served.record
-        parts = {d.parent / p for p in index.get("parts", [])}  # an ensemble's part model folders
+        parts = {d.parent / p for p in index.get("parts", [])}  # model folders its versions own (Target.models)
         for path in replace:  # a target replaces its own model-level files (and its parts'), nothing else
             if not (isinstance(path, Path) and (path.parent == d or path.parent in parts)
                     and path.name in target.model_files):

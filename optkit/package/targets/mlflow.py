@@ -6,12 +6,16 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from pydantic import Field
+
+from optkit.core.atomic import Output
+from optkit.core.dburl import is_sqlite, sqlite_file
 from optkit.core.errors import PassError, UsageError
-from optkit.core.registry import require_extra
+from optkit.core.registry import cli, require_extra
 from optkit.package import registry as reg
 from optkit.package import repo
 from optkit.package.signature import Signature
-from optkit.package.target import Job, Served, Target
+from optkit.package.target import Job, Served, Target, TargetConfig
 from optkit.package.tuned import Tuned
 
 PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"],
@@ -95,16 +99,31 @@ def write(vdir: Path, model_path: str, has_external: bool, sig: Signature, opts:
     staged.rmdir()
 
 
+class MLflowOptions(TargetConfig):
+    registry: str | None = Field(default=None, description="MLflow: also register the version in this model "
+                                                           "registry (default: MLFLOW_REGISTRY_URI) and point the "
+                                                           "alias 'served' at it.",
+                                 json_schema_extra=cli("--registry"))
+
+
 class MLflowTarget(Target):
     name = "mlflow"
     describe = "an MLflow model (the onnx flavor), optionally registered in a model registry"
-    options = ("registry",)
+    Config = MLflowOptions
+    serve_options = {"registry": "MLflow: move the alias 'served' in this model registry (default: "
+                                 "MLFLOW_REGISTRY_URI)."}
     manifest_format = "mlflow"
 
-    def check(self, config) -> None:
+    def check(self, config, options) -> None:
         require_extra("serve", "optkit package --to mlflow")
-        if reg.uri(config.registry):  # before anything is written: a database of someone else's is refused
-            reg.check(reg.uri(config.registry))
+        if reg.uri(options.registry):  # before anything is written: a database of someone else's is refused
+            reg.check(reg.uri(options.registry))
+
+    def outputs(self, options, key) -> list[Output]:
+        """An SQLite registry's file is written too (never one of the inputs)."""
+        if options.registry and is_sqlite(options.registry):
+            return [Output(key("registry"), sqlite_file(options.registry, "MLflow registry"))]
+        return []
 
     def prepare(self, job: Job) -> None:
         opts, providers, mapping, notes = settings(job.tuned, job.sig.batchable)
@@ -123,7 +142,7 @@ class MLflowTarget(Target):
 
     def after_commit(self, job: Job, model_dir: Path, number: int) -> None:
         """Register the new version where a registry is configured (under the lock: the index changes)."""
-        where = reg.uri(job.config.registry)
+        where = reg.uri(job.options.registry)
         if not where:
             return
         number_in_registry = reg.register(where, job.name, model_dir / str(number), number, job.tag)
@@ -135,9 +154,9 @@ class MLflowTarget(Target):
         job.notes.append(f"registered in {reg.shown(where)} as {job.name} version {number_in_registry}, alias "
                          f"{reg.ALIAS} (models:/{job.name}@{reg.ALIAS})")
 
-    def serve(self, model_dir: Path, index: dict, number: int, recorded: dict, registry: str | None) -> Served:
+    def serve(self, model_dir: Path, index: dict, number: int, recorded: dict, options) -> Served:
         out = Served(before=index.get("served"))
-        where = reg.uri(registry)
+        where = reg.uri(options.registry)
         if where:
             entry = next(v for v in index["versions"] if v["version"] == number)
             rec = entry.get("registry") or {}

@@ -13,12 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from optkit.core.artifact import path_sha256
+from pydantic import Field
+
+from optkit.core.artifact import Artifact, external_data_files, path_sha256
 from optkit.core.errors import PassError, UsageError
-from optkit.package import pbtxt, scalars, schemas
+from optkit.core.registry import cli
+from optkit.package import ensemble, pbtxt, scalars, schemas
 from optkit.package.pbtxt import Ident
 from optkit.package.signature import Signature, signature_of, warmup_dims
-from optkit.package.target import Job, Served, Target
+from optkit.package.target import Job, Served, Target, TargetConfig
 from optkit.package.targets import triton_check, triton_ensemble
 from optkit.package.targets.triton_check import parse_if_installed
 from optkit.package.tuned import Tuned
@@ -29,6 +32,7 @@ CONFIG = "config.pbtxt"
 GRAPH_LEVEL = {"basic": -1, "extended": 1, "disable": 2, "all": None}
 # Triton holds a request this long for more to batch with; no tune figure says otherwise (stated default)
 QUEUE_DELAY_US = 100
+MAX_QUEUE_DELAY_US = 60_000_000  # a minute: a request held longer than that for a batch is a mistake
 INDEX_FILE = "optkit-versions.json"
 # ModelConfig's map fields (printed as repeated { key value } entries) and its repeated fields
 MAPS = frozenset({"parameters", "inputs", "input_map", "output_map", "cc_model_filenames", "metric_tags"})
@@ -116,24 +120,10 @@ def build_config(name: str, sig: Signature, tuned: Tuned, warmup: dict[str, list
         notes.append(f"dynamic_batching max_queue_delay_microseconds: {queue_delay_us} (--queue-delay-us; not a "
                      "tuned figure)")
 
-    # onnxruntime backend parameters
-    s = tuned.session
-    params: list[tuple[str, str, str, object]] = []
-    if tuned.get("threads"):
-        params.append(("threads", "intra_op_thread_count", str(int(tuned.get("threads"))), tuned.get("threads")))
-    mode = s.get("execution_mode") or "sequential"
-    params.append(("session.execution_mode", "execution_mode", "1" if mode == "parallel" else "0", mode))
-    if mode == "parallel" and s.get("inter_op_threads"):
-        params.append(("session.inter_op_threads", "inter_op_thread_count", str(int(s["inter_op_threads"])),
-                       s["inter_op_threads"]))
-    for key, param in (("cpu_mem_arena", "enable_mem_arena"), ("mem_pattern", "enable_mem_pattern")):
-        params.append((f"session.{key}", param, "1" if s.get(key, True) else "0", s.get(key, True)))
-    c["parameters"] = {}
-    for setting, key, text, value in params:
-        mapped(setting, value, f"parameters.{key}", text)
-        c["parameters"][key] = {"string_value": text}
+    c["parameters"] = _parameters(tuned, mapped)
 
     # optimisation: graph level, accelerators
+    s = tuned.session
     level = GRAPH_LEVEL.get(s.get("graph_optimization") or "all")
     opt: dict[str, Any] = {}
     if level is not None:
@@ -153,6 +143,26 @@ def build_config(name: str, sig: Signature, tuned: Tuned, warmup: dict[str, list
         t.name: {"data_type": Ident(t.triton_type), "dims": list(warmup[t.name] or [1]), "zero_data": True}
         for t in sig.inputs}}]
     return cfg
+
+
+def _parameters(tuned: Tuned, mapped) -> dict[str, Any]:
+    """The onnxruntime backend's parameters from the tuned session settings (each a mapping row)."""
+    s = tuned.session
+    params: list[tuple[str, str, str, object]] = []
+    if tuned.get("threads"):
+        params.append(("threads", "intra_op_thread_count", str(int(tuned.get("threads"))), tuned.get("threads")))
+    mode = s.get("execution_mode") or "sequential"
+    params.append(("session.execution_mode", "execution_mode", "1" if mode == "parallel" else "0", mode))
+    if mode == "parallel" and s.get("inter_op_threads"):
+        params.append(("session.inter_op_threads", "inter_op_thread_count", str(int(s["inter_op_threads"])),
+                       s["inter_op_threads"]))
+    for key, param in (("cpu_mem_arena", "enable_mem_arena"), ("mem_pattern", "enable_mem_pattern")):
+        params.append((f"session.{key}", param, "1" if s.get(key, True) else "0", s.get(key, True)))
+    out = {}
+    for setting, key, text, value in params:
+        mapped(setting, value, f"parameters.{key}", text)
+        out[key] = {"string_value": text}
+    return out
 
 
 def _served(dims: list[int]) -> dict[str, Any]:
@@ -186,19 +196,54 @@ def schema_check(text: str) -> dict | None:
         raise PassError(f"the generated config.pbtxt does not parse as Triton's ModelConfig: {e}") from None
 
 
+class TritonOptions(TargetConfig):
+    queue_delay_us: int | None = Field(default=None, ge=0, le=MAX_QUEUE_DELAY_US,
+                                       description=f"Triton dynamic batching queue delay (default {QUEUE_DELAY_US}).",
+                                       json_schema_extra=cli("--queue-delay-us"))
+    gpu: bool | None = Field(default=None, description="Triton: serve the model (a split model's core) on a GPU "
+                                                        "instance group (KIND_GPU) although the tuned provider is the "
+                                                        "CPU's; a tune on tensorrt adds its TensorRT accelerator.",
+                             json_schema_extra=cli("--gpu", sets=True, help="Serve the model (a split model's core) on "
+                                                                 "KIND_GPU."))
+
+
 class TritonTarget(Target):
     name = "triton"
     describe = "a Triton model repository (onnxruntime backend)"
-    options = ("queue_delay_us", "gpu")
+    Config = TritonOptions
     model_files = frozenset({CONFIG})
-    ensembles = True
     manifest_format = "onnx"
     manifest_runtime = "kserve-tritonserver"
     manifest_level = "repository"  # KServe's Triton runtime reads a repository root, Seldon's a model folder
 
+    def open(self, job: Job) -> None:
+        """A split folder, or a model with preprocessing in its graph, is served as an ensemble of its parts
+        (package/ensemble.py reads it; targets/triton_ensemble.py writes it); any other model as it is."""
+        plan = job.handed.get("plan") or ensemble.detect(job.model)  # a recipe's split stage hands its plan over
+        if plan is None:
+            super().open(job)
+            return
+        if plan.tmp is not None:
+            job.temporaries.append(plan.tmp)
+        whole = plan.kind == "preprocess"
+        job.artifact = Artifact.load(job.model if whole else plan.core.path)
+        job.named = job.model if whole else str(plan.source.parent)
+        job.made_from = plan.model_sha256  # a tune or capacity of the model that was split counts for its core
+        for p in plan.parts:
+            if external_data_files(p.path):
+                raise UsageError(f"{p.path}: its weights are in external data files; a part of an ensemble is "
+                                 "packaged as one file here (save it with its weights inside)")
+        job.sig = Signature(plan.inputs, plan.outputs, plan.batchable)
+        job.state["plan"] = plan
+        job.split = plan.record()
+
+    def models(self, job: Job) -> list[str]:
+        plan = job.state.get("plan")
+        return triton_ensemble.check_names(job.name, plan) if plan is not None else []
+
     def prepare(self, job: Job) -> None:
-        if job.plan is not None:
-            triton_ensemble.prepare(job, job.plan, scalars.scalars)
+        if job.state.get("plan") is not None:
+            triton_ensemble.prepare(job, job.state["plan"], scalars.scalars)
             return
         sig = job.sig
         if any(scalars.scalars(sig)):
@@ -211,12 +256,12 @@ class TritonTarget(Target):
         job.notes.extend(warm_notes)
 
     def write_version(self, job: Job, vdir: Path, number: int) -> dict[str, str]:
-        delay = job.config.queue_delay_us
+        delay = job.options.queue_delay_us
         delay = QUEUE_DELAY_US if delay is None else delay
-        if job.plan is not None:
-            return triton_ensemble.write(job, job.parts_root, vdir, number, build_config, dumps, delay)
-        cfg = build_config(job.name, job.sig, job.tuned, job.state["warmup"], number, queue_delay_us=delay,
-                           gpu=bool(job.config.gpu))
+        gpu = bool(job.options.gpu)
+        if job.state.get("plan") is not None:
+            return triton_ensemble.write(job, job.root, vdir, number, build_config, dumps, delay, gpu)
+        cfg = build_config(job.name, job.sig, job.tuned, job.state["warmup"], number, queue_delay_us=delay, gpu=gpu)
         job.mapping[:], text = cfg.mapping, cfg.text
         job.notes.extend(cfg.notes)
         if job.state.get("lifted") is not None:
@@ -234,17 +279,16 @@ class TritonTarget(Target):
 
     def validate(self, job: Job, vdir: Path) -> None:
         parsed = self._read_back(vdir / CONFIG, job.state["config"])
-        if job.plan is not None:
-            root, number = job.parts_root, vdir.name
-            for model, config in job.state["part_configs"].items():
-                self._read_back(root / model / number / CONFIG, config)
-            triton_ensemble.check_wiring(job.state["config"], job.state["part_configs"], str(vdir / CONFIG))
-        what = "config.pbtxt" + (" (the ensemble's and each part's)" if job.plan is not None else "")
+        parts = job.state.get("part_configs") or {}
+        for model, config in parts.items():
+            self._read_back(job.root / model / vdir.name / CONFIG, config)
+        if parts:
+            triton_ensemble.check_wiring(job.state["config"], parts, str(vdir / CONFIG))
+        what = "config.pbtxt" + (" (the ensemble's and each part's)" if parts else "")
         if parsed is not None:
             job.notes.append(f"{what} parsed with Triton's ModelConfig (tritonclient)")
             return
-        files = [f"{job.name}/{vdir.name}/{CONFIG}"] + [f"{m}/{vdir.name}/{CONFIG}" for m in
-                                                          (job.state.get("part_configs") or {})]
+        files = [f"{m}/{vdir.name}/{CONFIG}" for m in [job.name, *parts]]
         job.notes.append(f"{what} not checked against Triton's ModelConfig: {triton_check.unavailable()}; to check, "
                          f"run `python {Path(triton_check.__file__).resolve()} {' '.join(files)}` in the repository "
                          "with a Python that has tritonclient")
@@ -260,7 +304,7 @@ class TritonTarget(Target):
             raise PassError(f"{path} does not read back as the config optkit built (printer/parser bug)")
         return schema_check(text)
 
-    def serve(self, model_dir: Path, index: dict, number: int, recorded: dict, registry: str | None) -> Served:
+    def serve(self, model_dir: Path, index: dict, number: int, recorded: dict, options) -> Served:
         current = schemas.read_bytes(model_dir / CONFIG, schemas.MAX_CONFIG_BYTES)
         try:
             text = current.decode("utf-8")

@@ -70,11 +70,11 @@ def prepare(job: Job, plan, scalars_of) -> None:
     job.state.update(plan=plan, part_names=names, warmup=warm)
 
 
-def write(job: Job, root: Path, vdir: Path, number: int, build_config, dumps, delay: int) -> dict[str, str]:
+def write(job: Job, root: Path, vdir: Path, number: int, build_config, dumps, delay: int,
+          gpu: bool) -> dict[str, str]:
     """The part models under `root` (root/<part>/<N>/) and the ensemble's config in `vdir`; the part models'
-    model-level files go to job.state["part_level"]. Returns the ensemble's model-level files."""
+    model-level files go to job.model_level. Returns the ensemble's model-level files."""
     plan, names = job.state["plan"], job.state["part_names"]
-    gpu = bool(job.config.gpu)
     configs, part_level, part_rows = {}, {}, []
     max_batch = None
     for part, model in zip(plan.parts, names):
@@ -103,7 +103,8 @@ def write(job: Job, root: Path, vdir: Path, number: int, build_config, dumps, de
     ens = ensemble_config(job.name, plan, names, number, max_batch or 0)
     text = dumps(ens)
     (vdir / "config.pbtxt").write_text(text, encoding="utf-8")
-    job.state.update(config=ens, part_configs=configs, part_level=part_level, root=root)
+    job.model_level.update(part_level)
+    job.state.update(config=ens, part_configs=configs)
     job.notes.append(f"an ensemble of {len(names)} models ({', '.join(names)}), each called at version {number}; "
                      f"pre/post on KIND_CPU, the core on {core_kind(configs[names[[p.role for p in plan.parts].index('core')]])}")
     return {"config.pbtxt": text}
