@@ -173,7 +173,7 @@ def test_bad_inputs_one_line_exit_2(cli, samples, tmp_path):
         (["bench", samples / "README.md"], "cannot tell the format"),
         (["eval", samples / "torch_cnn.onnx", "--data", wrong_names], "name the arrays after the inputs"),
         (["eval", samples / "torch_cnn.onnx", "--data", unlabelled], "needs labels"),
-        (["eval", samples / "torch_cnn.onnx", "--data", samples / "digits_eval_nchw.npz", "--metric", "f1"],
+        (["eval", samples / "torch_cnn.onnx", "--data", samples / "digits_eval_nchw.npz", "--metric", "f2"],
          "unknown metric"),
         (["bench", samples / "torch_cnn.onnx", "--report", tmp_path / "no" / "r.json"], "does not exist"),
         (["bench", "nosuchfile.py:make_model"], "not found"),

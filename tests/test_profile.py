@@ -224,7 +224,7 @@ def test_tensorboard_on_a_file_is_a_usage_error(cli, samples, tmp_path):
     taken.write_text("x")
     r = cli("qat", samples / "keras_cnn.keras", "-o", tmp_path / "q.h5", "--train", samples / "digits_eval_nhwc.npz",
             "--tensorboard", taken)
-    assert r.rc == 2 and "is a file" in one_error_line(r)
+    assert r.rc == 2 and "exists and is not a folder" in one_error_line(r)
     assert not (tmp_path / "q.h5").exists()
 
 

@@ -21,7 +21,7 @@ from typing import Any
 from optkit.core import preprocessor
 from optkit.core.atomic import Input, Output, atomic_path, check_outputs, remove
 from optkit.core.errors import UsageError
-from optkit.core.formats import Format
+from optkit.core.formats import Format, detect_format
 from optkit.measure.model import DataSpec
 from optkit.onnx.io import copy_model
 from optkit.passes.quantize.candidates import rejected_path
@@ -83,6 +83,7 @@ def run_pass(pass_name: str, model: str | Path, output: str | Path, *, weights: 
         raise UsageError(f"metric: give a metric's name (top1, ...), not {_shown(metric)}")
     if measure is not None and not isinstance(measure, dict):
         raise UsageError(f"measure: give the recipe's measure section as a dict, not {_shown(measure)}")
+    detect_format(model)  # what the model is comes first: a folder that is no model says so, not "inside an input"
     check_outputs({"output": output}, [Input("model", model), *(
         Input(k, v) for k, v in (("weights", weights), ("calibration", calibration), ("eval", eval),
                                  ("labels", labels), ("train", train)) if v is not None)])
