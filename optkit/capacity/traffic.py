@@ -8,7 +8,6 @@ Prometheus answer's samples counted before it is parsed), spanning at most MAX_M
 in the rows and the span (a sample held for its interval is a forward fill, not a pass per minute held)."""
 from __future__ import annotations
 
-import json
 import math
 import re
 from array import array
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from optkit.core import strictjson
 from optkit.core.errors import UsageError
 from optkit.core.readback import read_regular
 
@@ -223,7 +223,7 @@ def _prometheus(p: Path, text: str) -> _Rows:
     if text.count("[") > MAX_ROWS + 2:  # each sample is a [t, "v"] pair: refused before json builds them all
         raise UsageError(f"{p} has over {MAX_ROWS:,} samples; query with a step of a minute or coarser")
     try:
-        doc = json.loads(text)
+        doc = strictjson.loads(text)
     except (ValueError, RecursionError) as e:
         raise UsageError(f"{p}: not JSON ({str(e).splitlines()[0][:80]}); give a Prometheus range-query "
                          "answer or a CSV") from None

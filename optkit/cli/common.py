@@ -10,6 +10,7 @@ import traceback
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 from optkit.cli import options
@@ -98,19 +99,35 @@ def run_app(app, argv: Optional[list[str]] = None) -> int:
 MAX_ERROR_CHARS = 2000
 # a single-stage command's data flags become a one-stage recipe's data items, whose errors name their key
 _RECIPE_DATA = re.compile(r"recipe: data\.(calibration|eval|train)\.(path|labels|preprocess): ")
+# its model and its one stage: the MODEL argument and the command itself, which the user typed
+_RECIPE_OWN = re.compile(r"recipe: (model\.path|stages\[0\]\.pass): ")
 
 
 def in_flags(message: str, argv: list[str]) -> str:
-    """An error about a one-stage recipe's data item, in the words of the command line that made it: "recipe:
+    """An error about a one-stage recipe's item, in the words of the command line that made it: "recipe:
     data.eval.path: ..." is "--data: ..." (or --eval-data, --calibration-data, --train-data, --labels,
-    --preprocess: the flag the user typed); a recipe's own errors (`optkit run`) keep their file and key."""
+    --preprocess: the flag the user typed); "recipe: model.path: ..." is the MODEL, and every path is shown as
+    typed, not as the recipe resolved it; a recipe's own errors (`optkit run`) keep their file and key."""
+    if not argv or argv[0] == "run":
+        return message
+    own = _RECIPE_OWN.match(message)
+    message = _as_typed(message[own.end():] if own is not None else message, argv)
     m = _RECIPE_DATA.match(message)
-    if m is None or not argv or argv[0] == "run":
+    if m is None:
         return message
     key, field = m.groups()
     flags = {"path": [f"--{key}-data", "--data"], "labels": ["--labels"], "preprocess": ["--preprocess"]}[field]
     typed = next((f for f in flags if any(a == f or a.startswith(f + "=") for a in argv)), None)
     return message if typed is None else f"{typed}: {message[m.end():]}"
+
+
+def _as_typed(message: str, argv: list[str]) -> str:
+    """`message` with a path the recipe made absolute written back as the user typed it."""
+    for arg in argv:
+        if arg and not arg.startswith("-") and not os.path.isabs(arg) and "\x00" not in arg:
+            for resolved in (str(Path.cwd() / arg), os.path.join(os.getcwd(), arg), os.path.abspath(arg)):
+                message = message.replace(resolved, arg)
+    return message
 
 
 def _fail(message: str, code: int) -> int:

@@ -80,7 +80,7 @@ def parse(raw: bytes, path: Path | str, hint: str) -> Any:
     """JSON text as optkit writes it: UTF-8 and strict: a NaN or Infinity (which Python's json reads) is exit 2
     naming its key, as any value past its bound is."""
     try:
-        data = json.loads(raw.decode("utf-8"))
+        data = strictjson.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
         raise UsageError(f"{path}: not UTF-8 text (byte {e.start}); {hint}") from None
     except (ValueError, RecursionError) as e:

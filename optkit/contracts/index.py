@@ -20,9 +20,9 @@ HINT = "it is optkit's version index: restore it (or package into a new folder)"
 class Registry(Strict):
     """Where an MLflow version was registered (optkit.package.registry): the URI as shown, without a password."""
 
-    uri: str
-    version: str | int
-    alias: str
+    uri: Label
+    version: Label | int
+    alias: Label
 
     @model_validator(mode="after")
     def _no_secret(self):
@@ -34,17 +34,17 @@ class Registry(Strict):
 class VersionEntry(Strict):
     version: Version
     tag: Tag | None = None
-    created: str
+    created: Label
     model_sha256: Sha256
     tuned: Label
     registry: Registry | None = None
 
 
 class HistoryEntry(Strict):
-    time: str
+    time: Label
     served: Version
     before: Version | None = None
-    why: str
+    why: Label
 
 
 class VersionIndex(Strict):

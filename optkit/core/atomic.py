@@ -94,15 +94,19 @@ def python_file(spec: str | None) -> str | None:
     return factory[0] if factory and factory[0].endswith(".py") else None
 
 
-def check_steps(steps: Iterable[Step], outputs: Iterable[Output] = (), inputs: Iterable[Input] = ()) -> None:
+def check_steps(steps: Iterable[Step], outputs: Iterable[Output] = (), inputs: Iterable[Input] = (),
+                own: Iterable[Output] = ()) -> None:
     """The plan-time guard of a run: what every step writes (and `outputs`, the caller's own) against what
-    every step reads (and `inputs`)."""
+    every step reads (and `inputs`), and outside `own`: folders the run keeps for itself (the workspace's stage
+    cache, the recipe's run folders), where nothing the user names may be written."""
     ins, outs = list(inputs), list(outputs)
     for step in steps:
         i, o = step.paths()
         ins += i
         outs += o
     check_outputs(outs, ins)
+    for out, folder in itertools.product(_as_outputs(outs), own):
+        _against_output(out, folder)
 
 
 def check_output_path(dest: str | os.PathLike, *, inputs: Iterable = (), what: str = "output") -> Path:
@@ -112,6 +116,9 @@ def check_output_path(dest: str | os.PathLike, *, inputs: Iterable = (), what: s
     folder; a name too long for the file system; and any of `inputs` (the same file through links too, or a
     file inside an input folder).
     """
+    _no_nul(what, dest)
+    if str(dest).endswith(("/", os.sep)):  # Path() drops the slash that says "a folder"
+        raise UsageError(f"{what} {str(dest)!r} ends with '/', which names a folder; name the file to write")
     dest = Path(dest)
     if str(dest) in ("", ".", "..") or dest.name in ("", ".", ".."):
         raise UsageError(f"{what} {str(dest)!r} is a folder, not a file name; name the file to write")
@@ -140,6 +147,7 @@ def check_output_path(dest: str | os.PathLike, *, inputs: Iterable = (), what: s
 
 def check_output_folder(dest: str | os.PathLike, *, what: str = "output") -> Path:
     """A folder optkit creates or writes into: not a link, and not an existing file, device or FIFO."""
+    _no_nul(what, dest)
     dest = Path(dest)
     if str(dest).strip() == "":
         raise UsageError(f"{what}: give a folder")
@@ -157,6 +165,8 @@ def check_outputs(outputs: dict[str, str | os.PathLike | None] | Iterable[Output
     `outputs` is a list of Output, or {flag: path} for files (None: not asked for)."""
     outs = _as_outputs(outputs)
     ins = _as_inputs(inputs)
+    for inp in ins:
+        _no_nul(inp.key or "input", inp.path)
     for out in outs:
         if out.folder:
             check_output_folder(out.path, what=out.key)
@@ -167,6 +177,14 @@ def check_outputs(outputs: dict[str, str | os.PathLike | None] | Iterable[Output
     for a, b in itertools.combinations(outs, 2):
         _against_output(a, b)
         _against_output(b, a)
+
+
+def _no_nul(key: str, path) -> None:
+    """No file's path holds a NUL character (a recipe's "\\0", a Python string): exit 2 naming the key, not the
+    ValueError every os call raises on it."""
+    text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else ""
+    if isinstance(text, str) and "\x00" in text:
+        raise UsageError(f"{key}: {text!r:.80} holds a NUL character; no file's path has one")
 
 
 def _as_outputs(outputs) -> list[Output]:

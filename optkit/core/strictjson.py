@@ -9,6 +9,9 @@ computed from them, so a non-finite number reaching a writer is optkit's own fig
 
     text = dumps(doc, indent=2)          # a dict, list or pydantic model
 
+Its reader, `loads`, is what every file optkit wrote is read back with: a key given twice in one object (which
+Python's json, jq and others resolve differently: the last, the first) is a ValueError naming it, as broken JSON is.
+
 One document says otherwise for its own figures: a report (report/schema.py) writes a figure that is not finite
 (a fidelity error past any bound, a ratio of nothing) as null, which its readers (report/figures.py) read as not
 bounded; `dumps(report, nulls=True)` does that, and only that.
@@ -104,3 +107,18 @@ def non_finite(obj: Any, fallback: Callable[[Any], Any] = _default) -> tuple[str
             except TypeError:
                 continue
     return None
+
+
+def loads(text: str | bytes) -> Any:
+    """JSON text as optkit reads back a file it wrote: json.loads, and a key given twice in one object is a
+    ValueError naming it (readers disagree on which of the two counts). RecursionError for nesting too deep."""
+    return json.loads(text, object_pairs_hook=_unique)
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict:
+    doc = dict(pairs)
+    if len(doc) != len(pairs):
+        seen: set[str] = set()
+        key = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValueError(f"key {key[:40]!r} is given twice in one object")
+    return doc

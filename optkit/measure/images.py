@@ -4,6 +4,8 @@ against MAX_PIXELS before any pixel is decoded."""
 from __future__ import annotations
 
 import contextlib
+import os
+import stat
 import struct
 import warnings
 from collections.abc import Iterator
@@ -32,13 +34,40 @@ def open_image(path: Path) -> Iterator:
     from PIL import Image
 
     Image.MAX_IMAGE_PIXELS = MAX_PIXELS
+    with _regular_file(path) as f:
+        with _opened(Image, f, path) as im:
+            yield im
+
+
+def _regular_file(path: Path):
+    """The open file of `path`, only when it is a regular file: a FIFO, device or folder named like an image is
+    refused without being read (opening a FIFO does not block; reading one would, forever)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        raise UsageError(f"cannot read image {path}: {e.strerror or e}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UsageError(f"image {path} is not a regular file (a FIFO, device or folder); leave it out")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+        raise
+
+
+@contextlib.contextmanager
+def _opened(Image, f, path: Path) -> Iterator:
+    """PIL's image of the open file `f`, its size checked against MAX_PIXELS before any pixel is decoded."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            im = Image.open(path)
+            im = Image.open(f)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
         raise UsageError(f"image {path} declares more than {MAX_PIXELS:,} pixels (64M), optkit's limit per image; "
                          "downscale it or leave it out") from None
+    except Image.UnidentifiedImageError:  # its own words name the open file object, not the path
+        raise UsageError(f"cannot read image {path}: not an image file PIL can identify") from None
     except DECODE_ERRORS as e:
         raise UsageError(f"cannot read image {path}: {first_line(e)}") from None
     with im:

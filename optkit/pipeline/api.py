@@ -75,6 +75,7 @@ def run_pass(pass_name: str, model: str | Path, output: str | Path, *, weights: 
     (PackageConfig's options: {"to": "triton", "output": "repo", ...}), packaging the result."""
     if not isinstance(pass_name, str) or not pass_name:
         raise UsageError(f"pass_name: give a pass's name (optkit passes lists them), not {_shown(pass_name)}")
+    given_output = output  # as given: a str's trailing '/' (a folder's spelling) is refused for a file
     model, output = _path("model", model), _path("output", output)
     weights, calibration, eval, labels, train = (
         _path(k, v, optional=True) for k, v in (("weights", weights), ("calibration", calibration), ("eval", eval),
@@ -84,7 +85,7 @@ def run_pass(pass_name: str, model: str | Path, output: str | Path, *, weights: 
     if measure is not None and not isinstance(measure, dict):
         raise UsageError(f"measure: give the recipe's measure section as a dict, not {_shown(measure)}")
     detect_format(model)  # what the model is comes first: a folder that is no model says so, not "inside an input"
-    check_outputs({"output": output}, [Input("model", model), *(
+    check_outputs({"output": given_output if isinstance(given_output, str) else output}, [Input("model", model), *(
         Input(k, v) for k, v in (("weights", weights), ("calibration", calibration), ("eval", eval),
                                  ("labels", labels), ("train", train)) if v is not None)])
     if metric is not None and eval is None:

@@ -248,7 +248,9 @@ class LoadedRecipe:
 
     def _abs(self, p: str) -> str:
         q = Path(p).expanduser()
-        return str(q if q.is_absolute() else (self.base / q))
+        out = str(q if q.is_absolute() else (self.base / q))
+        # a trailing '/' says "a folder": kept, so a file output spelled so is refused as the command line's is
+        return out + "/" if p.endswith("/") and not out.endswith("/") else out
 
     def sha256(self) -> str:
         return hashlib.sha256(strictjson.dumps(self.raw, sort_keys=True, default=str).encode()).hexdigest()

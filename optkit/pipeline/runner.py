@@ -147,7 +147,8 @@ def _prepare(loaded, opts: RunOptions) -> _Run:
     every input, the package entries, the baseline, the data, the model."""
     r = loaded.recipe
     resolved = validate(loaded, baseline=opts.baseline)
-    guard(loaded, resolved, baseline=opts.baseline, outputs=opts.outputs)  # outputs are never inputs: exit 2 now
+    guard(loaded, resolved, baseline=opts.baseline, outputs=opts.outputs,  # outputs are never inputs: exit 2 now
+          workspace=opts.workspace)
     if r.package:
         check_specs(loaded)  # a repository optkit may not write into fails the run before any stage
     baseline_path = opts.baseline or loaded.resolve(r.baseline)

@@ -11,8 +11,10 @@ before anything is written. A new kind of step implements paths() and is added t
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from optkit.core.atomic import Input, Output, Step, check_steps, declared_paths, python_file
 from optkit.package.recipe import PackageStep
@@ -71,7 +73,11 @@ def steps_of(loaded: LoadedRecipe, configs: Iterable, baseline: str | None = Non
 
 
 def guard(loaded: LoadedRecipe, resolved: list, *, baseline: str | None = None,
-          outputs: Iterable[Output] = ()) -> None:
+          outputs: Iterable[Output] = (), workspace: str | os.PathLike | None = None) -> None:
     """Before any stage (and in a dry run): no output of any step, nor `outputs` (a command's -o, --report, ...),
-    is an input, another output, a link, a device, or a folder where a file is written (UsageError, exit 2)."""
-    check_steps(steps_of(loaded, [cfg for _, cfg in resolved], baseline), outputs=outputs)
+    is an input, another output, a link, a device, or a folder where a file is written, nor lies in what the
+    run keeps in `workspace` (its stage cache, this recipe's run folders) (UsageError, exit 2)."""
+    own = [] if workspace is None else [
+        Output(f"the workspace's stage cache (--workspace {workspace})", Path(workspace) / ".cache", folder=True),
+        Output(f"this recipe's run folders (--workspace {workspace})", Path(workspace) / loaded.name, folder=True)]
+    check_steps(steps_of(loaded, [cfg for _, cfg in resolved], baseline), outputs=outputs, own=own)

@@ -409,7 +409,7 @@ def _read_json(p: Path) -> dict | None:
     if raw is None:
         return None
     try:
-        data = json.loads(raw)
+        data = strictjson.loads(raw)
     except (ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None

@@ -1,7 +1,6 @@
 """The report: one JSON document with a versioned schema."""
 from __future__ import annotations
 
-import json
 import os
 import platform
 import sys
@@ -153,7 +152,7 @@ class Report(BaseModel):
         if not p.exists():
             raise UsageError(f"report {p} not found")
         try:
-            data = json.loads(read_regular(p, MAX_REPORT_BYTES, hint="name a report.json"))
+            data = strictjson.loads(read_regular(p, MAX_REPORT_BYTES, hint="name a report.json"))
         except FileNotFoundError:
             raise UsageError(f"report {p} not found") from None
         except ValueError as e:  # also bad UTF-8

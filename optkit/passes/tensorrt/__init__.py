@@ -29,6 +29,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
+from optkit.contracts.base import MAX_MIB
 from optkit.core.artifact import Artifact
 from optkit.core.atomic import PathRole, atomic_path
 from optkit.core.cachedir import PRIVATE_FILE, NoCacheDir, cache_dir, private_folder, trusted
@@ -68,7 +69,7 @@ class TensorRTBuildConfig(PassConfig):
             "Input shape: name=1x3x224x224 (fixed) or name=MIN:OPT:MAX for a dynamic-shape optimization profile, "
             "e.g. input=1x3x224x224:8x3x224x224:32x3x224x224 (repeatable; by default the model's shapes, a "
             "dynamic batch 1 to 64).")))
-    workspace_mb: int | None = Field(None, ge=1, description="Workspace memory pool limit (MiB).",
+    workspace_mb: int | None = Field(None, ge=1, le=int(MAX_MIB), description="Workspace memory pool limit (MiB).",
                                      json_schema_extra=cli("--workspace-mb"))
     optimization_level: int = Field(3, ge=0, le=5, description="Builder optimization level 0-5 (TensorRT's default 3).",
                                     json_schema_extra=cli("--opt-level"))
