@@ -256,11 +256,12 @@ def test_a_commands_missing_model_is_named_as_typed_not_as_a_recipe_key(tmp_path
 # ------------------------------------------------------------------ every Config bounded
 
 def test_tensorrt_workspace_is_bounded_on_the_flag_the_recipe_and_the_config(tmp_path):
-    from optkit.core.registry import ConfigError, build_config, registered
+    from optkit.core.registry import ConfigError, build_config
+    from optkit.passes import get_pass
 
     huge = str(2 ** 70)
     with pytest.raises((ConfigError, UsageError)):
-        build_config(registered()["tensorrt.build"], {"workspace_mb": 2 ** 70})
+        build_config(get_pass("tensorrt.build"), {"workspace_mb": 2 ** 70})
     r = run_cli("trt", "build", CNN, "-o", tmp_path / "e.engine", "--workspace-mb", huge)
     assert r.rc == 2 and "--workspace-mb" in one_error_line(r), r.err
     recipe = tmp_path / "t.yaml"
@@ -268,3 +269,64 @@ def test_tensorrt_workspace_is_bounded_on_the_flag_the_recipe_and_the_config(tmp
                                       "stages": [{"pass": "tensorrt.build", "config": {"workspace_mb": 2 ** 70}}]}))
     r = run_cli("run", recipe, "--dry-run")
     assert r.rc == 2 and "stages[0].config.workspace_mb" in one_error_line(r), r.err
+
+
+def test_every_config_number_is_bounded_passes_stage_kinds_package_and_targets():
+    """A ratchet: every number a flag or recipe key sets has both bounds (tensorrt.build's workspace_mb had none)."""
+    import optkit.pipeline.kinds  # noqa: F401 - split.onnx and capacity.plan
+    from optkit.core.fieldspec import field_spec
+    from optkit.core.registry import registered
+    from optkit.package import target
+    from optkit.passes import get_pass
+    from optkit.package.config import PackageConfig
+
+    get_pass("simplify.onnx")  # every built-in pass registered
+    configs = {name: cls.Config for name, cls in registered().items()}
+    configs["PackageConfig"] = PackageConfig
+    configs.update({f"--to {n}": target.get_target(n).Config for n in target.target_names()})
+    unbounded = [f"{name}.{key}" for name, config in configs.items() for key, f in config.model_fields.items()
+                 if (s := field_spec(key, f))["type"] in ("int", "float")
+                 and (s.get("min", s.get("min_open")) is None or s.get("max", s.get("max_open")) is None)]
+    assert unbounded == []
+
+
+@pytest.mark.parametrize("field, says", [
+    ("n: int = Field(default=5, ge=1, description='x', json_schema_extra=cli('--evil-n'))", "without an upper bound"),
+    ("r: float = Field(default=1.0, description='x', json_schema_extra=cli('--evil-r'))", "without a lower bound"),
+    ("n: int = Field(default=10**30, ge=1, le=100, description='x', json_schema_extra=cli('--evil-n'))",
+     "outside its bounds"),
+    ("o: str | None = Field(default=None, description='x', json_schema_extra=cli('--evil-o', short='-o'))",
+     "option o (-o) is one `optkit package` has"),
+])
+def test_a_plugin_targets_unbounded_or_clashing_option_is_refused_at_registration(tmp_path, field, says):
+    plugin = tmp_path / "evil_target.py"
+    plugin.write_text(
+        "from pydantic import Field\nfrom optkit.core.registry import cli\n"
+        "from optkit.package.target import Target, TargetConfig, register_target\n"
+        f"class EvilOptions(TargetConfig):\n    {field}\n"
+        "class EvilTarget(Target):\n    name = 'evil'\n    Config = EvilOptions\n"
+        "register_target('evil', EvilTarget)\n")
+    env = {**os.environ, "OPTKIT_PLUGINS": "evil_target",
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "optkit", "package", CNN, "--to", "evil", "-o", tmp_path / "rp"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 2, p.stderr
+    assert "Traceback" not in p.stderr and says in p.stderr.strip().splitlines()[-1], p.stderr
+    assert not (tmp_path / "rp").exists()
+
+
+def test_profile_threads_follow_benchs_rule_and_a_measure_flag_is_named_as_typed(tmp_path):
+    """profile --threads 100000 started 100,000 threads and hung; tune --seed 2**32 said 'recipe: measure.seed'."""
+    r = run_cli("profile", CNN, "--threads", "100000")
+    assert r.rc == 2 and "--threads" in one_error_line(r), r.err
+    recipe = tmp_path / "p.yaml"
+    recipe.write_text(yaml.safe_dump({"version": 1, "name": "p", "model": {"path": str(CNN)},
+                                      "stages": [{"pass": "profile.onnx", "config": {"threads": 100000}}]}))
+    r = run_cli("run", recipe, "--dry-run")
+    assert r.rc == 2 and "stages[0].config.threads" in one_error_line(r), r.err
+    r = run_cli("tune", CNN, "--trials", "1", "-o", tmp_path / "t.json", "--seed", str(2 ** 32))
+    assert r.rc == 2 and "--seed" in one_error_line(r) and "recipe:" not in one_error_line(r), r.err
+    assert not (tmp_path / "t.json").exists()

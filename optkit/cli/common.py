@@ -101,6 +101,8 @@ MAX_ERROR_CHARS = 2000
 _RECIPE_DATA = re.compile(r"recipe: data\.(calibration|eval|train)\.(path|labels|preprocess): ")
 # its model and its one stage: the MODEL argument and the command itself, which the user typed
 _RECIPE_OWN = re.compile(r"recipe: (model\.path|stages\[0\]\.pass): ")
+# its measure: section: the measurement flags (--seed, --threads, ...)
+_RECIPE_MEASURE = re.compile(r"recipe: measure\.(\w+): ")
 
 
 def in_flags(message: str, argv: list[str]) -> str:
@@ -112,6 +114,11 @@ def in_flags(message: str, argv: list[str]) -> str:
         return message
     own = _RECIPE_OWN.match(message)
     message = _as_typed(message[own.end():] if own is not None else message, argv)
+    measure = _RECIPE_MEASURE.match(message)
+    if measure is not None:
+        flag = "--" + measure.group(1).replace("_", "-")
+        if any(a == flag or a.startswith(flag + "=") for a in argv):
+            return f"{flag}: {message[measure.end():]}"
     m = _RECIPE_DATA.match(message)
     if m is None:
         return message

@@ -34,6 +34,10 @@ EXTRAS: dict[str, tuple[tuple[str, ...], str]] = {
 
 # The groups a pass's CLI flags are shown in (besides the pass's own, named after it).
 CLI_GROUPS = ("data", "evaluation", "budgets", "measurement")
+# bounds a pass's options share (every number a flag or recipe key sets has both bounds)
+MAX_SAMPLES = 1_000_000   # samples a pass calibrates, checks or validates on
+MAX_BATCH = 65536         # a batch
+MAX_THREADS = 1024        # threads of one session
 
 
 def cli(flag: str | None = None, *, group: str = "", help: str | None = None, secondary: str | None = None,

@@ -13,6 +13,7 @@ from optkit.core.artifact import Artifact
 from optkit.core.batching import call_as_samples, first_call
 from optkit.core.errors import OptkitError, UsageError
 from optkit.core.isolate import run_isolated
+from optkit.core.registry import MAX_BATCH
 from optkit.core.text import first_line
 from optkit.measure import memory
 from optkit.measure.accuracy import compute, metric_rows, run_over
@@ -30,7 +31,11 @@ from optkit.runtimes.base import open_session, session_class, warm_runtime
 log = logging.getLogger(__name__)
 
 MAX_THREADS_FLOOR = 64    # a recipe written for a big machine still runs on a 2-CPU runner
-MAX_BATCH = 65536
+
+
+def max_threads() -> int:
+    """The most threads a session here is given: 4x the CPUs, at least MAX_THREADS_FLOOR."""
+    return max(MAX_THREADS_FLOOR, 4 * (os.cpu_count() or 1))
 MAX_WARMUP = 100_000
 MAX_RUNS = 1_000_000
 MAX_DURATION_S = 3600.0
@@ -63,8 +68,7 @@ class MeasureSettings(BaseModel):
     @model_validator(mode="after")
     def _bounds(self) -> MeasureSettings:
         # UsageError is not a ValueError, so pydantic lets it through unwrapped
-        cpus = os.cpu_count() or 1
-        most = max(MAX_THREADS_FLOOR, 4 * cpus)
+        cpus, most = os.cpu_count() or 1, max_threads()
         if self.threads is not None and not 1 <= self.threads <= most:
             raise UsageError(f"--threads {self.threads} is out of range: give 1 to {most} (4x the {cpus} CPUs "
                              f"here, at least {MAX_THREADS_FLOOR})")

@@ -347,8 +347,10 @@ def _declared(name: str, cls: type[Target]) -> dict[str, dict[str, Any]]:
         spec = field_spec(key, f)
         flags = [x for x in (spec.get("flag"), spec.get("short"), spec.get("secondary")) if x]
         if key in shared or set(flags) & taken:
-            raise UsageError(f"package target {name!r}: option {key} ({spec.get('flag')}) is one `optkit package` "
-                             "has for every target; take another key and flag")
+            flag = next((x for x in flags if x in taken), spec.get("flag"))
+            raise UsageError(f"package target {name!r}: option {key} ({flag}) is one `optkit package` has for every "
+                             "target; take another key and flag")
+        _bounded(name, key, spec)
         if spec["required"]:
             raise UsageError(f"package target {name!r}: option {key} has no default; a target's options are "
                              "optional (a package is made without them)")
@@ -381,6 +383,21 @@ def _check_options(name: str, cls: type[Target]) -> None:
                     f"declare {spec.get('flag') or key} ({key}) with different meanings ({what}: "
                     f"{clash.get(what)!r} vs {spec.get(what)!r}); declare one shared option identically, or name "
                     "yours differently")
+
+
+def _bounded(name: str, key: str, spec: dict[str, Any]) -> None:
+    """A target's number has both bounds (as every figure a package records has: a flag is exit 2 past them, never
+    a manifest holding 10**30), and its default lies within them (pydantic does not check a default)."""
+    if spec["type"] not in ("int", "float"):
+        return
+    low, high = spec.get("min", spec.get("min_open")), spec.get("max", spec.get("max_open"))
+    if low is None or high is None:
+        raise UsageError(f"package target {name!r}: option {key} is a number without "
+                         f"{'a lower' if low is None else 'an upper'} bound; give it ge= and le= (Field)")
+    default = spec.get("default")
+    if isinstance(default, (int, float)) and not isinstance(default, bool) and not low <= default <= high:
+        raise UsageError(f"package target {name!r}: option {key}'s default {default!r} is outside its bounds "
+                         f"[{low}, {high}]")
 
 
 def _flags(spec: dict[str, Any]) -> set[str]:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from optkit.core.artifact import Artifact
 from optkit.core.formats import Format
-from optkit.core.registry import Pass, PassConfig, PassContext, cli, register
+from optkit.core.registry import MAX_THREADS, Pass, PassConfig, PassContext, cli, register
+from optkit.measure.model import max_threads
 from optkit.measure.profile import MAX_RUNS, profile_onnx
 from optkit.onnx.io import copy_model
 
@@ -29,11 +30,20 @@ class ProfileConfig(PassConfig):
                       description="Profiled calls (after 10 warm-up calls); fewer on a large graph: nodes x calls "
                                   "stays under 200,000 (the output says so).",
                       json_schema_extra=cli("--runs", group="measurement"))
-    threads: int | None = Field(default=None, ge=1, description="Intra-op threads (default: the runtime's).",
+    threads: int | None = Field(default=None, ge=1, le=MAX_THREADS, description="Intra-op threads (default: the "
+                                "runtime's; at most 4x the CPUs, at least 64).",
                                 json_schema_extra=cli("--threads", group="measurement"))
     trace: bool = Field(default=True, description="Write the Chrome trace beside the output.",
                         json_schema_extra=cli(recipe_only="a stage writes its trace beside its output; the command's "
                                                           "--trace names the file instead"))
+
+
+    @field_validator("threads")
+    @classmethod
+    def _threads(cls, v: int | None) -> int | None:
+        if v is not None and v > max_threads():  # bench's rule: 100,000 threads were started, and hung
+            raise ValueError(f"{v} threads is more than {max_threads()} (4x the CPUs here, at least 64)")
+        return v
 
 
 def trace_path(output: Path) -> Path:

@@ -18,7 +18,7 @@ from optkit.core.atomic import atomic_path
 from optkit.core.batching import count, stack_samples, trim
 from optkit.core.errors import DependencyError, PassError, UsageError, ValidationError
 from optkit.core.formats import Format
-from optkit.core.registry import Pass, PassConfig, PassContext, cli, register
+from optkit.core.registry import MAX_SAMPLES, Pass, PassConfig, PassContext, cli, register
 from optkit.core.shapes import format_shape
 from optkit.core.text import first_line
 from optkit.measure.fidelity import refuse_nonfinite_reference
@@ -49,7 +49,7 @@ class SimplifyConfig(PassConfig):
     tolerance: float = Field(default=1e-5, ge=0, le=1000, description="Max output difference allowed (scaled by "
                                                              "max(1, |reference|)).",
                              json_schema_extra=cli("--tolerance", group="budgets"))
-    check_samples: int = Field(default=8, ge=1, description="Inputs the outputs are compared on.",
+    check_samples: int = Field(default=8, ge=1, le=MAX_SAMPLES, description="Inputs the outputs are compared on.",
                                json_schema_extra=cli("--check-samples", group="evaluation"))
 
 

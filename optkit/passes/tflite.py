@@ -16,7 +16,7 @@ from optkit.core.artifact import Artifact
 from optkit.core.atomic import atomic_path
 from optkit.core.errors import PassError, UsageError, ValidationError
 from optkit.core.formats import Format
-from optkit.core.registry import Pass, PassConfig, PassContext, cli, register
+from optkit.core.registry import MAX_SAMPLES, Pass, PassConfig, PassContext, cli, register
 from optkit.core.shapes import TensorSpec
 from optkit.core.text import first_line
 from optkit.measure.fidelity import compare_outputs
@@ -38,7 +38,7 @@ class TFLiteConfig(PassConfig):
     # store pruned weights in TFLite's sparse tensor format
     sparse: bool = Field(default=False, description="float32: store pruned weights sparse (values + indices).",
                          json_schema_extra=cli("--sparse"))
-    calibration_samples: int = Field(default=200, ge=1, description="Samples used from the calibration data.",
+    calibration_samples: int = Field(default=200, ge=1, le=MAX_SAMPLES, description="Samples used from the calibration data.",
                                      json_schema_extra=cli("--calibration-samples", group="data"))
     # SavedModel signature (default: the only / serving_default)
     signature: str | None = Field(default=None, description="SavedModel signature.",
@@ -46,7 +46,7 @@ class TFLiteConfig(PassConfig):
     min_cosine: float | None = Field(default=None, ge=-1, le=1,
                                      description="Fail below this output cosine to the source (default per mode).",
                                      json_schema_extra=cli("--min-cosine", group="budgets"))
-    check_samples: int = Field(default=64, ge=1, description="Inputs the outputs are compared to the source's on.",
+    check_samples: int = Field(default=64, ge=1, le=MAX_SAMPLES, description="Inputs the outputs are compared to the source's on.",
                                json_schema_extra=cli("--check-samples", group="evaluation"))
 
     @model_validator(mode="after")

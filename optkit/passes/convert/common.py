@@ -10,7 +10,7 @@ from pydantic import Field
 
 from optkit.core.batching import call_as_samples, count
 from optkit.core.errors import PassError, UsageError, ValidationError
-from optkit.core.registry import PassConfig, PassContext, cli
+from optkit.core.registry import MAX_BATCH, MAX_SAMPLES, PassConfig, PassContext, cli
 from optkit.core.shapes import TensorSpec
 from optkit.core.text import first_line
 from optkit.measure.datasets import Dataset
@@ -72,14 +72,14 @@ DEFAULT_TOLERANCE = {
 class ExportConfig(PassConfig):
     """What every converter takes."""
 
-    opset: int | None = Field(default=None, ge=7, description="ONNX opset (default: the newest the exporter "
+    opset: int | None = Field(default=None, ge=7, le=1000, description="ONNX opset (default: the newest the exporter "
                                                                "and onnxruntime both support).",
                               json_schema_extra=cli("--opset"))
     atol: float | None = Field(default=None, ge=0, le=1e9, description="Absolute tolerance (default per dtype).",
                                json_schema_extra=cli("--atol", group="budgets"))
     rtol: float | None = Field(default=None, ge=0, le=1e6, description="Relative tolerance (default per dtype).",
                                json_schema_extra=cli("--rtol", group="budgets"))
-    samples: int = Field(default=64, ge=1, description="Validation samples taken from the data.",
+    samples: int = Field(default=64, ge=1, le=MAX_SAMPLES, description="Validation samples taken from the data.",
                          json_schema_extra=cli("--samples", group="evaluation"))
     external_data: Literal["auto", "always", "never"] = Field(
         default="auto", description="ONNX external data: auto (only over 2 GB), always or never.",
@@ -87,7 +87,7 @@ class ExportConfig(PassConfig):
 
 
 class ConvertConfig(ExportConfig):
-    batch: int = Field(default=2, ge=1, description="batch of synthesized validation inputs",
+    batch: int = Field(default=2, ge=1, le=MAX_BATCH, description="batch of synthesized validation inputs",
                        json_schema_extra=cli(recipe_only="validation detail: the batch of synthesized inputs "
                                                          "(--data feeds real ones)"))
     static_batch: bool = Field(default=False, description="Keep the batch axis (the first) fixed; by default it "

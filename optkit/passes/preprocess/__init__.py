@@ -32,7 +32,7 @@ from optkit.core.artifact import Artifact
 from optkit.core.atomic import atomic_path
 from optkit.core.errors import PassError, UsageError, ValidationError
 from optkit.core.formats import Format
-from optkit.core.registry import Pass, PassConfig, PassContext, cli, register
+from optkit.core.registry import MAX_SAMPLES, Pass, PassConfig, PassContext, cli, register
 from optkit.core.text import first_line
 from optkit.measure.preprocess import parse_preprocess
 from optkit.onnx import io as onnx_io
@@ -63,7 +63,7 @@ class PreprocessConfig(PassConfig):
     scores_output: Optional[str] = Field(default=None, description="The class-score output --top-k reads (default: "
                                                                    "the only float [N, classes] output).",
                                          json_schema_extra=cli("--scores-output"))
-    score_threshold: Optional[float] = Field(default=None, description="Detectors: keep anchors whose best class "
+    score_threshold: Optional[float] = Field(default=None, ge=-1e9, le=1e9, description="Detectors: keep anchors whose best class "
                                                                        "score is at least this (within the scores' "
                                                                        "range: 0..1 behind a Sigmoid/Softmax).",
                                              json_schema_extra=cli("--score-threshold"))
@@ -75,10 +75,10 @@ class PreprocessConfig(PassConfig):
     tolerance: float = Field(default=0.05, ge=0, le=1e6, description="Max output difference against PIL preprocessing + the "
                                                              "original model (scaled by max(1, |reference|)).",
                              json_schema_extra=cli("--tolerance", group="budgets"))
-    max_top1_changes: int = Field(default=1, ge=0, description="Checked images whose top-1 class may differ from "
+    max_top1_changes: int = Field(default=1, ge=0, le=MAX_SAMPLES, description="Checked images whose top-1 class may differ from "
                                                                "the PIL path's.",
                                   json_schema_extra=cli("--max-top1-changes", group="budgets"))
-    check_samples: int = Field(default=256, ge=1, description="Images the outputs are compared on (from --data, "
+    check_samples: int = Field(default=256, ge=1, le=MAX_SAMPLES, description="Images the outputs are compared on (from --data, "
                                                               "else synthesized).",
                                json_schema_extra=cli("--check-samples", group="evaluation"))
 

@@ -51,7 +51,7 @@ class PruneConfig(FinetuneConfig):
 
     # Keras: final fraction of zero weights per pruned layer; torch: share of weights zeroed (unstructured, global
     # L1) or of channels removed (channels)
-    sparsity: float = Field(default=0.5, description="Share of weights (or channels) to remove, in (0, 1).",
+    sparsity: float = Field(default=0.5, gt=0, lt=1, description="Share of weights (or channels) to remove, in (0, 1).",
                             json_schema_extra=cli("--sparsity"))
     # prune only these (default: every Conv / Dense / Linear)
     layers: list[str] | None = Field(default=None, description="Prune only these layers (comma list).",
@@ -60,10 +60,10 @@ class PruneConfig(FinetuneConfig):
     exclude: list[str] = Field(default_factory=list, description="Never prune these layers.",
                                json_schema_extra=cli("--exclude"))
 
-    @field_validator("sparsity")
+    @field_validator("sparsity", mode="before")  # before the bounds: its own words
     @classmethod
-    def _sparsity(cls, v: float) -> float:
-        if not 0 < v < 1:
+    def _sparsity(cls, v):
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and not 0 < v < 1:
             raise ValueError(f"sparsity must be between 0 and 1 (exclusive), got {v}")
         return v
 
@@ -81,7 +81,7 @@ class KerasPruneConfig(PruneConfig):
                                 description="polynomial: reach the target after this share of the steps.",
                                 json_schema_extra=cli(recipe_only="schedule detail, rarely changed"))
     # steps between mask updates (default: from the data)
-    frequency: int | None = Field(default=None, ge=1, description="Keras: steps between mask updates (default: from "
+    frequency: int | None = Field(default=None, ge=1, le=10_000_000, description="Keras: steps between mask updates (default: from "
                                                                   "the data).", json_schema_extra=cli("--frequency"))
     # block sparsity, e.g. [1, 4]
     block_size: tuple[int, int] | None = Field(default=None, description="Keras: block sparsity, e.g. 1x4.",
@@ -251,7 +251,7 @@ class TorchPruneConfig(PruneConfig):
         default="channels", description="torch: channels (removes them) or unstructured (global L1).",
         json_schema_extra=cli("--method"))
     # channels: keep counts a multiple of this
-    round_to: int | None = Field(default=None, ge=1, description="torch channels: multiple of this.",
+    round_to: int | None = Field(default=None, ge=1, le=65536, description="torch channels: multiple of this.",
                                  json_schema_extra=cli("--round-to"))
     # saved program vs in-memory model, max abs difference
     max_error: float = Field(default=1e-4, gt=0, le=1e9, description="Saved program vs the model in memory: max abs "

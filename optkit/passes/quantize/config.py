@@ -8,7 +8,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from pydantic_core import ValidationError as PydanticValidationError
 
 from optkit.core.atomic import PathRole, python_file
-from optkit.core.registry import PassConfig, cli
+from optkit.core.registry import MAX_SAMPLES, PassConfig, cli
 
 MODES = ("dynamic", "static", "fp16", "int4")
 # Default fidelity budget per mode: 1 - cosine(FP32 outputs, quantized outputs) on the check inputs.
@@ -53,7 +53,7 @@ class QuantizeConfig(PassConfig):
     calibration_method: Literal["minmax", "entropy", "percentile"] = Field(
         default="minmax", description="minmax, entropy or percentile (default: minmax, then the others when minmax "
                                       "misses the budget).", json_schema_extra=cli("--calibration-method", group="data"))
-    calibration_size: int = Field(default=256, ge=1, description="Calibration samples.",
+    calibration_size: int = Field(default=256, ge=1, le=MAX_SAMPLES, description="Calibration samples.",
                                   json_schema_extra=cli("--calibration-size", group="data"))
     # random calibration inputs: only when asked, warned loudly
     synthetic_calibration: bool = Field(default=False, description="Calibrate on random inputs (warned loudly).",
@@ -80,7 +80,7 @@ class QuantizeConfig(PassConfig):
     keep_io_types: bool = Field(default=True, description="fp16: keep float32 inputs/outputs.",
                                 json_schema_extra=cli("--keep-io-types", secondary="--fp16-io"))
     # int4
-    block_size: int = Field(default=32, ge=16, description="int4: weights per scale.",
+    block_size: int = Field(default=32, ge=16, le=65536, description="int4: weights per scale.",
                             json_schema_extra=cli("--block-size"))
     symmetric: bool = Field(default=True, description="int4: symmetric weight quantization.",
                             json_schema_extra=cli(recipe_only="int4 expert setting, rarely changed"))
@@ -103,18 +103,18 @@ class QuantizeConfig(PassConfig):
     fallback: bool = Field(default=False, description="When the check fails, keep sensitive nodes in float until it "
                                                       "holds.", json_schema_extra=cli("--fallback", group="budgets"))
     # settings and fallback steps tried, all told
-    max_candidates: int = Field(default=20, ge=1, description="Candidates the search may try.",
+    max_candidates: int = Field(default=20, ge=1, le=10_000, description="Candidates the search may try.",
                                 json_schema_extra=cli("--max-candidates", group="budgets"))
     # seconds the search may take before it stops trying
     time_budget: Optional[float] = Field(default=600, gt=0, le=30 * 86_400, description="Seconds the search may take.",
                                          json_schema_extra=cli("--time-budget", group="budgets"))
     # budgets are judged on the whole eval set unless a subset is asked for (then reported with its size and
     # sampling noise); candidates are first screened on `screen_samples` and only the plausible ones scored
-    check_samples: Optional[int] = Field(default=None, ge=1,
+    check_samples: Optional[int] = Field(default=None, ge=1, le=MAX_SAMPLES,
                                          description="Judge budgets on this many eval samples (default: all; a subset "
                                                      "is reported with its sampling noise).",
                                          json_schema_extra=cli("--check-samples", group="evaluation"))
-    screen_samples: int = Field(default=64, ge=1, description="Eval samples each candidate is first screened on.",
+    screen_samples: int = Field(default=64, ge=1, le=MAX_SAMPLES, description="Eval samples each candidate is first screened on.",
                                 json_schema_extra=cli(recipe_only="search internals; --check-samples is the knob"))
     check_outputs: list[str] = Field(default_factory=list,
                                      description="Budgets judge this output only (repeatable; default: every output).",

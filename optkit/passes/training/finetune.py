@@ -16,7 +16,7 @@ from pydantic import Field, field_validator
 
 from optkit.core.atomic import PathRole
 from optkit.core.errors import DependencyError, UsageError, ValidationError
-from optkit.core.registry import PassConfig, cli
+from optkit.core.registry import MAX_BATCH, PassConfig, cli
 from optkit.passes.training.distributed import init_torch_ddp, is_chief
 from optkit.runtimes.tf import import_tf
 
@@ -30,9 +30,9 @@ class FinetuneConfig(PassConfig):
 
     min_epochs: ClassVar[int] = 0   # 1 for a pass that cannot skip training (Keras pruning schedules, QAT)
 
-    epochs: int = Field(default=2, ge=0, description="Fine-tuning epochs.", json_schema_extra=cli("--epochs"))
+    epochs: int = Field(default=2, ge=0, le=100_000, description="Fine-tuning epochs.", json_schema_extra=cli("--epochs"))
     # global batch (split across replicas / workers)
-    batch_size: int = Field(default=32, ge=1, description="Global batch size, split over replicas and workers.",
+    batch_size: int = Field(default=32, ge=1, le=MAX_BATCH, description="Global batch size, split over replicas and workers.",
                             json_schema_extra=cli("--batch-size"))
     learning_rate: float = Field(default=1e-3, gt=0, le=10, description="Learning rate.",
                                  json_schema_extra=cli("--learning-rate"))

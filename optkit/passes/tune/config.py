@@ -134,7 +134,7 @@ class TuneConfig(PassConfig):
                                             "(refused, timed out, starting up): tried again every 0.5-4 s, each try "
                                             "bounded by 5 s; then exit 2 (default 20).",
                                 json_schema_extra=cli("--storage-wait"))
-    seed: int = Field(default=0, ge=0, strict=True, description="Sampler seed.", json_schema_extra=cli("--seed"))
+    seed: int = Field(default=0, ge=0, le=2 ** 32 - 1, strict=True, description="Sampler seed.", json_schema_extra=cli("--seed"))
     # best settings measured again in ROUNDS interleaved rounds: ties, and the best's interval (1: the best
     # only, for its interval; 0: none)
     confirm: int = Field(default=3, ge=0, le=20, strict=True,
