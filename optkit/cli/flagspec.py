@@ -66,7 +66,7 @@ PASSES = {
     'profile.onnx': [
         {'key': 'top', 'flag': '--top', 'type': 'int', 'default': 10, 'required': False, 'optional': False, 'min': 1, 'max': 1000, 'help': 'Op types and nodes shown (and kept in the figures).'},
         {'key': 'runs', 'flag': '--runs', 'type': 'int', 'default': 50, 'required': False, 'optional': False, 'min': 1, 'max': 100000, 'help': 'Profiled calls (after 10 warm-up calls); fewer on a large graph: nodes x calls stays under 200,000 (the output says so).', 'group': 'measurement'},
-        {'key': 'threads', 'flag': '--threads', 'type': 'int', 'default': None, 'required': False, 'optional': True, 'min': 1, 'max': 1024, 'help': "Intra-op threads (default: the runtime's; at most 4x the CPUs, at least 64).", 'group': 'measurement'},
+        {'key': 'threads', 'flag': '--threads', 'type': 'int', 'default': None, 'required': False, 'optional': True, 'min': 1, 'max': 1024, 'help': "Intra-op threads (default: the runtime's).", 'group': 'measurement'},
         {'key': 'trace', 'flag': None, 'type': 'bool', 'default': True, 'required': False, 'optional': False, 'help': 'Write the Chrome trace beside the output.', 'recipe_only': "a stage writes its trace beside its output; the command's --trace names the file instead"},
     ],
     'prune.keras': [
@@ -77,7 +77,7 @@ PASSES = {
         {'key': 'strategy', 'flag': '--strategy', 'type': 'str', 'choices': ['none', 'mirrored', 'multi-worker', 'ddp'], 'default': 'none', 'required': False, 'optional': False, 'help': 'none; Keras: mirrored (local devices) or multi-worker (TF_CONFIG); torch: ddp (torchrun).'},
         {'key': 'max_accuracy_drop', 'flag': '--max-accuracy-drop', 'type': 'float', 'default': 0.05, 'required': False, 'optional': True, 'min': 0, 'max': 1, 'help': 'Fail (exit 3) when fine-tuned top-1 falls more than this (default 0.05 = 5 pt); -1 disables.', 'group': 'budgets', 'negative_is_none': True},
         {'key': 'tensorboard', 'flag': '--tensorboard', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': 'Write the fine-tuning curves (loss, accuracy per epoch) to this folder for TensorBoard.', 'group': 'measurement'},
-        {'key': 'sparsity', 'flag': '--sparsity', 'type': 'float', 'default': 0.5, 'required': False, 'optional': False, 'min_open': 0, 'max_open': 1, 'help': 'Share of weights (or channels) to remove, in (0, 1).'},
+        {'key': 'sparsity', 'flag': '--sparsity', 'type': 'float', 'default': 0.5, 'required': False, 'optional': False, 'help': 'Share of weights (or channels) to remove, in (0, 1).'},
         {'key': 'layers', 'flag': '--layers', 'type': 'list', 'default': None, 'required': False, 'optional': True, 'help': 'Prune only these layers (comma list).'},
         {'key': 'exclude', 'flag': '--exclude', 'type': 'list', 'default': [], 'required': False, 'optional': False, 'help': 'Never prune these layers.'},
         {'key': 'schedule', 'flag': '--schedule', 'type': 'str', 'choices': ['constant', 'polynomial'], 'default': 'polynomial', 'required': False, 'optional': False, 'help': 'Keras: polynomial or constant.'},
@@ -97,7 +97,7 @@ PASSES = {
         {'key': 'strategy', 'flag': '--strategy', 'type': 'str', 'choices': ['none', 'mirrored', 'multi-worker', 'ddp'], 'default': 'none', 'required': False, 'optional': False, 'help': 'none; Keras: mirrored (local devices) or multi-worker (TF_CONFIG); torch: ddp (torchrun).'},
         {'key': 'max_accuracy_drop', 'flag': '--max-accuracy-drop', 'type': 'float', 'default': 0.05, 'required': False, 'optional': True, 'min': 0, 'max': 1, 'help': 'Fail (exit 3) when fine-tuned top-1 falls more than this (default 0.05 = 5 pt); -1 disables.', 'group': 'budgets', 'negative_is_none': True},
         {'key': 'tensorboard', 'flag': '--tensorboard', 'type': 'str', 'default': None, 'required': False, 'optional': True, 'help': 'Write the fine-tuning curves (loss, accuracy per epoch) to this folder for TensorBoard.', 'group': 'measurement'},
-        {'key': 'sparsity', 'flag': '--sparsity', 'type': 'float', 'default': 0.5, 'required': False, 'optional': False, 'min_open': 0, 'max_open': 1, 'help': 'Share of weights (or channels) to remove, in (0, 1).'},
+        {'key': 'sparsity', 'flag': '--sparsity', 'type': 'float', 'default': 0.5, 'required': False, 'optional': False, 'help': 'Share of weights (or channels) to remove, in (0, 1).'},
         {'key': 'layers', 'flag': '--layers', 'type': 'list', 'default': None, 'required': False, 'optional': True, 'help': 'Prune only these layers (comma list).'},
         {'key': 'exclude', 'flag': '--exclude', 'type': 'list', 'default': [], 'required': False, 'optional': False, 'help': 'Never prune these layers.'},
         {'key': 'method', 'flag': '--method', 'type': 'str', 'choices': ['unstructured', 'channels'], 'default': 'channels', 'required': False, 'optional': False, 'help': 'torch: channels (removes them) or unstructured (global L1).'},

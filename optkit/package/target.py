@@ -350,13 +350,13 @@ def _declared(name: str, cls: type[Target]) -> dict[str, dict[str, Any]]:
             flag = next((x for x in flags if x in taken), spec.get("flag"))
             raise UsageError(f"package target {name!r}: option {key} ({flag}) is one `optkit package` has for every "
                              "target; take another key and flag")
-        _bounded(name, key, spec)
         if spec["required"]:
             raise UsageError(f"package target {name!r}: option {key} has no default; a target's options are "
                              "optional (a package is made without them)")
         if spec.get("group"):
             raise UsageError(f"package target {name!r}: option {key}: a target's options are shown under the "
                              "target (no group)")
+        _bounded(name, key, spec)
         out[key] = spec
     return out
 

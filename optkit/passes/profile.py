@@ -31,7 +31,7 @@ class ProfileConfig(PassConfig):
                                   "stays under 200,000 (the output says so).",
                       json_schema_extra=cli("--runs", group="measurement"))
     threads: int | None = Field(default=None, ge=1, le=MAX_THREADS, description="Intra-op threads (default: the "
-                                "runtime's; at most 4x the CPUs, at least 64).",
+                                                                                 "runtime's).",
                                 json_schema_extra=cli("--threads", group="measurement"))
     trace: bool = Field(default=True, description="Write the Chrome trace beside the output.",
                         json_schema_extra=cli(recipe_only="a stage writes its trace beside its output; the command's "

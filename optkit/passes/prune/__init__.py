@@ -51,7 +51,7 @@ class PruneConfig(FinetuneConfig):
 
     # Keras: final fraction of zero weights per pruned layer; torch: share of weights zeroed (unstructured, global
     # L1) or of channels removed (channels)
-    sparsity: float = Field(default=0.5, gt=0, lt=1, description="Share of weights (or channels) to remove, in (0, 1).",
+    sparsity: float = Field(default=0.5, description="Share of weights (or channels) to remove, in (0, 1).",
                             json_schema_extra=cli("--sparsity"))
     # prune only these (default: every Conv / Dense / Linear)
     layers: list[str] | None = Field(default=None, description="Prune only these layers (comma list).",
@@ -60,10 +60,10 @@ class PruneConfig(FinetuneConfig):
     exclude: list[str] = Field(default_factory=list, description="Never prune these layers.",
                                json_schema_extra=cli("--exclude"))
 
-    @field_validator("sparsity", mode="before")  # before the bounds: its own words
+    @field_validator("sparsity")
     @classmethod
-    def _sparsity(cls, v):
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and not 0 < v < 1:
+    def _sparsity(cls, v: float) -> float:
+        if not 0 < v < 1:
             raise ValueError(f"sparsity must be between 0 and 1 (exclusive), got {v}")
         return v
 
