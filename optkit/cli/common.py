@@ -30,6 +30,7 @@ from optkit.core.text import first_line, printable, redact_url
 @dataclass
 class _State:
     debug: bool = False
+    verbose: int = 0  # -v count: what the console adds to its short story
     after_interrupt: str = "nothing was written"  # what an interrupted command leaves behind
 
 

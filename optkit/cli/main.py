@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from optkit.cli import common
+from optkit.cli import common, metavars, version
 from optkit.core import interrupts, trust
 from optkit.core.errors import OptkitError, exit_codes_line
 
@@ -57,6 +57,7 @@ def _load(group, module: str) -> None:
     sub = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
     importlib.import_module(f"optkit.cli.{module}").register(sub)
     for name, cmd in typer.main.get_group(sub).commands.items():
+        metavars.conventional(cmd)
         group.commands.setdefault(name, cmd)
 
 
@@ -72,16 +73,27 @@ app = typer.Typer(
 )
 
 
+def _print_version(ctx, value: bool) -> None:
+    """--version: eager, so it answers before a command is asked for; -v (eager too, hoisted first) counts."""
+    if value:
+        sys.stdout.write(version.text(ctx.params.get("verbose", 0)) + "\n")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks, debug logging and third-party log "
                                                             "output."),
-          verbose: int = typer.Option(0, "-v", "--verbose", count=True,
+          verbose: int = typer.Option(0, "-v", "--verbose", count=True, is_eager=True,
                                       help="Log what optkit does (passes, stages, cache, measurements); -vv for "
                                            "debug detail."),
+          _version: bool = typer.Option(False, "--version", is_eager=True, expose_value=False,
+                                        callback=_print_version,
+                                        help="Print optkit's version and exit (with -v: each runtime's too)."),
           trust_code: bool = typer.Option(False, "--trust-code",
                                           help="Allow loading models that run their own code (pickled whole "
                                                "models, Keras Lambda layers).")) -> None:
     common.STATE.debug = debug
+    common.STATE.verbose = verbose
     if trust_code:
         trust.allow()
 
