@@ -242,7 +242,7 @@ def emit(report, report_path: Optional[str], as_json: bool) -> None:
     if as_json:
         print_json(report.to_json())
     else:
-        to_console(report, console())
+        to_console(report, console(), verbose=bool(STATE.verbose))
 
 
 def run_single_stage(pass_name: str, model: str, output: str, config: dict, *, command: str, settings,

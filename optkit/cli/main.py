@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import signal
 import sys
@@ -9,7 +10,7 @@ import sys
 import typer
 
 from optkit.cli import common, metavars, version
-from optkit.core import interrupts, trust
+from optkit.core import phases, trust
 from optkit.core.errors import OptkitError, exit_codes_line
 
 # Flags of the root command that may also be written after the sub-command (`optkit inspect M --trust-code`).
@@ -174,19 +175,22 @@ def main() -> None:
     verbose = sum(2 if a == "-vv" else 1 for a in argv if a in ("-v", "-vv", "--verbose"))
     common.quiet_third_parties(debug="--debug" in argv, verbose=verbose)
     code = common.run_app(app, argv)
+    if verbose and phases.lapped():  # where the wall time went, adding up to it
+        logging.getLogger("optkit.cli").info("phase times: %s", phases.line("report and exit"))
     # the verdict is given: a signal still pending, or raised again while the interpreter shuts down, must not
     # turn the exit code into a death by that signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if interrupts.received:
-        _exit_now(code)
-    sys.exit(code)
+    _exit_now(code)
 
 
 def _exit_now(code: int) -> None:
     """Exit with `code` after the atexit handlers, skipping the interpreter's own ending.
 
-    CPython remembers a KeyboardInterrupt raised inside exec() of a string (dataclasses and namedtuple build
+    That ending tears down every module, which takes seconds once onnxruntime, sympy (onnxruntime's shape
+    inference) or a framework is loaded, after the command's work and its `-v` phase times are done: nothing in it
+    is optkit's (its threads are daemons, its files closed, logging flushed by its atexit handler). Also, CPython
+    remembers a KeyboardInterrupt raised inside exec() of a string (dataclasses and namedtuple build
     their methods so, at import) even when it was caught, and under `python -m` ends the process by SIGINT
     (-2) instead of the code given; a fresh-clone CI run saw it after 'error: interrupted'.
     """
