@@ -23,12 +23,15 @@ def _cli(*args, cwd):
 @pytest.fixture(scope="module")
 def quantized(tmp_path_factory):
     """One static quantize of the sample CNN with its search, -v, and its report."""
+    import time
+
     work = tmp_path_factory.mktemp("story")
+    t0 = time.perf_counter()
     rc, out, err = _cli("-v", "quantize", SAMPLES / "torch_cnn.onnx", "-o", work / "q.onnx", "--calibration-data",
                         SAMPLES / "digits_calib_nchw.npz", "--eval-data", SAMPLES / "digits_eval_nchw.npz",
-                        "--allow-slower", "--max-candidates", "4", "--report", work / "r.json", cwd=work)
+                        "--allow-slower", "--max-candidates", "2", "--report", work / "r.json", cwd=work)
     assert rc == 0, err
-    return work, out, json.loads((work / "r.json").read_text())
+    return work, out, json.loads((work / "r.json").read_text()), err, time.perf_counter() - t0
 
 
 def _note_lines(out: str, stage: str) -> list[str]:
@@ -36,7 +39,7 @@ def _note_lines(out: str, stage: str) -> list[str]:
 
 
 def test_default_console_has_two_note_lines_a_stage(quantized):
-    work, _, report = quantized
+    work, _, report, _, _ = quantized
     rc, out, err = _cli("report", "render", work / "r.json", cwd=work)
     assert rc == 0, err
     stage = report["stages"][-1]
@@ -49,7 +52,7 @@ def test_default_console_has_two_note_lines_a_stage(quantized):
 
 
 def test_verbose_shows_every_note_and_the_candidates(quantized):
-    work, out, report = quantized
+    work, out, report, _, _ = quantized
     stage = report["stages"][-1]
     assert _note_lines(out, stage["name"]) == [f"{stage['name']}: {n}" for n in stage["notes"]]
     assert "candidates tried" in out
@@ -60,7 +63,7 @@ def test_verbose_shows_every_note_and_the_candidates(quantized):
 
 def test_a_report_without_briefs_shows_its_first_two_notes(quantized, tmp_path):
     """A report.json written before briefs were kept reads as before, cut to two notes a stage."""
-    _, _, report = quantized
+    _, _, report, _, _ = quantized
     for stage in report["stages"]:
         stage.pop("brief", None)
     (tmp_path / "old.json").write_text(json.dumps(report))
@@ -68,3 +71,23 @@ def test_a_report_without_briefs_shows_its_first_two_notes(quantized, tmp_path):
     assert rc == 0, err
     stage = report["stages"][-1]
     assert _note_lines(out, stage["name"]) == [f"{stage['name']}: {n}" for n in stage["notes"][:2]]
+
+
+def test_verbose_ends_with_phase_times_that_add_up_to_the_wall_time(quantized):
+    """-v's last line: every phase of the command with its seconds, their sum the wall time, which is no more than
+    the process's as the caller measured it (the race was the stage's timing: no phase times the file again)."""
+    import re
+
+    _, _, report, err, measured = quantized
+    (line,) = [ln for ln in err.splitlines() if "phase times: " in ln]
+    phases, wall = line.split("phase times: ", 1)[1].rsplit("; wall ", 1)
+    assert "(kernels " in phases and " time " in phases  # the search's own phases, beside the pass
+    phases = re.sub(r" \([^)]*\)", "", phases)
+    seconds = [float(s) for s in re.findall(r"(?:^|, )[a-z0-9 -]+ (\d+\.\d) s", phases)]
+    names = re.findall(r"(?:^|, )([a-z0-9 -]+) \d+\.\d s", phases)
+    assert names == ["start-up", "checks and data", "input measured", "quantize pass", "quantize measured",
+                     "report and exit"], names
+    assert abs(sum(seconds) - float(wall.split()[0])) <= 0.05 * len(seconds) + 0.01, line
+    assert float(wall.split()[0]) <= measured + 0.5, (line, measured)
+    assert "not timed again" in err  # the stage's latency is the race's figure of the chosen file
+    assert report["stages"][-1]["measurements"]["latency_change"]["trials"] >= 2
