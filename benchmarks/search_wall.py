@@ -8,7 +8,8 @@ kernel table is measured), then again with that cache (warm); the wall time is t
 line `-v` ends with is printed beside it. Models: the PP-OCRv4 recognizer from the rapidocr wheel (dynamic, no
 data), EfficientNet-Lite1 static on ../shared/realcases/imagenet100 (its 100 images calibrate; 9 crops of each,
 900 views of the same images, evaluate: for timing, not for accuracy claims; tests/_imagenet.py), and
-recipes/quickstart.yaml. Run it alone on the machine: the figures are wall times.
+recipes/quickstart.yaml; the two quantize commands also with `--threads 1`, where the search's race (batch 1, one
+thread) is the stage's timing. Run it alone on the machine: the figures are wall times.
 """
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def run(checkout: Path, args: list[str], cache: Path, cwd: Path) -> tuple[float,
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--checkout", type=Path, default=HERE)
-    ap.add_argument("--only", choices=("ocr", "lite1", "quickstart"))
+    ap.add_argument("--only", choices=("ocr", "lite1", "ocr-threads1", "lite1-threads1", "quickstart"))
     a = ap.parse_args()
     sys.path.insert(0, str(HERE / "tests"))
     from _imagenet import imagenet100_views
@@ -59,6 +60,10 @@ def main() -> None:
         "ocr": ["quantize", str(ocr_model()), "-o", "q.onnx", "--mode", "dynamic"],
         "lite1": ["quantize", str(REAL / "efficientnet_lite1.onnx"), "-o", "q.onnx", "--calibration-data",
                   str(calib), "--eval-data", str(ev), "--metric", "top1", "--max-accuracy-drop", "0.01"],
+        "ocr-threads1": ["quantize", str(ocr_model()), "-o", "q.onnx", "--mode", "dynamic", "--threads", "1"],
+        "lite1-threads1": ["quantize", str(REAL / "efficientnet_lite1.onnx"), "-o", "q.onnx", "--calibration-data",
+                           str(calib), "--eval-data", str(ev), "--metric", "top1", "--max-accuracy-drop", "0.01",
+                           "--threads", "1"],
         "quickstart": ["run", str(a.checkout / "recipes" / "quickstart.yaml"), "--workspace", "runs"],
     }
     print(f"checkout {a.checkout}; {os.cpu_count()} CPUs")

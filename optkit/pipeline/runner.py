@@ -261,14 +261,17 @@ def _input(st: _Run):
 
 
 def _timing(st: _Run, parent):
-    """How the stage's result will be timed against `parent` (settings, eval data), when `parent` is the model the
-    stage is compared with (the run's input) on the CPU: a pass's own paired timing made so is the stage's figure
-    (PassContext.timing). None otherwise: the stage is timed after the pass."""
+    """How the stage's result will be timed against `parent` (settings, eval data), when that is the comparison a
+    pass's search makes anyway (quantize's race: the CPU at batch 1 on one thread) and `parent` is the model the
+    stage is compared with (the run's input): the pass's paired timing of its result, made so, is the stage's figure
+    (PassContext.timing). None otherwise: the stage is timed once, after the pass. One thread only: sessions of
+    several threads each, interleaved in a race of five models, spin against each other on a busy machine."""
     r = st.loaded.recipe
     if not r.measure.latency or st.source is None or parent.sha256 != st.source.sha256:
         return None
     settings = _settings_for(st.loaded, parent)
-    return (settings, st.data["specs"].get("eval")) if settings.provider == "cpu" else None
+    same = settings.provider == "cpu" and settings.threads == 1 and settings.batch == 1
+    return (settings, st.data["specs"].get("eval")) if same else None
 
 
 def _compute_stage(st: _Run, key: str | None, tmp: Path, name: str, cls, current, config: dict,
