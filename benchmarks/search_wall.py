@@ -56,16 +56,12 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="optkit-search-wall-"))
     calib, ev = imagenet100_views(work)
-    cases = {
-        "ocr": ["quantize", str(ocr_model()), "-o", "q.onnx", "--mode", "dynamic"],
-        "lite1": ["quantize", str(REAL / "efficientnet_lite1.onnx"), "-o", "q.onnx", "--calibration-data",
-                  str(calib), "--eval-data", str(ev), "--metric", "top1", "--max-accuracy-drop", "0.01"],
-        "ocr-threads1": ["quantize", str(ocr_model()), "-o", "q.onnx", "--mode", "dynamic", "--threads", "1"],
-        "lite1-threads1": ["quantize", str(REAL / "efficientnet_lite1.onnx"), "-o", "q.onnx", "--calibration-data",
-                           str(calib), "--eval-data", str(ev), "--metric", "top1", "--max-accuracy-drop", "0.01",
-                           "--threads", "1"],
-        "quickstart": ["run", str(a.checkout / "recipes" / "quickstart.yaml"), "--workspace", "runs"],
-    }
+    ocr = ["quantize", str(ocr_model()), "-o", "q.onnx", "--mode", "dynamic"]
+    lite1 = ["quantize", str(REAL / "efficientnet_lite1.onnx"), "-o", "q.onnx", "--calibration-data", str(calib),
+             "--eval-data", str(ev), "--metric", "top1", "--max-accuracy-drop", "0.01"]
+    cases = {"ocr": ocr, "lite1": lite1, "ocr-threads1": [*ocr, "--threads", "1"],
+             "lite1-threads1": [*lite1, "--threads", "1"],
+             "quickstart": ["run", str(a.checkout / "recipes" / "quickstart.yaml"), "--workspace", "runs"]}
     print(f"checkout {a.checkout}; {os.cpu_count()} CPUs")
     for name, args in cases.items():
         if a.only and name != a.only:

@@ -11,7 +11,7 @@ from optkit.core.artifact import Artifact
 from optkit.core.batching import first_call
 from optkit.core.text import first_line
 from optkit.measure.model import MeasureSettings
-from optkit.measure.paired import describe, head_to_head, paired_latencies
+from optkit.measure.paired import as_change, head_to_head, paired_latencies
 from optkit.passes.quantize.candidates import Candidate
 
 TIMING_LIMIT_S = 14.0     # the timing of all candidates against the parent, session opening included (the
@@ -58,9 +58,7 @@ def race_result(parent: Artifact, chosen: Candidate) -> dict[str, Any] | None:
     r = chosen.paired
     if r is None or r["trials"] < 2:
         return None
-    return {"parent": parent.sha256, "before": r["before"], "after": r["after"],
-            "latency_change": {k: r[k] for k in ("ratio", "ratio_ci95", "significant", "trials")},
-            "note": "latency: " + describe(r)}
+    return {"parent": parent.sha256, **as_change(r)}
 
 
 def runoff(fastest: Candidate, chosen: Candidate, specs: list, check_feeds: dict,
