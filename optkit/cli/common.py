@@ -30,6 +30,7 @@ from optkit.core.text import first_line, printable, redact_url
 @dataclass
 class _State:
     debug: bool = False
+    verbose: int = 0  # -v count: what the console adds to its short story
     after_interrupt: str = "nothing was written"  # what an interrupted command leaves behind
 
 
@@ -241,7 +242,7 @@ def emit(report, report_path: Optional[str], as_json: bool) -> None:
     if as_json:
         print_json(report.to_json())
     else:
-        to_console(report, console())
+        to_console(report, console(), verbose=bool(STATE.verbose))
 
 
 def run_single_stage(pass_name: str, model: str, output: str, config: dict, *, command: str, settings,

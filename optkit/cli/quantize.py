@@ -55,7 +55,7 @@ def run_and_explain(pass_name, model, output, config, *, as_json, **kwargs):
         raise
     stage = report.stages[-1]
     cands = (stage.measurements.get("quantize") or {}).get("candidates") or []
-    if len(cands) > 1 and not as_json:
+    if len(cands) > 1 and not as_json and common.STATE.verbose:  # the search's reasoning: -v (and the reports)
         print_candidates(cands, title="candidates tried")
     if len(report.stages) == 2 and not as_json:
         a = (report.stages[0].measurements.get("latency") or {}).get("p50_ms")

@@ -158,6 +158,12 @@ def change_against(parent: Artifact, child: Artifact, settings: MeasureSettings,
         paired = paired_latency(parent, child, settings, data=data, limit_s=LIMIT_PAIR_S)
     except OptkitError:
         return None
+    return as_change(paired)
+
+
+def as_change(paired: dict[str, Any]) -> dict[str, Any]:
+    """A paired timing (paired_latencies' per-child dict) as a stage's figure against its parent: change_against's
+    shape, whichever timing made it (a pass's race made as the run times the stage, too)."""
     return {"before": paired["before"], "after": paired["after"],
             "latency_change": {k: paired[k] for k in ("ratio", "ratio_ci95", "significant", "trials")},
             "note": "latency: " + describe(paired)}

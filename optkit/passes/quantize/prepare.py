@@ -13,6 +13,7 @@ from typing import Any
 
 from optkit.core.batching import count, stack_samples, stackable, trim
 from optkit.core.errors import UsageError
+from optkit.core.lightimports import ort_tools_without_torch
 from optkit.core.registry import PassContext
 from optkit.core.text import first_line
 from optkit.measure.accuracy import compute, metric_rows, resolve_metric
@@ -126,6 +127,7 @@ def prepare(model, cfg: QuantizeConfig, ctx: PassContext, strategy: Strategy, wo
 def _preprocess(model, raw: Path, prepared: Path, work: Path, ctx: PassContext) -> None:
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
+    ort_tools_without_torch()  # its symbolic shape inference imports onnxruntime.tools, which imports torch
     quiet_ort()
     try:  # in our scratch folder: it writes <uuid>.data and sym_shape_infer_temp.onnx to the cwd
         with contextlib.chdir(work):

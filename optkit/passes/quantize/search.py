@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from optkit.core import phases as wall  # the command's wall-time laps (-v), not self.phases
 from optkit.core.artifact import Artifact
 from optkit.core.errors import UsageError
 from optkit.core.registry import PassContext, require_extra
@@ -51,7 +52,7 @@ from optkit.passes.quantize.prepare import (
     prepare,
 )
 from optkit.passes.quantize.score import CLEARLY_SLOWER, Scorer
-from optkit.passes.quantize.timing import runoff, time_candidates
+from optkit.passes.quantize.timing import race_result, runoff, time_candidates
 
 __all__ = ["Quantizer", "CLEARLY_SLOWER"]  # CLEARLY_SLOWER lives in score.py; imported from here by tests
 
@@ -94,6 +95,7 @@ class Quantizer:
         finally:
             phases = {k: round(v, 3) for k, v in self.phases.items()}
             log.info("quantize search: %s", self._where_the_time_went())
+            wall.detail(self._phase_times())
             self.ctx.measurements["quantize"] = {"mode": self.mode, "settings": self.settings,
                                                  "candidates": [c.public() for c in self.candidates],
                                                  "phases_s": phases}
@@ -203,6 +205,10 @@ class Quantizer:
         return (f"{head}{len(cands)} candidates ({skipped} skipped); build {p['build']:.1f} s ({built}), "
                 f"score {p['score']:.1f} s ({scored}), timing {p['time']:.1f} s ({timed})")
 
+    def _phase_times(self) -> str:
+        p = self.phases
+        return ", ".join(f"{k} {p[k]:.1f} s" for k in ("kernels", "build", "score", "time") if k in p)
+
     def _first_that_builds(self, space: list[Settings]) -> list[Candidate]:
         """Without the search: the first setting, or the next when onnxruntime cannot build it."""
         tried = []
@@ -260,8 +266,10 @@ class Quantizer:
         if self.cfg.measure_candidates and (len(fits) > 1 or self._speed_matters()):
             with self._phase("time"):
                 self.settings.update(time_candidates(self.artifact, fits, self.ref.specs, self.ref.check_feeds,
-                                                     self.ctx.note))
+                                                     self.ctx.note, self.ctx.timing))
         chosen = self.chooser.pick_after_runoffs(fits, self._race, self.settings)
+        if self.ctx.timing is not None:  # the race timed the chosen file as the run times a stage: its figure
+            self.ctx.timed = race_result(self.artifact, chosen)
         self.settings.update(chosen.settings.to_dict())
         self.tell.say_chosen(chosen)
         if self._speed_matters():
