@@ -17,8 +17,8 @@ from optkit.core.registry import key_and_flag
 from optkit.core.shapes import parse_shapes
 from optkit.measure.size import measure_size
 from optkit.package import lineage, repo, schemas
-from optkit.package import preprocessor as carried
 from optkit.package import manifests as mf
+from optkit.package import preprocessor as carried
 from optkit.package.config import PackageConfig
 from optkit.package.signature import read_signature
 from optkit.package.target import Job, Target, get_target, own_options, target_options
