@@ -73,6 +73,15 @@ def test_triton_version_carries_the_tokenizer_and_the_lineage_names_the_source(c
     assert AutoTokenizer.from_pretrained(tok)("Great value.")["input_ids"]
 
 
+def test_the_export_carries_no_stack_traces(classifier):
+    """The dynamo exporter's per-node records (stack traces with this checkout's paths) are not written."""
+    import onnx
+
+    proto = onnx.load(str(classifier[1]))
+    assert not any(n.metadata_props for n in proto.graph.node)
+    assert str(ROOT).encode() not in classifier[1].read_bytes()
+
+
 def test_tritonserver_serves_the_version_on_text_its_tokenizer_reads(classifier, triton_repo, tmp_path):
     if missing():
         pytest.skip(f"SKIPPED LOUDLY: {missing()}")
