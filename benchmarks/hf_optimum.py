@@ -172,6 +172,17 @@ def latency(optimum_int8: Path, optkit_int8: Path, tok, max_len: int, sentences:
     return {"ratio": centre, "ci95": [lo, hi], "margin": MIN_CHANGE, "per_length": per_length}
 
 
+def print_latency(files: dict, tok, max_len: int, sentences: list[str], lengths: int) -> dict:
+    lat = latency(files["optimum INT8"], files["optkit INT8"], tok, max_len, sentences, lengths)
+    print(f"\nlatency, optkit INT8 / optimum INT8, batch 1, 1 thread, paired, {lengths} lengths:")
+    for n, r, (lo, hi), b, a in lat["per_length"]:
+        print(f"  {n:4d} tokens: {r:.3f}x ({lo:.3f}-{hi:.3f})  optimum p50 {b:.3f} ms, optkit p50 {a:.3f} ms")
+    lo, hi = lat["ci95"]
+    print(f"  pooled: {lat['ratio']:.3f}x (95% CI {lo:.3f}-{hi:.3f}); target: interval not above "
+          f"{1 + lat['margin']:.2f}")
+    return lat
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("optimum_python", help="the python of Optimum's venv (see this script's text for how to make it)")
@@ -179,6 +190,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="the split's seed")
     ap.add_argument("--lengths", type=int, default=9, help="sentences (length quantiles) timed")
     ap.add_argument("--reuse", action="store_true", help="keep the files already in --work (their times not shown)")
+    ap.add_argument("--latency-only", action="store_true", help="with --reuse: only the paired latency")
     args = ap.parse_args()
     from _hf_models import minilm
 
@@ -221,6 +233,8 @@ def main() -> None:
     print(f"model {folder.name} (all-MiniLM-L6-v2), STS-B test: {len(rows(part))} pairs to quantize's budget, "
           f"{len(pairs)} held out (seed {args.seed}); optimum preset {preset}; work {work}")
     print("wall time: " + (", ".join(f"{k} {v:.1f} s" for k, v in t.items()) or "(files reused)"))
+    if args.latency_only:
+        return print_latency(files, tok, max_len, sentences, args.lengths)
     fid = fidelity(folder, {k: v for k, v in files.items() if "FP32" in k}, sentences)
     print(f"\nFP32 vs sentence-transformers on {len(sentences)} held-out sentences (padded batches of 32):")
     for k, v in fid.items():
@@ -236,13 +250,8 @@ def main() -> None:
     drop = (ev["optkit FP32"] - ev["optkit INT8"]) / 100
     print(f"optkit eval --metric spearman on HELDOUT: FP32 {ev['optkit FP32']:.2f}, INT8 {ev['optkit INT8']:.2f} "
           f"(drop {drop:.4f}, budget {BUDGET})")
-    lat = latency(files["optimum INT8"], files["optkit INT8"], tok, max_len, sentences, args.lengths)
-    print(f"\nlatency, optkit INT8 / optimum INT8, batch 1, 1 thread, paired, {args.lengths} lengths:")
-    for n, r, (lo, hi), b, a in lat["per_length"]:
-        print(f"  {n:4d} tokens: {r:.3f}x ({lo:.3f}-{hi:.3f})  optimum p50 {b:.3f} ms, optkit p50 {a:.3f} ms")
+    lat = print_latency(files, tok, max_len, sentences, args.lengths)
     lo, hi = lat["ci95"]
-    print(f"  pooled: {lat['ratio']:.3f}x (95% CI {lo:.3f}-{hi:.3f}); target: interval not above "
-          f"{1 + lat['margin']:.2f}")
     size_ratio = files["optkit INT8"].stat().st_size / fp32
     verdicts = {"FP32 max|diff| <= optimum's": fid["optkit FP32"]["token_embeddings"]
                 <= fid["optimum FP32"]["token_embeddings"],
