@@ -62,8 +62,9 @@ def head_to_head(first: Artifact, second: Artifact, feeds: dict, *, limit_s: flo
 
 
 def _feeds_for(session, settings: MeasureSettings, data, model: str | None = None) -> dict:
-    if isinstance(data, dict):
-        feeds = data
+    if isinstance(data, dict):  # each model gets the inputs it takes (an export without token_type_ids, say)
+        names = {s.name for s in session.inputs}
+        feeds = {k: v for k, v in data.items() if k in names}
     elif data is not None:
         ds = data.load(model)
         feeds = latency_feeds(session.inputs, ds.bind(session.inputs, stream=True), settings.batch, ds.source)

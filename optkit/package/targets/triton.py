@@ -251,7 +251,7 @@ class TritonTarget(Target):
             job.sig, job.state["lifted"] = signature_of(lifted, job.model), lifted
             job.notes.extend(lift_notes)
         probe = int(job.tuned.get("batch") or 1) if job.sig.batchable else 0
-        warm, warm_notes = warmup_dims(job.sig, probe > 0, job.shapes, job.config.data)
+        warm, warm_notes = warmup_dims(job.sig, probe > 0, job.shapes, job.config.data, job.model)
         job.state["warmup"] = warm
         job.notes.extend(warm_notes)
 

@@ -104,6 +104,12 @@ def prepare(model, cfg: QuantizeConfig, ctx: PassContext, strategy: Strategy, wo
         del model.graph.input[:]
         model.graph.input.extend(keep)
         ctx.note(f"treated {len(as_inputs)} initializers listed as graph inputs as constants")
+    if any(v.name in inits for v in model.graph.value_info):
+        # an initializer's shape is its own: torch's dynamo exporter also lists it in value_info, a copy that goes
+        # stale when a weight is rewritten (Gemm transB -> MatMul), and shape inference then refuses the model
+        keep = [v for v in model.graph.value_info if v.name not in inits]
+        del model.graph.value_info[:]
+        model.graph.value_info.extend(keep)
     named = graph.name_nodes(model)
     if named:
         ctx.note(f"named {named} unnamed nodes so they can be listed and excluded")
