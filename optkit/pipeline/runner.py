@@ -27,11 +27,12 @@ from optkit.pipeline.validation import validate
 from optkit.pipeline.workspace import Progress, Workspace
 from optkit.report.build import input_stage, pass_stage
 from optkit.report.schema import Report
+from optkit.runtimes.base import takes
 
 log = logging.getLogger(__name__)
 
 EXTENSIONS = {"onnx": "model.onnx", "tflite": "model.tflite", "keras": "model.keras", "tf-savedmodel": "model_savedmodel",
-              "torchscript": "model.pt", "torch-export": "model.pt2", "trt-engine": "model.engine"}
+              "torchscript": "model.pt", "torch-export": "model.pt2", "trt-engine": "model.engine", "openvino-ir": "model.xml"}
 
 
 NO_DATA: dict[str, Any] = {"datasets": {}, "specs": {}}  # a model that takes other inputs than the recipe's data
@@ -347,7 +348,7 @@ def _load_data(loaded) -> dict[str, Any]:
 
 
 def measure_settings(section):
-    return MeasureSettings(provider=section.provider, threads=section.threads, batch=section.batch,
+    return MeasureSettings(runtime=section.runtime, provider=section.provider, threads=section.threads, batch=section.batch,
                            warmup=section.warmup, runs=section.runs, shapes=section.shapes, values=section.values,
                            check_outputs=section.check_outputs, seed=section.seed, session=section.session,
                            concurrency=section.concurrency, sessions=section.sessions)
@@ -356,6 +357,8 @@ def measure_settings(section):
 def _settings_for(loaded, art):
     """The recipe's measurement settings, as they apply to this artifact's format."""
     settings = measure_settings(loaded.recipe.measure)
+    if not takes(art.format, settings.runtime):  # the recipe's runtime serves the stages of the formats it reads
+        settings = settings.model_copy(update={"runtime": None})
     if art.format not in (Format.ONNX, Format.TRT_ENGINE):  # onnxruntime's options apply to ONNX stages
         settings = settings.model_copy(update={"provider": "cpu", "session": OrtSettings()})
     elif art.format == Format.TRT_ENGINE:

@@ -1,0 +1,168 @@
+"""OpenVINO as a runtime (issue 42 item 1): --runtime openvino on bench, eval and profile, recipes' measure.runtime,
+the settings each report records, OpenVINO IR written by convert -o NAME.xml and read by every command, paired
+timing across runtimes, and exit 4 with the install command where OpenVINO is missing."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, SAMPLES, one_error_line, run_cli
+
+CNN = SAMPLES / "torch_cnn.onnx"
+EVAL = SAMPLES / "digits_eval_nchw.npz"
+
+
+def _has_openvino() -> bool:
+    try:
+        import openvino  # noqa: F401
+    except ImportError:
+        return False
+    import platform
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
+needs_ov = pytest.mark.skipif(not _has_openvino(), reason="OpenVINO is not installed or this CPU is not x86-64")
+
+
+@pytest.fixture(scope="module")
+def ir(tmp_path_factory) -> Path:
+    if not _has_openvino():
+        pytest.skip("OpenVINO is not installed")
+    out = tmp_path_factory.mktemp("ir") / "cnn.xml"
+    r = run_cli("convert", CNN, "-o", out, "--data", EVAL)
+    assert r.rc == 0, r.err
+    return out
+
+
+def _stage(r) -> dict:
+    assert r.rc == 0, r.err
+    return json.loads(r.out)["stages"][-1]
+
+
+@needs_ov
+def test_bench_records_the_runtime_and_its_settings():
+    m = _stage(run_cli("bench", CNN, "--runtime", "openvino", "--threads", "1", "--runs", "10", "--json"))["measurements"]
+    rt = m["runtime"]
+    assert rt["name"] == "openvino" and rt["version"].startswith("20")
+    s = rt["settings"]
+    assert (s["PERFORMANCE_HINT"], s["NUM_STREAMS"], s["INFERENCE_NUM_THREADS"], s["INFERENCE_PRECISION_HINT"]) == \
+        ("LATENCY", "1", "1", "f32")
+    assert s["reshaped_to"] == {"input": [1, 1, 8, 8]}       # the dynamic batch, reshaped to what was measured
+    assert m["io"]["runtime"] == "openvino" and m["latency"]["p50_ms"] > 0
+    ort = _stage(run_cli("bench", CNN, "--runs", "5", "--json"))["measurements"]["runtime"]
+    assert ort["name"] == "onnxruntime" and ort["settings"]["provider"] == "cpu"
+
+
+@needs_ov
+def test_ir_written_and_read_back_by_eval_bench_and_profile(ir):
+    assert ir.is_file() and ir.with_suffix(".bin").is_file()
+    m = _stage(run_cli("eval", ir, "--data", EVAL, "--reference", CNN, "--json"))["measurements"]
+    assert m["runtime"]["name"] == "openvino"
+    assert m["fidelity"]["cosine"] > 0.9999 and m["fidelity"]["top1_agreement"] == 1.0
+    ort = _stage(run_cli("eval", CNN, "--data", EVAL, "--json"))["measurements"]
+    assert m["accuracy"]["top1"] == pytest.approx(ort["accuracy"]["top1"], abs=0.002)
+    r = run_cli("profile", ir, "--runs", "5", "--json")
+    assert r.rc == 0, r.err
+    p = json.loads(r.out)
+    assert p["runtime"]["name"] == "openvino" and p["ops"] and all(n["kernel"] for n in p["nodes"])
+    assert {o["op"] for o in p["ops"]} >= {"Convolution"}
+
+
+@needs_ov
+def test_profile_on_openvino_names_the_kernels_and_refuses_a_trace(tmp_path):
+    r = run_cli("profile", CNN, "--runtime", "openvino", "--runs", "5")
+    assert r.rc == 0, r.err
+    assert "kernel" in r.out and "per-layer counters" in r.out
+    r = run_cli("profile", CNN, "--runtime", "openvino", "--trace", tmp_path / "t.json")
+    assert r.rc == 2 and "--trace" in one_error_line(r)
+    assert not (tmp_path / "t.json").exists()
+
+
+@needs_ov
+def test_paired_timing_across_runtimes():
+    """The same loop times two sessions whatever their runtime: the ratio carries its interval and each side
+    names its runtime."""
+    from optkit.core.artifact import Artifact
+    from optkit.measure.model import MeasureSettings
+    from optkit.measure.paired import paired_latency
+
+    a = Artifact.load(CNN)
+    r = paired_latency(a, a, MeasureSettings(threads=1, runs=30, warmup=3), trials=2,
+                       runtimes=("onnxruntime", "openvino"))
+    assert (r["before"]["runtime"], r["after"]["runtime"]) == ("onnxruntime", "openvino")
+    lo, hi = r["ratio_ci95"]
+    assert 0 < lo <= r["ratio"] <= hi
+
+
+@needs_ov
+def test_recipe_measure_runtime_and_run_pass(tmp_path):
+    """measure: {runtime: openvino} in a recipe (here through optkit.run_pass): ONNX stages measured on OpenVINO;
+    convert.openvino through the Python API writes the IR."""
+    import optkit
+
+    rep = optkit.run_pass("convert.openvino", str(CNN), str(tmp_path / "m.xml"), measure={"runtime": "openvino"})
+    assert (tmp_path / "m.xml").is_file() and (tmp_path / "m.bin").is_file()
+    assert [s.measurements["runtime"]["name"] for s in rep.stages] == ["openvino", "openvino"]
+    assert rep.stages[-1].output.format == "openvino-ir"
+
+
+@pytest.mark.parametrize("args, words", [
+    (("bench", CNN, "--runtime", "openvino", "--provider", "cuda"), "--provider cuda is onnxruntime's"),
+    (("bench", SAMPLES / "keras_cnn.tflite", "--runtime", "openvino"), "does not run tflite models"),
+    (("eval", CNN, "--data", EVAL, "--runtime", "nosuch"), "no such runtime"),
+])
+def test_bad_runtime_choices_are_exit_2(args, words):
+    r = run_cli(*args)
+    assert r.rc == 2 and words in one_error_line(r)
+
+
+def test_convert_to_ir_needs_an_onnx_model(tmp_path):
+    r = run_cli("convert", SAMPLES / "keras_cnn.tflite", "-o", tmp_path / "m.xml")
+    assert r.rc == 2 and "convert" in one_error_line(r) and ".onnx first" in one_error_line(r)
+    assert list(tmp_path.iterdir()) == []
+
+
+@needs_ov
+def test_an_ir_without_its_weights_is_exit_2(ir, tmp_path):
+    lone = tmp_path / "lone.xml"
+    lone.write_bytes(ir.read_bytes())
+    r = run_cli("bench", lone)
+    assert r.rc == 2 and "lone.bin is missing" in one_error_line(r)
+    bad = tmp_path / "bad.xml"
+    bad.write_text("<model/>")
+    r = run_cli("eval", bad, "--data", EVAL)
+    assert r.rc == 2 and "not an OpenVINO IR" in one_error_line(r)
+
+
+def test_without_openvino_the_runtime_is_exit_4(tmp_path):
+    """OpenVINO hidden from a subprocess (as where it is not installed): every way in says the one install
+    command, and writes nothing."""
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['openvino'] = None\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), str(ROOT)]), "COLUMNS": "200"}
+    (tmp_path / "m.xml").write_text('<?xml version="1.0"?>\n<net name="m" version="11"></net>\n')
+    (tmp_path / "m.bin").write_bytes(b"")
+    for args in (("bench", CNN, "--runtime", "openvino"), ("eval", CNN, "--data", EVAL, "--runtime", "openvino"),
+                 ("profile", CNN, "--runtime", "openvino"), ("convert", CNN, "-o", tmp_path / "out.xml"),
+                 ("bench", tmp_path / "m.xml")):
+        p = subprocess.run([sys.executable, "-m", "optkit", *map(str, args)], capture_output=True, text=True,
+                           env=env, cwd=tmp_path, timeout=300)
+        assert p.returncode == 4, (args, p.stderr)
+        assert "pip install 'optkit[openvino]'" in p.stderr.strip().splitlines()[-1] and "Traceback" not in p.stderr
+    assert not (tmp_path / "out.xml").exists() and not (tmp_path / "out.bin").exists()
+
+
+@needs_ov
+def test_a_real_cnn_on_openvino(realcases):
+    """EfficientNet-Lite1 (a real ImageNet CNN, NHWC uint8-range float input) on OpenVINO: its static shape
+    compiled once, timed, and the settings recorded."""
+    m = _stage(run_cli("bench", realcases / "efficientnet_lite1.onnx", "--runtime", "openvino", "--threads", "1",
+                       "--runs", "5", "--warmup", "2", "--json"))["measurements"]
+    assert m["runtime"]["name"] == "openvino" and m["runtime"]["settings"]["INFERENCE_NUM_THREADS"] == "1"
+    assert m["latency"]["runs"] == 5
