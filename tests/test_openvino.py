@@ -166,3 +166,34 @@ def test_a_real_cnn_on_openvino(realcases):
                        "--runs", "5", "--warmup", "2", "--json"))["measurements"]
     assert m["runtime"]["name"] == "openvino" and m["runtime"]["settings"]["INFERENCE_NUM_THREADS"] == "1"
     assert m["latency"]["runs"] == 5
+
+
+@needs_ov
+def test_quantize_for_openvino_within_budget_and_as_ir(tmp_path):
+    """quantize --runtime openvino: static QDQ candidates scored and timed on OpenVINO, the chosen file checked to
+    run int8 kernels there (per-layer counters), the accuracy budget held; -o NAME.xml writes the IR."""
+    base = ("quantize", CNN, "--mode", "static", "--runtime", "openvino", "--calibration-data",
+            SAMPLES / "digits_calib_nchw.npz", "--eval-data", EVAL, "--metric", "top1", "--max-accuracy-drop", "0.01",
+            "--allow-slower", "--activation-type", "uint8", "--per-channel", "--max-samples", "200", "--json")
+    r = run_cli(*base, "-o", tmp_path / "q.xml")
+    assert r.rc == 0, r.err
+    stages = json.loads(r.out)["stages"]
+    q = next(s for s in stages if s["pass"] == "quantize.onnx-static")
+    assert q["config"]["runtime"] == "openvino" and q["measurements"]["runtime"]["name"] == "openvino"
+    ran = next(n for n in q["notes"] if n.startswith("OpenVINO ran"))
+    assert int(ran.split()[2]) > 0                                   # layers that ran int8 kernels
+    assert q["measurements"]["accuracy"]["top1"] >= stages[0]["measurements"]["accuracy"]["top1"] - 0.01
+    assert stages[-1]["output"]["format"] == "openvino-ir"
+    assert (tmp_path / "q.xml").is_file() and (tmp_path / "q.bin").is_file()
+
+
+@pytest.mark.parametrize("extra, words", [
+    (("--mode", "dynamic", "--runtime", "openvino", "-o", "q.onnx"), "run in float on OpenVINO"),
+    (("--mode", "static", "--synthetic-calibration", "-o", "q.xml"), "add it"),
+    (("--mode", "static", "--runtime", "openvino", "--format", "qoperator", "--synthetic-calibration", "-o",
+      "q.onnx"), "use format qdq"),
+])
+def test_quantize_runtime_refusals(tmp_path, extra, words):
+    r = run_cli("quantize", CNN, *extra, cwd=tmp_path)
+    assert r.rc == 2 and words in one_error_line(r)
+    assert list(tmp_path.iterdir()) == []

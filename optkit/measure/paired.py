@@ -60,11 +60,11 @@ def paired_latencies(parent: Artifact, children: list[Artifact], settings: Measu
 
 
 def head_to_head(first: Artifact, second: Artifact, feeds: dict, *, limit_s: float = 5.0,
-                 trials: int = 5) -> tuple[float, float, float]:
+                 trials: int = 5, runtime: str | None = None) -> tuple[float, float, float]:
     """`second`'s latency over `first`'s on one call's `feeds`, timed call by call, interleaved, in one child
     process (batch 1, one thread, no race): (ratio, low, high) of its 95% interval. Where two results timed each
     against a parent share an interval, timed against each other the difference shows."""
-    settings = MeasureSettings(provider="cpu", threads=1, batch=1, warmup=10, runs=100)
+    settings = MeasureSettings(runtime=runtime, provider="cpu", threads=1, batch=1, warmup=10, runs=100)
     r = paired_latency(first, second, settings, trials=trials, data=feeds, limit_s=limit_s)
     return r["ratio"], r["ratio_ci95"][0], r["ratio_ci95"][1]
 

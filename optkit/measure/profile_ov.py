@@ -95,6 +95,19 @@ def summarize_calls(rows: dict[str, dict], per_call: list[dict[str, float]]) -> 
             "int8_layers": sum(1 for n in nodes if is_int8(n["kernel"]))}
 
 
+def kernel_counts(artifact: Artifact, feeds: dict) -> dict[str, int]:
+    """One call of `artifact` on OpenVINO with its per-layer counters: {"layers", "int8"}: the layers that ran and
+    those that ran an int8 kernel (what a quantized file is checked for)."""
+    sess = OpenVINOSession(artifact, threads=1, profile=True)
+    try:
+        sess.run(feeds)
+        ran = [p.exec_type for p in sess.profiling_info(feeds)
+               if not str(p.status).endswith("NOT_RUN") and p.node_type not in ("Parameter", "Result")]
+    finally:
+        sess.close()
+    return {"layers": len(ran), "int8": sum(1 for k in ran if is_int8(k))}
+
+
 def is_int8(kernel: str) -> bool:
     """Whether OpenVINO's exec_type names an int8 kernel (jit_avx512_I8, brgconv_avx512_U8, ...)."""
     return any(kernel.endswith("_" + t) or f"_{t}_" in kernel for t in INT8_KERNEL)

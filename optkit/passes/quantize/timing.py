@@ -23,14 +23,15 @@ RUNOFF_TRIALS = 5
 
 
 def time_candidates(parent: Artifact, pool: list[Candidate], specs: list, check_feeds: dict,
-                    note: Callable[[str], None]) -> dict[str, Any]:
+                    note: Callable[[str], None], runtime: str | None = None) -> dict[str, Any]:
     """Each candidate against the parent at batch 1 on one thread, on the first call of the check data, all in
     one run; one clearly slower than the best stops being timed after trial 3 or 5 (its figures are those of
     the trials it was in). Sets each candidate's p50_ms, latency_ratio, latency_ratio_ci95 and latency_trials;
     returns the settings to report (parent_p50_ms, latency_settings), or {} when the timing failed (said with
-    `note`: latency informs the choice, and its failure must not hide the result)."""
+    `note`: latency informs the choice, and its failure must not hide the result). `runtime`: the one the parent
+    and the candidates run on (default onnxruntime)."""
     feeds = first_call(specs, check_feeds, 1)
-    settings = MeasureSettings(provider="cpu", threads=1, batch=1, warmup=10, runs=TIMING_RUNS)
+    settings = MeasureSettings(runtime=runtime, provider="cpu", threads=1, batch=1, warmup=10, runs=TIMING_RUNS)
     try:
         results = paired_latencies(parent, [Artifact.load(str(c.path)) for c in pool], settings,
                                    trials=TIMING_TRIALS, data=feeds, limit_s=TIMING_LIMIT_S)
@@ -42,19 +43,20 @@ def time_candidates(parent: Artifact, pool: list[Candidate], specs: list, check_
         c.latency_trials = r["trials"]
     longest = max(results, key=lambda r: r["trials"])
     return {"parent_p50_ms": longest["before"]["p50_ms"],
-            "latency_settings": f"batch 1, 1 thread, paired with the parent call by call, up to "
+            "latency_settings": f"{runtime or 'onnxruntime'}, batch 1, 1 thread, paired with the parent call by call, up to "
                                 f"{TIMING_TRIALS} trials (clearly slower candidates dropped early)"}
 
 
 def runoff(fastest: Candidate, chosen: Candidate, specs: list, check_feeds: dict,
-           note: Callable[[str], None]) -> tuple[float, float, float] | None:
+           note: Callable[[str], None], runtime: str | None = None) -> tuple[float, float, float] | None:
     """`chosen`'s latency over `fastest`'s, timed head to head (call by call, interleaved, one child process):
     (ratio, low, high) of its 95% interval. Each was timed against the parent in the race, where two candidates
     a few % apart often share an interval; timed against each other the difference shows. None when the timing
     failed (said with `note`)."""
     try:
         return head_to_head(Artifact.load(str(fastest.path)), Artifact.load(str(chosen.path)),
-                            first_call(specs, check_feeds, 1), limit_s=RUNOFF_LIMIT_S, trials=RUNOFF_TRIALS)
+                            first_call(specs, check_feeds, 1), limit_s=RUNOFF_LIMIT_S, trials=RUNOFF_TRIALS,
+                            runtime=runtime)
     except Exception as e:  # noqa: BLE001 - latency informs the choice; a failure must not hide the result
         note(f"run-off not timed: {first_line(e)}")
         return None
