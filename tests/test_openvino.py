@@ -197,3 +197,20 @@ def test_quantize_runtime_refusals(tmp_path, extra, words):
     r = run_cli("quantize", CNN, *extra, cwd=tmp_path)
     assert r.rc == 2 and words in one_error_line(r)
     assert list(tmp_path.iterdir()) == []
+
+
+@needs_ov
+def test_tune_searches_the_runtime_and_names_the_faster(tmp_path):
+    """The runtime is a dimension of tune's space: the best of each runtime is measured again in interleaved rounds,
+    and the result says which is faster here, by how much, with the noise (whichever it is on this CPU)."""
+    r = run_cli("tune", CNN, "--objective", "latency", "--trials", "4", "--trial-seconds", "0.2", "--space",
+                "threads=1", "--space", "runtime=onnxruntime,openvino", "-o", tmp_path / "best.json", "--json")
+    assert r.rc == 0, r.err
+    tune = json.loads(r.out)["stages"][-1]["measurements"]["tune"]
+    rt = tune["runtimes"]
+    assert sorted(rt["compared"]) == ["onnxruntime", "openvino"] and rt["rounds"] >= 2
+    lo, hi = rt["ci95"]
+    assert lo <= rt["ratio"] <= hi and rt["faster"] in (None, *rt["compared"])
+    assert rt["text"].startswith("runtimes: ")
+    best = json.loads((tmp_path / "best.json").read_text())["best"]["setting"]
+    assert best["runtime"] in ("onnxruntime", "openvino")
