@@ -214,3 +214,18 @@ def test_tune_searches_the_runtime_and_names_the_faster(tmp_path):
     assert rt["text"].startswith("runtimes: ")
     best = json.loads((tmp_path / "best.json").read_text())["best"]["setting"]
     assert best["runtime"] in ("onnxruntime", "openvino")
+
+
+@needs_ov
+def test_a_file_made_for_onnxruntime_measured_on_openvino_says_when_slower(tmp_path):
+    """A recipe measuring on OpenVINO a file quantized for onnxruntime (dynamic int8, which OpenVINO runs in float):
+    the stage names both runtimes in a warning exactly when it is slower than its input there, beyond the noise."""
+    import optkit
+
+    rep = optkit.run_pass("quantize.onnx-dynamic", str(CNN), str(tmp_path / "q.onnx"), measure={"runtime": "openvino"},
+                          allow_slower=True, measure_candidates=False, latency_search=False)
+    stage = rep.stages[-1]
+    assert stage.measurements["runtime"]["name"] == "openvino"
+    change = stage.measurements["latency_change"]
+    said = [w for w in stage.warnings if "made for onnxruntime" in w and "on openvino" in w]
+    assert bool(said) == (change["significant"] and change["ratio"] > 1)

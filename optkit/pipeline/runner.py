@@ -406,4 +406,19 @@ def _measure_stage(loaded, art, result, data, progress, *, name: str, reference=
         stage.notes.append(change["note"] + " (against the input, timed call by call: the figure the tables use)")
     if ignored:
         stage.notes.append(ignored)
+    other = _other_runtime(stage, figures)
+    if other:
+        stage.warnings.append(other)
     return stage, before
+
+
+def _other_runtime(stage, figures: dict) -> str | None:
+    """A file made for one runtime (quantize's `runtime`) measured slower than its input on another says so."""
+    made_for = (stage.config or {}).get("runtime")
+    ran_on = (figures.get("runtime") or {}).get("name")
+    change = figures.get("latency_change") or {}
+    if not made_for or not ran_on or made_for == ran_on or not change.get("significant") \
+            or change.get("ratio", 0) <= 1:
+        return None
+    return (f"this file was made for {made_for} and is {change['ratio']:.2f}x slower than its input on {ran_on}, "
+            f"where it was measured: serve it on {made_for} (measure.runtime / --runtime {made_for})")
