@@ -229,3 +229,33 @@ def test_a_file_made_for_onnxruntime_measured_on_openvino_says_when_slower(tmp_p
     change = stage.measurements["latency_change"]
     said = [w for w in stage.warnings if "made for onnxruntime" in w and "on openvino" in w]
     assert bool(said) == (change["significant"] and change["ratio"] > 1)
+
+
+@needs_ov
+def test_package_for_triton_openvino_backend(tmp_path):
+    """package --to triton --backend openvino: the version holds the IR (model.xml + model.bin) and a config for
+    Triton's OpenVINO backend with optkit's OpenVINO settings, parsed by Triton's own ModelConfig where the Triton
+    tool folder is there; the IR runs on OpenVINO as the ONNX file does."""
+    r = run_cli("package", CNN, "--to", "triton", "-o", tmp_path / "repo", "--name", "cnn", "--backend", "openvino")
+    assert r.rc == 0, r.err
+    v = tmp_path / "repo" / "cnn" / "1"
+    assert sorted(p.name for p in v.iterdir() if p.name.startswith("model")) == ["model.bin", "model.xml"]
+    text = (v / "config.pbtxt").read_text()
+    assert 'backend: "openvino"' in text and 'default_model_filename: "model.xml"' in text
+    for key, value in (("PERFORMANCE_HINT", "LATENCY"), ("NUM_STREAMS", "1"), ("INFERENCE_PRECISION_HINT", "f32")):
+        assert f'key: "{key}" value {{ string_value: "{value}" }}' in text
+    tool = ROOT / "tools" / "triton" / ".venv" / "bin" / "python"
+    if tool.exists():
+        from optkit.package.targets import triton_check
+
+        p = subprocess.run([str(tool), triton_check.__file__, "cnn/1/config.pbtxt"], cwd=tmp_path / "repo",
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+    m = _stage(run_cli("eval", v / "model.xml", "--data", EVAL, "--reference", CNN, "--json"))["measurements"]
+    assert m["fidelity"]["top1_agreement"] == 1.0
+
+
+def test_package_openvino_backend_refuses_gpu(tmp_path):
+    r = run_cli("package", CNN, "--to", "triton", "-o", tmp_path / "repo", "--backend", "openvino", "--gpu")
+    assert r.rc == 2 and "--backend openvino" in one_error_line(r)
+    assert not (tmp_path / "repo" / "torch_cnn" / "1").exists()

@@ -10,11 +10,12 @@ from __future__ import annotations
 import logging
 import platform
 from collections import OrderedDict
+from pathlib import Path
 
 import numpy as np
 
 from optkit.core.artifact import Artifact
-from optkit.core.errors import DependencyError, UsageError
+from optkit.core.errors import DependencyError, PassError, UsageError
 from optkit.core.formats import Format
 from optkit.core.shapes import TensorSpec
 from optkit.core.text import first_line
@@ -43,6 +44,16 @@ def import_openvino():
 
 def version() -> str:
     return import_openvino().get_version().split("-")[0]
+
+
+def save_ir(onnx_path: str | Path, dest: str | Path) -> None:
+    """An ONNX file as OpenVINO IR at `dest` (.xml, .bin beside it), FP32 weights kept (no fp16 compression)."""
+    ov = import_openvino()
+    try:
+        ov.save_model(ov.convert_model(str(onnx_path)), str(dest), compress_to_fp16=False)
+    except Exception as e:  # noqa: BLE001 - OpenVINO's frontends raise their own types
+        raise PassError(f"OpenVINO cannot convert {onnx_path}: {first_line(e)[:300]}") from None
+
 
 
 def compile_settings(threads: int | None, profile: bool = False) -> dict:

@@ -21,27 +21,22 @@ from optkit.core.errors import ValidationError
 from optkit.core.formats import Format, ir_weights
 from optkit.core.interrupts import check as check_interrupted
 from optkit.core.registry import PassContext
-from optkit.core.text import first_line
 from optkit.measure.fidelity import compare_outputs
 from optkit.onnx.graph import all_nodes
 from optkit.onnx.io import load
 from optkit.onnx.session import input_specs, ort_session
 from optkit.passes.convert.common import validate, validation_feeds
-from optkit.runtimes.openvino import OpenVINOSession, import_openvino
+from optkit.runtimes.openvino import OpenVINOSession, save_ir
 
 QDQ_MIN_COSINE = 0.995   # a QDQ model's outputs on OpenVINO against onnxruntime's (measured: >= 0.999 on CNNs)
 
 
 def convert_openvino(artifact: Artifact, config, ctx: PassContext) -> Artifact:
-    ov = import_openvino()
     dest = Path(ctx.output)
     quantized = any(n.op_type == "QuantizeLinear" for n in all_nodes(load(artifact.path, external_data=False).graph))
     with tempfile.TemporaryDirectory(prefix=".optkit-ir-", dir=dest.parent) as tmp:
         staged = Path(tmp) / "model.xml"
-        try:
-            ov.save_model(ov.convert_model(artifact.path), str(staged), compress_to_fp16=False)
-        except Exception as e:  # noqa: BLE001 - OpenVINO's frontends raise their own types
-            raise ValidationError(f"OpenVINO cannot convert {artifact.path}: {first_line(e)[:300]}") from None
+        save_ir(artifact.path, staged)
         figures = _validate(artifact, Artifact.load(staged), config, ctx, quantized)
         ctx.measurements["validation"] = figures
         check_interrupted()
