@@ -1,7 +1,8 @@
-"""OpenVINO beside onnxruntime, in one run (issue 42): FP32 on each runtime, optkit's INT8 for each runtime, the
+"""(Not named openvino.py: the script's folder is first on sys.path, and would shadow the package.)
+OpenVINO beside onnxruntime, in one run (issue 42): FP32 on each runtime, optkit's INT8 for each runtime, the
 one-line onnxruntime calls and NNCF's, for EfficientNet-Lite1 and all-MiniLM-L6-v2 at 16 and 64 tokens.
 
-    .venv/bin/python benchmarks/openvino.py [--only cnn|encoder] [--nncf /work/bench-venvs/nncf/bin/python]
+    .venv/bin/python benchmarks/runtimes.py [--only cnn|encoder] [--nncf /work/bench-venvs/nncf/bin/python]
 
 Latency: every (file, runtime) timed against onnxruntime's FP32 call by call, interleaved, in one child process
 (measure.paired with per-model runtimes: batch 1, one thread, 5 trials), the ratio with its 95% interval.
