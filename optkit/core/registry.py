@@ -27,6 +27,7 @@ EXTRAS: dict[str, tuple[tuple[str, ...], str]] = {
     "tune": (("optuna",), "pip install 'optkit[tune]'"),
     "trt": (("tensorrt",), "pip install 'optkit[trt]' (needs an NVIDIA GPU and driver)"),
     "serve": (("mlflow",), "pip install 'optkit[serve]'"),
+    "openvino": (("openvino",), "pip install 'optkit[openvino]'"),
     "hf": (("torch", "onnxscript", "transformers", "tokenizers", "safetensors", "huggingface_hub"),
            "pip install 'optkit[hf]'"),
 }

@@ -28,11 +28,12 @@ from optkit.pipeline.validation import validate
 from optkit.pipeline.workspace import Progress, Workspace
 from optkit.report.build import input_stage, pass_stage
 from optkit.report.schema import Report
+from optkit.runtimes.base import takes
 
 log = logging.getLogger(__name__)
 
 EXTENSIONS = {"onnx": "model.onnx", "tflite": "model.tflite", "keras": "model.keras", "tf-savedmodel": "model_savedmodel",
-              "torchscript": "model.pt", "torch-export": "model.pt2", "trt-engine": "model.engine"}
+              "torchscript": "model.pt", "torch-export": "model.pt2", "trt-engine": "model.engine", "openvino-ir": "model.xml"}
 
 
 NO_DATA: dict[str, Any] = {"datasets": {}, "specs": {}}  # a model that takes other inputs than the recipe's data
@@ -375,7 +376,7 @@ def _load_data(loaded) -> dict[str, Any]:
 
 
 def measure_settings(section):
-    return MeasureSettings(provider=section.provider, threads=section.threads, batch=section.batch,
+    return MeasureSettings(runtime=section.runtime, provider=section.provider, threads=section.threads, batch=section.batch,
                            warmup=section.warmup, runs=section.runs, shapes=section.shapes, values=section.values,
                            check_outputs=section.check_outputs, seed=section.seed, session=section.session,
                            concurrency=section.concurrency, sessions=section.sessions)
@@ -384,6 +385,8 @@ def measure_settings(section):
 def _settings_for(loaded, art):
     """The recipe's measurement settings, as they apply to this artifact's format."""
     settings = measure_settings(loaded.recipe.measure)
+    if not takes(art.format, settings.runtime):  # the recipe's runtime serves the stages of the formats it reads
+        settings = settings.model_copy(update={"runtime": None})
     if art.format not in (Format.ONNX, Format.TRT_ENGINE):  # onnxruntime's options apply to ONNX stages
         settings = settings.model_copy(update={"provider": "cpu", "session": OrtSettings()})
     elif art.format == Format.TRT_ENGINE:
@@ -445,4 +448,19 @@ def _measure_stage(loaded, art, result, data, progress, *, name: str, reference=
         stage.brief = [*stage.brief[:1], change["note"]]  # the same figure, said short
     if ignored:
         stage.notes.append(ignored)
+    other = _other_runtime(stage, figures)
+    if other:
+        stage.warnings.append(other)
     return stage, before
+
+
+def _other_runtime(stage, figures: dict) -> str | None:
+    """A file made for one runtime (quantize's `runtime`) measured slower than its input on another says so."""
+    made_for = (stage.config or {}).get("runtime")
+    ran_on = (figures.get("runtime") or {}).get("name")
+    change = figures.get("latency_change") or {}
+    if not made_for or not ran_on or made_for == ran_on or not change.get("significant") \
+            or change.get("ratio", 0) <= 1:
+        return None
+    return (f"this file was made for {made_for} and is {change['ratio']:.2f}x slower than its input on {ran_on}, "
+            f"where it was measured: serve it on {made_for} (measure.runtime / --runtime {made_for})")

@@ -79,7 +79,7 @@ def _latency_line(f: StageFigures) -> str:
     return (f"latency: p50 {cell(f.p50_ms)} ms, p90 {cell(f.p90_ms)}, p99 {cell(f.p99_ms)}, "
             f"mean {cell(f.mean_ms)} ± {cell(f.std_ms)} ms over {cell(f.runs, '')} runs; "
             f"batch {cell(f.batch, '')}, threads {f.threads or 'default'}, "
-            f"{cell(f.throughput_per_s, '.1f')} samples/s")
+            f"{cell(f.throughput_per_s, '.1f')} samples/s" + (f"; on {f.runtime}" if f.runtime else ""))
 
 
 def to_markdown(report: Report) -> str:
