@@ -33,8 +33,9 @@ def _tokenizer(folder: Path):
     return tok
 
 
-def build(task: str, folder: Path) -> Path:
-    """A tiny seeded folder of `task` (TASKS) at `folder` (built once: kept when its marker is there)."""
+def build(task: str, folder: Path, labels: tuple[str, ...] | None = None) -> Path:
+    """A tiny seeded folder of `task` (TASKS) at `folder` (built once: kept when its marker is there); `labels`:
+    a classifier's class names (default L0, L1, ...)."""
     marker = folder / ".built"
     if marker.is_file():
         return folder
@@ -64,9 +65,9 @@ def build(task: str, folder: Path) -> Path:
                              pad_token_id=tok.pad_token_id)
         model = tf.LlamaForCausalLM(cfg)
     else:
-        labels = {"text-classification": 3, "token-classification": 5}.get(task, 2)
-        cfg = tf.BertConfig(vocab_size=vocab, max_position_embeddings=128, num_labels=labels, **TINY,
-                            id2label={i: f"L{i}" for i in range(labels)}, label2id={f"L{i}": i for i in range(labels)})
+        names = labels or [f"L{i}" for i in range({"text-classification": 3, "token-classification": 5}.get(task, 2))]
+        cfg = tf.BertConfig(vocab_size=vocab, max_position_embeddings=128, num_labels=len(names), **TINY,
+                            id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)})
         cls = {"text-classification": tf.BertForSequenceClassification,
                "token-classification": tf.BertForTokenClassification}.get(task, tf.BertModel)
         model = cls(cfg)

@@ -108,20 +108,20 @@ def _refused_by_the_pass(folder, tmp_path, **config) -> str:
     return str(e.value)
 
 
-def test_task_whose_head_the_weights_lack(tiny, tmp_path):
-    line = _refused_by_the_pass(tiny["feature-extraction"], tmp_path, task="text-classification")
+def test_task_whose_head_the_weights_lack(cli, tiny, tmp_path):
+    line = _refused(cli, tiny["feature-extraction"], tmp_path, "--task", "text-classification")
     assert "classifier" in line and "not saved with a text-classification head" in line
 
 
-def test_tokenizer_missing(tiny, tmp_path):
+def test_tokenizer_missing(cli, tiny, tmp_path):
     folder = _copy(tiny["feature-extraction"], tmp_path / "m")
     for n in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
         (folder / n).unlink(missing_ok=True)
-    line = _refused_by_the_pass(folder, tmp_path)
+    line = _refused(cli, folder, tmp_path)
     assert f"{folder} has no tokenizer" in line
 
 
-def test_tokenizer_not_matching_the_vocabulary(tiny, tmp_path):
+def test_tokenizer_not_matching_the_vocabulary(cli, tiny, tmp_path):
     """A model built for a 1,000-token table with a 4,000-token tokenizer: ids past its table."""
     import torch
     from _hf_models import TINY, _tokenizer
@@ -131,7 +131,7 @@ def test_tokenizer_not_matching_the_vocabulary(tiny, tmp_path):
     torch.manual_seed(0)
     BertModel(BertConfig(vocab_size=1000, max_position_embeddings=128, **TINY)).save_pretrained(folder)
     _tokenizer(folder)
-    line = _refused_by_the_pass(folder, tmp_path)
+    line = _refused(cli, folder, tmp_path)
     assert "vocab_size 1000" in line and "not this model's tokenizer" in line
 
 

@@ -136,6 +136,17 @@ def test_tune_on_an_sqlite_storage_url(box):
     box.check()
 
 
+def test_openvino_convert_and_bench(box):
+    """OpenVINO's converter reports usage through openvino_telemetry (no opt-out variable: without a consent file
+    it sends, and writes a client id under ~/intel); NNCF uses the same module. optkit makes it unimportable."""
+    pytest.importorskip("openvino")
+    r = box.run("convert", CNN, "-o", "cnn.xml")
+    assert r.returncode == 0, r.stderr
+    r = box.run("bench", "cnn.xml", "--runs", "5")
+    assert r.returncode == 0, r.stderr
+    box.check()
+
+
 # ------------------------------------------------------------------ bench --url against a local v2 server
 
 METADATA = {"name": "m", "versions": ["1"], "platform": "fake",

@@ -50,6 +50,9 @@ def test_spearman_and_pearson_of_embeddings_and_of_one_score():
     assert compute("spearman", [score], gold)["spearman"] == pytest.approx(spearmanr(score[:, 0], gold)[0])
     with pytest.raises(UsageError, match="--task sentence-embeddings"):
         compute("spearman", [RNG.normal(size=(100, 7, 16))], labels)
+    # a sentence-transformers export gives token_embeddings first: the pair metrics score sentence_embedding
+    tokens = RNG.normal(size=(100, 7, 16))
+    assert compute("spearman", [tokens, inter], labels)["spearman"] == pytest.approx(spearmanr(cos, gold)[0])
 
 
 def test_entity_f1_counts_entities_as_conlleval_does():

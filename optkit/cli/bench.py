@@ -10,7 +10,7 @@ from optkit.core.errors import UsageError
 from optkit.core.text import redact_url
 
 
-@flags.groups("data", "text", "weights", "provider", "measure", "timing", "output")
+@flags.groups("data", "text", "weights", "runtime", "provider", "measure", "timing", "output")
 def bench_cmd(
     ctx: typer.Context,
     model: Optional[str] = typer.Argument(None, help="Model file, SavedModel folder or file.py:factory (or "
@@ -52,7 +52,7 @@ def bench_cmd(
 
 
 # flags about how optkit runs a model itself: a served model's server owns these
-NOT_FOR_URL = ("threads", "provider", "sessions", "weights")
+NOT_FOR_URL = ("threads", "runtime", "provider", "sessions", "weights")
 
 
 def _bench_url(ctx, model: Optional[str], url: str, shared: options.Shared, *, batch: int, duration: Optional[float],

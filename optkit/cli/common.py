@@ -31,6 +31,7 @@ from optkit.core.text import first_line, printable, redact_url
 @dataclass
 class _State:
     debug: bool = False
+    verbose: int = 0  # -v count: what the console adds to its short story
     after_interrupt: str = "nothing was written"  # what an interrupted command leaves behind
 
 
@@ -265,18 +266,20 @@ def emit(report, report_path: Optional[str], as_json: bool) -> None:
     if as_json:
         print_json(report.to_json())
     else:
-        to_console(report, console())
+        to_console(report, console(), verbose=bool(STATE.verbose))
 
 
 def run_single_stage(pass_name: str, model: str, output: str, config: dict, *, command: str, settings,
                      weights: Optional[str] = None, eval_data=None, metric: Optional[str] = None,
                      report_path: Optional[str] = None, as_json: bool = False, signature: Optional[str] = None,
-                     data: Optional[dict] = None, print_recipe: bool = False, input_last: bool = False):
+                     data: Optional[dict] = None, print_recipe: bool = False, input_last: bool = False,
+                     then: Optional[list] = None):
     """Every single-stage command: build the one-stage recipe, run it through the recipe runner, report.
 
     `data` maps calibration/train (and eval, for a pass that takes data but measures none) to a path or a
     recipe data item; `eval_data` is what the input and output are measured on, with `metric`. With
-    print_recipe (the commands' --print-recipe), print that recipe and run nothing.
+    print_recipe (the commands' --print-recipe), print that recipe and run nothing. `then`: stages run after the
+    pass on its result (quantize -o NAME.xml: convert.openvino), the last one's model written to `output`.
     """
     from optkit.cli import onestage
     from optkit.core.registry import build_config
@@ -287,6 +290,7 @@ def run_single_stage(pass_name: str, model: str, output: str, config: dict, *, c
     cfg = build_config(get_pass(pass_name), config)
     rec = one_stage_recipe(pass_name, model, cfg.model_dump(mode="json", exclude_defaults=True), settings=settings,
                            weights=weights, signature=signature, eval_data=eval_data, metric=metric, data=data)
+    rec["stages"] += list(then or [])
     if print_recipe:
         onestage.show(rec)
         return None

@@ -1,4 +1,5 @@
-"""optkit convert SRC -o OUT.onnx: PyTorch, TensorFlow and Hugging Face models to validated ONNX."""
+"""optkit convert SRC -o OUT.onnx: PyTorch, TensorFlow and Hugging Face models to validated ONNX; an ONNX model
+to OpenVINO IR with -o OUT.xml."""
 from __future__ import annotations
 
 import typer
@@ -9,27 +10,40 @@ from optkit.core.formats import Format, detect_format
 from optkit.core.shapes import parse_shapes
 
 TORCH_FORMATS = ("torch-module", "torchscript", "torch-export")
-_KINDS = {"convert.torch": "PyTorch", "convert.tf": "TensorFlow", "convert.hf": "Hugging Face"}
+_KINDS = {"convert.torch": "PyTorch", "convert.tf": "TensorFlow", "convert.hf": "Hugging Face",
+          "convert.openvino": "ONNX"}
 
 
-@flags.pass_options("convert.torch", "convert.tf", "convert.hf")
+@flags.pass_options("convert.torch", "convert.tf", "convert.hf", "convert.openvino")
 @flags.groups("weights", "data", "measure", "output", "print_recipe")
 def convert_cmd(
     model: str = typer.Argument(..., help="file.py:make_model, pkg.mod:make_model, TorchScript .pt, "
                                            ".pt2, SavedModel folder, .keras, .h5, .tflite, or a Hugging Face "
                                            "folder or Hub id (org/name, from the local cache)."),
-    output: str = options.output_file("The ONNX file to write."),
+    output: str = options.output_file("The ONNX file to write (an OpenVINO IR NAME.xml + NAME.bin when it ends "
+                                      "in .xml and MODEL is ONNX)."),
     runs: int = typer.Option(50, "--runs", min=1, help="Timed runs for the latency figures."),
     *, config: dict, shared: options.Shared,
 ) -> None:
-    """Convert a PyTorch, TensorFlow or Hugging Face model to ONNX, validated against the source framework."""
+    """Convert a PyTorch, TensorFlow or Hugging Face model to ONNX, validated against the source framework (an
+    ONNX model to OpenVINO IR with -o OUT.xml, validated against onnxruntime)."""
     from optkit.core.registry import build_config
     from optkit.passes import get_pass
 
     weights, data = shared.weights, shared.data
     common.guard_outputs({"-o": output, "--report": shared.report}, common.inputs_of(shared, {"MODEL": model}))
     fmt = detect_format(model)
-    if fmt.value in TORCH_FORMATS:
+    to_ir = output.lower().endswith(".xml")
+    if to_ir != (fmt == Format.ONNX) and (to_ir or fmt == Format.ONNX):
+        raise UsageError(f"-o {output}: an OpenVINO IR (.xml) is written from an ONNX model; convert {model} to "
+                         ".onnx first, then that to .xml" if to_ir else
+                         f"{model} is already ONNX: give -o NAME.xml for OpenVINO IR")
+    if to_ir:
+        pass_name = "convert.openvino"
+        _only_options(config, pass_name, fmt)
+        if weights:
+            raise UsageError(f"weights (--weights) applies to PyTorch models, not {fmt.value}")
+    elif fmt.value in TORCH_FORMATS:
         pass_name = "convert.torch"
         if config.get("signature"):
             raise UsageError("signature (--signature) applies to SavedModels")
@@ -39,11 +53,7 @@ def convert_cmd(
         pass_name = "convert.hf" if fmt == Format.HF else "convert.tf"
         if weights:
             raise UsageError(f"weights (--weights) applies to PyTorch models, not {fmt.value}")
-        for key in config:  # the other converters' options
-            if key not in flags.keys(pass_name):
-                owner = next(p for p in ("convert.torch", "convert.tf", "convert.hf") if key in flags.keys(p))
-                raise UsageError(f"{key} ({flags.field(owner, key)['flag']}) applies to "
-                                 f"{_KINDS[owner]} models, not {fmt.value}")
+        _only_options(config, pass_name, fmt)
     else:
         raise UsageError(f"convert takes PyTorch or TensorFlow models; {model} is {fmt.value}")
     build_config(get_pass(pass_name), config)  # bad options fail before any data is read
@@ -63,6 +73,15 @@ def convert_cmd(
     )
     if rep is not None and not shared.as_json:
         _print_validation(rep)
+
+
+def _only_options(config: dict, pass_name: str, fmt: Format) -> None:
+    """The other converters' options are refused, naming whose they are."""
+    for key in config:
+        if key not in flags.keys(pass_name):
+            owner = next(p for p in _KINDS if key in flags.keys(p))
+            raise UsageError(f"{key} ({flags.field(owner, key)['flag']}) applies to {_KINDS[owner]} models, not "
+                             f"{fmt.value}" + (" to OpenVINO IR" if pass_name == "convert.openvino" else ""))
 
 
 def _print_validation(report) -> None:

@@ -9,7 +9,7 @@ from optkit.cli import common, flags, options
 from optkit.core.errors import UsageError
 
 
-@flags.groups("data_required", "text", "weights", "metric", "labels", "max_samples", "provider", "measure",
+@flags.groups("data_required", "text", "weights", "metric", "labels", "max_samples", "runtime", "provider", "measure",
                "output")
 def eval_cmd(
     model: str = typer.Argument(..., help="Model file, SavedModel folder or file.py:factory."),

@@ -18,7 +18,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Optional
 
-from optkit.cli import flagspec, options
+from optkit.cli import flagspec, metavars, options
 
 # Help order of the sections: the command's and the pass's own options first, what is written and printed last.
 GROUP_ORDER = ("", "data", "evaluation", "budgets", "measurement", "output")
@@ -64,7 +64,9 @@ def _option(spec: dict[str, Any]) -> tuple[Any, Any]:
     names = (*((spec["short"],) if spec.get("short") else ()),
              spec["flag"] + (f"/{spec['secondary']}" if spec.get("secondary") else ""))
     if spec.get("required"):
-        return _TYPES.get(kind, str), options.option(..., names, help=spec["help"].rstrip())
+        return _TYPES.get(kind, str), options.option(..., names, help=spec["help"].rstrip(),
+                                                     metavar=metavars.of(spec["key"], kind, spec.get("choices"),
+                                                                         spec.get("metavar")))
     bounds: dict[str, Any] = {}
     if kind in ("int", "float") and not spec.get("negative_is_none") and "sets" not in spec:
         # click has no open bound here; the Config refuses the bound itself
@@ -75,7 +77,8 @@ def _option(spec: dict[str, Any]) -> tuple[Any, Any]:
         annotation = Optional[bool]
     else:
         annotation = Optional[_TYPES[kind]]
-    return annotation, options.option(None, names, help=_help(spec), metavar=spec.get("metavar"), **bounds)
+    shown = metavars.of(spec["key"], "bool" if "sets" in spec else kind, spec.get("choices"), spec.get("metavar"))
+    return annotation, options.option(None, names, help=_help(spec), metavar=shown, **bounds)
 
 
 def param_name(spec: dict[str, Any]) -> str:

@@ -2,14 +2,15 @@
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import signal
 import sys
 
 import typer
 
-from optkit.cli import common
-from optkit.core import interrupts, trust
+from optkit.cli import common, metavars, version
+from optkit.core import phases, trust
 from optkit.core.errors import OptkitError, exit_codes_line
 
 # Flags of the root command that may also be written after the sub-command (`optkit inspect M --trust-code`).
@@ -57,6 +58,7 @@ def _load(group, module: str) -> None:
     sub = typer.Typer(add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None)
     importlib.import_module(f"optkit.cli.{module}").register(sub)
     for name, cmd in typer.main.get_group(sub).commands.items():
+        metavars.conventional(cmd)
         group.commands.setdefault(name, cmd)
 
 
@@ -72,16 +74,27 @@ app = typer.Typer(
 )
 
 
+def _print_version(ctx, value: bool) -> None:
+    """--version: eager, so it answers before a command is asked for; -v (eager too, hoisted first) counts."""
+    if value:
+        sys.stdout.write(version.text(ctx.params.get("verbose", 0)) + "\n")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _root(debug: bool = typer.Option(False, "--debug", help="Show tracebacks, debug logging and third-party log "
                                                             "output."),
-          verbose: int = typer.Option(0, "-v", "--verbose", count=True,
+          verbose: int = typer.Option(0, "-v", "--verbose", count=True, is_eager=True,
                                       help="Log what optkit does (passes, stages, cache, measurements); -vv for "
                                            "debug detail."),
+          _version: bool = typer.Option(False, "--version", is_eager=True, expose_value=False,
+                                        callback=_print_version,
+                                        help="Print optkit's version and exit (with -v: each runtime's too)."),
           trust_code: bool = typer.Option(False, "--trust-code",
                                           help="Allow loading models that run their own code (pickled whole "
                                                "models, Keras Lambda layers).")) -> None:
     common.STATE.debug = debug
+    common.STATE.verbose = verbose
     if trust_code:
         trust.allow()
 
@@ -162,19 +175,22 @@ def main() -> None:
     verbose = sum(2 if a == "-vv" else 1 for a in argv if a in ("-v", "-vv", "--verbose"))
     common.quiet_third_parties(debug="--debug" in argv, verbose=verbose)
     code = common.run_app(app, argv)
+    if verbose and phases.lapped():  # where the wall time went, adding up to it
+        logging.getLogger("optkit.cli").info("phase times: %s", phases.line("report and exit"))
     # the verdict is given: a signal still pending, or raised again while the interpreter shuts down, must not
     # turn the exit code into a death by that signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    if interrupts.received:
-        _exit_now(code)
-    sys.exit(code)
+    _exit_now(code)
 
 
 def _exit_now(code: int) -> None:
     """Exit with `code` after the atexit handlers, skipping the interpreter's own ending.
 
-    CPython remembers a KeyboardInterrupt raised inside exec() of a string (dataclasses and namedtuple build
+    That ending tears down every module, which takes seconds once onnxruntime, sympy (onnxruntime's shape
+    inference) or a framework is loaded, after the command's work and its `-v` phase times are done: nothing in it
+    is optkit's (its threads are daemons, its files closed, logging flushed by its atexit handler). Also, CPython
+    remembers a KeyboardInterrupt raised inside exec() of a string (dataclasses and namedtuple build
     their methods so, at import) even when it was caught, and under `python -m` ends the process by SIGINT
     (-2) instead of the code given; a fresh-clone CI run saw it after 'error: interrupted'.
     """

@@ -84,6 +84,8 @@ OPTIONS: dict[str, Opt] = {o.flags[0].lstrip("-").replace("-", "_"): o for o in 
         "evaluation", min=1),
     Opt("metric", ("--metric",), str, "top1", METRIC_HELP, "evaluation"),
     # measurement: how the model is run and timed
+    Opt("runtime", ("--runtime",), _STR, None, "Runtime of an ONNX model: onnxruntime (default) or openvino (x86 "
+        "CPUs; an OpenVINO IR .xml always runs on openvino).", "measurement"),
     Opt("provider", ("--provider",), str, "cpu", "onnxruntime provider: cpu, cuda, tensorrt (ONNX models).",
         "measurement"),
     Opt("threads", ("--threads",), _INT, None, "Intra-op threads (default: the runtime's).", "measurement", min=1),
@@ -130,6 +132,7 @@ class Shared:
     labels: Optional[str] = None
     max_samples: Optional[int] = None
     metric: Optional[str] = "top1"
+    runtime: Optional[str] = None
     provider: str = "cpu"
     threads: Optional[int] = None
     shape: Optional[list[str]] = None
@@ -155,7 +158,7 @@ class Shared:
         from optkit.core.shapes import parse_shapes, parse_values
         from optkit.measure.model import MeasureSettings
 
-        fields = {"provider": self.provider, "threads": self.threads, "warmup": self.warmup, "runs": self.runs,
+        fields = {"runtime": self.runtime, "provider": self.provider, "threads": self.threads, "warmup": self.warmup, "runs": self.runs,
                   "shapes": parse_shapes(self.shape), "values": parse_values(self.value)}
         return MeasureSettings(**{**fields, **more})
 

@@ -24,6 +24,25 @@ def passes_cmd(*, shared: options.Shared) -> None:
     if shared.as_json:
         common.print_json(strictjson.dumps(rows, indent=2))
         return
+    if common.STATE.verbose:
+        _details(rows)
+    else:
+        _short(rows)
+
+
+def _short(rows: list[dict]) -> None:
+    """One line a pass, cut to the terminal's width (80 columns included): -v gives the whole table."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table("pass", "status", "summary (-v: what it takes and makes)", box=None, pad_edge=False)
+    for r in rows:
+        status = Text("available", "green") if r["available"] else Text("unavailable", "yellow")
+        table.add_row(r["name"], status, Text(r["summary"], no_wrap=True, overflow="ellipsis"))
+    common.console().print(table)
+
+
+def _details(rows: list[dict]) -> None:
     from rich.table import Table
     from rich.text import Text
 

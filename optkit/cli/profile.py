@@ -17,7 +17,7 @@ NUMERIC = ("nodes", "ms", "share", "a ms", "b ms", "delta", "delta ms")
 
 
 @flags.pass_options("profile.onnx")
-@flags.groups("data", "text", "shape", "value", "json", "print_recipe")
+@flags.groups("data", "text", "runtime", "shape", "value", "json", "print_recipe")
 def profile_cmd(
     model: str = typer.Argument(..., help="ONNX model (or Keras / SavedModel with --logdir)."),
     compare: Optional[str] = typer.Option(None, "--compare",
@@ -30,11 +30,13 @@ def profile_cmd(
     config: dict,
     shared: options.Shared,
 ) -> None:
-    """Where the time goes: per op type and per node (onnxruntime's profiler), against the p50 latency."""
+    """Where the time goes: per op type and per node (onnxruntime's profiler, or OpenVINO's per-layer counters
+    with --runtime openvino or an IR), against the p50 latency."""
     from optkit.core.isolate import run_isolated
     from optkit.core.registry import build_config
     from optkit.measure import profile as prof
     from optkit.measure.model import MeasureSettings
+    from optkit.measure.profile_ov import profile_model
     from optkit.passes import get_pass
     data, shape, value, as_json, print_recipe = shared.data, shared.shape, shared.value, shared.as_json, \
         shared.print_recipe
@@ -45,6 +47,8 @@ def profile_cmd(
         raise UsageError("--print-recipe: --compare and --logdir have no recipe stage; a recipe profiles one "
                          "ONNX model (stage profile.onnx)")
     config["trace"] = bool(trace)  # a stage writes its trace beside its output; the command copies it to --trace
+    if shared.runtime is not None:
+        config["runtime"] = shared.runtime
     cfg = build_config(get_pass("profile.onnx"), config)  # the Config's defaults and bounds
     top, runs, threads = cfg.top, cfg.runs, cfg.threads
     artifact = common.load_artifact(model)
@@ -59,11 +63,14 @@ def profile_cmd(
                              "--logdir (open it with TensorBoard's profile plugin)")
         return _print_tf(prof.profile_tf(artifact, logdir, **kwargs, data=_dataset(data)), as_json)
     for flag, art in (("MODEL", artifact), ("--compare", other)):
-        if art is not None and art.format != Format.ONNX:
-            raise UsageError(f"{flag} {art.path} is {art.format.value}: optkit profile takes ONNX models (and "
-                             "Keras / SavedModel with --logdir); convert it to ONNX first (optkit convert)")
+        if art is not None and art.format not in (Format.ONNX, Format.OPENVINO_IR):
+            raise UsageError(f"{flag} {art.path} is {art.format.value}: optkit profile takes ONNX models, OpenVINO "
+                             "IR (and Keras / SavedModel with --logdir); convert it to ONNX first (optkit convert)")
     if logdir:
         raise UsageError("--logdir is for Keras / SavedModel models; for ONNX write a Chrome trace with --trace")
+    if trace and (cfg.runtime == "openvino" or artifact.format == Format.OPENVINO_IR):
+        raise UsageError("a Chrome trace (--trace) is onnxruntime's profiler's; OpenVINO's per-layer counters have "
+                         "no timeline: drop --trace or profile on onnxruntime")
     if other is None:  # one model: the one-stage recipe (profile.onnx), through the recipe runner
         result = run_profile_stage(model, cfg, MeasureSettings(shapes=kwargs["shapes"], values=kwargs["values"]),
                                    data=shared.item(data), trace=trace, print_recipe=print_recipe)
@@ -71,8 +78,8 @@ def profile_cmd(
             return
     else:  # two models side by side: both profiled whole, then compared (no recipe stage does this)
         kwargs["data"] = _dataset(data)
-        b = run_isolated(prof.profile_onnx, other, **kwargs, what=f"profiling {compare}")
-        a = run_isolated(prof.profile_onnx, artifact, **kwargs, trace=trace, what=f"profiling {model}")
+        b = run_isolated(profile_model, other, cfg.runtime, **kwargs, what=f"profiling {compare}")
+        a = run_isolated(profile_model, artifact, cfg.runtime, **kwargs, trace=trace, what=f"profiling {model}")
         result = {"model": model, **_top(a, top)}
         both = prof.compare(a, b)
         result["compare"] = {"model": compare, "profile": _top(b, top), **both, "ops": both["ops"][:top],
@@ -138,10 +145,11 @@ def _table(title: str, columns: tuple[str, ...]):
 
 def _summary_line(p: dict, label: str = "") -> str:
     verdict = "within" if p["within_10pct"] else "NOT within"
-    line = (f"{label}kernels {p['total_ms']:.4g} ms per call ({p['runs']} calls profiled; {p['total_raw_ms']:.4g} ms "
-            f"as recorded, less the profiler's {p['profiler_overhead_us_per_kernel']:.2g} us per kernel measured "
-            f"here); p50 latency {p['p50_ms']:.4g} ms: the per-op total is {p['total_vs_p50']:.2f}x the p50, "
-            f"{verdict} 10%")
+    how = (f"{p['runs']} calls profiled by OpenVINO's per-layer counters" if p.get("runtime") else
+           f"{p['runs']} calls profiled; {p['total_raw_ms']:.4g} ms as recorded, less the profiler's "
+           f"{p['profiler_overhead_us_per_kernel']:.2g} us per kernel measured here")
+    line = (f"{label}{'layers' if p.get('runtime') else 'kernels'} {p['total_ms']:.4g} ms per call ({how}); "
+            f"p50 latency {p['p50_ms']:.4g} ms: the per-op total is {p['total_vs_p50']:.2f}x the p50, {verdict} 10%")
     if p["total_vs_p50"] < 1 - 0.10 and p.get("call_overhead_us"):
         line += (f" (a call also costs about {p['call_overhead_us']:.2g} us outside its kernels: session.run, "
                  "feeds, outputs)")
@@ -156,9 +164,11 @@ def _print_onnx(r: dict, top: int) -> None:
         for o in r["ops"]:
             ops.add_row(o["op"], str(o["nodes"]), f"{o['ms']:.4f}", f"{o['share']:.1%}")
         con.print(ops)
-        nodes = _table(f"slowest nodes (top {top})", ("node", "op", "ms", "share"))
+        kernels = any("kernel" in n for n in r["nodes"])  # OpenVINO names the kernel each layer ran
+        nodes = _table(f"slowest nodes (top {top})", ("node", "op", *(("kernel",) if kernels else ()), "ms", "share"))
         for n in r["nodes"]:
-            nodes.add_row(_cut(n["node"]), n["op"], f"{n['ms']:.4f}", f"{n['share']:.1%}")
+            nodes.add_row(_cut(n["node"], 22 if kernels else NAME_WIDTH), n["op"],
+                          *((_cut(n.get("kernel", ""), 18),) if kernels else ()), f"{n['ms']:.4f}", f"{n['share']:.1%}")
         con.print(nodes)
         con.print(_summary_line(r))
     else:

@@ -12,10 +12,11 @@ from optkit.core.errors import UsageError, ValidationError
 
 
 @flags.pass_options("quantize.onnx")
-@flags.groups("calibration_data", "eval", "text", "measure", "output", "print_recipe")
+@flags.groups("calibration_data", "eval", "text", "runtime", "measure", "output", "print_recipe")
 def quantize_cmd(
     model: str = typer.Argument(..., help="ONNX model (float32)."),
-    output: str = options.output_file("Where to write the quantized model."),
+    output: str = options.output_file("Where to write the quantized model (ONNX; an OpenVINO IR NAME.xml + "
+                                      "NAME.bin when it ends in .xml)."),
     *, config: dict, shared: options.Shared,
 ) -> None:
     """Quantize an ONNX model, checked against its parent; accuracy-aware with a budget."""
@@ -29,13 +30,20 @@ def quantize_cmd(
     if mode not in ("dynamic", "static", "fp16", "int4"):
         raise UsageError(f"unknown --mode {mode!r}; choose dynamic, static, fp16 or int4")
     config["mode"] = mode
+    if shared.runtime is not None:  # built, scored and timed where it will run; measured there too
+        config["runtime"] = shared.runtime
+    to_ir = output.lower().endswith(".xml")
+    if to_ir and shared.runtime != "openvino":
+        raise UsageError(f"-o {output}: an OpenVINO IR is written for --runtime openvino; add it (candidates are then "
+                         "judged on OpenVINO) or give -o NAME.onnx")
     settings = shared.settings(check_outputs=config.get("check_outputs", []))
     data = {"calibration": shared.item(shared.calibration_data)} if shared.calibration_data else {}
     spec = DataSpec(path=shared.eval_data, labels=shared.labels, max_samples=shared.max_samples, **shared.text()) \
         if shared.eval_data else None
     run_and_explain(f"quantize.onnx-{mode}", model, output, config, settings=settings,
                     command=f"optkit quantize {model} --mode {mode}", eval_data=spec, metric=config.get("metric"),
-                    report_path=shared.report, as_json=shared.as_json, data=data, print_recipe=shared.print_recipe)
+                    report_path=shared.report, as_json=shared.as_json, data=data, print_recipe=shared.print_recipe,
+                    then=[{"pass": "convert.openvino"}] if to_ir else None)
 
 
 def run_and_explain(pass_name, model, output, config, *, as_json, **kwargs):
@@ -53,11 +61,11 @@ def run_and_explain(pass_name, model, output, config, *, as_json, **kwargs):
             else:
                 print_candidates(cands, title="candidates (none met the budget)")
         raise
-    stage = report.stages[-1]
+    stage = next((s for s in report.stages if "quantize" in s.measurements), report.stages[-1])
     cands = (stage.measurements.get("quantize") or {}).get("candidates") or []
-    if len(cands) > 1 and not as_json:
+    if len(cands) > 1 and not as_json and common.STATE.verbose:  # the search's reasoning: -v (and the reports)
         print_candidates(cands, title="candidates tried")
-    if len(report.stages) == 2 and not as_json:
+    if len(report.stages) >= 2 and not as_json:
         a = (report.stages[0].measurements.get("latency") or {}).get("p50_ms")
         b = (stage.measurements.get("latency") or {}).get("p50_ms")
         change = stage.measurements.get("latency_change") or {}

@@ -60,7 +60,7 @@ def render_cmd(
     if fmt == "console":
         from optkit.report.render import to_console
 
-        to_console(rep, common.console())
+        to_console(rep, common.console(), verbose=bool(common.STATE.verbose))
         return
     mod, fn = renderers[fmt].split(":")
     text = getattr(importlib.import_module(mod), fn)(rep)

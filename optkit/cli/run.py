@@ -14,7 +14,7 @@ def run_cmd(
     dry_run: bool = typer.Option(False, "--dry-run", help="Validate the recipe and print the plan; run nothing."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Recompute every stage (do not reuse cached ones)."),
     new: bool = typer.Option(False, "--new", help="Start a new run even if the last one was interrupted."),
-    workspace: str = typer.Option("runs", "--workspace", help="Folder for runs/<recipe>/<run-id>/."),
+    workspace: str = typer.Option("runs", "--workspace", help="Folder for runs/RECIPE/RUN-ID/."),
     *, shared: options.Shared,
 ) -> None:
     """Run a recipe: every stage, measured, cached and resumable; reports; exit 1 when a gate fails."""

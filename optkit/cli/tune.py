@@ -207,7 +207,9 @@ def _print(result: dict, notes: list[str]) -> None:
         con.print(note, style="dim")
     import yaml
 
-    for title, text in (("onnxruntime SessionOptions:", result["session_options"]),
+    on_ov = result["best"]["setting"].get("runtime") == "openvino"
+    for title, text in ((("OpenVINO (optkit's settings: LATENCY hint, one stream, the threads above, f32):", "") if on_ov
+                         else ("onnxruntime SessionOptions:", result["session_options"])),
                         ("recipe lines (measure and gate the model served this way):",
                          yaml.safe_dump(result["recipe"], sort_keys=False))):
         con.print(title)

@@ -70,6 +70,7 @@ class SessionSetting(Strict):
 class TunedSetting(Strict):
     """A serving setting, as optkit.measure.serving.Setting (what tune writes under best.setting)."""
 
+    runtime: Literal["onnxruntime", "openvino"] = "onnxruntime"
     provider: Literal["cpu", "cuda", "tensorrt"] = "cpu"
     threads: Annotated[int, Field(ge=1, le=1024)] | None = None
     batch: Annotated[int, Field(ge=1, le=65536)] = 1
@@ -94,6 +95,7 @@ class Confirmed(Strict):
     mean: float
     ci95: Annotated[list[float], Field(min_length=2, max_length=2)]
     rounds: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    values: Annotated[list[float], Field(max_length=1000)] | None = None   # each round's figure
 
     @model_validator(mode="after")
     def _band(self):

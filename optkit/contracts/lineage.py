@@ -109,6 +109,20 @@ class SplitRecord(Strict):
     models: dict[Name, dict[str, Sha256]]
 
 
+class SourceFolder(Strict):
+    """The Hugging Face folder a model was converted from: its path and each of its files' sha256."""
+    path: str
+    files: dict[str, Sha256]
+
+
+class PreprocessorRecord(Strict):
+    """The model's preprocessor folder as the version carries it (package/preprocessor.py)."""
+    path: Name
+    sha256: Sha256
+    kind: Literal["tokenizer", "image-processor"]
+    source: SourceFolder | None = None
+
+
 class Lineage(Strict):
     schema_: Literal["optkit-package/1"] = Field(alias="schema")
     optkit: str
@@ -129,6 +143,7 @@ class Lineage(Strict):
     machine: dict[str, Any] = Field(default_factory=dict)
     versions: dict[str, Any] = Field(default_factory=dict)
     split: SplitRecord | None = None
+    preprocessor: PreprocessorRecord | None = None
 
 
 def document(data: dict) -> Lineage:

@@ -9,7 +9,7 @@ from typing import Any
 
 from optkit.core import hffolder, hub, strictjson
 from optkit.core.errors import UsageError
-from optkit.core.formats import Format, detect_format, split_factory
+from optkit.core.formats import Format, detect_format, ir_weights, split_factory
 
 
 @dataclass
@@ -51,8 +51,7 @@ class Artifact:
             return sum(f.stat().st_size for f in hffolder.model_files(p))
         if p.is_dir():
             return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
-        extra = external_data_files(p) if self.format == Format.ONNX else []
-        return p.stat().st_size + sum(f.stat().st_size for _, f in extra)
+        return p.stat().st_size + sum(f.stat().st_size for _, f in companion_files(p, self.format))
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -79,8 +78,8 @@ def content_sha256(spec: str | Path, fmt: Format, weights: str | None = None) ->
             _hash_file(h, f)
         return h.hexdigest()
     _hash_path(h, p)
-    if fmt == Format.ONNX and not p.is_dir():
-        for location, f in external_data_files(p):
+    if not p.is_dir():
+        for location, f in companion_files(p, fmt):
             h.update(b"\0external:" + location.encode())
             _hash_file(h, f)
     return h.hexdigest()
@@ -100,6 +99,15 @@ def _hash_path(h, p: Path) -> None:
             _hash_file(h, f)
     else:
         _hash_file(h, p)
+
+
+def companion_files(model: Path, fmt: Format) -> list[tuple[str, Path]]:
+    """The files a model file needs beside it: an ONNX model's external data, an OpenVINO IR's weights."""
+    if fmt == Format.ONNX:
+        return external_data_files(model)
+    if fmt == Format.OPENVINO_IR:
+        return [(ir_weights(model).name, ir_weights(model))]
+    return []
 
 
 def external_data_files(model: str | Path) -> list[tuple[str, Path]]:

@@ -20,6 +20,7 @@ class Format(str, Enum):
     TFLITE = "tflite"
     TRT_ENGINE = "trt-engine"
     HF = "hf"   # a Hugging Face transformers / sentence-transformers folder (core/hffolder.py)
+    OPENVINO_IR = "openvino-ir"   # OpenVINO IR: NAME.xml (the graph) and NAME.bin (the weights) beside it
 
     def __str__(self) -> str:
         return self.value
@@ -28,8 +29,8 @@ class Format(str, Enum):
 # A factory spec: `path/to/file.py:make_model` or `pkg.mod:make_model`.
 _FACTORY = re.compile(r"^(?P<target>[^:]+\.py|[A-Za-z_][\w.]*):(?P<attr>[A-Za-z_]\w*)$")
 
-_KNOWN = (".onnx, .tflite, .keras, .h5, .pt (TorchScript), .pt2, .engine/.plan, a SavedModel folder, a Hugging Face "
-          "folder (config.json) or Hub id (org/name), file.py:factory")
+_KNOWN = (".onnx, .tflite, .keras, .h5, .pt (TorchScript), .pt2, .engine/.plan, OpenVINO IR .xml (+ .bin), a "
+          "SavedModel folder, a Hugging Face folder (config.json) or Hub id (org/name), file.py:factory")
 
 
 def split_factory(spec: str) -> tuple[str, str] | None:
@@ -76,6 +77,8 @@ def detect_format(spec: str | Path) -> Format:
         if not zipfile.is_zipfile(path):
             raise UsageError(f"{path} is not a valid .keras archive; the file is corrupt or truncated")
         return Format.KERAS
+    if suffix == ".xml":
+        return _detect_ir(path)
     if suffix in (".engine", ".plan", ".trt"):
         return Format.TRT_ENGINE
     if suffix in (".pt", ".pth", ".pt2"):
@@ -91,7 +94,7 @@ _FOLDERS = (
                      "the ensemble optkit package wrote)"),
     ("MLmodel", "an MLflow model folder (MLmodel)"),
 )
-_MODEL_SUFFIXES = (".onnx", ".tflite", ".keras", ".h5", ".pt", ".pt2", ".engine", ".plan")
+_MODEL_SUFFIXES = (".onnx", ".tflite", ".keras", ".h5", ".pt", ".pt2", ".engine", ".plan", ".xml")
 
 
 def folder_problem(path: Path) -> str:
@@ -123,6 +126,23 @@ def _models_in(path: Path, depth: int = 2, limit: int = 200) -> list[Path]:
             if sub.is_dir() and not sub.is_symlink():
                 found += _models_in(sub, depth - 1, limit)
     return found
+
+
+def ir_weights(xml: str | Path) -> Path:
+    """The weights file of an OpenVINO IR: NAME.bin beside NAME.xml (OpenVINO's own rule)."""
+    return Path(xml).with_suffix(".bin")
+
+
+def _detect_ir(path: Path) -> Format:
+    with open(path, "rb") as f:
+        head = f.read(512)
+    if b"<net" not in head:
+        raise UsageError(f"{path} is not an OpenVINO IR (no <net> element at its start); give the .xml that "
+                         "OpenVINO's save_model or optkit convert -o NAME.xml wrote")
+    if not ir_weights(path).is_file():
+        raise UsageError(f"{path} is an OpenVINO IR without its weights: {ir_weights(path)} is missing; copy it "
+                         "beside the .xml")
+    return Format.OPENVINO_IR
 
 
 def _detect_torch_archive(path: Path, suffix: str) -> Format:

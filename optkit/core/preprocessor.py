@@ -9,6 +9,9 @@ tokenizer / image-processor files and configs (core.hffolder.PREPROCESSOR_FILES)
 `inherit` is the rule a pipeline applies after every pass, and `carry` what a copy of a model (a published `-o`)
 does.
 
+The record also names the Hugging Face folder the model was converted from (`source`: its path and the sha256 of
+each file the model is made of), so a package's lineage can name the source folder's hashes after any pass.
+
 The folder holds plain files only (no links, no sub-folders), at most MAX_FILES of at most MAX_BYTES in all, and a
 marker MARKER that says optkit wrote it: only such a folder is ever replaced.
 """
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from optkit.core import hffolder, strictjson
+from optkit.core.artifact import path_sha256
 from optkit.core.atomic import atomic_path, commit_folder, remove, stage_folder
 from optkit.core.errors import UsageError
 
@@ -40,21 +44,48 @@ class Record:
     folder: str          # the folder's name, beside the model file
     sha256: str          # folder_sha256 of its files (the marker left out)
     kind: str = "tokenizer"   # tokenizer | image-processor
+    source: dict | None = None   # the Hugging Face folder it came from: {"path", "files": {name: sha256}}
 
     def to_json(self) -> str:
-        return strictjson.dumps({"folder": self.folder, "sha256": self.sha256, "kind": self.kind}, sort_keys=True)
+        raw = {"folder": self.folder, "sha256": self.sha256, "kind": self.kind}
+        if self.source is not None:
+            raw["source"] = self.source
+        return strictjson.dumps(raw, sort_keys=True)
+
+    def moved(self, folder: str) -> Record:
+        """The same record for a copy of the folder under another name."""
+        return Record(folder=folder, sha256=self.sha256, kind=self.kind, source=self.source)
 
     @classmethod
     def from_json(cls, text: str, where: str) -> Record:
         try:
             raw = json.loads(text)
-            rec = cls(folder=str(raw["folder"]), sha256=str(raw["sha256"]), kind=str(raw.get("kind", "tokenizer")))
-        except (ValueError, TypeError, KeyError):
+            rec = cls(folder=str(raw["folder"]), sha256=str(raw["sha256"]), kind=str(raw.get("kind", "tokenizer")),
+                      source=_source(raw.get("source")))
+        except (ValueError, TypeError, KeyError, AttributeError):
             raise UsageError(f"{where}: metadata {META_KEY} is not optkit's record ({{folder, sha256, kind}}); "
                              "convert the model again") from None
         if Path(rec.folder).name != rec.folder or rec.folder in ("", ".", ".."):
             raise UsageError(f"{where}: metadata {META_KEY} names {rec.folder!r}, not a folder beside the model")
         return rec
+
+
+def _source(raw) -> dict | None:
+    """A record's `source`, held to its shape: {"path": str, "files": {str: 64 hex digits}}."""
+    if raw is None:
+        return None
+    files = raw["files"]
+    if not isinstance(raw["path"], str) or not isinstance(files, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and len(v) == 64 and int(v, 16) >= 0 for k, v in files.items()):
+        raise ValueError("source")
+    return {"path": raw["path"], "files": dict(files)}
+
+
+def source_of(folder: Path) -> dict:
+    """What a record says of the Hugging Face folder a model came from: its path and each model file's sha256."""
+    folder = Path(folder)
+    return {"path": str(folder.absolute()),
+            "files": {str(f.relative_to(folder)): path_sha256(f) for f in hffolder.model_files(folder)}}
 
 
 def folder_beside(model: str | os.PathLike) -> Path:
@@ -147,7 +178,8 @@ def resolve(model: str | os.PathLike) -> Path | None:
     return folder
 
 
-def write_folder(files: list[Path], dest_model: str | os.PathLike, kind: str = "tokenizer") -> Record:
+def write_folder(files: list[Path], dest_model: str | os.PathLike, kind: str = "tokenizer",
+                 source: dict | None = None) -> Record:
     """Copy `files` into the preprocessor folder beside `dest_model` and return the record to stamp into it.
     An existing folder with the same files is kept; one optkit wrote (it has the marker) is replaced; anything
     else at that path is exit 2, untouched."""
@@ -156,7 +188,7 @@ def write_folder(files: list[Path], dest_model: str | os.PathLike, kind: str = "
     try:
         for f in files:
             shutil.copyfile(f, tmp / Path(f).name)
-        record = Record(folder=dest.name, sha256=folder_sha256(tmp), kind=kind)
+        record = Record(folder=dest.name, sha256=folder_sha256(tmp), kind=kind, source=source)
         (tmp / MARKER).write_text(record.to_json() + "\n", encoding="utf-8")
         _commit(tmp, dest, record)
     finally:
@@ -172,14 +204,14 @@ def carry(src_model: str | os.PathLike, dest_model: str | os.PathLike) -> Record
         return None
     if Path(folder).is_dir() and hffolder.is_folder(folder) and Path(folder) == Path(src_model):
         files, kind = hffolder.preprocessor_files(folder)
-        return None if kind == "none" else write_folder(files, dest_model, kind)
-    kind = "tokenizer"
+        return None if kind == "none" else write_folder(files, dest_model, kind, source_of(folder))
+    kind, source = "tokenizer", None
     rec = read_record(src_model)
     if rec is not None:
-        kind = rec.kind
+        kind, source = rec.kind, rec.source
     if Path(folder).resolve() == folder_beside(dest_model).resolve():
-        return Record(folder=Path(folder).name, sha256=folder_sha256(folder), kind=kind)
-    return write_folder(files_of(folder), dest_model, kind)
+        return Record(folder=Path(folder).name, sha256=folder_sha256(folder), kind=kind, source=source)
+    return write_folder(files_of(folder), dest_model, kind, source)
 
 
 def inherit(src_model: str | os.PathLike, dest_model: str | os.PathLike) -> bool:

@@ -27,6 +27,7 @@ EXTRAS: dict[str, tuple[tuple[str, ...], str]] = {
     "tune": (("optuna",), "pip install 'optkit[tune]'"),
     "trt": (("tensorrt",), "pip install 'optkit[trt]' (needs an NVIDIA GPU and driver)"),
     "serve": (("mlflow",), "pip install 'optkit[serve]'"),
+    "openvino": (("openvino",), "pip install 'optkit[openvino]'"),
     "hf": (("torch", "onnxscript", "transformers", "tokenizers", "safetensors", "huggingface_hub"),
            "pip install 'optkit[hf]'"),
 }
@@ -101,6 +102,8 @@ class PassContext:
     data: dict[str, Any] = field(default_factory=dict)          # "calibration", "eval", "train" datasets
     seed: int = 0
     notes: list[str] = field(default_factory=list)     # said in the report (fallbacks, upgrades)
+    # the note that says what was done, the one the console shows without -v (default: the first note)
+    brief: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # said loudly in the report
     measurements: dict[str, Any] = field(default_factory=dict)  # a pass may add figures (e.g. fidelity)
     # the stages of this run before this one (report Stages, in memory): what a stage reads of the run so far
@@ -108,9 +111,17 @@ class PassContext:
     earlier: list[Any] = field(default_factory=list)
     # fields of the run's report a stage fills (capacity.plan: `capacity`, the section the HTML report shows)
     report_fields: dict[str, Any] = field(default_factory=dict)
+    # how the run times this stage's result against its parent, (MeasureSettings, DataSpec or None), when the parent
+    # is the model the stage is compared with; a pass that times its candidates against the parent (quantize's
+    # race) times them so, and gives the chosen file's paired figure in `timed`: the stage's, not timed again
+    timing: Any = None
+    timed: dict[str, Any] | None = None
 
-    def note(self, text: str) -> None:
+    def note(self, text: str, *, brief: bool = False) -> None:
+        """Say `text` in the report; `brief`: it is what the stage did, the line the console shows without -v."""
         self.notes.append(text)
+        if brief:
+            self.brief[:] = [text]
 
     def warn(self, text: str) -> None:
         self.warnings.append(text)

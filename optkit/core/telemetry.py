@@ -27,6 +27,10 @@ def switch_off() -> None:
     before optkit is told too, where it can be."""
     for name, value in OFF.items():
         os.environ.setdefault(name, value)
+    # OpenVINO's converter (ov.convert_model) and NNCF report usage through openvino_telemetry, which has no
+    # variable to opt out: without a consent file it sends and writes a client id under ~/intel. Both fall back to
+    # their own no-op stub when the module cannot be imported, so it is made unimportable (unless already loaded)
+    sys.modules.setdefault("openvino_telemetry", None)
     if "onnxruntime" in sys.modules:
         sys.modules["onnxruntime"].disable_telemetry_events()
     client = sys.modules.get("mlflow.telemetry.client")

@@ -40,7 +40,7 @@ MAX_WARMUP = 100_000
 MAX_RUNS = 1_000_000
 MAX_DURATION_S = 3600.0
 MAX_CONCURRENCY = 256
-NOT_THREAD_SAFE = ("tflite", "tensorrt")  # one interpreter / execution context per thread
+NOT_THREAD_SAFE = ("tflite", "tensorrt", "openvino")  # one interpreter / execution context / infer request per thread
 
 
 class MeasureSettings(BaseModel):
@@ -51,6 +51,7 @@ class MeasureSettings(BaseModel):
     naming the command-line option (exit 2), not a pydantic ValidationError."""
 
     model_config = ConfigDict(extra="forbid")   # duration and values: finite and bounded, each naming its flag
+    runtime: str | None = None   # --runtime: onnxruntime or openvino for ONNX models (None: the format's default)
     provider: str = "cpu"
     threads: int | None = None
     batch: int = 1
@@ -85,8 +86,9 @@ class MeasureSettings(BaseModel):
         return self
 
     def open(self, artifact: Artifact):
-        """A session for `artifact` with these settings (provider, threads, onnxruntime options)."""
-        return open_session(artifact, provider=self.provider, threads=self.threads, ort_settings=self.session)
+        """A session for `artifact` with these settings (runtime, provider, threads, onnxruntime options)."""
+        return open_session(artifact, provider=self.provider, threads=self.threads, ort_settings=self.session,
+                            runtime=self.runtime)
 
 
 class DataSpec(BaseModel):
@@ -139,13 +141,14 @@ def measure(artifact: Artifact, settings: MeasureSettings | None = None, *, late
 def _measure(artifact: Artifact, settings: MeasureSettings, latency: bool, data: DataSpec | None,
              metric: str | None, reference: Artifact | None) -> dict:
     result: dict[str, Any] = {"size": measure_size(artifact)}
-    warm_runtime(artifact.format)  # the runtime's own start-up is not the model's memory
+    warm_runtime(artifact.format, settings.runtime)  # the runtime's own start-up is not the model's memory
     baseline = memory.rss_bytes()
     session = settings.open(artifact)
     loaded = memory.rss_bytes()
     with memory.PeakRSS() as peak:
         _run_measurements(result, artifact, session, settings, latency, data, metric, reference, peak)
     result["memory"] = memory.figures(baseline, loaded, peak.peak_bytes)
+    result["runtime"] = session.describe()
     session.close()
     return result
 
@@ -227,8 +230,14 @@ def drop_noise(metric: str, ref_out: list, outputs: list, labels) -> dict:
 
 
 def check_sharing(fmt, settings: MeasureSettings) -> None:
-    """Before any work: a runtime whose sessions are not thread-safe is never shared by concurrent requests."""
-    runtime = session_class(fmt).runtime
+    """Before any work: the runtime asked for runs this format with these settings and is installed (exit 2, 4),
+    and one whose sessions are not thread-safe is never shared by concurrent requests."""
+    cls = session_class(fmt, settings.runtime)
+    if settings.provider not in ("cpu", "auto") and not cls.takes_provider and settings.runtime is not None:
+        raise UsageError(f"--provider {settings.provider} is onnxruntime's; --runtime {settings.runtime} runs on the "
+                         "CPU: drop one of them")
+    cls.available()
+    runtime = cls.runtime
     if (settings.concurrency or 1) > 1 and settings.sessions == "shared" and runtime in NOT_THREAD_SAFE:
         raise UsageError(f"a {runtime} session cannot serve several requests at once (it is not "
                          "thread-safe): use --sessions per-thread (recipe: measure.sessions: per-thread)")

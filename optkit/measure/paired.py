@@ -27,14 +27,16 @@ RACE_AT = (3, 5, 8)  # after these trials, a child clearly slower than the best 
 
 
 def paired_latency(before: Artifact, after: Artifact, settings: MeasureSettings, *, trials: int = 5,
-                   data=None, limit_s: float | None = None) -> dict[str, Any]:
+                   data=None, limit_s: float | None = None, runtimes: tuple | None = None) -> dict[str, Any]:
     """{"before": figures, "after": figures, "ratio": after/before, "ratio_ci95": [lo, hi], "significant"}:
     paired_latencies with one child."""
-    return paired_latencies(before, [after], settings, trials=trials, data=data, limit_s=limit_s, race=False)[0]
+    return paired_latencies(before, [after], settings, trials=trials, data=data, limit_s=limit_s, race=False,
+                            runtimes=runtimes)[0]
 
 
 def paired_latencies(parent: Artifact, children: list[Artifact], settings: MeasureSettings, *, trials: int = 5,
-                     data=None, limit_s: float | None = None, race: bool = True) -> list[dict[str, Any]]:
+                     data=None, limit_s: float | None = None, race: bool = True,
+                     runtimes: tuple | None = None) -> list[dict[str, Any]]:
     """The parent and every child timed call by call, interleaved, in one isolated process; per child (in order)
     the dict paired_latency gives, its "trials" the number it was timed in.
 
@@ -42,28 +44,35 @@ def paired_latencies(parent: Artifact, children: list[Artifact], settings: Measu
     All trials together take about `limit_s` (default latency.LIMIT_S), session opening included, at least 5
     calls of each model a trial. With `race`, after trials 3, 5 and 8 (RACE_AT) a child whose ratio interval
     lies wholly above the best child's (both at 95%/3, Bonferroni over the three looks) stops being timed, and
-    its time goes to the others; its figures are those of the trials it was in ("dropped_after")."""
+    its time goes to the others; its figures are those of the trials it was in ("dropped_after").
+    `runtimes` (one per model, the parent first; None: settings.runtime for all) times each model on its own
+    runtime, the same loop whatever they are, so a ratio across runtimes is as honest as one within one."""
     children = list(children)
     if not children:
         return []
     names = ", ".join(str(c.path) for c in children[:3]) + (f" (+{len(children) - 3})" if len(children) > 3 else "")
-    return run_isolated(_paired, parent, children, settings, trials, data, limit_s, race,
+    each = [settings if runtimes is None else settings.model_copy(update={"runtime": r}) for r in
+            (runtimes or [None] * (len(children) + 1))]
+    if len(each) != len(children) + 1:
+        raise ValueError("runtimes: one per model, the parent first")
+    return run_isolated(_paired, parent, children, each, trials, data, limit_s, race,
                         what=f"timing {names} against {parent.path}")
 
 
 def head_to_head(first: Artifact, second: Artifact, feeds: dict, *, limit_s: float = 5.0,
-                 trials: int = 5) -> tuple[float, float, float]:
+                 trials: int = 5, runtime: str | None = None) -> tuple[float, float, float]:
     """`second`'s latency over `first`'s on one call's `feeds`, timed call by call, interleaved, in one child
     process (batch 1, one thread, no race): (ratio, low, high) of its 95% interval. Where two results timed each
     against a parent share an interval, timed against each other the difference shows."""
-    settings = MeasureSettings(provider="cpu", threads=1, batch=1, warmup=10, runs=100)
+    settings = MeasureSettings(runtime=runtime, provider="cpu", threads=1, batch=1, warmup=10, runs=100)
     r = paired_latency(first, second, settings, trials=trials, data=feeds, limit_s=limit_s)
     return r["ratio"], r["ratio_ci95"][0], r["ratio_ci95"][1]
 
 
 def _feeds_for(session, settings: MeasureSettings, data, model: str | None = None) -> dict:
-    if isinstance(data, dict):
-        feeds = data
+    if isinstance(data, dict):  # each model gets the inputs it takes (an export without token_type_ids, say)
+        names = {s.name for s in session.inputs}
+        feeds = {k: v for k, v in data.items() if k in names}
     elif data is not None:
         ds = data.load(model)
         feeds = latency_feeds(session.inputs, ds.bind(session.inputs, stream=True), settings.batch, ds.source)
@@ -73,16 +82,17 @@ def _feeds_for(session, settings: MeasureSettings, data, model: str | None = Non
     return feeds
 
 
-def _paired(parent: Artifact, children: list[Artifact], settings: MeasureSettings, trials: int, data,
+def _paired(parent: Artifact, children: list[Artifact], each: list[MeasureSettings], trials: int, data,
             limit_s: float | None, race: bool) -> list[dict[str, Any]]:
     import gc
 
+    settings = each[0]
     clock = time.perf_counter
     deadline = clock() + (LIMIT_S if limit_s is None else limit_s)
     arts = [parent, *children]
-    sessions = [settings.open(a) for a in arts]
+    sessions = [s.open(a) for s, a in zip(each, arts)]
     feeds = [_feeds_for(s, settings, data, arts[0].path) for s in sessions]
-    fresh = all(s.provider == "cpu" and s.runtime in ("onnxruntime", "tflite") for s in sessions)
+    fresh = all(s.provider == "cpu" and s.runtime in ("onnxruntime", "tflite", "openvino") for s in sessions)
     live = list(range(len(arts)))                       # 0 (the parent) is always timed
     times: list[list[list[float]]] = [[] for _ in arts]         # the timed calls, per model, per trial
     parent_times: list[list[list[float]]] = [[] for _ in arts]  # the parent's calls in the trials each child was in
@@ -96,7 +106,7 @@ def _paired(parent: Artifact, children: list[Artifact], settings: MeasureSetting
             if fresh and trial:
                 for i in live:
                     sessions[i].close()
-                    sessions[i] = settings.open(arts[i])
+                    sessions[i] = each[i].open(arts[i])
             # this trial's share of what is left; half of it at most for the warm-up
             half = max(0.0, deadline - start) / (trials - trial) / 2
             for _ in range(settings.warmup):
@@ -142,6 +152,7 @@ def _paired(parent: Artifact, children: list[Artifact], settings: MeasureSetting
         centre, lo, hi = ratio_ci95(ratios[i])
         before, after = (summarize(t, batch=settings.batch, warmup=settings.warmup, threads=sessions[k].threads,
                                    provider=sessions[k].provider) for t, k in ((parent_times[i], 0), (times[i], i)))
+        before["runtime"], after["runtime"] = sessions[0].runtime, sessions[i].runtime
         res = {"before": before, "after": after, "ratio": centre, "ratio_ci95": [lo, hi], "trial_ratios": ratios[i],
                "trials": len(ratios[i]), "significant": hi < 1 - MIN_CHANGE or lo > 1 + MIN_CHANGE}
         if i in dropped:
@@ -158,6 +169,12 @@ def change_against(parent: Artifact, child: Artifact, settings: MeasureSettings,
         paired = paired_latency(parent, child, settings, data=data, limit_s=LIMIT_PAIR_S)
     except OptkitError:
         return None
+    return as_change(paired)
+
+
+def as_change(paired: dict[str, Any]) -> dict[str, Any]:
+    """A paired timing (paired_latencies' per-child dict) as a stage's figure against its parent: change_against's
+    shape, whichever timing made it (a pass's race made as the run times the stage, too)."""
     return {"before": paired["before"], "after": paired["after"],
             "latency_change": {k: paired[k] for k in ("ratio", "ratio_ci95", "significant", "trials")},
             "note": "latency: " + describe(paired)}

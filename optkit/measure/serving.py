@@ -17,11 +17,13 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from optkit.core.artifact import Artifact
+from optkit.core.formats import Format
 from optkit.core.isolate import run_isolated
 from optkit.measure import memory
 from optkit.measure.concurrency import measure_concurrency
 from optkit.measure.model import MeasureSettings
 from optkit.onnx.session import OrtSettings, warm_onnxruntime
+from optkit.runtimes.base import warm_runtime
 
 PROBE_S = 0.25
 
@@ -30,6 +32,7 @@ class Setting(BaseModel):
     """Where a model is served from: what `optkit tune` chooses and a recipe's `measure:` section can set."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    runtime: Literal["onnxruntime", "openvino"] = "onnxruntime"   # OpenVINO: its settings, no session options
     provider: str = "cpu"
     threads: int | None = Field(default=None, ge=1)           # intra-op threads (None: onnxruntime's default)
     batch: int = Field(default=1, ge=1)
@@ -52,11 +55,15 @@ class Setting(BaseModel):
             parts.append("no mem pattern")
         if self.provider != "cpu":
             parts.append(self.provider)
+        if self.runtime != "onnxruntime":
+            parts.insert(0, self.runtime)
         return ", ".join(parts)
 
     def recipe_measure(self) -> dict[str, Any]:
         """The recipe `measure:` keys that serve the model this way."""
         d: dict[str, Any] = {"provider": self.provider, "threads": self.threads, "batch": self.batch}
+        if self.runtime != "onnxruntime":
+            d = {"runtime": self.runtime, **d}
         if self.concurrency > 1:
             d.update(concurrency=self.concurrency, sessions=self.sessions)
         session = self.session.model_dump(exclude_none=True)
@@ -66,7 +73,8 @@ class Setting(BaseModel):
 
     def settings(self, base: MeasureSettings | None = None) -> MeasureSettings:
         base = base or MeasureSettings()
-        return base.model_copy(update={"provider": self.provider, "threads": self.threads, "batch": self.batch,
+        return base.model_copy(update={"runtime": None if self.runtime == "onnxruntime" else self.runtime,
+                                       "provider": self.provider, "threads": self.threads, "batch": self.batch,
                                        "concurrency": self.concurrency, "sessions": self.sessions,
                                        "session": self.session})
 
@@ -92,6 +100,8 @@ def _measure(artifact: Artifact, setting: Setting, feeds: dict, seconds: float, 
     settings = setting.settings()
     feeds = batch_feeds(feeds, setting.batch)
     warm_onnxruntime()  # the runtime's own start-up is not the setting's memory
+    if setting.runtime != "onnxruntime":
+        warm_runtime(Format(artifact.format), settings.runtime)
     baseline = memory.rss_bytes()
     sessions = [settings.open(artifact) for _ in range(setting.concurrency if setting.sessions == "per-thread"
                                                        else 1)]

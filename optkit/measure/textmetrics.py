@@ -64,12 +64,19 @@ def rows_of(metric: str, outputs: list, labels: Any, classes: list[str] | None =
     if metric == "exact_match" and kind != "answers":
         raise UsageError("metric exact_match scores question answering (SQuAD answers); use accuracy for classes")
     if metric in ("spearman", "pearson"):
-        return _correlation(metric, np.asarray(outputs[0]), labels)
+        return _correlation(metric, _pooled(outputs), labels)
     if kind == "answers":
         return _squad(metric, outputs, labels)
     if kind == "tags":
         return _entities(np.asarray(outputs[0]), labels)
     return _macro_f1(np.asarray(outputs[0]), labels, classes)
+
+
+def _pooled(outputs: list) -> np.ndarray:
+    """The output a pair metric scores: the first one per sentence (a sentence-transformers export gives
+    token_embeddings first, then sentence_embedding), else the first (refused as per token)."""
+    arrays = [np.asarray(o) for o in outputs]
+    return next((a for a in arrays if a.ndim < 3), arrays[0])
 
 
 def _kind(labels: np.ndarray) -> str:

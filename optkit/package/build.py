@@ -18,6 +18,7 @@ from optkit.core.shapes import parse_shapes
 from optkit.measure.size import measure_size
 from optkit.package import lineage, repo, schemas
 from optkit.package import manifests as mf
+from optkit.package import preprocessor as carried
 from optkit.package.config import PackageConfig
 from optkit.package.signature import read_signature
 from optkit.package.target import Job, Target, get_target, own_options, target_options
@@ -68,6 +69,7 @@ def package(model: str, config: PackageConfig | dict | None = None, *, tuned: Tu
     try:
         target.open(job)  # what MODEL is to this target (one model, or one in parts)
         _accepted(model, target, job.artifact)
+        job.preprocessor = carried.find(model)  # missing or changed since the model was written: exit 2
         kinds, capacity = _inputs(job, target, tuned, shapes)
         return _make(job, target, kinds, capacity)
     finally:
@@ -294,7 +296,11 @@ def _target_wrote(target: Target, job: Job, vdir: Path, number: int) -> dict[str
     outside the model folder). Any failure of the target's own code is one PassError line (exit 3)."""
     try:
         model_level = target.write_version(job, vdir, number)
+        if job.preprocessor is not None:
+            carried.write(job.preprocessor, vdir)
         target.validate(job, vdir)
+        if job.preprocessor is not None:
+            carried.check(job.preprocessor, vdir)
     except OptkitError:
         raise
     except Exception as e:  # noqa: BLE001 - a target's own bug (a plugin's), shown as one line

@@ -43,7 +43,7 @@ def chain_from_report(report, model_sha256: str) -> tuple[list[dict], dict[str, 
 
 def build_lineage(*, artifact, target: str, name: str, version: int, tag: str | None, tuned, report,
                   report_path: str | None, files: dict[str, str], mapping: list[dict], notes: list[str],
-                  split: dict | None = None) -> dict:
+                  split: dict | None = None, preprocessor: dict | None = None) -> dict:
     chain, figures, source = [], {}, None
     if report is not None:
         # a model in parts: the report's stages made the model it was split from
@@ -68,6 +68,8 @@ def build_lineage(*, artifact, target: str, name: str, version: int, tag: str | 
         "machine": machine_info(),
         "versions": library_versions(),
     }
+    if preprocessor is not None:  # its tokenizer folder in the version, and the Hugging Face folder it came from
+        out["preprocessor"] = preprocessor
     if split is not None:  # a model in parts: the split, and each part model's files (serve-version checks them)
         out["split"] = split
     return out

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from optkit.core.errors import UsageError
+from optkit.measure.datasets import load_dataset
+from optkit.measure.text import is_text_data
 
 # ONNX elem_type -> (Triton data type, numpy dtype name); types a server cannot take are absent.
 DTYPES = {
@@ -93,12 +95,14 @@ def _tensor(v, role: str) -> Tensor:
     return Tensor(v.name, tt.elem_type, dims, names)
 
 
-def warmup_dims(sig: Signature, batching: bool, shapes: dict[str, list[int]], data: str | None) -> dict:
-    """{input: served dims with every dynamic dim fixed}, and notes saying where each fixed dim came from.
+def warmup_dims(sig: Signature, batching: bool, shapes: dict[str, list[int]], data: str | None,
+                model: str | None = None) -> dict:
+    """{input: served dims with every dynamic dim fixed}, and notes saying where each fixed dim came from. Text
+    data is tokenized by `model`'s own tokenizer: its longest sample fixes the sequence axis.
 
     Returns (dims by input, notes). A dynamic dim neither --shape nor the data fixes is exit 2, named.
     """
-    samples = _npz_shapes(data) if data else {}
+    samples = _data_shapes(data, model) if data else {}
     out, notes = {}, []
     for t in sig.inputs:
         dims = sig.served_dims(t, batching)
@@ -129,12 +133,15 @@ def _dims_text(t: Tensor) -> str:
     return "[" + ", ".join(n or "?" if d == -1 else str(d) for d, n in zip(t.dims, t.dim_names)) + "]"
 
 
-def _npz_shapes(data: str) -> dict[str, tuple[int, ...]]:
+def _data_shapes(data: str, model: str | None) -> dict[str, tuple[int, ...]]:
     import numpy as np
 
     p = Path(data)
+    if is_text_data(p):
+        return {k: tuple(a.shape[1:]) for k, a in load_dataset(p, model=model).arrays.items()}
     if p.suffix != ".npz" or not p.is_file():
-        raise UsageError(f"--data {data}: the package reads shapes from an .npz file (one array per input)")
+        raise UsageError(f"--data {data}: the package reads shapes from an .npz file (one array per input) or text "
+                         "(.csv, .tsv, .jsonl, .parquet) its model's tokenizer reads")
     try:
         with np.load(p, allow_pickle=False) as z:
             return {k: z[k].shape[1:] for k in z.files}

@@ -30,6 +30,7 @@ from optkit.core.formats import Format
 from optkit.core.plugins import load_env_plugins
 from optkit.core.registry import config_message, flag_of
 from optkit.package import lineage
+from optkit.package import preprocessor as carried
 from optkit.package.config import PackageConfig
 
 ENTRY_POINTS = "optkit.package_targets"
@@ -73,12 +74,14 @@ class Job:
     split: dict[str, Any] | None = None  # the lineage's record of a model in parts (build adds each model's files)
     temporaries: list[Path] = field(default_factory=list)  # removed once the package is made, or failed
     handed: dict[str, Any] = field(default_factory=dict)  # what a recipe's run made, in memory: a split "plan", ...
+    preprocessor: Any = None           # package.preprocessor.Carried: the model's tokenizer folder, checked
 
     def lineage(self, number: int, files: dict[str, str]) -> dict[str, Any]:
         return lineage.build_lineage(artifact=self.artifact, target=self.config.to, name=self.name, version=number,
                                      tag=self.tag, tuned=self.tuned, report=self.report,
                                      report_path=self.config.report, files=files, mapping=self.mapping,
-                                     notes=self.notes, split=self.split)
+                                     notes=self.notes, split=self.split,
+                                     preprocessor=carried.lineage_entry(self.preprocessor))
 
 
 @dataclass

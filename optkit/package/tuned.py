@@ -16,7 +16,7 @@ from optkit.core.errors import UsageError
 
 # What a package gets without --tuned: one CPU instance, onnxruntime's own thread pools and optimisations,
 # batch 1, no dynamic batching.
-DEFAULTS = {"provider": "cpu", "threads": None, "batch": 1, "concurrency": 1, "sessions": "shared",
+DEFAULTS = {"runtime": "onnxruntime", "provider": "cpu", "threads": None, "batch": 1, "concurrency": 1, "sessions": "shared",
             "session": {"inter_op_threads": None, "execution_mode": "sequential", "graph_optimization": "all",
                         "cpu_mem_arena": True, "mem_pattern": True}}
 

@@ -10,6 +10,7 @@ the stage's notes say why.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 
@@ -17,8 +18,10 @@ from optkit.core.artifact import Artifact
 from optkit.core.formats import Format
 from optkit.core.registry import MAX_THREADS, Pass, PassConfig, PassContext, cli, register
 from optkit.measure.model import max_threads
-from optkit.measure.profile import MAX_RUNS, profile_onnx
+from optkit.measure.profile import MAX_RUNS
+from optkit.measure.profile_ov import profile_model
 from optkit.onnx.io import copy_model
+from optkit.passes.convert.openvino import copy_ir
 
 TOP_NODES = 20
 
@@ -33,6 +36,11 @@ class ProfileConfig(PassConfig):
     threads: int | None = Field(default=None, ge=1, le=MAX_THREADS, description="Intra-op threads (default: the "
                                                                                  "runtime's).",
                                 json_schema_extra=cli("--threads", group="measurement"))
+    runtime: Literal["onnxruntime", "openvino"] | None = Field(
+        default=None, description="The runtime profiled: onnxruntime (its profiler; the default for ONNX) or openvino "
+                                  "(the CPU plugin's per-layer counters, each with the kernel it ran; an OpenVINO IR "
+                                  "always).",
+        json_schema_extra=cli(recipe_only="the command's --runtime sets it"))
     trace: bool = Field(default=True, description="Write the Chrome trace beside the output.",
                         json_schema_extra=cli(recipe_only="a stage writes its trace beside its output; the command's "
                                                           "--trace names the file instead"))
@@ -54,17 +62,22 @@ def trace_path(output: Path) -> Path:
 class ProfileOnnx(Pass):
     name = "profile.onnx"
     summary = "onnxruntime's profiler: time per op type and node (and a Chrome trace); the model is unchanged"
-    accepts = (Format.ONNX,)
+    accepts = (Format.ONNX, Format.OPENVINO_IR)
     produces = Format.ONNX
     Config = ProfileConfig
 
     def run(self, artifact: Artifact, config: ProfileConfig, ctx: PassContext) -> Artifact:
         output = Path(ctx.output)
         data = ctx.data.get("eval") if ctx.data.get("eval") is not None else ctx.data.get("calibration")
-        trace = trace_path(output) if config.trace else None
-        prof = profile_onnx(artifact, runs=config.runs, threads=config.threads, shapes=ctx.shapes,
-                            values=ctx.values, data=data, trace=trace, seed=ctx.seed)
-        copy_model(artifact.path, output)
+        on_ov = config.runtime == "openvino" or artifact.format == Format.OPENVINO_IR
+        trace = trace_path(output) if config.trace and not on_ov else None
+        prof = profile_model(artifact, config.runtime, runs=config.runs, threads=config.threads, shapes=ctx.shapes,
+                             values=ctx.values, data=data, trace=trace, seed=ctx.seed)
+        if artifact.format == Format.OPENVINO_IR:
+            output = output.with_suffix(".xml")
+            copy_ir(artifact.path, output)
+        else:
+            copy_model(artifact.path, output)
         # every figure the profiler gives; the op types cut to `top`, the nodes to `top` (at least TOP_NODES)
         ctx.measurements["profile"] = {
             **prof, "ops": prof["ops"][: config.top], "nodes": prof["nodes"][: max(config.top, TOP_NODES)],
@@ -75,4 +88,4 @@ class ProfileOnnx(Pass):
             ctx.note(f"profile: {text}")
         ctx.note(f"profile: kernels {prof['total_ms']:.3g} ms per call, p50 {prof['p50_ms']:.3g} ms "
                  f"({prof['total_vs_p50']:.2f}x)" + (f"; Chrome trace {trace.name} beside the model" if trace else ""))
-        return artifact.derive(output, Format.ONNX, self.name, config.model_dump(mode="json"))
+        return artifact.derive(output, artifact.format, self.name, config.model_dump(mode="json"))

@@ -24,6 +24,7 @@ from optkit.core.errors import UsageError
 from optkit.core.formats import Format, detect_format
 from optkit.measure.model import DataSpec
 from optkit.onnx.io import copy_model
+from optkit.passes.convert.openvino import copy_ir
 from optkit.passes.quantize.candidates import rejected_path
 from optkit.pipeline.recipe import from_dict, load_recipe, one_stage_recipe
 from optkit.pipeline.runner import RunOptions, execute
@@ -143,6 +144,8 @@ def publish(src: Path, fmt: Format, dest: Path) -> None:
             if made and record is not None:
                 remove(folder)
             raise
+    elif fmt == Format.OPENVINO_IR:
+        copy_ir(src, dest)
     elif src.is_dir():
         raise UsageError(f"the result is a folder ({fmt.value}); run a recipe to keep it in its workspace")
     else:

@@ -98,6 +98,9 @@ class StageSpec(_Strict):
 
 
 class MeasureSection(_Strict):
+    runtime: Literal["onnxruntime", "openvino"] | None = Field(
+        default=None, description="The runtime of ONNX stages: onnxruntime (default) or openvino (an OpenVINO IR "
+                                  "stage runs on openvino whatever this says).")
     provider: str = "cpu"
     threads: int | None = Field(default=1, ge=1, le=_max_threads())
     batch: int = Field(default=1, ge=1, le=65536)
@@ -415,7 +418,8 @@ stages:                       # run in order; `optkit passes` lists them with th
     config: {{}}
 
 measure:
-  provider: cpu               # cpu, cuda, tensorrt (ONNX models)
+  # runtime: openvino         # ONNX stages on onnxruntime (default) or OpenVINO
+  provider: cpu               # cpu, cuda, tensorrt (ONNX models on onnxruntime)
   threads: 1
   batch: 1
   warmup: 10

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from optkit.core import phases
 from optkit.core.artifact import Artifact
 from optkit.core.atomic import declared_paths
 from optkit.core.errors import UsageError
@@ -27,11 +28,12 @@ from optkit.pipeline.validation import validate
 from optkit.pipeline.workspace import Progress, Workspace
 from optkit.report.build import input_stage, pass_stage
 from optkit.report.schema import Report
+from optkit.runtimes.base import takes
 
 log = logging.getLogger(__name__)
 
 EXTENSIONS = {"onnx": "model.onnx", "tflite": "model.tflite", "keras": "model.keras", "tf-savedmodel": "model_savedmodel",
-              "torchscript": "model.pt", "torch-export": "model.pt2", "trt-engine": "model.engine"}
+              "torchscript": "model.pt", "torch-export": "model.pt2", "trt-engine": "model.engine", "openvino-ir": "model.xml"}
 
 
 NO_DATA: dict[str, Any] = {"datasets": {}, "specs": {}}  # a model that takes other inputs than the recipe's data
@@ -119,8 +121,10 @@ def execute(loaded, opts: RunOptions | None = None) -> RunOutcome:
     """Run a recipe: validate everything first, then each stage (cached, resumable), measure, gate, report; then
     package what the gates let through."""
     opts = opts or RunOptions()
+    phases.lap("start-up")
     st = _prepare(loaded, opts)
     _preload()
+    phases.lap("checks and data")
     st.ws = Workspace(Path(opts.workspace), loaded.name)
     st.run = st.ws.open_run(loaded, resume=opts.resume)
     try:
@@ -218,7 +222,9 @@ def _stage(st: _Run, i: int, name: str, cls, cfg, current, takes_inputs: bool = 
             # a result refused by a budget is kept in the run folder, which outlives the failed stage
             aside = st.opts.aside or run.path / f"{final_dir.name}.REJECTED.onnx"
             given = config if cls.recipe_paths else st.loaded.stages[i - 1].config  # its files resolved, or as given
-            result = _compute_stage(st, key, tmp, name, cls, current, given, aside, data)
+            timing = _timing(st, current) if cls.measured and takes_inputs and cls.keeps_inputs else None
+            result = _compute_stage(st, key, tmp, name, cls, current, given, aside, data, timing)
+            phases.lap(f"{name} pass")
         out = result.output = _relocate(result.output, tmp, final_dir)
         if cls.measured:
             keeps = takes_inputs and cls.keeps_inputs  # else the result takes other inputs: measured on its own
@@ -226,6 +232,7 @@ def _stage(st: _Run, i: int, name: str, cls, cfg, current, takes_inputs: bool = 
                                            data if keeps else NO_DATA, progress, name=name,
                                            reference=st.source if keeps else None)
             st.input_latency = st.input_latency or before
+            phases.lap(f"{name} measured")
         else:
             stage = pass_stage(result, {})
         stage.output.path = str(out.path)
@@ -250,12 +257,27 @@ def _input(st: _Run):
         else:
             stage0 = input_stage(source, {})
         run.write_stage(tmp, stage0)
+    phases.lap("input measured")
     progress.stage_done(0, "input")
     return stage0
 
 
+def _timing(st: _Run, parent):
+    """How the stage's result will be timed against `parent` (settings, eval data), when that is the comparison a
+    pass's search makes anyway (quantize's race: the CPU at batch 1 on one thread) and `parent` is the model the
+    stage is compared with (the run's input): the pass's paired timing of its result, made so, is the stage's figure
+    (PassContext.timing). None otherwise: the stage is timed once, after the pass. One thread only: sessions of
+    several threads each, interleaved in a race of five models, spin against each other on a busy machine."""
+    r = st.loaded.recipe
+    if not r.measure.latency or st.source is None or parent.sha256 != st.source.sha256:
+        return None
+    settings = _settings_for(st.loaded, parent)
+    same = settings.provider == "cpu" and settings.threads == 1 and settings.batch == 1
+    return (settings, st.data["specs"].get("eval")) if same else None
+
+
 def _compute_stage(st: _Run, key: str | None, tmp: Path, name: str, cls, current, config: dict,
-                   aside: Path, data: dict) -> StageResult:
+                   aside: Path, data: dict, timing=None) -> StageResult:
     """A stage's pass output in `tmp`: from the cache when a verified entry exists (`key`: None when the stage is
     not cached), else computed (and stored)."""
     ws, r = st.ws, st.loaded.recipe
@@ -268,6 +290,7 @@ def _compute_stage(st: _Run, key: str | None, tmp: Path, name: str, cls, current
                              duration_s=hit["duration_s"],
                              ctx=PassContext(output=tmp / stage_output_name(cls.produces),
                                              notes=list(hit["notes"]), warnings=list(hit["warnings"]),
+                                             brief=_cached_brief(hit),
                                              measurements=dict(hit["measurements"])),
                              cached=True)
         result.ctx.note(f"reused from the cache (key {key[:12]}, computed {hit['created']})")
@@ -275,12 +298,18 @@ def _compute_stage(st: _Run, key: str | None, tmp: Path, name: str, cls, current
     st.progress.step(f"running {cls.name}" + _long_hint(cls.name))
     result = run_pass(current, cls.name, config, tmp / stage_output_name(cls.produces),
                       shapes=r.measure.shapes, values=r.measure.values, seed=r.measure.seed,
-                      data=data["datasets"], aside=aside, earlier=list(st.stages))
+                      data=data["datasets"], aside=aside, earlier=list(st.stages), timing=timing)
     result.name = name
     if key:
         ws.cache_put(key, tmp, result)
     result.ctx.notes.extend(cache_notes)  # after storing: the note is about this run only
     return result
+
+
+def _cached_brief(hit: dict) -> list[str]:
+    """The cached stage's brief note: one of its notes (an entry written before briefs were kept has none)."""
+    brief = hit.get("brief")
+    return [n for n in brief if n in hit["notes"]][:1] if isinstance(brief, list) else []
 
 
 def _preload() -> None:
@@ -348,7 +377,7 @@ def _load_data(loaded) -> dict[str, Any]:
 
 
 def measure_settings(section):
-    return MeasureSettings(provider=section.provider, threads=section.threads, batch=section.batch,
+    return MeasureSettings(runtime=section.runtime, provider=section.provider, threads=section.threads, batch=section.batch,
                            warmup=section.warmup, runs=section.runs, shapes=section.shapes, values=section.values,
                            check_outputs=section.check_outputs, seed=section.seed, session=section.session,
                            concurrency=section.concurrency, sessions=section.sessions)
@@ -357,11 +386,24 @@ def measure_settings(section):
 def _settings_for(loaded, art):
     """The recipe's measurement settings, as they apply to this artifact's format."""
     settings = measure_settings(loaded.recipe.measure)
+    if not takes(art.format, settings.runtime):  # the recipe's runtime serves the stages of the formats it reads
+        settings = settings.model_copy(update={"runtime": None})
     if art.format not in (Format.ONNX, Format.TRT_ENGINE):  # onnxruntime's options apply to ONNX stages
         settings = settings.model_copy(update={"provider": "cpu", "session": OrtSettings()})
     elif art.format == Format.TRT_ENGINE:
         settings = settings.model_copy(update={"session": OrtSettings()})
     return settings
+
+
+def _timed_by_the_pass(result, reference) -> dict | None:
+    """The pass's paired timing of its result against `reference`, made as the run times a stage (PassContext.timing):
+    one timing per figure. None for a cached result (timed now) or one timed otherwise."""
+    timed = result.ctx.timed
+    if result.cached or not timed or timed.get("parent") != reference.sha256:
+        return None
+    log.info("stage %s: latency against the input from the pass's own paired timing (%s trials), not timed again",
+             result.name, timed["latency_change"]["trials"])
+    return timed
 
 
 def _measure_stage(loaded, art, result, data, progress, *, name: str, reference=None):
@@ -386,8 +428,10 @@ def _measure_stage(loaded, art, result, data, progress, *, name: str, reference=
                                             data=ev)
     # a result that takes other inputs (reference None) is not timed: no figure would compare with the input's
     if r.measure.latency and result is not None and reference is not None:
-        progress.step("timing against the input, call by call")
-        change = change_against(reference, art, settings, data=ev)
+        change = _timed_by_the_pass(result, reference)
+        if change is None:
+            progress.step("timing against the input, call by call")
+            change = change_against(reference, art, settings, data=ev)
         if change is not None:  # the speedup against the input: timed call by call, as commands do
             figures["latency_change"] = change["latency_change"]
             before = change["before"]
@@ -402,6 +446,22 @@ def _measure_stage(loaded, art, result, data, progress, *, name: str, reference=
     if change is not None:
         # the one latency figure of the stage: a pass's own timing (quantize's search race) is labelled as such
         stage.notes.append(change["note"] + " (against the input, timed call by call: the figure the tables use)")
+        stage.brief = [*stage.brief[:1], change["note"]]  # the same figure, said short
     if ignored:
         stage.notes.append(ignored)
+    other = _other_runtime(stage, figures)
+    if other:
+        stage.warnings.append(other)
     return stage, before
+
+
+def _other_runtime(stage, figures: dict) -> str | None:
+    """A file made for one runtime (quantize's `runtime`) measured slower than its input on another says so."""
+    made_for = (stage.config or {}).get("runtime")
+    ran_on = (figures.get("runtime") or {}).get("name")
+    change = figures.get("latency_change") or {}
+    if not made_for or not ran_on or made_for == ran_on or not change.get("significant") \
+            or change.get("ratio", 0) <= 1:
+        return None
+    return (f"this file was made for {made_for} and is {change['ratio']:.2f}x slower than its input on {ran_on}, "
+            f"where it was measured: serve it on {made_for} (measure.runtime / --runtime {made_for})")

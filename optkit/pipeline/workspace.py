@@ -193,7 +193,8 @@ class Workspace:
         a = art.to_dict()
         a["path"] = str(rel)
         entry = {"key": key, "created": _now(), "pass": result.pass_name, "artifact": a,
-                 "notes": list(result.ctx.notes), "warnings": list(result.ctx.warnings),
+                 "notes": list(result.ctx.notes), "brief": list(result.ctx.brief),
+                 "warnings": list(result.ctx.warnings),
                  "measurements": _jsonable(result.ctx.measurements), "duration_s": result.duration_s}
         with atomic_path(dest, directory=True) as tmp:
             shutil.copytree(src, tmp / "files")

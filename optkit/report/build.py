@@ -33,8 +33,8 @@ def pass_stage(result, measurements: dict[str, Any]) -> Stage:
         name=result.name, pass_name=result.pass_name, input=ref(result.input) if result.input is not None else None,
         output=ref(result.output),
         config=result.config, duration_s=round(result.duration_s, 3), cached=result.cached,
-        notes=list(result.ctx.notes), warnings=list(result.ctx.warnings),
-        measurements={**result.ctx.measurements, **measurements},
+        notes=list(result.ctx.notes), brief=list(result.ctx.brief or result.ctx.notes[:1]),
+        warnings=list(result.ctx.warnings), measurements={**result.ctx.measurements, **measurements},
     )
 
 

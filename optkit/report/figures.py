@@ -150,6 +150,7 @@ class StageFigures:
     batch: float | None = None
     threads: int | None = None
     trials: int | None = None
+    runtime: str | None = None                # the runtime that ran the model, with its version ("openvino 2026.4.0")
     # latency: the 95% band (low, high) of p50_ms / p90_ms / p99_ms / throughput_per_s from the runs themselves
     # (order statistics; optkit.measure.latency.bands), None for an end the runs do not bound
     ci95: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
@@ -229,6 +230,7 @@ class StageFigures:
             ci95=_bands(lat, lat_values),
             **{k: lat.numbers(k) for k in ("trial_p50_ms", "trial_low_ms", "trial_normalized")},
             threads=lat.count("threads"), trials=lat.count("trials"), reference=lat.text("reference"),
+            runtime=_runtime(reader("runtime")),
             references=_references(lat),
             latency_change=_latency_change(m.get("latency_change"), name, strict),
             metric=metric,
@@ -274,6 +276,11 @@ class StageFigures:
         if self.normalized:
             return {self.reference: Normalisation(self.normalized, self.trial_normalized, self.normalized_ci95_pct)}
         return {}
+
+
+def _runtime(r: _Reader) -> str | None:
+    name, version = r.text("name"), r.text("version")
+    return None if name is None else f"{name} {version}" if version else name
 
 
 def _references(lat: _Reader) -> dict[str, Normalisation]:

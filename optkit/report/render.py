@@ -8,14 +8,17 @@ from optkit.report.schema import Report
 from optkit.report.table import columns, gate_rows, legend, stage_rows
 
 
-def to_console(report: Report, console=None) -> None:
+def to_console(report: Report, console=None, *, verbose: bool = False) -> None:
+    """The report's tables and, per stage, its brief (what was done, the latency verdict) or with `verbose` every
+    note (the reasoning: skipped settings, kernel tables, candidate races, which report.json and report.html keep)."""
     from rich import box
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
     console = console or Console(markup=False, highlight=False)
-    table = Table(title=printable(report.command or "optkit report"), title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
+    table = Table(title=printable(report.command or "optkit report"), title_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False, collapse_padding=True, show_edge=False)
     rows = stage_rows(report)
     # a column with no figure in any row only takes width from the ones that matter
     shown = columns(report, console=True)
@@ -39,12 +42,12 @@ def to_console(report: Report, console=None) -> None:
         console.print(f"memory: {_cell(only.load_mb, '.1f')} MiB to load, peak {_cell(only.memory_mb, '.1f')} MiB "
                       "above the process's baseline (RSS)")
     for stage in report.stages:
-        for note in stage.notes:
+        for note in stage.notes if verbose else (stage.brief or stage.notes[:2]):
             console.print(Text(printable(f"{stage.name}: {note}"), "dim"))
         for warning in stage.warnings:
             console.print(Text("warning", "bold yellow"), printable(f"{stage.name}: {warning}"))
     if report.gates:
-        gates = Table(title="gates", title_justify="left")
+        gates = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
         for col in ("gate", "value", "threshold", "margin", "verdict"):
             gates.add_column(col)
         for row in gate_rows(report):
@@ -76,7 +79,7 @@ def _latency_line(f: StageFigures) -> str:
     return (f"latency: p50 {cell(f.p50_ms)} ms, p90 {cell(f.p90_ms)}, p99 {cell(f.p99_ms)}, "
             f"mean {cell(f.mean_ms)} ± {cell(f.std_ms)} ms over {cell(f.runs, '')} runs; "
             f"batch {cell(f.batch, '')}, threads {f.threads or 'default'}, "
-            f"{cell(f.throughput_per_s, '.1f')} samples/s")
+            f"{cell(f.throughput_per_s, '.1f')} samples/s" + (f"; on {f.runtime}" if f.runtime else ""))
 
 
 def to_markdown(report: Report) -> str:

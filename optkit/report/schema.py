@@ -39,6 +39,9 @@ class Stage(BaseModel):
     duration_s: float = 0.0
     cached: bool = False
     notes: list[str] = Field(default_factory=list)
+    # the lines the console shows without -v, at most two: what was done and the latency verdict (each a note, or a
+    # note's short form); notes holds them all, which -v, report.md and report.html show
+    brief: list[str] = Field(default_factory=list, max_length=2)
     warnings: list[str] = Field(default_factory=list)
     measurements: dict[str, Any] = Field(default_factory=dict)   # size, latency, accuracy, fidelity, io
 

@@ -72,8 +72,8 @@ def shown_latency(f: StageFigures, base: StageFigures) -> Shown:
                  paired=True, same=not change.significant)
 
 
-LEGEND = ("p50, p90 and samples/s of a stage timed call by call against the first stage: the first stage's figures "
-          "times the paired ratio (speedup); \"same\": no significant change (the 95% interval holds 1.0, ±3%)")
+LEGEND = ("speedup, p50, p90, samples/s: the first stage's figures times the paired ratio (timed call by call); "
+          "\"same\": the 95% interval holds 1.0 (±3%)")
 
 
 def legend(report: Report) -> str | None:

@@ -56,11 +56,22 @@ class Session:
     def close(self) -> None:
         pass
 
+    def describe(self) -> dict:
+        """The runtime and the settings it runs the model with, as reports record them
+        ({"name", "version", "settings"})."""
+        return {"name": self.runtime, "version": None,
+                "settings": {"provider": self.provider, "threads": self.threads}}
+
     @classmethod
     def open(cls, artifact: Artifact, *, provider: str = "cpu", threads: int | None = None,
              ort_settings=None) -> Session:
         """A session of `artifact` (open_session has checked the provider and options apply)."""
         return cls(artifact, threads=threads)
+
+    @classmethod
+    def available(cls) -> None:
+        """A DependencyError (exit 4, with the install command) where the runtime is not installed or cannot run
+        on this machine: checked before any work."""
 
     @classmethod
     def warm(cls, fmt: Format | None = None) -> None:
@@ -69,37 +80,70 @@ class Session:
 
 
 def open_session(artifact: Artifact, provider: str = "cpu", threads: int | None = None,
-                 ort_settings=None) -> Session:
-    """Load `artifact` on the runtime registered for its format; `ort_settings` (onnx.session.OrtSettings)
-    apply to ONNX models, `provider` to runtimes that choose one."""
+                 ort_settings=None, runtime: str | None = None) -> Session:
+    """Load `artifact` on `runtime` (default: the one registered first for its format); `ort_settings`
+    (onnx.session.OrtSettings) apply to onnxruntime, `provider` to runtimes that choose one."""
     fmt = artifact.format
-    log.debug("opening %s (%s) on %s", artifact.path, fmt.value, provider)
-    cls = session_class(fmt)
+    log.debug("opening %s (%s) on %s, %s", artifact.path, fmt.value, runtime or "its runtime", provider)
+    cls = session_class(fmt, runtime)
     if ort_settings is not None and ort_settings.model_dump(exclude_none=True) and not cls.takes_ort_settings:
-        raise UsageError(f"onnxruntime session options apply to ONNX models; {artifact.path} is {fmt.value}")
+        raise UsageError(f"onnxruntime session options apply to onnxruntime; {artifact.path} runs on {cls.runtime}")
     if provider not in ("cpu", "auto") and not cls.takes_provider:
+        if runtime is not None:
+            raise UsageError(f"--provider {provider} is onnxruntime's; --runtime {runtime} runs on the CPU: drop "
+                             "one of them")
         raise UsageError(f"--provider {provider} applies to ONNX models; {artifact.path} is {fmt.value}")
     return cls.open(artifact, provider=provider, threads=threads, ort_settings=ort_settings)
 
 
-def warm_runtime(fmt: Format) -> None:
+def warm_runtime(fmt: Format, runtime: str | None = None) -> None:
     """Start the runtime that runs `fmt` before a memory baseline is taken (TensorFlow's import alone is
     hundreds of MiB, which is not a TFLite model's memory)."""
-    session_class(fmt).warm(fmt)
+    session_class(fmt, runtime).warm(fmt)
 
 
-# format -> "module:Class" of its Session; runtimes/__init__.py registers the built-in ones
-_RUNTIMES: dict[Format, str] = {}
+# (format, runtime name) -> "module:Class" of its Session; the first runtime registered for a format is its default.
+# runtimes/__init__.py registers the built-in ones
+_RUNTIMES: dict[tuple[Format, str], str] = {}
+_DEFAULT: dict[Format, str] = {}
 
 
-def register_runtime(formats: tuple[Format, ...], session: str) -> None:
-    """Make `session` ("package.module:Class", imported when first used) the runtime of `formats`."""
+def register_runtime(formats: tuple[Format, ...], session: str, runtime: str, default: bool = True) -> None:
+    """Make `session` ("package.module:Class", imported when first used) the runtime `runtime` (its name, as
+    --runtime spells it and its Session's `runtime` says) of `formats`, and the default of each where `default`
+    (or where it is the first)."""
     for fmt in formats:
-        _RUNTIMES[fmt] = session
+        _RUNTIMES[(fmt, runtime)] = session
+        if default or fmt not in _DEFAULT:
+            _DEFAULT[fmt] = runtime
 
 
-def session_class(fmt: Format) -> type[Session]:
-    if fmt not in _RUNTIMES:
+def runtimes_of(fmt: Format) -> list[str]:
+    """The runtimes registered for `fmt`, its default first."""
+    names = [r for f, r in _RUNTIMES if f == fmt]
+    return sorted(names, key=lambda r: r != _DEFAULT.get(fmt))
+
+
+def runtime_names() -> list[str]:
+    """Every runtime --runtime may name."""
+    return sorted({r for _, r in _RUNTIMES})
+
+
+def takes(fmt: Format, runtime: str | None) -> bool:
+    """Whether `runtime` (None: the default) runs models of `fmt`."""
+    return runtime is None or (fmt, runtime) in _RUNTIMES
+
+
+def session_class(fmt: Format, runtime: str | None = None) -> type[Session]:
+    if fmt not in _DEFAULT:
         raise UsageError(f"no runtime for format {fmt.value}")
-    module, _, name = _RUNTIMES[fmt].partition(":")
-    return getattr(importlib.import_module(module), name)
+    name = runtime or _DEFAULT[fmt]
+    if (fmt, name) not in _RUNTIMES:
+        known = runtime_names()
+        if name not in known:
+            raise UsageError(f"--runtime {name}: no such runtime; give one of {', '.join(known)}")
+        raise UsageError(f"--runtime {name} does not run {fmt.value} models; it runs "
+                         f"{', '.join(f.value for f, r in _RUNTIMES if r == name)} (this model runs on "
+                         f"{', '.join(runtimes_of(fmt))})")
+    module, _, cls = _RUNTIMES[(fmt, name)].partition(":")
+    return getattr(importlib.import_module(module), cls)

@@ -86,12 +86,20 @@ class OnnxSession(Session):
             )
         self.provider = provider
         self.threads = threads
+        self.ort_settings = ort_settings
         self.inputs = with_hints([spec_of(i) for i in self.sess.get_inputs()], artifact.path)
         self.outputs = [spec_of(o) for o in self.sess.get_outputs()]
         self._names = [o.name for o in self.outputs]
 
         # bound straight to onnxruntime so timing loops add no Python frame of ours
         self.run = functools.partial(self.sess.run, self._names)
+
+    def describe(self) -> dict:
+        import onnxruntime as ort
+
+        extra = self.ort_settings.model_dump(exclude_none=True) if self.ort_settings is not None else {}
+        return {"name": "onnxruntime", "version": ort.__version__,
+                "settings": {"provider": self.provider, "threads": self.threads or "default", **extra}}
 
     def check_feeds(self, feeds) -> None:
         check_feedable(self.inputs)

@@ -28,7 +28,7 @@ class SplitConfig(PassConfig):
     provider: str = Field(default="tensorrt", description="Where the core part runs: tensorrt (trt check's table of "
                                                          "what TensorRT builds), cuda (onnxruntime's CUDA provider's "
                                                          "ops); cpu has nothing to split.",
-                          json_schema_extra=cli("--provider", metavar="tensorrt|cuda|cpu"))
+                          json_schema_extra=cli("--provider", metavar="[tensorrt|cuda|cpu]"))
     cut: list[str] = Field(default_factory=lambda: ["auto"],
                            description="auto (the cut with the fewest bytes crossing CPU<->GPU per sample), preprocess "
                                        "(at the boundary optkit preprocess recorded; what optkit package cuts at) or "

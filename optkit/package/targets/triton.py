@@ -11,7 +11,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -25,8 +25,10 @@ from optkit.package.target import Job, Served, Target, TargetConfig
 from optkit.package.targets import triton_check, triton_ensemble
 from optkit.package.targets.triton_check import parse_if_installed
 from optkit.package.tuned import Tuned
+from optkit.runtimes.openvino import save_ir
 
 BACKEND = "onnxruntime"
+IR_FILE = "model.xml"   # the OpenVINO backend's model (model.bin beside it)
 CONFIG = "config.pbtxt"
 # optkit's graph_optimization -> the onnxruntime backend's `optimization { graph { level } }` (absent = all)
 GRAPH_LEVEL = {"basic": -1, "extended": 1, "disable": 2, "all": None}
@@ -77,9 +79,10 @@ def loads(text: str, where: str | Path = CONFIG) -> dict[str, Any]:
 
 
 def build_config(name: str, sig: Signature, tuned: Tuned, warmup: dict[str, list[int]] | None, version: int,
-                 queue_delay_us: int = QUEUE_DELAY_US, gpu: bool = False) -> TritonConfig:
+                 queue_delay_us: int = QUEUE_DELAY_US, gpu: bool = False, backend: str = BACKEND) -> TritonConfig:
     """`gpu` (--gpu): a GPU instance group where the tuned provider is the CPU's (CUDA, no accelerator); no
-    `warmup` (dims not known): no model_warmup."""
+    `warmup` (dims not known): no model_warmup. `backend` openvino: Triton's OpenVINO backend on the IR
+    (model.xml + model.bin), with optkit's OpenVINO settings as its parameters."""
     cfg = TritonConfig(config={})
     c, m, notes = cfg.config, cfg.mapping, cfg.notes
 
@@ -92,7 +95,7 @@ def build_config(name: str, sig: Signature, tuned: Tuned, warmup: dict[str, list
     if not sig.batchable and batch > 1:
         notes.append(f"batch {batch} cannot be expressed: the model's first dim is not a dynamic batch axis in "
                      "every input and output; wrote max_batch_size: 0 (no batching)")
-    c.update(name=name, backend=BACKEND, max_batch_size=max_batch,
+    c.update(name=name, backend=backend, max_batch_size=max_batch,
              version_policy={"specific": {"versions": [version]}})
     batching = max_batch > 0
     for role, tensors in (("input", sig.inputs), ("output", sig.outputs)):
@@ -120,6 +123,10 @@ def build_config(name: str, sig: Signature, tuned: Tuned, warmup: dict[str, list
         notes.append(f"dynamic_batching max_queue_delay_microseconds: {queue_delay_us} (--queue-delay-us; not a "
                      "tuned figure)")
 
+    if backend == "openvino":
+        c["default_model_filename"] = IR_FILE
+        c["parameters"] = _openvino_parameters(tuned, mapped)
+        return _warm(cfg, sig, warmup, batching)
     c["parameters"] = _parameters(tuned, mapped)
 
     # optimisation: graph level, accelerators
@@ -136,13 +143,29 @@ def build_config(name: str, sig: Signature, tuned: Tuned, warmup: dict[str, list
     if opt:
         c["optimization"] = opt
 
-    # warm-up with zero data of the served shapes
+    return _warm(cfg, sig, warmup, batching)
+
+
+def _warm(cfg: TritonConfig, sig: Signature, warmup: dict[str, list[int]] | None, batching: bool) -> TritonConfig:
+    """Warm-up with zero data of the served shapes (none where the dims are not known)."""
+    c = cfg.config
     if warmup is None:
         return cfg
     c["model_warmup"] = [{"name": "zeros", "batch_size": 1 if batching else 0, "inputs": {
         t.name: {"data_type": Ident(t.triton_type), "dims": list(warmup[t.name] or [1]), "zero_data": True}
         for t in sig.inputs}}]
     return cfg
+
+
+def _openvino_parameters(tuned: Tuned, mapped) -> dict[str, Any]:
+    """Triton's OpenVINO backend's parameters: the settings optkit measures OpenVINO with (runtimes/openvino.py)."""
+    threads = tuned.get("threads")
+    params = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1", "INFERENCE_PRECISION_HINT": "f32",
+              **({"INFERENCE_NUM_THREADS": str(int(threads))} if threads else {})}
+    mapped("runtime", "openvino", "backend", "openvino")
+    if threads:
+        mapped("threads", threads, "parameters.INFERENCE_NUM_THREADS", str(int(threads)))
+    return {k: {"string_value": v} for k, v in params.items()}
 
 
 def _parameters(tuned: Tuned, mapped) -> dict[str, Any]:
@@ -197,6 +220,10 @@ def schema_check(text: str) -> dict | None:
 
 
 class TritonOptions(TargetConfig):
+    backend: Literal["onnxruntime", "openvino"] | None = Field(
+        default=None, description="Triton backend: onnxruntime, or openvino (the model as OpenVINO IR, optkit's "
+                                  "OpenVINO settings); default: the tuned runtime (--tuned), else onnxruntime.",
+        json_schema_extra=cli("--backend"))
     queue_delay_us: int | None = Field(default=None, ge=0, le=MAX_QUEUE_DELAY_US,
                                        description=f"Triton dynamic batching queue delay (default {QUEUE_DELAY_US}).",
                                        json_schema_extra=cli("--queue-delay-us"))
@@ -251,7 +278,7 @@ class TritonTarget(Target):
             job.sig, job.state["lifted"] = signature_of(lifted, job.model), lifted
             job.notes.extend(lift_notes)
         probe = int(job.tuned.get("batch") or 1) if job.sig.batchable else 0
-        warm, warm_notes = warmup_dims(job.sig, probe > 0, job.shapes, job.config.data)
+        warm, warm_notes = warmup_dims(job.sig, probe > 0, job.shapes, job.config.data, job.model)
         job.state["warmup"] = warm
         job.notes.extend(warm_notes)
 
@@ -259,9 +286,14 @@ class TritonTarget(Target):
         delay = job.options.queue_delay_us
         delay = QUEUE_DELAY_US if delay is None else delay
         gpu = bool(job.options.gpu)
+        backend = job.options.backend or job.tuned.get("runtime") or BACKEND
         if job.state.get("plan") is not None:
             return triton_ensemble.write(job, job.root, vdir, number, build_config, dumps, delay, gpu)
-        cfg = build_config(job.name, job.sig, job.tuned, job.state["warmup"], number, queue_delay_us=delay, gpu=gpu)
+        if backend == "openvino" and (gpu or job.state.get("plan") is not None or job.externals):
+            raise UsageError("--backend openvino serves one ONNX model (no split or preprocessing ensemble, no "
+                             "external data) on the CPU (no --gpu)")
+        cfg = build_config(job.name, job.sig, job.tuned, job.state["warmup"], number, queue_delay_us=delay, gpu=gpu,
+                           backend=backend)
         job.mapping[:], text = cfg.mapping, cfg.text
         job.notes.extend(cfg.notes)
         if job.state.get("lifted") is not None:
@@ -270,6 +302,9 @@ class TritonTarget(Target):
             onnx.save(job.state["lifted"], str(vdir / "model.onnx"))
         else:
             shutil.copyfile(job.model, vdir / "model.onnx")
+        if backend == "openvino":  # the IR the OpenVINO backend loads, converted from the file checked above
+            save_ir(vdir / "model.onnx", vdir / IR_FILE)
+            (vdir / "model.onnx").unlink()
         for location, f in job.externals:
             (vdir / location).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(f, vdir / location)

@@ -14,8 +14,9 @@ from pydantic import Field, model_validator
 from optkit.core.artifact import Artifact
 from optkit.core.formats import Format
 from optkit.core.registry import Pass, PassContext, cli, register
-from optkit.passes.convert.common import ConvertConfig, ExportConfig
+from optkit.passes.convert.common import ConvertConfig, ExportConfig, SynthConfig
 from optkit.passes.convert.hf import convert_hf
+from optkit.passes.convert.openvino import convert_openvino
 from optkit.passes.convert.tf import convert_tf
 from optkit.passes.convert.torch import convert_torch
 from optkit.runtimes.hf_model import TASKS
@@ -98,3 +99,17 @@ class ConvertHF(Pass):
 
     def run(self, artifact: Artifact, config, ctx: PassContext) -> Artifact:
         return convert_hf(artifact, config, ctx)
+
+
+@register
+class ConvertOpenVINO(Pass):
+    name = "convert.openvino"
+    summary = "ONNX -> OpenVINO IR (.xml + .bin, FP32 weights kept), validated against onnxruntime"
+    accepts = (Format.ONNX,)
+    produces = Format.OPENVINO_IR
+    extra = "openvino"
+
+    Config = SynthConfig
+
+    def run(self, artifact: Artifact, config, ctx: PassContext) -> Artifact:
+        return convert_openvino(artifact, config, ctx)

@@ -69,27 +69,37 @@ DEFAULT_TOLERANCE = {
 }
 
 
-class ExportConfig(PassConfig):
-    """What every converter takes."""
+class CheckConfig(PassConfig):
+    """How every converter checks its result against its source."""
 
-    opset: int | None = Field(default=None, ge=7, le=1000, description="ONNX opset (default: the newest the exporter "
-                                                               "and onnxruntime both support).",
-                              json_schema_extra=cli("--opset"))
     atol: float | None = Field(default=None, ge=0, le=1e9, description="Absolute tolerance (default per dtype).",
                                json_schema_extra=cli("--atol", group="budgets"))
     rtol: float | None = Field(default=None, ge=0, le=1e6, description="Relative tolerance (default per dtype).",
                                json_schema_extra=cli("--rtol", group="budgets"))
     samples: int = Field(default=64, ge=1, le=MAX_SAMPLES, description="Validation samples taken from the data.",
                          json_schema_extra=cli("--samples", group="evaluation"))
+
+
+class SynthConfig(CheckConfig):
+    """A converter that checks on synthesized inputs when no data is given."""
+
+    batch: int = Field(default=2, ge=1, le=MAX_BATCH, description="batch of synthesized validation inputs",
+                       json_schema_extra=cli(recipe_only="validation detail: the batch of synthesized inputs "
+                                                         "(--data feeds real ones)"))
+
+
+class ExportConfig(CheckConfig):
+    """What every converter to ONNX takes."""
+
+    opset: int | None = Field(default=None, ge=7, le=1000, description="ONNX opset (default: the newest the exporter "
+                                                               "and onnxruntime both support).",
+                              json_schema_extra=cli("--opset"))
     external_data: Literal["auto", "always", "never"] = Field(
         default="auto", description="ONNX external data: auto (only over 2 GB), always or never.",
         json_schema_extra=cli("--external-data"))
 
 
-class ConvertConfig(ExportConfig):
-    batch: int = Field(default=2, ge=1, le=MAX_BATCH, description="batch of synthesized validation inputs",
-                       json_schema_extra=cli(recipe_only="validation detail: the batch of synthesized inputs "
-                                                         "(--data feeds real ones)"))
+class ConvertConfig(ExportConfig, SynthConfig):
     static_batch: bool = Field(default=False, description="Keep the batch axis (the first) fixed; by default it "
                                                           "is dynamic, as exporters such as Optimum make it.",
                                json_schema_extra=cli("--static-batch"))

@@ -323,8 +323,19 @@ def _export_dynamo(export_obj, tensors, specs, out_names, dynamic, opset, dest: 
             output_names=out_names, dynamic_axes=dynamic or None, external_data=False, optimize=True,
             report=False, verify=False,
         )
+        _without_traces(program.model)
         program.save(str(dest), external_data=False) if _size_ok(program) else program.save(str(dest),
                                                                                              external_data=True)
+
+
+def _without_traces(model) -> None:
+    """Drop what the dynamo exporter records on every node (the Python stack trace with this machine's file
+    paths, the FX node, the module hierarchy): about 1 KB a node, more than a small model's weights, and the
+    same model exported from another checkout would differ in bytes."""
+    graphs = [model.graph, *model.functions.values()]
+    for g in graphs:
+        for node in g.all_nodes():
+            node.metadata_props.clear()
 
 
 def _size_ok(program) -> bool:

@@ -73,6 +73,7 @@ class Candidate:
     latency_ratio: float | None = None
     latency_ratio_ci95: list[float] | None = None
     latency_trials: int | None = None   # paired trials it was timed in (fewer: dropped as clearly slower)
+    paired: dict | None = field(default=None, repr=False)  # its whole paired timing (timing.race_result)
     error: str | None = None
     sample_loss: Any = None             # per check sample, what the budget bounds (lower is better): the paired
                                         # test of Budget.more_accurate; not in the report

@@ -93,13 +93,17 @@ class Chooser:
         slower = self.budget.too_slow(chosen)
         settings["speed"] = {"latency_ratio": ratio, "latency_ratio_ci95": [lo, hi],
                              "max_latency_ratio": cfg.max_latency_ratio, "slower": slower}
-        figures = (f"{ratio:.2f}x the parent's latency (95% CI {lo:.2f}-{hi:.2f}x) at batch 1 on one thread, "
+        how = settings.get("latency_settings", "batch 1, threads 1").split(", paired")[0]
+        figures = (f"{ratio:.2f}x the parent's latency (95% CI {lo:.2f}-{hi:.2f}x) at {how}, "
                    f"p50 {chosen.p50_ms:.3f} ms vs {settings['parent_p50_ms']:.3f} ms")
         if not slower:
             inside = " - within the timing noise of the limit" if hi > cfg.max_latency_ratio else ""
-            self.ctx.note(f"search race (the candidates timed against the parent while choosing, not the stage's "
-                          f"measured latency): {figures}{inside}; the fastest of {len(pool)} candidates that meet "
-                          "the budgets (ties within the noise: the most accurate, then the smallest)")
+            whose = ("timed as the run times the stage: this is its latency figure, not timed again"
+                     if settings.get("latency_is_the_stages") and self.ctx.timed else
+                     "not the stage's measured latency")
+            self.ctx.note(f"search race (the candidates timed against the parent while choosing; {whose}): "
+                          f"{figures}{inside}; the fastest of {len(pool)} candidates that meet the budgets (ties "
+                          "within the noise: the most accurate, then the smallest)")
             return
         tried = "; ".join(f"{c.settings.label()}: {c.latency_ratio:.2f}x" for c in pool if c.latency_ratio)
         # how it compares with the parent, said as the tables say it: "same" when the interval holds 1.0 (±3%)

@@ -22,7 +22,7 @@ APPLIES: dict[str, tuple[str, ...]] = {
     "format": STATIC, "activation_type": STATIC, "calibration_method": STATIC, "calibration_size": STATIC,
     "synthetic_calibration": STATIC, "per_channel": INT8, "reduce_range": INT8, "weight_type": INT8,
     "fusion": DYNAMIC, "full_search": INT8, "max_latency_ratio": INT8, "allow_slower": INT8,
-    "keep_io_types": ("fp16",), "block_size": ("int4",), "symmetric": ("int4",), "accuracy_level": ("int4",),
+    "runtime": INT8, "keep_io_types": ("fp16",), "block_size": ("int4",), "symmetric": ("int4",), "accuracy_level": ("int4",),
 }
 
 
@@ -39,6 +39,11 @@ class QuantizeConfig(PassConfig):
     target: Literal["cpu", "tensorrt"] = Field(
         default="cpu", description="cpu (onnxruntime, latency-aware) or tensorrt (symmetric int8 QDQ, zero points 0, "
                                    "float bias: what TensorRT builds).", json_schema_extra=cli("--target"))
+    # the runtime that will serve the file: candidates are built in the forms it runs as int8, scored and timed on it
+    runtime: Literal["onnxruntime", "openvino"] = Field(
+        default="onnxruntime", description="The runtime candidates are judged on (static/dynamic INT8): onnxruntime, "
+                                           "or openvino (static QDQ, which OpenVINO runs with int8 kernels).",
+        json_schema_extra=cli(recipe_only="the command's --runtime sets it"))
     # None / auto: searched (both values tried, measured on this machine; CPU flags decide nothing)
     per_channel: Optional[bool] = Field(default=None, description="Per-channel weights (default: both searched).",
                                         json_schema_extra=cli("--per-channel", secondary="--per-tensor"))
@@ -160,6 +165,14 @@ class QuantizeConfig(PassConfig):
         if self.full_search and not self.latency_search:
             _refuse(self, "full_search", True, "builds every setting of the search, and latency_search is off "
                     "(--no-latency-search: the first setting only); give one of them")
+        if self.runtime == "openvino" and self.target != "cpu":
+            _refuse(self, "runtime", self.runtime, f"openvino runs on the CPU; target {self.target} is another "
+                    "runtime's: give one of them")
+        if self.runtime == "openvino" and self.mode == "dynamic":
+            _refuse(self, "runtime", self.runtime, "onnxruntime's dynamic int8 ops run in float on OpenVINO (slower "
+                    "than FP32): use mode static with calibration data (for a text model, its text rows)")
+        if self.runtime == "openvino" and self.format == "qoperator":
+            _refuse(self, "format", self.format, "OpenVINO runs int8 from QDQ graphs: use format qdq (or auto)")
         if self.full_search and self.target != "cpu":
             _refuse(self, "full_search", True, f"target {self.target} builds one setting (no search); remove it")
         return self

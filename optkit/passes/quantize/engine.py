@@ -166,6 +166,8 @@ class Static(Strategy):
             # the sample CNN to cosine 0.979 (per-tensor: 0.996); --per-channel asks for it anyway
             return [Settings(format="qdq", activation_type="int8", weight_type="int8", per_channel=bool(cfg.per_channel),
                              reduce_range=False, calibration=cfg.calibration_method)]
+        if cfg.runtime == "openvino":
+            return self._openvino_space()
         formats = ["qdq", "qoperator"] if cfg.format == "auto" else [cfg.format]
         acts = ["uint8", "int8"] if cfg.activation_type == "auto" else [cfg.activation_type]
         space = []
@@ -176,6 +178,16 @@ class Static(Strategy):
                 space.append(Settings(format=fmt, activation_type=act, weight_type=cfg.weight_type, per_channel=pc,
                                       reduce_range=rr, calibration=cfg.calibration_method))
         return space
+
+    def _openvino_space(self) -> list[Settings]:
+        """What OpenVINO runs as int8: QDQ (its low-precision transformations turn the pairs around a layer into
+        an int8 kernel; QOperator ops it runs in float), either activation type, per-channel weights first. No
+        7-bit weights: OpenVINO's int8 kernels do not overflow where onnxruntime's u8 x s8 ones may."""
+        cfg = self.cfg
+        acts = ["uint8", "int8"] if cfg.activation_type == "auto" else [cfg.activation_type]
+        return [Settings(format="qdq", activation_type=act, weight_type=cfg.weight_type, per_channel=pc,
+                         reduce_range=bool(cfg.reduce_range), calibration=cfg.calibration_method)
+                for act in acts for pc in self._choices(cfg.per_channel, [True, False])]
 
     def slower_tier(self, best: list[Settings]) -> list[Settings]:
         """Bias correction of the best two settings (no new calibration; two, since the best by error alone may be

@@ -53,10 +53,11 @@ class Teller:
             ctx.note(f"{self.mode} INT8: {s.label()}"
                      + (", symmetric for TensorRT (zero points 0, float bias)" if self.cfg.target == "tensorrt" else "")
                      + (f", chosen from {len(self.candidates)} candidates measured on this machine"
-                        if len(self.candidates) > 1 else ""))
+                        if len(self.candidates) > 1 else ""), brief=True)
         check = self.settings["check"]
         where = f"{check['samples']} {check['source']} inputs"
-        ctx.note(f"checked against the parent on {where}: {self.figures(cand)}")
+        ctx.note(f"checked against the parent on {where}: {self.figures(cand)}",
+                 brief=self.mode not in ("static", "dynamic"))
         if check.get("subset"):
             noise = self.drop_noise(cand, check["samples"])
             ctx.note(f"judged on {check['samples']} of {check['of']} samples (check_samples / --check-samples): "

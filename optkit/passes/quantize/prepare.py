@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from optkit.core.batching import count, stack_samples, stackable, trim
+from optkit.core.batching import count, run_batched, stack_samples, stackable, trim
 from optkit.core.errors import UsageError
+from optkit.core.lightimports import ort_tools_without_torch
 from optkit.core.registry import PassContext
 from optkit.core.text import first_line
 from optkit.measure.accuracy import compute, metric_rows, resolve_metric
@@ -27,6 +28,8 @@ from optkit.passes.quantize import ops as qops
 from optkit.passes.quantize.budget import Budget
 from optkit.passes.quantize.config import MIN_OPSET, QuantizeConfig
 from optkit.passes.quantize.engine import Dynamic, Int4, Strategy
+from optkit.runtimes.base import Session
+from optkit.runtimes.openvino import OpenVINOSession
 
 log = logging.getLogger("optkit.passes.quantize.search")  # the search's one logger, as before the split
 
@@ -47,6 +50,8 @@ def check_flags(cfg: QuantizeConfig, data: dict) -> None:
         if ev.labels is None:
             raise UsageError(f"metric {cfg.metric} (--metric) needs labels, and {ev.source} has none "
                              "(add a 'labels' array, or use max_fidelity_loss / --max-fidelity-loss)")
+    if cfg.runtime == "openvino":
+        OpenVINOSession.available()   # exit 4 with the install command, before any work
     if cfg.mode == "static" and data.get("calibration") is None and not cfg.synthetic_calibration:
         raise UsageError("static quantization needs calibration data (data.calibration / --calibration-data), or "
                          "mode dynamic (--mode dynamic) which needs none, or synthetic_calibration "
@@ -103,6 +108,12 @@ def prepare(model, cfg: QuantizeConfig, ctx: PassContext, strategy: Strategy, wo
         del model.graph.input[:]
         model.graph.input.extend(keep)
         ctx.note(f"treated {len(as_inputs)} initializers listed as graph inputs as constants")
+    if any(v.name in inits for v in model.graph.value_info):
+        # an initializer's shape is its own: torch's dynamo exporter also lists it in value_info, a copy that goes
+        # stale when a weight is rewritten (Gemm transB -> MatMul), and shape inference then refuses the model
+        keep = [v for v in model.graph.value_info if v.name not in inits]
+        del model.graph.value_info[:]
+        model.graph.value_info.extend(keep)
     named = graph.name_nodes(model)
     if named:
         ctx.note(f"named {named} unnamed nodes so they can be listed and excluded")
@@ -126,6 +137,7 @@ def prepare(model, cfg: QuantizeConfig, ctx: PassContext, strategy: Strategy, wo
 def _preprocess(model, raw: Path, prepared: Path, work: Path, ctx: PassContext) -> None:
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
+    ort_tools_without_torch()  # its symbolic shape inference imports onnxruntime.tools, which imports torch
     quiet_ort()
     try:  # in our scratch folder: it writes <uuid>.data and sym_shape_infer_temp.onnx to the cwd
         with contextlib.chdir(work):
@@ -249,6 +261,12 @@ class Reference:
         return count(self.check_feeds)
 
     def run(self, session, feeds: dict) -> list:
+        """Every output (in the parent's order) over `feeds`: an onnxruntime session's, or an optkit Session's
+        (OpenVINO: the same outputs in the same order)."""
+        if isinstance(session, Session):
+            known = [s for s in session.outputs if s.shape is not None]
+            return run_batched(session.run, self.specs, feeds, 64,
+                               outputs=known if len(known) == len(session.outputs) else None)
         return onnx_session.run_all(session, feeds, self.out_names)
 
     def accuracy(self, outputs, labels) -> float:

@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 
+from optkit.core.artifact import Artifact
 from optkit.core.batching import first_call, fixed_batch
 from optkit.core.errors import UsageError
 from optkit.core.text import first_line
@@ -21,6 +22,8 @@ from optkit.passes.quantize.budget import Budget
 from optkit.passes.quantize.candidates import Candidate
 from optkit.passes.quantize.config import LOWER_IS_BETTER, QuantizeConfig
 from optkit.passes.quantize.prepare import SCORE_THREADS, Reference
+from optkit.runtimes.base import Session
+from optkit.runtimes.openvino import OpenVINOSession
 
 CLEARLY_SLOWER = 1.5      # screening: this much slower than a candidate that met the budgets cannot be chosen
 CONFIRM_CALLS = 3         # interleaved calls of each model that confirm a clearly slower screening run
@@ -38,7 +41,7 @@ class Scorer:
         """The candidate's figures against the parent's outputs (a subset first in the latency search), and
         whether it meets the budget; `done`: the candidates so far (a clearly faster one that passed stops it)."""
         try:
-            sess = onnx_session.session(cand.path, threads=SCORE_THREADS)
+            sess = open_candidate(cand.path, self.cfg.runtime)
         except UsageError as e:
             cand.error = e.message
             return
@@ -94,7 +97,7 @@ class Scorer:
         feeds = first_call(self.ref.specs, self.ref.check_feeds, fixed_batch(self.ref.specs) or 8)
         mine, theirs = [], []
         try:
-            other = onnx_session.session(best.path, threads=SCORE_THREADS)
+            other = open_candidate(best.path, self.cfg.runtime)
             for _ in range(CONFIRM_CALLS):
                 mine.append(_call_seconds(sess, feeds))
                 theirs.append(_call_seconds(other, feeds))
@@ -141,5 +144,12 @@ def _call_seconds(sess, feeds: dict) -> float:
     """One call's seconds: the screening's in-process confirmation on two open sessions (not a latency figure;
     results are timed by measure.paired)."""
     start = time.perf_counter()
-    sess.run(None, feeds)
+    sess.run(feeds) if isinstance(sess, Session) else sess.run(None, feeds)
     return time.perf_counter() - start
+
+
+def open_candidate(path, runtime: str):
+    """A candidate's session on the runtime it is judged on: onnxruntime's own, or an OpenVINO Session."""
+    if runtime == "openvino":
+        return OpenVINOSession(Artifact.load(str(path)), threads=SCORE_THREADS)
+    return onnx_session.session(path, threads=SCORE_THREADS)

@@ -28,9 +28,12 @@ from typing import Any
 
 import numpy as np
 
+from optkit.core import phases as wall  # the command's wall-time laps (-v), not self.phases
 from optkit.core.artifact import Artifact
+from optkit.core.batching import first_call
 from optkit.core.errors import UsageError
 from optkit.core.registry import PassContext, require_extra
+from optkit.measure.profile_ov import kernel_counts
 from optkit.onnx import graph
 from optkit.onnx import io as onnx_io
 from optkit.onnx import session as onnx_session
@@ -51,7 +54,7 @@ from optkit.passes.quantize.prepare import (
     prepare,
 )
 from optkit.passes.quantize.score import CLEARLY_SLOWER, Scorer
-from optkit.passes.quantize.timing import runoff, time_candidates
+from optkit.passes.quantize.timing import race_result, runoff, time_candidates
 
 __all__ = ["Quantizer", "CLEARLY_SLOWER"]  # CLEARLY_SLOWER lives in score.py; imported from here by tests
 
@@ -94,6 +97,7 @@ class Quantizer:
         finally:
             phases = {k: round(v, 3) for k, v in self.phases.items()}
             log.info("quantize search: %s", self._where_the_time_went())
+            wall.detail(self._phase_times())
             self.ctx.measurements["quantize"] = {"mode": self.mode, "settings": self.settings,
                                                  "candidates": [c.public() for c in self.candidates],
                                                  "phases_s": phases}
@@ -183,7 +187,8 @@ class Quantizer:
         """(the settings to build, those this CPU's kernel table says cannot win: built only when none of the
         others meets the budgets). Only where speed decides the search (static or dynamic INT8 for the CPU,
         timed, searched) and full_search is off."""
-        if self.cfg.full_search or not (self._speed_matters() and self.cfg.latency_search) or len(space) < 2:
+        if self.cfg.full_search or not (self._speed_matters() and self.cfg.latency_search) or len(space) < 2 \
+                or self.cfg.runtime != "onnxruntime":  # the table is onnxruntime's kernels
             return space, []
         self.phases["kernels"] = 0.0
         with self._phase("kernels"):
@@ -202,6 +207,10 @@ class Quantizer:
         timed = sum(1 for c in cands if c.latency_ratio is not None)
         return (f"{head}{len(cands)} candidates ({skipped} skipped); build {p['build']:.1f} s ({built}), "
                 f"score {p['score']:.1f} s ({scored}), timing {p['time']:.1f} s ({timed})")
+
+    def _phase_times(self) -> str:
+        p = self.phases
+        return ", ".join(f"{k} {p[k]:.1f} s" for k in ("kernels", "build", "score", "time") if k in p)
 
     def _first_that_builds(self, space: list[Settings]) -> list[Candidate]:
         """Without the search: the first setting, or the next when onnxruntime cannot build it."""
@@ -260,9 +269,16 @@ class Quantizer:
         if self.cfg.measure_candidates and (len(fits) > 1 or self._speed_matters()):
             with self._phase("time"):
                 self.settings.update(time_candidates(self.artifact, fits, self.ref.specs, self.ref.check_feeds,
-                                                     self.ctx.note))
+                                                     self.ctx.note, self.ctx.timing, self._runtime()))
+        if self._runtime():
+            self.ctx.note(f"candidates built in the form {self._runtime()} runs as int8 (QDQ), scored and timed on "
+                          f"{self._runtime()}")
         chosen = self.chooser.pick_after_runoffs(fits, self._race, self.settings)
+        if self.settings.get("latency_is_the_stages"):  # the race timed the chosen file as the run times a stage
+            self.ctx.timed = race_result(self.artifact, chosen)
         self.settings.update(chosen.settings.to_dict())
+        if self._runtime() == "openvino":
+            self._say_int8_kernels(chosen)
         self.tell.say_chosen(chosen)
         if self._speed_matters():
             self.chooser.check_speed(chosen, fits, self.settings, self.tell.slower_hint)
@@ -270,7 +286,18 @@ class Quantizer:
 
     def _race(self, fastest: Candidate, chosen: Candidate) -> tuple[float, float, float] | None:
         with self._phase("time"):
-            return runoff(fastest, chosen, self.ref.specs, self.ref.check_feeds, self.ctx.note)
+            return runoff(fastest, chosen, self.ref.specs, self.ref.check_feeds, self.ctx.note, self._runtime())
+
+    def _say_int8_kernels(self, chosen: Candidate) -> None:
+        """OpenVINO's per-layer counters on one call: how many layers of the chosen file ran int8 kernels (a QDQ
+        pattern OpenVINO does not fold runs in float, which only its execution graph shows)."""
+        counts = kernel_counts(Artifact.load(str(chosen.path)), first_call(self.ref.specs, self.ref.check_feeds, 1))
+        self.settings["openvino_kernels"] = counts
+        self.ctx.note(f"OpenVINO ran {counts['int8']} of {counts['layers']} layers of the chosen file with int8 "
+                      "kernels (its per-layer counters, one call)")
+
+    def _runtime(self) -> str | None:
+        return None if self.cfg.runtime == "onnxruntime" else self.cfg.runtime
 
     def _speed_matters(self) -> bool:
         return self.mode in ("static", "dynamic") and self.cfg.target == "cpu" and self.cfg.measure_candidates

@@ -48,7 +48,7 @@ def _in_units(value: Any, pattern: re.Pattern, units: dict[str, float], default:
     return float(m[1]) * units[(m[2] or default).lower()] / per
 
 
-DIMENSIONS = ("provider", "threads", "execution_mode", "inter_op_threads", "graph_optimization", "batch",
+DIMENSIONS = ("runtime", "provider", "threads", "execution_mode", "inter_op_threads", "graph_optimization", "batch",
               "concurrency", "sessions", "cpu_mem_arena", "mem_pattern")
 
 
@@ -188,7 +188,7 @@ class TuneConfig(PassConfig):
 def choice(name: str, value: Any) -> Any:
     """A choice from the command line or a recipe, checked against what the dimension takes."""
     ints = ("threads", "inter_op_threads", "batch", "concurrency")
-    words = {"provider": ("cpu", "cuda", "tensorrt"), "execution_mode": ("sequential", "parallel"),
+    words = {"runtime": ("onnxruntime", "openvino"), "provider": ("cpu", "cuda", "tensorrt"), "execution_mode": ("sequential", "parallel"),
              "graph_optimization": ("disable", "basic", "extended", "all"), "sessions": ("shared", "per-thread")}
     text = str(value).strip().lower()
     if name in ints:

@@ -138,7 +138,45 @@ def _confirmed(row: dict, runs: list[dict], figure: str) -> dict:
     merged = {k: float(np.median([f[k] for f in runs if f.get(k) is not None]))
               for k in runs[0] if isinstance(runs[0][k], (int, float))}
     return {**row, "figures": merged,
-            "confirmed": {"figure": figure, "mean": mean, "ci95": band, "rounds": len(values)}}
+            "confirmed": {"figure": figure, "mean": mean, "ci95": band, "rounds": len(values), "values": values}}
+
+
+def with_each_runtime(top: list[dict], ranked: list[dict]) -> list[dict]:
+    """The settings to confirm, with the best of each runtime the ranking holds, so the rounds compare runtimes."""
+    have = {r["setting"].get("runtime", "onnxruntime") for r in top}
+    for r in ranked:
+        runtime = r["setting"].get("runtime", "onnxruntime")
+        if runtime not in have:
+            have.add(runtime)
+            top = [*top, r]
+    return top
+
+
+def compare_runtimes(confirmed: list[dict], goal: Goal) -> dict[str, Any] | None:
+    """Which runtime serves faster on this machine: the best confirmed setting of each, compared round by round
+    (the rounds are interleaved, so each ratio sees one machine state): the winner's figure over the other's
+    (better is above 1), with the 95% interval of those ratios; "same" when it holds 1.0."""
+    best: dict[str, dict] = {}
+    for c in confirmed:  # best first
+        best.setdefault(c["setting"].get("runtime", "onnxruntime"), c)
+    if len(best) < 2:
+        return None
+    (win, a), (lose, b) = list(best.items())[:2]
+    va, vb = a["confirmed"]["values"], b["confirmed"]["values"]
+    n = min(len(va), len(vb))
+    if n < 2 or min(va[:n] + vb[:n]) <= 0:
+        return None
+    ratios = [x / y if goal.maximize else y / x for x, y in zip(va[:n], vb[:n])]
+    centre, lo, hi = ratio_ci95(ratios)
+    same = lo <= 1.0 <= hi
+    how = (f"gives {centre:.2f}x the {goal.figure} of" if goal.maximize else
+           f"is {centre:.2f}x faster ({goal.figure}) than")
+    text = (f"runtimes: {win} and {lose} serve this model alike here ({goal.figure} ratio {centre:.2f}x, 95% CI "
+            f"{lo:.2f}-{hi:.2f}x over {n} interleaved rounds)" if same else
+            f"runtimes: {win} is faster here: its best setting ({a['label']}) {how} {lose}'s best "
+            f"({b['label']}), 95% CI {lo:.2f}-{hi:.2f}x over {n} interleaved rounds")
+    return {"faster": None if same else win, "compared": [win, lose], "figure": goal.figure, "ratio": centre,
+            "ci95": [lo, hi], "rounds": n, "text": text}
 
 
 def rows_of(trials: list, goal: Goal) -> list[dict]:
@@ -160,11 +198,14 @@ def summarize(trials: list, failed: list[dict], *, goal: Goal, cfg: TuneConfig, 
     if not feasible:
         raise goal.missed(rows)
     ranked = sorted(feasible, key=goal.key)
-    top = ranked[:cfg.confirm] if cfg.confirm >= 1 else []
+    top = with_each_runtime(ranked[:cfg.confirm], ranked) if cfg.confirm >= 1 else []
     shared = study is not None and len(workers.workers_of(trials)) > 1
     confirmed = (confirmation.shared(study, top) if shared else confirmation.confirm(top)) if top else []
     best = confirmed[0] if confirmed else {**ranked[0], "confirmed": None}
     ties = [c for c in confirmed[1:] if c["tie"]]
+    runtimes = compare_runtimes(confirmed, goal)
+    if runtimes is not None:
+        confirmation.notes.append(runtimes["text"])
     mark_pareto(rows)
     setting = Setting(**best["setting"])
     return {
@@ -172,7 +213,8 @@ def summarize(trials: list, failed: list[dict], *, goal: Goal, cfg: TuneConfig, 
         "best": {"setting": best["setting"], "label": best["label"], "figures": best["figures"],
                  "trial": best["number"], "confirmed": best.get("confirmed")},
         "ties": [{"setting": t["setting"], "label": t["label"], "confirmed": t["confirmed"]} for t in ties],
-        "session_options": setting.session.snippet(setting.threads),
+        "runtimes": runtimes,
+        "session_options": "" if setting.runtime == "openvino" else setting.session.snippet(setting.threads),
         "recipe": {"measure": setting.recipe_measure(), "gates": goal.gates(best["figures"])},
         "space": space, "left_out": left_out,
         "study": {"storage": storage, "name": study_name, "trials": len(rows),

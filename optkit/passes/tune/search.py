@@ -20,7 +20,15 @@ from optkit.passes.tune import study as studies
 from optkit.passes.tune import workers
 from optkit.passes.tune.config import Goal, TuneConfig
 from optkit.passes.tune.result import ROUNDS, Confirmation, summarize
-from optkit.passes.tune.space import POOL_PER_CORE, check_pool, default_space, pool_cap, providers_here, starting_points
+from optkit.passes.tune.space import (
+    POOL_PER_CORE,
+    check_pool,
+    default_space,
+    pool_cap,
+    providers_here,
+    runtimes_here,
+    starting_points,
+)
 from optkit.passes.tune.storage import (
     check_storage_file,
     database_error,
@@ -74,8 +82,11 @@ class Tuner:
                                        timeout=left if math.isfinite(left) else None)
         if no_batch:
             self.notes.append(f"batch size left out of the search: the model cannot batch ({no_batch})")
+        runtimes, why = runtimes_here(self.artifact)
+        if why and "runtime" not in self.cfg.space:
+            self.notes.append(f"openvino left out of the search: {why}")
         self.space = default_space(self.cfg, batchable=no_batch is None, providers=providers_here(),
-                                   no_batch=no_batch)
+                                   no_batch=no_batch, runtimes=runtimes)
         self.left_out = {"batch": no_batch} if no_batch else {}
         check_pool(self.space)
         self.feeds = feeds

@@ -8,10 +8,11 @@ import math
 import os
 from typing import Any
 
-from optkit.core.errors import UsageError
+from optkit.core.errors import DependencyError, UsageError
 from optkit.measure.serving import Setting
 from optkit.onnx.session import OrtSettings
 from optkit.passes.tune.config import TuneConfig, choice
+from optkit.runtimes.openvino import import_openvino, read_model
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64)
 POOL_PER_CORE = 2  # the threads a setting's sessions start may be at most this many per core
@@ -68,11 +69,12 @@ def check_pool(space: dict[str, list[Any]]) -> None:
                          "starve each other; give space (--space) threads=1, sessions=shared or fewer in flight")
 
 def default_space(cfg: TuneConfig, batchable: bool, providers: list[str],
-                  no_batch: str | None = None) -> dict[str, list[Any]]:
+                  no_batch: str | None = None, runtimes: list[str] | None = None) -> dict[str, list[Any]]:
     cpus = os.cpu_count() or 1
     threads = sorted({2 ** i for i in range(int(math.log2(cpus)) + 1)} | {cpus})
     single = cfg.objective == ["latency"]  # one request at a time: batch and concurrency stay 1
     space: dict[str, list[Any]] = {
+        "runtime": runtimes or ["onnxruntime"],
         "provider": providers,
         "threads": threads,
         "execution_mode": ["sequential", "parallel"],
@@ -107,6 +109,7 @@ def starting_points(space: dict[str, list[Any]]) -> list[dict[str, Any]]:
 
     cores, batches = max(space["threads"]), space["batch"]
     points = [{"threads": cores, "batch": min(batches), "concurrency": 1},
+              {"runtime": "openvino", "threads": cores, "batch": min(batches), "concurrency": 1},
               {"threads": cores, "batch": max(batches), "concurrency": 1},
               {"threads": 1, "batch": max(batches), "concurrency": cores, "sessions": "per-thread"},
               {"threads": 1, "batch": min(batches), "concurrency": cores, "sessions": "per-thread"}]
@@ -143,12 +146,27 @@ def grid(space: dict[str, list[Any]]) -> list[Setting]:
 def _setting(pick) -> Setting:
     mode = pick("execution_mode")
     concurrency = pick("concurrency")
+    # OpenVINO: its own settings (optkit's, recorded), no onnxruntime session options; it runs on the CPU, so a GPU
+    # provider is onnxruntime's; one infer request per thread (an OpenVINO session is not shared between threads)
+    if pick("runtime") == "openvino" and pick("provider") == "cpu":
+        return Setting(runtime="openvino", threads=pick("threads"), batch=pick("batch"), concurrency=concurrency,
+                       sessions="per-thread" if concurrency > 1 else "shared")
     return Setting(provider=pick("provider"), threads=pick("threads"), batch=pick("batch"), concurrency=concurrency,
                    sessions=pick("sessions") if concurrency > 1 else "shared",
                    session=OrtSettings(execution_mode=mode,
                                        inter_op_threads=pick("inter_op_threads") if mode == "parallel" else None,
                                        graph_optimization=pick("graph_optimization"),
                                        cpu_mem_arena=pick("cpu_mem_arena"), mem_pattern=pick("mem_pattern")))
+
+def runtimes_here(artifact) -> tuple[list[str], str | None]:
+    """The runtimes tune measures: onnxruntime, and OpenVINO where it is installed, runs (x86-64) and reads the
+    model; with why OpenVINO is left out."""
+    try:
+        read_model(import_openvino().Core(), artifact)
+    except (DependencyError, UsageError) as e:
+        return ["onnxruntime"], e.message
+    return ["onnxruntime", "openvino"], None
+
 
 def providers_here() -> list[str]:
     import onnxruntime as ort
