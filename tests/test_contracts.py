@@ -53,7 +53,7 @@ def made(tmp_path_factory):
     proto.producer_name = "another"
     onnx.save(proto, str(d / "other.onnx"))
     r = run_cli("tune", "cnn.onnx", "--objective", "throughput", "--trials", "2", "--trial-seconds", "0.3",
-                "--confirm", "1", "--slo", "p99<=50ms", "-o", "best.json", cwd=d)
+                "--confirm", "1", "--slo", "p99<=50ms", "--space", "runtime=onnxruntime", "-o", "best.json", cwd=d)
     assert r.rc == 0, r.err
     r = run_cli("capacity", "best.json", "--peak", "100", "-o", "CAPACITY.json", cwd=d)
     assert r.rc == 0, r.err

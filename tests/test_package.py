@@ -90,7 +90,7 @@ def test_shared_sessions_with_requests_in_flight_is_said_and_written_as_instance
 def test_tune_then_package_for_triton(cli, tmp_path):
     best = tmp_path / "best.json"
     r = cli("tune", CNN, "--objective", "throughput", "--trials", "3", "--trial-seconds", "0.3", "--confirm", "0",
-            "--space", "batch=1,8", "-o", best)
+            "--space", "batch=1,8", "--space", "runtime=onnxruntime", "-o", best)
     assert r.rc == 0, r.err
     tuned = json.loads(best.read_text())
     assert tuned["model_sha256"] == Artifact.load(CNN).sha256

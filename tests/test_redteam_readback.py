@@ -144,7 +144,7 @@ def test_run_and_cache_survive_damaged_state_files(tmp_path, samples):
     (entry,) = (ws / ".cache").glob("*/entry.json")
     _a_list(run_dir / "run.json")                   # was AttributeError: 'list' object has no attribute 'get'
     _fifo(entry)                                    # was a hang on open()
-    r = run_cli("run", recipe, "--workspace", ws, timeout=120)
+    r = run_cli("run", recipe, "--workspace", ws, "-v", timeout=120)  # the cache note is the reasoning: -v
     assert r.rc == 0, r.err
     assert "dropped; recomputed" in r.out + r.err
 

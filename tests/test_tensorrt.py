@@ -605,6 +605,9 @@ class ProfileBoundSession:
     def close(self):
         pass
 
+    def describe(self):
+        return {"name": self.runtime, "version": None, "settings": {"profile": [self.lo, self.hi]}}
+
 
 def measure_accuracy_on_profile(monkeypatch, model: Path, profile) -> tuple[dict, list[int]]:
     import optkit.measure.model as mm

@@ -21,7 +21,7 @@ pytest.importorskip("optuna")
 
 FAST = ["--trial-seconds", "0.15", "--confirm", "0"]
 SMALL = ["--space", "threads=1,2", "--space", "batch=1,8", "--space", "graph_optimization=basic,all",
-         "--space", "cpu_mem_arena=true", "--space", "mem_pattern=true"]
+         "--space", "cpu_mem_arena=true", "--space", "mem_pattern=true", "--space", "runtime=onnxruntime"]
 
 
 def _trials(storage: str, study: str):
