@@ -72,9 +72,10 @@ def test_output_that_is_a_folder_is_refused_and_kept(cli, work, command):
     assert (folder / "keep.txt").read_text() == "precious"
 
 
-@pytest.mark.parametrize("dest", [".", "..", "./"])
-def test_output_dot_is_refused(cli, work, dest):
-    refused(cli, work, "simplify", CNN, "-o", dest, message="is a folder, not a file name")
+@pytest.mark.parametrize("dest, message", [(".", "is a folder, not a file name"), ("..", "is a folder, not a file name"),
+                                           ("./", "ends with '/', which names a folder")])
+def test_output_dot_is_refused(cli, work, dest, message):
+    refused(cli, work, "simplify", CNN, "-o", dest, message=message)
 
 
 @pytest.mark.parametrize("command", ["simplify", "bench-report"])
