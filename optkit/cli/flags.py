@@ -68,8 +68,8 @@ def _option(spec: dict[str, Any]) -> tuple[Any, Any]:
                                                      metavar=metavars.of(spec["key"], kind, spec.get("choices"),
                                                                          spec.get("metavar")))
     bounds: dict[str, Any] = {}
-    if kind in ("int", "float") and not spec.get("negative_is_none") and "sets" not in spec:
-        # click has no open bound here; the Config refuses the bound itself
+    if kind == "int" and not spec.get("negative_is_none") and "sets" not in spec:
+        # click has no open bound here, and it calls nan "more than" a float's bound: the Config refuses floats
         bounds = {"min": spec.get("min", spec.get("min_open")), "max": spec.get("max", spec.get("max_open"))}
     if kind == "list":
         annotation: Any = Optional[list[str]]
