@@ -100,11 +100,6 @@ class OpenVINOSession(Session):
     runtime = "openvino"
 
     @classmethod
-    def open(cls, artifact: Artifact, *, provider: str = "cpu", threads: int | None = None,
-             ort_settings=None) -> OpenVINOSession:
-        return cls(artifact, threads=threads)
-
-    @classmethod
     def available(cls) -> None:
         import_openvino()
 
