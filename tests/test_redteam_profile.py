@@ -274,20 +274,19 @@ def test_profile_of_control_flow_is_sane(tmp_path, build, values, feeds_extra):
 
 def test_an_if_in_a_loop_is_not_shown_at_most_of_the_call(cli, tmp_path):
     """Before: the If (holding one Add or a Sub and a Relu) of a 100-iteration Loop read 0.16-0.22 ms in a call of
-    p50 0.25 ms, 0.6-0.9x the whole call (its branches' executor events left in it); a plain run spends ~0.06 ms on
-    the Ifs and their branches. The profiled calls last ~15x the plain ones, so on a busy machine the OS preempts
-    many: the verdict is the best of three profiles, with a generous bound."""
+    p50 0.25 ms, 0.6-0.9x the whole call (its branches' executor events left in it), so it always read more than the
+    Add, Sub and Relu of its branches; now it reads about half of them. Both figures come from the same profiled
+    calls, so a busy machine that preempts some (a CI run saw the If at 3.6x a plain call's p50) slows both; the
+    verdict is the best of three profiles."""
     model = if_in_loop(tmp_path / "if_in_loop.onnx")
-    shares, totals = [], []
+    ratios = []
     for _ in range(3):
         r = cli("profile", model, "--value", "M=100", "--runs", "50", "--json")
         assert r.rc == 0, r.err
         p = json.loads(r.out)
         _sane(p)
-        body_if = next(n for n in p["nodes"] if n["op"] == "If")
-        shares.append(body_if["ms"] / p["p50_ms"])
-        totals.append(p["total_vs_p50"])
-        if shares[-1] < 0.4 and totals[-1] < 1.6:
+        ms = {n["op"]: n["ms"] for n in p["nodes"]}
+        ratios.append(ms["If"] / (ms["Add"] + ms["Sub"] + ms["Relu"]))
+        if ratios[-1] < 0.8:
             break
-    assert min(shares) < 0.4, (shares, totals)
-    assert min(totals) < 2.5, (shares, totals)
+    assert min(ratios) < 0.8, ratios
