@@ -25,6 +25,9 @@ from optkit.core.text import first_line
 log = logging.getLogger(__name__)
 
 _HEAVY = ("torch", "tensorflow")
+_PRELOAD = ("optkit.cli.main", "optkit.measure.model", "optkit.measure.paired", "optkit.measure.trials",
+            "optkit.measure.inspect", "onnxruntime")
+_SOCKET_FOLDER_MAX = 80  # its name and "/listener-XXXXXXXX" fit a Unix socket's 107 bytes
 STOP_GRACE_S = 5.0  # how long a child asked to stop (SIGTERM) may take to clean up before it is killed
 
 
@@ -41,11 +44,9 @@ def run_isolated(fn: Callable[..., Any], *args: Any, what: str, timeout: float |
     """
     if os.environ.get("OPTKIT_ISOLATE", "1") == "0":
         return fn(*args, **kwargs)
-    # fork is fast and safe while no framework with its own threads is loaded; else spawn
-    method = "spawn" if any(m in sys.modules for m in _HEAVY) else "fork"
     folder = tmp.make("optkit-child-")
     try:
-        status, payload = _call(mp.get_context(method), fn, args, kwargs, folder, what, timeout)
+        status, payload = _call(_context(), fn, args, kwargs, folder, what, timeout)
     finally:
         tmp.remove(folder)  # the child is gone: what it left in its temporary folder goes too
     if status == "ok":
@@ -58,9 +59,30 @@ def run_isolated(fn: Callable[..., Any], *args: Any, what: str, timeout: float |
     raise err
 
 
+def _context():
+    """fork is fast and safe while no framework with its own threads is loaded. Once one is, children come from a
+    forkserver: a clean process, started once, that never imports torch or TensorFlow and forks each child with
+    optkit's measurement modules already imported (spawn paid that start-up, a second or more, per child)."""
+    if not any(m in sys.modules for m in _HEAVY):
+        return mp.get_context("fork")
+    # the server's socket goes in this process's own temporary folder, removed with it at exit (multiprocessing
+    # would make a folder of its own beside it and remove it after ours is gone); a socket path is at most 107
+    # bytes: under a deep $TMPDIR, spawn as before
+    config = mp.current_process()._config
+    if config.get("tempdir") is None:
+        folder = str(tmp.own_tempdir())
+        if len(folder) > _SOCKET_FOLDER_MAX:
+            return mp.get_context("spawn")
+        config["tempdir"] = folder
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(_PRELOAD))  # no effect once the server runs; an import that fails is skipped
+    return ctx
+
+
 def _call(ctx, fn, args, kwargs, folder, what: str, timeout: float | None):
     recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(send, fn, args, kwargs, str(folder)), daemon=True)
+    # the environment as it is now: a forkserver's children would get the one it had when it started
+    proc = ctx.Process(target=_child, args=(send, fn, args, kwargs, str(folder), dict(os.environ)), daemon=True)
     proc.start()
     log.debug("%s: child %s (%s)", what, proc.pid, ctx.get_start_method())
     send.close()
@@ -117,7 +139,7 @@ def _unraisable(info) -> None:
     sys.__unraisablehook__(info)
 
 
-def _child(send, fn, args, kwargs, folder: str) -> None:
+def _child(send, fn, args, kwargs, folder: str, environ: dict[str, str]) -> None:
     # the parent decides about interrupts: a terminal's Ctrl-C reaches the whole process group; SIGTERM (the
     # parent stopping it, or a kill of the group) unwinds the call, so its `finally` blocks and temporary
     # folders clean up, and the child then ends by SIGTERM without a word
@@ -126,6 +148,8 @@ def _child(send, fn, args, kwargs, folder: str) -> None:
         signal.signal(signal.SIGTERM, _on_sigterm)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         sys.unraisablehook = _unraisable
+        os.environ.clear()
+        os.environ.update(environ)
         tmp.point_to(folder)
         logs.configure_from_env()
         try:
