@@ -144,7 +144,7 @@ def _make(job: Job, target: Target, kinds: list[str], capacity) -> Result:
                                        threads=job.tuned.get("threads"),
                                        gpu=(job.tuned.get("provider") or "cpu") != "cpu",
                                        local_dir=(out / name / str(number)).resolve(), capacity=capacity,
-                                       capacity_path=cfg.capacity)
+                                       capacity_path=cfg.capacity, ovms=target.serves_with(job))
             docs = {kind: mf.render(kind, doc) for kind, doc in docs.items()}
             job.notes.extend(man_notes + uri_notes)
         served_before, files = _write(out, number, index, target, job, docs)
