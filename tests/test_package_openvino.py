@@ -174,6 +174,17 @@ def test_careless_input_is_one_line_and_writes_nothing(tmp_path, case):
     assert not (tmp_path / "repo").exists()
 
 
+def test_a_recipe_refuses_backend_openvino_on_a_gpu_before_any_stage(tmp_path):
+    from test_package_recipe import RECIPE
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({**RECIPE, "package": [
+        {"to": "triton", "output": str(tmp_path / "repo"), "backend": "openvino", "gpu": True}]}))
+    r = run_cli("run", recipe, "--workspace", tmp_path / "runs")
+    assert r.rc == 2 and "--backend openvino serves on the CPU: drop --gpu" in one_error_line(r), r.err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "repo").exists()
+
+
 @pytest.mark.usefixtures("fresh_home_and_tmp")
 def test_without_openvino_it_is_exit_4_with_the_install_command(tmp_path):
     """OpenVINO hidden from the command (as where it is not installed): --backend openvino, and a tune that picked

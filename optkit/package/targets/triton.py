@@ -232,6 +232,12 @@ class TritonTarget(Target):
     manifest_runtime = "kserve-tritonserver"
     manifest_level = "repository"  # KServe's Triton runtime reads a repository root, Seldon's a model folder
 
+    def check(self, config, options) -> None:
+        """--backend openvino: what it cannot serve, and OpenVINO there, before anything is read (a recipe's
+        package: entries before any stage runs); a tune that picks it is checked when it is read (prepare)."""
+        if options.backend == "openvino":
+            triton_openvino.check(options.gpu)
+
     def open(self, job: Job) -> None:
         """A split folder, or a model with preprocessing in its graph, is served as an ensemble of its parts
         (package/ensemble.py reads it; targets/triton_ensemble.py writes it); any other model as it is."""

@@ -40,21 +40,27 @@ def parameters(tuned: Tuned, mapped) -> dict[str, Any]:
     return {k: {"string_value": v} for k, v in compile_settings(int(threads) if threads else None).items()}
 
 
+def check(gpu: bool | None, asked: str = "--backend openvino") -> None:
+    """What the OpenVINO backend cannot do (exit 2), and OpenVINO missing (exit 4)."""
+    if gpu:
+        raise UsageError(f"{asked} serves on the CPU: drop --gpu, or give --backend onnxruntime for a GPU instance")
+    import_openvino(asked, "--backend onnxruntime")
+
+
 def ir_of(job: Job) -> list[Path]:
     """The model (with its scalars lifted, where the target lifted them) as IR in a temporary folder the package
     removes on every exit path: [model.xml, model.bin]. What cannot be served this way is exit 2, OpenVINO
     missing exit 4, a model OpenVINO cannot convert exit 3: all before the repository is touched."""
     asked = "--backend openvino" if job.options.backend == "openvino" else \
         f"the tuned runtime openvino (--tuned {job.tuned.source})"
-    if job.options.gpu:
-        raise UsageError(f"{asked} serves on the CPU: drop --gpu, or give --backend onnxruntime for a GPU instance")
+    try:
+        check(job.options.gpu, asked)
+    except DependencyError as e:
+        tail = "; or give --backend onnxruntime" if not job.options.backend and "pip install" in e.message else ""
+        raise DependencyError(e.message + tail) from None
     if job.externals:
         raise UsageError(f"{asked}: {job.model} keeps its weights in external data files; save it with its weights "
                          "inside, or give --backend onnxruntime")
-    try:
-        import_openvino(asked, "--backend onnxruntime")
-    except DependencyError as e:
-        raise DependencyError(e.message + ("" if job.options.backend else "; or give --backend onnxruntime")) from None
     tmp = Path(tempfile.mkdtemp(prefix="optkit-ir-"))
     job.temporaries.append(tmp)
     src = Path(job.model)
