@@ -82,8 +82,12 @@ def test_kserve_manifests_for_openvino_model_server(tmp_path):
     loads into the kubernetes client's typed models with nothing dropped. An odd, long --name gives valid names."""
     pytest.importorskip("kubernetes", reason="pip install kubernetes (the test extra)")
     name = "Cnn.V2_" + "x" * 90
-    r = run_cli("package", CNN, "--to", "triton", "-o", tmp_path / "repo", "--name", name, "--tuned",
-                _tuned(tmp_path, **OV_TUNE), "--manifests", "kserve,seldon", "--storage-uri", "s3://b/models")
+    best = Path(_tuned(tmp_path, **OV_TUNE))
+    doc = json.loads(best.read_text())
+    doc["best"]["figures"]["memory_mb"] = 100.0
+    best.write_text(json.dumps(doc))
+    r = run_cli("package", CNN, "--to", "triton", "-o", tmp_path / "repo", "--name", name, "--tuned", best,
+                "--manifests", "kserve,seldon", "--storage-uri", "s3://b/models")
     assert r.rc == 0, r.err
     v = tmp_path / "repo" / name / "1"
     docs = {p.stem: yaml.safe_load(p.read_text()) for p in (v / "manifests").glob("*.yaml")}
@@ -101,6 +105,8 @@ def test_kserve_manifests_for_openvino_model_server(tmp_path):
     assert container.image.startswith("openvino/model_server:")
     assert {"--model_path=/mnt/models", "--rest_port=8080", "--model_name={{.Name}}"} <= set(container.args)
     typed({"name": "kserve-container", "args": model["args"]}, "V1Container")
+    # 2 requests in flight x 2 threads: the cores OVMS's plugin_config gives the model
+    assert typed(model["resources"], "V1ResourceRequirements").requests == {"memory": "150Mi", "cpu": "4"}
     args = dict(a.split("=", 1) for a in model["args"])
     assert json.loads(args["--plugin_config"]) == {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "2",
                                                   "INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": "4"}

@@ -74,7 +74,9 @@ def build(kinds: list[str], *, target, name: str, version: int, tag: str | None,
     memory = None
     if peak_mb is not None:
         memory = f"{math.ceil(peak_mb * (1 + margin))}Mi"
-        resources = {"requests": {"memory": memory, "cpu": str(threads or 1)}, "limits": {"memory": memory}}
+        # OVMS runs the requests in flight as streams of one model: their threads together
+        cores = (threads or 1) * (ovms["concurrency"] if ovms else 1)
+        resources = {"requests": {"memory": memory, "cpu": str(cores)}, "limits": {"memory": memory}}
         notes.append(f"memory request {memory}: the measured peak {peak_mb:.1f} MiB ({peak_source}) plus a "
                      f"{margin:.0%} margin (--memory-margin)")
     elif capacity is None or not capacity.resources.requests.memory:
