@@ -49,6 +49,19 @@ def test_a_tune_that_picked_openvino_is_packaged_for_the_openvino_backend(tmp_pa
 
 
 @needs_ov
+def test_rollback_across_backends(tmp_path):
+    """An onnxruntime version and an OpenVINO one side by side: serve-version switches the served config's backend
+    with the version, both ways."""
+    repo = tmp_path / "repo"
+    for flags in ((), ("--backend", "openvino")):
+        assert run_cli("package", CNN, "--to", "triton", "-o", repo, "--name", "cnn", *flags).rc == 0
+    for version, backend in (("1", "onnxruntime"), ("2", "openvino")):
+        r = run_cli("package", "serve-version", repo / "cnn", "--version", version)
+        assert r.rc == 0, r.err
+        assert f'backend: "{backend}"' in (repo / "cnn" / "config.pbtxt").read_text()
+
+
+@needs_ov
 @pytest.mark.parametrize("tuned, backend, files", [
     ("onnxruntime", "openvino", ["model.bin", "model.xml"]),
     ("openvino", "onnxruntime", ["model.onnx"]),
