@@ -48,6 +48,19 @@ def test_a_tune_that_picked_openvino_is_packaged_for_the_openvino_backend(tmp_pa
     assert not any("--backend" in n for n in lin["notes"])
 
 
+def test_an_ensemble_tuned_on_openvino_is_served_on_onnxruntime_and_says_so(tmp_path):
+    model = with_uint8_preprocessing(CNN, tmp_path / "cnn_u8.onnx", "input")
+    best = _tuned(tmp_path, model=model, **OV_TUNE)
+    r = run_cli("package", model, "--to", "triton", "-o", tmp_path / "repo", "--name", "cnn", "--tuned", best)
+    assert r.rc == 0, r.err
+    said = " ".join(r.out.split())
+    assert f"--tuned {best} picked openvino; the parts of an ensemble are served on onnxruntime" in said
+    assert "--backend" not in said
+    parts = [p.read_text() for p in (tmp_path / "repo").glob("*/1/config.pbtxt")]
+    parts = [t for t in parts if 'platform: "ensemble"' not in t]
+    assert len(parts) == 2 and all('backend: "onnxruntime"' in t for t in parts)
+
+
 @needs_ov
 def test_rollback_across_backends(tmp_path):
     """An onnxruntime version and an OpenVINO one side by side: serve-version switches the served config's backend

@@ -122,7 +122,6 @@ def build_config(name: str, sig: Signature, tuned: Tuned, warmup: dict[str, list
         notes.append(f"dynamic_batching max_queue_delay_microseconds: {queue_delay_us} (--queue-delay-us; not a "
                      "tuned figure)")
 
-    triton_openvino.backend_rows(tuned, backend, BACKEND, mapped, notes)
     if backend == "openvino":
         c["default_model_filename"] = triton_openvino.IR_FILE
         c["parameters"] = triton_openvino.parameters(tuned, mapped)
@@ -289,8 +288,6 @@ class TritonTarget(Target):
         if backend == "openvino":
             job.state["ir"] = triton_openvino.ir_of(job)
 
-
-
     def serves_with(self, job: Job) -> dict[str, Any] | None:
         if job.state.get("backend") != "openvino":
             return None
@@ -306,6 +303,7 @@ class TritonTarget(Target):
             return triton_ensemble.write(job, job.root, vdir, number, build_config, dumps, delay, gpu)
         cfg = build_config(job.name, job.sig, job.tuned, job.state["warmup"], number, queue_delay_us=delay, gpu=gpu,
                            backend=backend)
+        triton_openvino.backend_rows(job.tuned, backend, job.options.backend, cfg.mapping, cfg.notes)
         job.mapping[:], text = cfg.mapping, cfg.text
         job.notes.extend(cfg.notes)
         if backend == "openvino":  # the IR the OpenVINO backend loads, converted in prepare

@@ -15,14 +15,15 @@ from optkit.runtimes.openvino import compile_settings, import_openvino, save_ir
 IR_FILE = "model.xml"   # the OpenVINO backend's model (model.bin beside it)
 
 
-def backend_rows(tuned: Tuned, backend: str, default: str, mapped, notes: list[str]) -> None:
-    """Which runtime serves, and why: the tuned one, or --backend over it (said, with what does not carry over)."""
-    picked = tuned.get("runtime") or default
-    if backend == picked:
-        if backend != default:
-            mapped("runtime", picked, "backend", backend)
+def backend_rows(tuned: Tuned, backend: str, given: str | None, mapping: list[dict], notes: list[str]) -> None:
+    """Which runtime serves one model, and why: the tuned one, or --backend (`given`) over another (said, with what
+    does not carry over)."""
+    picked = tuned.get("runtime") or "onnxruntime"
+    if given is None or given == picked:
+        if backend == "openvino":
+            mapping.append({"setting": "runtime", "value": picked, "field": "backend", "written": backend})
         return
-    mapped("--backend", backend, "backend", backend)
+    mapping.append({"setting": "--backend", "value": given, "field": "backend", "written": backend})
     if tuned.source is None:
         return
     carried = ("its onnxruntime session settings do not apply: OpenVINO runs with optkit's settings (LATENCY hint, "
