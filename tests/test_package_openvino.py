@@ -62,6 +62,26 @@ def test_an_ensemble_tuned_on_openvino_is_served_on_onnxruntime_and_says_so(tmp_
 
 
 @needs_ov
+def test_an_openvino_ir_is_packaged_as_it_is(tmp_path):
+    """An IR (`optkit convert -o M.xml`, `quantize --runtime openvino -o Q.xml`) is served by the OpenVINO backend
+    without --backend: its files copied byte for byte, its ports as the served signature; the MLflow target, which
+    runs onnxruntime, says to package the ONNX model instead."""
+    ir = _ir_copy(tmp_path)
+    r = run_cli("package", ir, "--to", "triton", "-o", tmp_path / "repo", "--name", "cnn")
+    assert r.rc == 0, r.err
+    v = tmp_path / "repo" / "cnn" / "1"
+    assert (v / "model.xml").read_bytes() == ir.read_bytes()
+    assert (v / "model.bin").read_bytes() == ir.with_suffix(".bin").read_bytes()
+    text = (v / "config.pbtxt").read_text()
+    assert 'backend: "openvino"' in text and 'input [ { name: "input" data_type: TYPE_FP32 dims: [ 1, 8, 8 ] } ]' in text
+    assert {"setting": "model format", "value": "openvino-ir", "field": "backend",
+            "written": "openvino"} in _lineage(v)["mapping"]
+    r = run_cli("package", ir, "--to", "mlflow", "-o", tmp_path / "ml")
+    assert r.rc == 2 and "package the ONNX model it was converted from" in one_error_line(r)
+    assert not (tmp_path / "ml").exists()
+
+
+@needs_ov
 def test_rollback_across_backends(tmp_path):
     """An onnxruntime version and an OpenVINO one side by side: serve-version switches the served config's backend
     with the version, both ways."""
@@ -157,6 +177,13 @@ def _custom_op_model(folder: Path) -> Path:
     return path
 
 
+def _ir_copy(folder: Path) -> Path:
+    """The sample CNN as IR, written by `optkit convert` (a command of its own: optkit before openvino)."""
+    r = run_cli("convert", CNN, "-o", folder / "cnn.xml")
+    assert r.rc == 0, r.err
+    return folder / "cnn.xml"
+
+
 def _case(name: str, tmp_path: Path) -> tuple[list, dict]:
     """(the CLI's MODEL and flags, the same as package()'s keywords) for each careless input."""
     if name == "not-convertible":
@@ -166,6 +193,8 @@ def _case(name: str, tmp_path: Path) -> tuple[list, dict]:
         return [CNN, "--tuned", best, "--gpu"], {"tuned_path": best, "gpu": True}
     if name == "external-data":
         return [_external_data_model(tmp_path), "--backend", "openvino"], {"backend": "openvino"}
+    if name == "ir-on-onnxruntime":
+        return [_ir_copy(tmp_path), "--backend", "onnxruntime"], {"backend": "onnxruntime"}
     if name == "ensemble":
         model = with_uint8_preprocessing(CNN, tmp_path / "cnn_u8.onnx", "input")
         return [model, "--backend", "openvino"], {"backend": "openvino"}
@@ -179,6 +208,8 @@ HOSTILE = {
     "gpu": (2, "the tuned runtime openvino (--tuned", "serves on the CPU: drop --gpu", UsageError),
     "external-data": (2, "--backend openvino:", "external data files", UsageError),
     "ensemble": (2, "--backend openvino serves one model", "drop --backend openvino", UsageError),
+    "ir-on-onnxruntime": (2, "is OpenVINO IR, which Triton serves with --backend openvino only",
+                          "package the ONNX model it was converted from", UsageError),
     "other-models-tune": (2, "key model_sha256: the file was made for another model", "tune this model", UsageError),
 }
 

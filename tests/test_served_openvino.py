@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from test_openvino import needs_ov
 from test_package import best_json
+from test_package_openvino import _ir_copy
 
 from optkit.package.build import package
 
@@ -29,15 +30,17 @@ MODEL = SAMPLES / "torch_cnn.onnx"
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """(base URL, the packaged version folder, its lineage): the sample CNN packaged for Triton's OpenVINO backend
-    from a tune that picked OpenVINO (2 threads, batches up to 8, 2 in flight), served."""
+    from a tune that picked OpenVINO (2 threads, batches up to 8, 2 in flight), and `cnn_ir`, the CNN's IR
+    (`optkit convert -o cnn.xml`) packaged as it is, served by one server."""
     tmp = tmp_path_factory.mktemp("ov_served")
     tuned = best_json(tmp / "best.json", MODEL, runtime="openvino", threads=2, batch=8, concurrency=2)
     package(str(MODEL), target="triton", output=str(tmp / "package"), name="cnn", tuned_path=tuned)
+    package(str(_ir_copy(tmp)), target="triton", output=str(tmp / "package"), name="cnn_ir")
     version = tmp / "package" / "cnn" / "1"
     repo = _triton.proof_repository(tmp / "package", tmp / "repo")
     with _triton.tritonserver(repo, tmp) as (url, _):
         assert url, f"tritonserver refused the repository: {_triton.log_tail(tmp)}"
-        yield url, version, json.loads((version / "optkit-package.json").read_text())
+        yield url, version, json.loads((version / "optkit-package.json").read_text())  # tmp/package/cnn/1
 
 
 def test_served_answers_are_openvinos_own_run_of_the_ir(served):
@@ -51,6 +54,11 @@ def test_served_answers_are_openvinos_own_run_of_the_ir(served):
     dtype, shape, data = _triton.infer(url, "cnn", {"input": x})["logits"]
     assert (dtype, shape) == ("FP32", [4, 10])
     np.testing.assert_allclose(np.array(data, np.float32).reshape(shape), want, rtol=1e-5, atol=1e-5)
+    # the IR packaged as it is: one sample at a time (no tune: batch 1), as OpenVINO runs the user's own file
+    source = version.parents[2] / "cnn.xml"  # what the fixture converted and packaged as cnn_ir
+    own = core.compile_model(core.read_model(source), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    dtype, shape, data = _triton.infer(url, "cnn_ir", {"input": x[:1]})["logits"]
+    np.testing.assert_allclose(np.array(data, np.float32).reshape(shape), own(x[:1])[0], rtol=1e-5, atol=1e-5)
     with urllib.request.urlopen(f"{url}/v2/models/cnn/config", timeout=10) as r:
         config = json.loads(r.read())
     assert {k: v["string_value"] for k, v in config["parameters"].items()} == {

@@ -17,6 +17,7 @@ from pydantic import Field
 
 from optkit.core.artifact import Artifact, external_data_files, path_sha256
 from optkit.core.errors import PassError, UsageError
+from optkit.core.formats import Format
 from optkit.core.registry import cli
 from optkit.package import ensemble, pbtxt, scalars, schemas
 from optkit.package.pbtxt import Ident
@@ -231,6 +232,8 @@ class TritonTarget(Target):
     manifest_runtime = "kserve-tritonserver"
     manifest_level = "repository"  # KServe's Triton runtime reads a repository root, Seldon's a model folder
 
+    accepts = (Format.ONNX, Format.OPENVINO_IR)
+
     def check(self, config, options) -> None:
         """--backend openvino: what it cannot serve, and OpenVINO there, before anything is read (a recipe's
         package: entries before any stage runs); a tune that picks it is checked when it is read (prepare)."""
@@ -243,6 +246,8 @@ class TritonTarget(Target):
         plan = job.handed.get("plan") or ensemble.detect(job.model)  # a recipe's split stage hands its plan over
         if plan is None:
             super().open(job)
+            if triton_openvino.is_ir(job):  # an OpenVINO IR: its ports are the signature
+                job.sig = triton_openvino.signature_of_ir(job.model)
             return
         if plan.tmp is not None:
             job.temporaries.append(plan.tmp)
@@ -263,7 +268,11 @@ class TritonTarget(Target):
         return triton_ensemble.check_names(job.name, plan) if plan is not None else []
 
     def prepare(self, job: Job) -> None:
-        job.state["backend"] = backend = job.options.backend or job.tuned.get("runtime") or BACKEND
+        job.state["backend"] = backend = job.options.backend or \
+            ("openvino" if triton_openvino.is_ir(job) else job.tuned.get("runtime") or BACKEND)
+        if triton_openvino.is_ir(job) and backend != "openvino":
+            raise UsageError(f"{job.model} is OpenVINO IR, which Triton serves with --backend openvino only; drop "
+                             "--backend onnxruntime, or package the ONNX model it was converted from")
         if job.state.get("plan") is not None:
             if job.options.backend == "openvino":
                 raise UsageError(f"--backend openvino serves one model; {job.model} is served as an ensemble of its "
@@ -277,6 +286,9 @@ class TritonTarget(Target):
             triton_ensemble.prepare(job, job.state["plan"], scalars.scalars)
             return
         sig = job.sig
+        if any(scalars.scalars(sig)) and triton_openvino.is_ir(job):
+            raise UsageError(f"{job.model}: a scalar input or output, which Triton serves only as a [1] tensor that "
+                             "optkit puts in front of an ONNX graph; package the ONNX model it was converted from")
         if any(scalars.scalars(sig)):
             lifted, lift_notes = scalars.lift(job.model, sig)
             job.sig, job.state["lifted"] = signature_of(lifted, job.model), lifted
@@ -303,12 +315,13 @@ class TritonTarget(Target):
             return triton_ensemble.write(job, job.root, vdir, number, build_config, dumps, delay, gpu)
         cfg = build_config(job.name, job.sig, job.tuned, job.state["warmup"], number, queue_delay_us=delay, gpu=gpu,
                            backend=backend)
-        triton_openvino.backend_rows(job.tuned, backend, job.options.backend, cfg.mapping, cfg.notes)
+        triton_openvino.backend_rows(job.tuned, backend, job.options.backend, triton_openvino.is_ir(job),
+                                     cfg.mapping, cfg.notes)
         job.mapping[:], text = cfg.mapping, cfg.text
         job.notes.extend(cfg.notes)
         if backend == "openvino":  # the IR the OpenVINO backend loads, converted in prepare
-            for f in job.state["ir"]:
-                shutil.copyfile(f, vdir / f.name)
+            for f, name in zip(job.state["ir"], triton_openvino.IR_FILES):
+                shutil.copyfile(f, vdir / name)
         elif job.state.get("lifted") is not None:
             import onnx
 
