@@ -193,6 +193,8 @@ def _case(name: str, tmp_path: Path) -> tuple[list, dict]:
         return [CNN, "--tuned", best, "--gpu"], {"tuned_path": best, "gpu": True}
     if name == "external-data":
         return [_external_data_model(tmp_path), "--backend", "openvino"], {"backend": "openvino"}
+    if name == "ir-on-a-gpu":
+        return [_ir_copy(tmp_path), "--gpu"], {"gpu": True}
     if name == "ir-on-onnxruntime":
         return [_ir_copy(tmp_path), "--backend", "onnxruntime"], {"backend": "onnxruntime"}
     if name == "ensemble":
@@ -208,6 +210,8 @@ HOSTILE = {
     "gpu": (2, "the tuned runtime openvino (--tuned", "serves on the CPU: drop --gpu", UsageError),
     "external-data": (2, "--backend openvino:", "external data files", UsageError),
     "ensemble": (2, "--backend openvino serves one model", "drop --backend openvino", UsageError),
+    "ir-on-a-gpu": (2, "cnn.xml, an OpenVINO IR, serves on the CPU",
+                    "drop --gpu, or package the ONNX model it was converted from", UsageError),
     "ir-on-onnxruntime": (2, "is OpenVINO IR, which Triton serves with --backend openvino only",
                           "package the ONNX model it was converted from", UsageError),
     "other-models-tune": (2, "key model_sha256: the file was made for another model", "tune this model", UsageError),

@@ -53,10 +53,11 @@ def parameters(tuned: Tuned, mapped) -> dict[str, Any]:
     return {k: {"string_value": v} for k, v in compile_settings(int(threads) if threads else None).items()}
 
 
-def check(gpu: bool | None, asked: str = "--backend openvino") -> None:
-    """What the OpenVINO backend cannot do (exit 2), and OpenVINO missing (exit 4)."""
+def check(gpu: bool | None, asked: str = "--backend openvino", onnx: str = "give --backend onnxruntime") -> None:
+    """What the OpenVINO backend cannot do (exit 2), and OpenVINO missing (exit 4); `onnx`: how to serve on
+    onnxruntime instead."""
     if gpu:
-        raise UsageError(f"{asked} serves on the CPU: drop --gpu, or give --backend onnxruntime for a GPU instance")
+        raise UsageError(f"{asked} serves on the CPU: drop --gpu, or {onnx} for a GPU instance")
     import_openvino(asked, "--backend onnxruntime")
 
 
@@ -93,9 +94,10 @@ def ir_of(job: Job) -> list[Path]:
     removes on every exit path: [model.xml, model.bin]. What cannot be served this way is exit 2, OpenVINO
     missing exit 4, a model OpenVINO cannot convert exit 3: all before the repository is touched."""
     asked = "--backend openvino" if job.options.backend == "openvino" else \
-        f"the tuned runtime openvino (--tuned {job.tuned.source})"
+        f"{job.model}, an OpenVINO IR," if is_ir(job) else f"the tuned runtime openvino (--tuned {job.tuned.source})"
     try:
-        check(job.options.gpu, asked)
+        check(job.options.gpu, asked, "package the ONNX model it was converted from" if is_ir(job) and
+              not job.options.backend else "give --backend onnxruntime")
     except DependencyError as e:
         tail = "; or give --backend onnxruntime" if not job.options.backend and "pip install" in e.message else ""
         raise DependencyError(e.message + tail) from None
