@@ -1,11 +1,13 @@
 """A real tritonserver (from nvidia-pytriton, in the tool folder tools/triton/.venv that .ci/run makes) serving an
 optkit package on 127.0.0.1, bounded in time and always stopped.
 
-pytriton bundles tritonserver 2.51 with its Python backend only (Triton's onnxruntime backend is not on pip).
-The proof copies the package and swaps `backend: "onnxruntime"` for `backend: "python"` in its config.pbtxt,
-everything else as written (inputs, outputs, dims, max_batch_size, instance_group, dynamic_batching, the
-onnxruntime parameters, warm-up, version_policy); each version folder gets a model.py that runs that folder's
-model.onnx with onnxruntime inside the server, with the config's onnxruntime parameters applied.
+pytriton bundles tritonserver 2.51 with its Python backend only (Triton's onnxruntime and OpenVINO backends are not
+on pip). The proof copies the package and swaps `backend: "onnxruntime"` (or "openvino") for `backend: "python"` in
+its config.pbtxt, everything else as written (inputs, outputs, dims, max_batch_size, instance_group,
+dynamic_batching, the backend's parameters, warm-up, version_policy); each version folder gets a model.py that runs
+that folder's model inside the server with the config's parameters applied: model.onnx with onnxruntime
+(MODEL_PY), or the OpenVINO IR model.xml + model.bin with OpenVINO (OPENVINO_PY; the tool folder's openvino,
+tools/triton/requirements.txt).
 
 The one place the tests find that tool folder: tests/test_package_triton.py (tritonserver below) and
 tests/test_bench_url.py (bench --url against the same server) both skip with `missing()` and start their server
@@ -27,6 +29,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from optkit.package.targets import triton
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOL = ROOT / "tools" / "triton" / ".venv"
@@ -78,6 +82,57 @@ class TritonPythonModel:
         return responses
 '''
 
+OPENVINO_PY = '''\
+import json
+import os
+import sys
+
+sys.path[:0] = {site!r}  # the tool folder's numpy and openvino: the stub embeds its own Python
+sys.modules.setdefault("openvino_telemetry", None)  # no usage reports (as optkit: core/telemetry.py)
+
+import numpy as np
+import openvino as ov
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    """Triton's OpenVINO backend as optkit configures it: the version's IR, compiled on the CPU with the config's
+    parameters as OpenVINO properties (PERFORMANCE_HINT, NUM_STREAMS, INFERENCE_NUM_THREADS, ...); a model with
+    dynamic dims reshaped to each request's shapes and compiled for them, as optkit measures it."""
+
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.properties = {{k: v["string_value"] for k, v in config.get("parameters", {{}}).items()}}
+        here = os.path.join(args["model_repository"], args["model_version"])
+        self.core = ov.Core()
+        self.model = self.core.read_model(os.path.join(here, {model!r}))
+        self.inputs = [i["name"] for i in config["input"]]
+        self.outputs = [o["name"] for o in config["output"]]
+        self.dynamic = any(p.get_partial_shape().is_dynamic for p in self.model.inputs)
+        self.compiled = {{}}
+
+    def _request(self, feed):
+        key = tuple((k, v.shape) for k, v in feed.items()) if self.dynamic else ()
+        if key not in self.compiled:
+            model = self.model
+            if self.dynamic:
+                model = model.clone()
+                model.reshape({{k: list(v.shape) for k, v in feed.items()}})
+            self.compiled[key] = self.core.compile_model(model, "CPU", self.properties).create_infer_request()
+        return self.compiled[key]
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            feed = {{n: pb_utils.get_input_tensor_by_name(request, n).as_numpy() for n in self.inputs}}
+            result = self._request(feed).infer(feed)
+            out = {{name: result[port] for port in result for name in port.get_names()}}
+            responses.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor(n, np.ascontiguousarray(out[n])) for n in self.outputs]))
+        return responses
+'''
+STAND_INS = {"onnxruntime": MODEL_PY, "openvino": OPENVINO_PY}
+
 
 @functools.cache
 def missing() -> str | None:
@@ -98,6 +153,19 @@ def missing() -> str | None:
 def needs_tool() -> pytest.MarkDecorator:
     """The mark of a test module that needs the tool folder: skipped loudly, with missing()'s line, without it."""
     return pytest.mark.skipif(missing() is not None, reason=f"SKIPPED LOUDLY: {missing()}")
+
+
+@functools.cache
+def missing_openvino() -> str | None:
+    """None when the tool folder's Python also imports openvino (the OpenVINO stand-in's runtime); else the line."""
+    if missing() is not None:
+        return missing()
+    proc = subprocess.run([str(PYTHON), "-c", "import sys; sys.modules['openvino_telemetry'] = None; import openvino"],
+                          capture_output=True, text=True, timeout=120)
+    if proc.returncode:
+        return (f"tools/triton/.venv/bin/python cannot import openvino "
+                f"({(proc.stderr.strip().splitlines() or ['?'])[-1]}): {INSTALL}")
+    return None
 
 
 def skip_unless_tool() -> None:
@@ -149,17 +217,21 @@ def check_config(*pbtxt: Path) -> dict | list[dict]:
 
 
 def proof_repository(package_repo: Path, dest: Path) -> Path:
-    """The package, with the Python backend standing in for the onnxruntime backend (see the module's text)."""
+    """The package, with the Python backend standing in for the onnxruntime or OpenVINO backend (see the module's
+    text)."""
     shutil.copytree(package_repo, dest)
     for config in dest.glob("*/config.pbtxt"):
         text = config.read_text()
         if 'platform: "ensemble"' in text:  # an ensemble: Triton's own scheduler runs it, as packaged
             continue
-        assert 'backend: "onnxruntime"' in text
-        config.write_text(text.replace('backend: "onnxruntime"', 'backend: "python"'))
+        parsed = triton.loads(text, config)
+        backend = parsed["backend"]
+        # the Python backend loads default_model_filename as its model.py: the IR's name goes into model.py instead
+        model_file = parsed.pop("default_model_filename", "model.xml")
+        config.write_text(triton.dumps({**parsed, "backend": "python"}))
         for version in config.parent.iterdir():
             if version.is_dir() and version.name.isdigit():
-                (version / "model.py").write_text(MODEL_PY.format(site=[str(_site())]))
+                (version / "model.py").write_text(STAND_INS[backend].format(site=[str(_site())], model=model_file))
     return dest
 
 

@@ -81,10 +81,17 @@ def _accepted(model: str, target: Target, artifact) -> None:
     """The model is in a format the target packages, else exit 2 naming those and how to convert."""
     if artifact.format in target.accepts:
         return
-    kinds = " or ".join("ONNX" if f == Format.ONNX else f.value for f in target.accepts)
-    how = f" (optkit convert {model} -o model.onnx)" if Format.ONNX in target.accepts else ""
-    raise UsageError(f"{model} is {artifact.format.value}; a {target.name} package takes "
-                     f"{'an' if kinds[:1] in 'AEIOUaeiou' else 'a'} {kinds} model: convert it first{how}")
+    others = [f.value for f in target.accepts if f != Format.ONNX]
+    if Format.ONNX in target.accepts:  # ONNX first: what `optkit convert` writes
+        what = "an ONNX model"
+        how = f"convert it first (optkit convert {model} -o model.onnx)" + (
+            f"; it takes {' or '.join(others)} too" if others else "")
+    else:
+        kinds = " or ".join(others)
+        what, how = f"{'an' if kinds[:1] in 'AEIOUaeiou' else 'a'} {kinds} model", "convert it first"
+    if artifact.format == Format.OPENVINO_IR:  # nothing converts IR back
+        how = "package the ONNX model it was converted from (--to triton serves OpenVINO IR)"
+    raise UsageError(f"{model} is {artifact.format.value}; a {target.name} package takes {what}: {how}")
 
 
 def _inputs(job: Job, target: Target, tuned: Tuned | None, shapes: dict | None) -> tuple[list[str], object]:
@@ -144,7 +151,7 @@ def _make(job: Job, target: Target, kinds: list[str], capacity) -> Result:
                                        threads=job.tuned.get("threads"),
                                        gpu=(job.tuned.get("provider") or "cpu") != "cpu",
                                        local_dir=(out / name / str(number)).resolve(), capacity=capacity,
-                                       capacity_path=cfg.capacity)
+                                       capacity_path=cfg.capacity, ovms=target.serves_with(job))
             docs = {kind: mf.render(kind, doc) for kind, doc in docs.items()}
             job.notes.extend(man_notes + uri_notes)
         served_before, files = _write(out, number, index, target, job, docs)

@@ -17,6 +17,7 @@ from typing import Any
 
 from optkit.core.errors import PassError, UsageError
 from optkit.core.text import redact_url
+from optkit.package import manifests_ovms
 
 KINDS = ("kserve", "seldon", "kubedl")
 MARGIN = 0.5
@@ -26,6 +27,7 @@ REQUIRED = {
                "spec.predictor.model.protocolVersion", "spec.predictor.model.storageUri"],
     "seldon": ["apiVersion", "kind", "metadata.name", "spec.storageUri", "spec.requirements"],
     "kubedl": ["apiVersion", "kind", "metadata.name", "spec.modelName", "spec.createdBy", "spec.storage"],
+    "kserve-ovms": ["apiVersion", "kind", "metadata.name", "spec.supportedModelFormats", "spec.containers"],
     "kserve-keda": ["apiVersion", "kind", "metadata.name", "spec.scaleTargetRef.name", "spec.minReplicaCount",
                     "spec.maxReplicaCount", "spec.triggers"],
 }
@@ -61,15 +63,20 @@ def k8s_name(name: str) -> str:
 
 def build(kinds: list[str], *, target, name: str, version: int, tag: str | None, base_uri: str,
           peak_mb: float | None, peak_source: str, margin: float, threads: int | None, gpu: bool,
-          local_dir: Path, capacity=None, capacity_path: str | None = None) -> tuple[dict, list]:
+          local_dir: Path, capacity=None, capacity_path: str | None = None,
+          ovms: dict | None = None) -> tuple[dict, list]:
     """{kind: manifest dict}, notes. `target` (a package.target.Target) says the model format, KServe's runtime
-    and which folder a cluster reads; `capacity` (a contracts.capacity.CapacityFile) adds replicas and autoscaling."""
+    and which folder a cluster reads; `capacity` (a contracts.capacity.CapacityFile) adds replicas and autoscaling;
+    `ovms` (the version is OpenVINO IR: Target.serves_with's settings) makes KServe's predictor OpenVINO Model
+    Server with its ServingRuntime beside it (kserve-ovms), and Seldon's requirement openvino."""
     notes = []
     resources: dict[str, Any] = {}
     memory = None
     if peak_mb is not None:
         memory = f"{math.ceil(peak_mb * (1 + margin))}Mi"
-        resources = {"requests": {"memory": memory, "cpu": str(threads or 1)}, "limits": {"memory": memory}}
+        # OVMS runs the requests in flight as streams of one model: their threads together
+        cores = (threads or 1) * (ovms["concurrency"] if ovms else 1)
+        resources = {"requests": {"memory": memory, "cpu": str(cores)}, "limits": {"memory": memory}}
         notes.append(f"memory request {memory}: the measured peak {peak_mb:.1f} MiB ({peak_source}) plus a "
                      f"{margin:.0%} margin (--memory-margin)")
     elif capacity is None or not capacity.resources.requests.memory:
@@ -83,12 +90,17 @@ def build(kinds: list[str], *, target, name: str, version: int, tag: str | None,
     if tag:
         labels["optkit/tag"] = k8s_name(tag)
     out: dict[str, dict] = {}
-    fmt = target.manifest_format
+    fmt = "openvino" if ovms else target.manifest_format
     kserve_uri, seldon_uri = target.manifest_uris(base_uri, name, version)
-    if "kserve" in kinds:
+    if "kserve" in kinds and ovms:
+        model = manifests_ovms.predictor_model(k8s, f"{base_uri}/{name}", version, ovms["threads"],
+                                               ovms["concurrency"], ovms["batch"], notes)
+        out["kserve-ovms"] = manifests_ovms.serving_runtime(k8s, labels, ovms["openvino"])
+    elif "kserve" in kinds:
         model = {"modelFormat": {"name": fmt}, "protocolVersion": "v2", "storageUri": kserve_uri}
         if target.manifest_runtime:
             model["runtime"] = target.manifest_runtime
+    if "kserve" in kinds:
         if resources:
             model["resources"] = resources
         out["kserve"] = {"apiVersion": "serving.kserve.io/v1beta1", "kind": "InferenceService",

@@ -146,6 +146,11 @@ class Target:
         was given (its Config): what changes besides the index."""
         return Served(before=index.get("served"))
 
+    def serves_with(self, job: Job) -> dict[str, Any] | None:
+        """Where the version is OpenVINO IR: the settings OpenVINO Model Server gets in the manifests (threads,
+        concurrency, batch, the openvino version that wrote the IR); None (the default): the target's own server."""
+        return None
+
     def manifest_uris(self, base_uri: str, name: str, version: int) -> tuple[str, str]:
         """(KServe's storageUri, Seldon's storageUri) for a version."""
         version_uri = f"{base_uri}/{name}/{version}"

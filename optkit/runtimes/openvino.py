@@ -30,15 +30,16 @@ MAX_SHAPES = 8
 X86 = ("x86_64", "amd64", "i386", "i686", "x86")
 
 
-def import_openvino():
-    """openvino, or exit 4 with the one command that installs it (or why it cannot run here)."""
+def import_openvino(asked: str = "--runtime openvino", instead: str = "--runtime onnxruntime"):
+    """openvino, or exit 4 with the one command that installs it (or why it cannot run here); `asked` is what the
+    user asked for that needs it, `instead` what runs without it."""
     if platform.machine().lower() not in X86:
         raise DependencyError(f"OpenVINO is run by optkit on x86-64 CPUs only; this machine is {platform.machine()}: "
-                              "use --runtime onnxruntime")
+                              f"use {instead}")
     try:
         import openvino
     except ImportError:
-        raise DependencyError(f"--runtime openvino needs OpenVINO: {INSTALL}") from None
+        raise DependencyError(f"{asked} needs OpenVINO: {INSTALL}") from None
     return openvino
 
 
@@ -46,13 +47,24 @@ def version() -> str:
     return import_openvino().get_version().split("-")[0]
 
 
-def save_ir(onnx_path: str | Path, dest: str | Path) -> None:
-    """An ONNX file as OpenVINO IR at `dest` (.xml, .bin beside it), FP32 weights kept (no fp16 compression)."""
+def save_ir(onnx_path: str | Path, dest: str | Path, shown: str | Path | None = None) -> None:
+    """An ONNX file as OpenVINO IR at `dest` (.xml, .bin beside it), FP32 weights kept (no fp16 compression);
+    `shown` is the model's name in the error (the user's file where onnx_path is a temporary copy)."""
     ov = import_openvino()
     try:
         ov.save_model(ov.convert_model(str(onnx_path)), str(dest), compress_to_fp16=False)
     except Exception as e:  # noqa: BLE001 - OpenVINO's frontends raise their own types
-        raise PassError(f"OpenVINO cannot convert {onnx_path}: {first_line(e)[:300]}") from None
+        raise PassError(f"OpenVINO cannot convert {shown or onnx_path}: {conversion_failure(e)[:300]}") from None
+
+
+def conversion_failure(e: Exception) -> str:
+    """What OpenVINO's converter says failed: its summary lines (the operations it has no rule for), not the
+    'Check ... failed at file.cpp' line its errors start with."""
+    lines = [ln.strip(" -") for ln in str(e).splitlines() if ln.strip()]
+    if "Summary:" in lines:
+        return "; ".join(lines[lines.index("Summary:") + 1:]) or first_line(e)
+    said = [ln for ln in lines if not ln.startswith("Check '")]
+    return said[-1] if said else first_line(e)
 
 
 

@@ -130,6 +130,10 @@ class MLflowTarget(Target):
         job.state.update(opts=opts, providers=providers)
         job.mapping[:] = mapping
         job.notes.extend(notes)
+        if job.tuned.get("runtime") == "openvino":
+            job.notes.append(f"--tuned {job.tuned.source} picked openvino; MLflow's onnx flavor runs onnxruntime: its "
+                             "figures were measured on openvino, not on what this package serves (--to triton "
+                             "--backend openvino serves OpenVINO)")
 
     def write_version(self, job: Job, vdir: Path, number: int) -> dict[str, str]:
         write(vdir, job.model, bool(job.externals), job.sig, job.state["opts"], job.state["providers"],

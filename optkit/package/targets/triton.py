@@ -17,18 +17,18 @@ from pydantic import Field
 
 from optkit.core.artifact import Artifact, external_data_files, path_sha256
 from optkit.core.errors import PassError, UsageError
+from optkit.core.formats import Format
 from optkit.core.registry import cli
 from optkit.package import ensemble, pbtxt, scalars, schemas
 from optkit.package.pbtxt import Ident
 from optkit.package.signature import Signature, signature_of, warmup_dims
 from optkit.package.target import Job, Served, Target, TargetConfig
-from optkit.package.targets import triton_check, triton_ensemble
+from optkit.package.targets import triton_check, triton_ensemble, triton_openvino
 from optkit.package.targets.triton_check import parse_if_installed
 from optkit.package.tuned import Tuned
-from optkit.runtimes.openvino import save_ir
+from optkit.runtimes.openvino import version as openvino_version
 
 BACKEND = "onnxruntime"
-IR_FILE = "model.xml"   # the OpenVINO backend's model (model.bin beside it)
 CONFIG = "config.pbtxt"
 # optkit's graph_optimization -> the onnxruntime backend's `optimization { graph { level } }` (absent = all)
 GRAPH_LEVEL = {"basic": -1, "extended": 1, "disable": 2, "all": None}
@@ -124,8 +124,8 @@ def build_config(name: str, sig: Signature, tuned: Tuned, warmup: dict[str, list
                      "tuned figure)")
 
     if backend == "openvino":
-        c["default_model_filename"] = IR_FILE
-        c["parameters"] = _openvino_parameters(tuned, mapped)
+        c["default_model_filename"] = triton_openvino.IR_FILE
+        c["parameters"] = triton_openvino.parameters(tuned, mapped)
         return _warm(cfg, sig, warmup, batching)
     c["parameters"] = _parameters(tuned, mapped)
 
@@ -155,17 +155,6 @@ def _warm(cfg: TritonConfig, sig: Signature, warmup: dict[str, list[int]] | None
         t.name: {"data_type": Ident(t.triton_type), "dims": list(warmup[t.name] or [1]), "zero_data": True}
         for t in sig.inputs}}]
     return cfg
-
-
-def _openvino_parameters(tuned: Tuned, mapped) -> dict[str, Any]:
-    """Triton's OpenVINO backend's parameters: the settings optkit measures OpenVINO with (runtimes/openvino.py)."""
-    threads = tuned.get("threads")
-    params = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1", "INFERENCE_PRECISION_HINT": "f32",
-              **({"INFERENCE_NUM_THREADS": str(int(threads))} if threads else {})}
-    mapped("runtime", "openvino", "backend", "openvino")
-    if threads:
-        mapped("threads", threads, "parameters.INFERENCE_NUM_THREADS", str(int(threads)))
-    return {k: {"string_value": v} for k, v in params.items()}
 
 
 def _parameters(tuned: Tuned, mapped) -> dict[str, Any]:
@@ -236,12 +225,20 @@ class TritonOptions(TargetConfig):
 
 class TritonTarget(Target):
     name = "triton"
-    describe = "a Triton model repository (onnxruntime backend)"
+    describe = "a Triton model repository (onnxruntime or OpenVINO backend)"
     Config = TritonOptions
     model_files = frozenset({CONFIG})
     manifest_format = "onnx"
     manifest_runtime = "kserve-tritonserver"
     manifest_level = "repository"  # KServe's Triton runtime reads a repository root, Seldon's a model folder
+
+    accepts = (Format.ONNX, Format.OPENVINO_IR)
+
+    def check(self, config, options) -> None:
+        """--backend openvino: what it cannot serve, and OpenVINO there, before anything is read (a recipe's
+        package: entries before any stage runs); a tune that picks it is checked when it is read (prepare)."""
+        if options.backend == "openvino":
+            triton_openvino.check(options.gpu)
 
     def open(self, job: Job) -> None:
         """A split folder, or a model with preprocessing in its graph, is served as an ensemble of its parts
@@ -249,6 +246,8 @@ class TritonTarget(Target):
         plan = job.handed.get("plan") or ensemble.detect(job.model)  # a recipe's split stage hands its plan over
         if plan is None:
             super().open(job)
+            if triton_openvino.is_ir(job):  # an OpenVINO IR: its ports are the signature
+                job.sig = triton_openvino.signature_of_ir(job.model)
             return
         if plan.tmp is not None:
             job.temporaries.append(plan.tmp)
@@ -269,10 +268,27 @@ class TritonTarget(Target):
         return triton_ensemble.check_names(job.name, plan) if plan is not None else []
 
     def prepare(self, job: Job) -> None:
+        job.state["backend"] = backend = job.options.backend or \
+            ("openvino" if triton_openvino.is_ir(job) else job.tuned.get("runtime") or BACKEND)
+        if triton_openvino.is_ir(job) and backend != "openvino":
+            raise UsageError(f"{job.model} is OpenVINO IR, which Triton serves with --backend openvino only; drop "
+                             "--backend onnxruntime, or package the ONNX model it was converted from")
         if job.state.get("plan") is not None:
+            if job.options.backend == "openvino":
+                raise UsageError(f"--backend openvino serves one model; {job.model} is served as an ensemble of its "
+                                 "parts (a split model or preprocessing in its graph), which run on onnxruntime: "
+                                 "drop --backend openvino, or package the whole model file")
+            if backend == "openvino":
+                job.notes.append(f"--tuned {job.tuned.source} picked openvino; the parts of an ensemble are served on "
+                                 "onnxruntime (Triton's onnxruntime backend), with the tuned threads, batch and "
+                                 "concurrency")
+                job.state["backend"] = BACKEND
             triton_ensemble.prepare(job, job.state["plan"], scalars.scalars)
             return
         sig = job.sig
+        if any(scalars.scalars(sig)) and triton_openvino.is_ir(job):
+            raise UsageError(f"{job.model}: a scalar input or output, which Triton serves only as a [1] tensor that "
+                             "optkit puts in front of an ONNX graph; package the ONNX model it was converted from")
         if any(scalars.scalars(sig)):
             lifted, lift_notes = scalars.lift(job.model, sig)
             job.sig, job.state["lifted"] = signature_of(lifted, job.model), lifted
@@ -281,30 +297,37 @@ class TritonTarget(Target):
         warm, warm_notes = warmup_dims(job.sig, probe > 0, job.shapes, job.config.data, job.model)
         job.state["warmup"] = warm
         job.notes.extend(warm_notes)
+        if backend == "openvino":
+            job.state["ir"] = triton_openvino.ir_of(job)
+
+    def serves_with(self, job: Job) -> dict[str, Any] | None:
+        if job.state.get("backend") != "openvino":
+            return None
+        return {"threads": job.tuned.get("threads"), "concurrency": int(job.tuned.get("concurrency") or 1),
+                "batch": int(job.tuned.get("batch") or 1), "openvino": openvino_version()}
 
     def write_version(self, job: Job, vdir: Path, number: int) -> dict[str, str]:
         delay = job.options.queue_delay_us
         delay = QUEUE_DELAY_US if delay is None else delay
         gpu = bool(job.options.gpu)
-        backend = job.options.backend or job.tuned.get("runtime") or BACKEND
+        backend = job.state["backend"]
         if job.state.get("plan") is not None:
             return triton_ensemble.write(job, job.root, vdir, number, build_config, dumps, delay, gpu)
-        if backend == "openvino" and (gpu or job.state.get("plan") is not None or job.externals):
-            raise UsageError("--backend openvino serves one ONNX model (no split or preprocessing ensemble, no "
-                             "external data) on the CPU (no --gpu)")
         cfg = build_config(job.name, job.sig, job.tuned, job.state["warmup"], number, queue_delay_us=delay, gpu=gpu,
                            backend=backend)
+        triton_openvino.backend_rows(job.tuned, backend, job.options.backend, triton_openvino.is_ir(job),
+                                     cfg.mapping, cfg.notes)
         job.mapping[:], text = cfg.mapping, cfg.text
         job.notes.extend(cfg.notes)
-        if job.state.get("lifted") is not None:
+        if backend == "openvino":  # the IR the OpenVINO backend loads, converted in prepare
+            for f, name in zip(job.state["ir"], triton_openvino.IR_FILES):
+                shutil.copyfile(f, vdir / name)
+        elif job.state.get("lifted") is not None:
             import onnx
 
             onnx.save(job.state["lifted"], str(vdir / "model.onnx"))
         else:
             shutil.copyfile(job.model, vdir / "model.onnx")
-        if backend == "openvino":  # the IR the OpenVINO backend loads, converted from the file checked above
-            save_ir(vdir / "model.onnx", vdir / IR_FILE)
-            (vdir / "model.onnx").unlink()
         for location, f in job.externals:
             (vdir / location).parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(f, vdir / location)
