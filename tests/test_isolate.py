@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -29,18 +32,28 @@ print(json.dumps({"first": first, "second": second, "me": os.getpid()}))
 """
 
 
-def test_children_after_torch_come_from_one_forkserver_with_the_current_environment(tmp_path):
+@pytest.mark.parametrize("deep", [False, True])
+def test_children_after_torch_come_from_one_forkserver_with_the_current_environment(tmp_path, deep):
+    """Under a $TMPDIR too deep for the server's socket path (107 bytes), spawned as before."""
     pytest.importorskip("torch")
-    tmpdir = tmp_path / "t"
-    tmpdir.mkdir()
-    (tmp_path / "isochild.py").write_text(CHILD)
-    env = {k: v for k, v in os.environ.items() if k != "OPTKIT_TEST_VAR"}
-    r = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300, cwd=tmp_path,
-                       env={**env, "TMPDIR": str(tmpdir)})
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout)
-    first, second = out["first"], out["second"]
-    assert first["parent"] == second["parent"] != out["me"]   # both forked by the same server, not by this process
-    assert not first["torch"] and not second["torch"]      # the server never imported torch
-    assert first["env"] is None and second["env"] == "set after the server started"
-    assert list(tmpdir.iterdir()) == []
+    tmpdir = Path(tempfile.mkdtemp(prefix="iso-", dir="/tmp"))
+    try:
+        if deep:
+            tmpdir = tmpdir / ("d" * 90)
+            tmpdir.mkdir()
+        (tmp_path / "isochild.py").write_text(CHILD)
+        env = {k: v for k, v in os.environ.items() if k != "OPTKIT_TEST_VAR"}
+        r = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300,
+                           cwd=tmp_path, env={**env, "TMPDIR": str(tmpdir)})
+        assert r.returncode == 0, r.stderr[-3000:]
+        out = json.loads(r.stdout)
+        first, second = out["first"], out["second"]
+        assert first["env"] is None and second["env"] == "set after the server started"
+        assert list(tmpdir.iterdir()) == []
+        if deep:
+            assert first["parent"] == second["parent"] == out["me"]
+        else:   # both forked by the same server, not by this process; the server never imported torch
+            assert first["parent"] == second["parent"] != out["me"]
+            assert not first["torch"] and not second["torch"]
+    finally:
+        shutil.rmtree(tmpdir.parent if deep else tmpdir, ignore_errors=True)

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 _HEAVY = ("torch", "tensorflow")
 _PRELOAD = ("optkit.cli.main", "optkit.measure.model", "optkit.measure.paired", "optkit.measure.trials",
             "optkit.measure.inspect", "onnxruntime")
-_SOCKET_FOLDER_MAX = 80  # its name and "/listener-XXXXXXXX" fit a Unix socket's 107 bytes
+_SOCKET_FOLDER_MAX = 88  # with "/listener-XXXXXXXX" it fits a Unix socket's 107 bytes
 STOP_GRACE_S = 5.0  # how long a child asked to stop (SIGTERM) may take to clean up before it is killed
 
 
