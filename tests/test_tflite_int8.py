@@ -53,7 +53,7 @@ def run_broken(model: Path, out: Path, data: Path, factor: float = 1.0, shift: i
                limits: str = "plain") -> Result:
     """`optkit convert MODEL -o OUT --data DATA` with the conversion's output scale and zero point broken."""
     proc = subprocess.run([sys.executable, "-c", BROKEN, str(factor), str(shift), limits, "convert", str(model),
-                           "-o", str(out), "--data", str(data)], capture_output=True, text=True, cwd=ROOT,
+                           "-o", str(out), "--data", str(data), "--runs", "3"], capture_output=True, text=True, cwd=ROOT,
                           timeout=600)
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
@@ -136,7 +136,7 @@ def test_int8_cnn_converts_with_no_flags(cli, int8_cnn, tmp_path, with_data):
     """Refused before (real images: 3 steps > atol of 2 steps): now judged as int8 rounding, with the figures."""
     model, data = int8_cnn
     out = tmp_path / "m.onnx"
-    r = cli("convert", model, "-o", out, "--json", *(["--data", data] if with_data else []))
+    r = cli("convert", model, "-o", out, "--json", "--runs", "3", *(["--data", data] if with_data else []))
     assert r.rc == 0, r.err
     val = _validation(r)
     o = val["outputs"]["dense"]

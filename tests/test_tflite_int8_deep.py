@@ -60,7 +60,7 @@ def converted(deep_int8, tmp_path_factory):
 
     model, data = deep_int8
     out = tmp_path_factory.mktemp("deepconv") / "m.onnx"
-    r = run_cli("convert", model, "-o", out, "--json", "--data", data)
+    r = run_cli("convert", model, "-o", out, "--json", "--data", data, "--runs", "3")  # fidelity, not latency
     assert r.rc == 0, r.err
     return out, json.loads(r.out)["stages"][-1]
 

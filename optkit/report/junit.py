@@ -1,8 +1,6 @@
 """JUnit XML: one test case per gate, so CI systems show each gate as a test."""
 from __future__ import annotations
 
-from xml.sax import saxutils
-
 from optkit.core.text import printable
 from optkit.report.schema import Report
 from optkit.report.table import gate_rows
@@ -11,10 +9,14 @@ from optkit.report.table import gate_rows
 def escape(text: str) -> str:
     """Text from a report for an XML element: printable first (a control byte is not allowed in XML 1.0, so one
     in a gate, stage or command made the whole file unreadable to CI; a bidi override hides what it says)."""
+    from xml.sax import saxutils  # here: it imports urllib.request, 40 ms of every command's start-up
+
     return saxutils.escape(printable(text))
 
 
 def quoteattr(text: str) -> str:
+    from xml.sax import saxutils
+
     return saxutils.quoteattr(printable(text))
 
 
