@@ -105,9 +105,8 @@ def fidelity(folder: Path, files: dict[str, Path], sentences: list[str]) -> dict
     """|diff| against sentence-transformers over several batchings (BATCHINGS: which sentences share a padded
     batch changes the float rounding on both sides): token_embeddings over unmasked positions (max and mean per
     batching), and the sentence_embedding's max."""
-    from sentence_transformers import SentenceTransformer
-
     import torch
+    from sentence_transformers import SentenceTransformer
 
     st = SentenceTransformer(str(folder), device="cpu")
     exact = SentenceTransformer(str(folder), device="cpu").double()   # the same math in float64: the truth

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -57,8 +58,12 @@ def test_each_task_converts_and_validates(folders, tmp_path, task):
         assert dims[:2] == (["batch", ""] if task == "image-classification" else ["batch", "sequence"])
     assert {p.key: p.value for p in proto.metadata_props}["optkit.task"] == want_task
     made = {o: n.op_type for n in proto.graph.node for o in n.output}
-    feeding_norms = [made.get(n.input[0]) for n in proto.graph.node if n.op_type == "LayerNormalization"]
-    assert "Add" not in feeding_norms                         # residual adds are Sum (graph.residual_sums)
+    uses = Counter(i for n in proto.graph.node for i in n.input)
+    feeding_norms = [made.get(n.input[0]) for n in proto.graph.node
+                     if n.op_type == "LayerNormalization" and uses[n.input[0]] == 1]
+    # a residual Add whose only use is a norm is written as Sum (graph.residual_sums); a pre-norm model's Add also
+    # feeds the next residual, which onnxruntime does not fuse either, and is left as it is
+    assert "Add" not in feeding_norms
     for name, o in val["outputs"].items():
         # the figures against transformers: far inside the tolerance, which is the model's own float32 noise x16
         assert 0 < o["noise"] < 1e-5 and o["tolerance"] == pytest.approx(max(16 * o["noise"], 8 * 2 ** -23 * o["scale"]))
@@ -294,7 +299,7 @@ def test_residual_adds_stay_unfused_so_onnxruntime_normalises_as_torch(folders, 
         sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
         return sess, {n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node}
 
-    (ours, ops), (theirs, add_ops) = fused_ops(out), fused_ops(as_add)
+    (ours, ops), (_, add_ops) = fused_ops(out), fused_ops(as_add)
     assert "SkipLayerNormalization" in add_ops and "SkipLayerNormalization" not in ops
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC

@@ -133,11 +133,10 @@ def test_an_accuracy_budget_is_judged_by_the_drops_upper_confidence_bound():
     when the one-sided upper bound of its drop is within the budget, not its point. Bootstrap metrics (spearman)
     from the paired resamples, per-sample metrics (accuracy) from the per-sample differences' standard error; 0.5
     judges the measured drop, as before."""
+    from optkit.measure.textmetrics import Rows
     from optkit.passes.quantize.budget import Budget
     from optkit.passes.quantize.candidates import Candidate, Settings
     from optkit.passes.quantize.config import QuantizeConfig
-
-    from optkit.measure.textmetrics import Rows
 
     parent = RNG.uniform(0.7, 0.9, 300)                   # a figure made of rows (a bootstrap metric's Rows; a
     noise = RNG.normal(0, 0.03, 300)                      # mean here, so the test is fast): small, noisy damage
