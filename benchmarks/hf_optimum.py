@@ -98,32 +98,50 @@ def outputs(sess, feeds: dict) -> dict:
     return dict(zip(names, got))
 
 
+BATCHINGS = ((None, 32), (1, 8), (2, 64))   # (shuffle seed, batch): the file's order in 32s, two shuffled others
+
+
 def fidelity(folder: Path, files: dict[str, Path], sentences: list[str]) -> dict:
-    """max |diff| against sentence-transformers: token_embeddings over unmasked positions, sentence_embedding."""
+    """|diff| against sentence-transformers over several batchings (BATCHINGS: which sentences share a padded
+    batch changes the float rounding on both sides): token_embeddings over unmasked positions (max and mean per
+    batching), and the sentence_embedding's max."""
+    import torch
     from sentence_transformers import SentenceTransformer
 
     st = SentenceTransformer(str(folder), device="cpu")
+    exact = SentenceTransformer(str(folder), device="cpu").double()   # the same math in float64: the truth
     tok, max_len = st.tokenizer, st.max_seq_length
     sessions = {k: session(p) for k, p in files.items()}
-    worst = {k: {"token_embeddings": 0.0, "sentence_embedding": 0.0} for k in files}
-    for i in range(0, len(sentences), 32):
-        batch = sentences[i:i + 32]
-        feeds = encode(tok, batch, max_len)
-        mask = feeds["attention_mask"].astype(bool)
-        ref_tok = st.encode(batch, output_value="token_embeddings", batch_size=32, convert_to_numpy=False)
-        ref_sent = st.encode(batch, batch_size=32, convert_to_numpy=True)
-        for k, s in sessions.items():
-            out = outputs(s, feeds)
-            tok_out = out.get("token_embeddings", out.get("last_hidden_state"))
+    worst = {k: {"token_embeddings": [], "token_mean": [], "sentence_embedding": 0.0, "float64": 0.0} for k in files}
+    worst["sentence-transformers float32"] = {"float64": 0.0}
+    for seed, size in BATCHINGS:
+        order = np.arange(len(sentences)) if seed is None else np.random.default_rng(seed).permutation(len(sentences))
+        diffs = {k: [] for k in files}
+        for i in range(0, len(order), size):
+            batch = [sentences[j] for j in order[i:i + size]]
+            feeds = encode(tok, batch, max_len)
+            mask = feeds["attention_mask"].astype(bool)
+            ref_tok = st.encode(batch, output_value="token_embeddings", batch_size=size, convert_to_numpy=False)
+            ref_sent = st.encode(batch, batch_size=size, convert_to_numpy=True)
+            with torch.no_grad():
+                ref64 = exact[0]({k: torch.from_numpy(v) for k, v in feeds.items()})["token_embeddings"].numpy()
+            own = worst["sentence-transformers float32"]
             for j, ref in enumerate(ref_tok):
                 n = int(mask[j].sum())
-                worst[k]["token_embeddings"] = max(worst[k]["token_embeddings"],
-                                                   float(np.abs(tok_out[j, :n] - ref.numpy()[:n]).max()))
-            if "sentence_embedding" in out:
-                worst[k]["sentence_embedding"] = max(worst[k]["sentence_embedding"],
-                                                     float(np.abs(out["sentence_embedding"] - ref_sent).max()))
-            else:
-                worst[k]["sentence_embedding"] = float("nan")
+                own["float64"] = max(own["float64"], float(np.abs(ref.numpy()[:n] - ref64[j, :n]).max()))
+            for k, s in sessions.items():
+                out = outputs(s, feeds)
+                tok_out = out.get("token_embeddings", out.get("last_hidden_state"))
+                for j, ref in enumerate(ref_tok):
+                    n = int(mask[j].sum())
+                    diffs[k].append(np.abs(tok_out[j, :n] - ref.numpy()[:n]).ravel())
+                    worst[k]["float64"] = max(worst[k]["float64"], float(np.abs(tok_out[j, :n] - ref64[j, :n]).max()))
+                sent = np.abs(out["sentence_embedding"] - ref_sent).max() if "sentence_embedding" in out else np.nan
+                worst[k]["sentence_embedding"] = max(worst[k]["sentence_embedding"], float(sent))
+        for k in files:
+            d = np.concatenate(diffs[k])
+            worst[k]["token_embeddings"].append(float(d.max()))
+            worst[k]["token_mean"].append(float(d.mean()))
     return worst
 
 
@@ -214,7 +232,8 @@ def main() -> None:
         "optkit convert": (work / "optkit.onnx", [*ok, "convert", folder, "-o", work / "optkit.onnx"]),
         "optkit quantize": (work / "optkit-int8.onnx", [
             *ok, "quantize", work / "optkit.onnx", "-o", work / "optkit-int8.onnx", "--mode", "dynamic", "--metric",
-            "spearman", "--max-accuracy-drop", BUDGET, "--eval-data", part, "--columns", COLUMNS]),
+            "spearman", "--max-accuracy-drop", BUDGET, "--eval-data", part, "--columns", COLUMNS, "--report",
+            work / "quantize.json"]),
     }
     t = {}
     for name, (out, cmd) in steps.items():
@@ -236,10 +255,15 @@ def main() -> None:
     if args.latency_only:
         return print_latency(files, tok, max_len, sentences, args.lengths)
     fid = fidelity(folder, {k: v for k, v in files.items() if "FP32" in k}, sentences)
-    print(f"\nFP32 vs sentence-transformers on {len(sentences)} held-out sentences (padded batches of 32):")
+    print(f"\nFP32 vs sentence-transformers on {len(sentences)} held-out sentences, padded batches "
+          f"{', '.join(f'of {b} ' + ('in file order' if s is None else f'shuffled (seed {s})') for s, b in BATCHINGS)}:")
+    print("  the same token_embeddings against float64 (sentence-transformers in double, the exact math): max |diff| "
+          + ", ".join(f"{k} {v['float64']:.3e}" for k, v in fid.items()))
+    fid.pop("sentence-transformers float32")
     for k, v in fid.items():
-        print(f"  {k:13s} max |diff| token_embeddings (unmasked) {v['token_embeddings']:.3e}, "
-              f"sentence_embedding {v['sentence_embedding']:.3e}")
+        print(f"  {k:13s} token_embeddings (unmasked) max |diff| "
+              + " / ".join(f"{x:.3e}" for x in v["token_embeddings"]) + ", mean |diff| "
+              + " / ".join(f"{x:.3e}" for x in v["token_mean"]) + f"; sentence_embedding max {v['sentence_embedding']:.3e}")
     fp32 = files["optkit FP32"].stat().st_size
     spear = {k: spearman(p, tok, max_len, pairs) for k, p in files.items()}
     print(f"\nheld-out Spearman x100 (this script), size vs optkit FP32 ({fp32 / 1e6:.1f} MB):")
@@ -250,11 +274,20 @@ def main() -> None:
     drop = (ev["optkit FP32"] - ev["optkit INT8"]) / 100
     print(f"optkit eval --metric spearman on HELDOUT: FP32 {ev['optkit FP32']:.2f}, INT8 {ev['optkit INT8']:.2f} "
           f"(drop {drop:.4f}, budget {BUDGET})")
+    report = work / "quantize.json"
+    if report.exists():
+        q = json.loads(report.read_text())["stages"][-1]["measurements"]["quantize"]
+        chosen = next(c for c in q["candidates"] if c["chosen"])
+        print(f"  quantize chose {chosen['variant']} ({len(chosen.get('float_nodes', []))} nodes float, "
+              f"{chosen.get('float_ops') or 'no op type'} kept float) of {len(q['candidates'])} candidates: drop on PART "
+              f"{chosen['accuracy_drop']:.4f}, its one-sided 95% upper bound {chosen.get('drop_bound', float('nan')):.4f}")
     lat = print_latency(files, tok, max_len, sentences, args.lengths)
     lo, hi = lat["ci95"]
     size_ratio = files["optkit INT8"].stat().st_size / fp32
-    verdicts = {"FP32 max|diff| <= optimum's": fid["optkit FP32"]["token_embeddings"]
-                <= fid["optimum FP32"]["token_embeddings"],
+    mine, theirs = fid["optkit FP32"]["token_embeddings"], fid["optimum FP32"]["token_embeddings"]
+    verdicts = {f"FP32 max|diff| <= optimum's (the largest over the batchings; smaller or equal in "
+                f"{sum(a <= b for a, b in zip(mine, theirs))} of {len(mine)})": max(mine) <= max(theirs),
+                "FP32 max|diff| to float64 <= optimum's": fid["optkit FP32"]["float64"] <= fid["optimum FP32"]["float64"],
                 f"INT8 drop <= {BUDGET}": drop <= BUDGET, "INT8 size <= 0.27x": size_ratio <= 0.27,
                 "INT8 no slower than optimum's": hi <= 1 + lat["margin"]}
     print("\n" + "\n".join(f"  {'met ' if v else 'MISSED'} {k}" for k, v in verdicts.items()))

@@ -96,7 +96,8 @@ def efficientnet(tmp: Path) -> None:
         quantize_static(str(pre), str(out), R(), **kw)
         took = time.perf_counter() - t0
         show(f"{label} ({took:.0f} s)", figures(out, model, str(ev), "top1"))
-    runs = {"optkit --max-accuracy-drop 0.003": ["--max-accuracy-drop", "0.003"],
+    # 75 images cannot bound a 0.3-point drop at the default 95% confidence: the measured drop is judged here
+    runs = {"optkit --max-accuracy-drop 0.003": ["--max-accuracy-drop", "0.003", "--budget-confidence", "0.5"],
             "optkit --max-fidelity-loss 0.003": ["--max-fidelity-loss", "0.003"]}
     for label, budget in runs.items():
         search(label, model, calib, ev, budget, tmp)

@@ -33,7 +33,11 @@ def test_accuracy_budget():
     # 50 samples: a 0.05 drop is inside what sampling could explain (0.01 + 3 * 0.0707), 0.3 is not
     assert not b.hopeless(_cand(drop=0.05, n=50)) and b.hopeless(_cand(drop=0.3, n=50))
     assert b.noise(500, 0.97) == pytest.approx(1.96 * math.sqrt(0.97 * 0.03 * 2 / 500))
-    assert str(b) == "top1 drop <= 0.01"
+    assert str(b) == "top1 drop (its one-sided 95% upper bound) <= 0.01"
+    # judged by the bound where the scoring gave one: within the budget by its point only is not enough
+    held = _cand(drop=0.004)
+    held.drop_bound = 0.012
+    assert not b.meets(held) and b.margin(held) == pytest.approx(-0.002)
 
 
 def test_fidelity_budgets():

@@ -145,3 +145,22 @@ def test_named_nodes_are_honoured_the_fusion_is_not_tried(tiny, cli, tmp_path, f
     integer = [n for n in q.graph.node if n.op_type in ("MatMulInteger", "DynamicQuantizeMatMul")]
     assert (len(integer) == 1) if flag == "--include-node" else (len(integer) >= 1)
     assert all(n.domain in ("", "ai.onnx") for n in q.graph.node)
+
+
+def test_a_missed_budget_races_float_tables_against_a_fallback_that_keeps_them_int8(tiny, cli, tmp_path):
+    """A budget the fully quantized encoder misses: the slower tier keeps the embedding tables (Gather) float,
+    and the node fallback runs beside it with the tables left out of its ranking (they stay int8, a quarter of
+    their float size), so the choice rule can weigh a small file against a large one."""
+    model, data = tiny
+    out = tmp_path / "q.onnx"
+    r = cli("quantize", str(model), "-o", str(out), "--mode", "dynamic", "--eval-data", str(data), "--allow-slower",
+            "--no-fusion", "--max-fidelity-loss", "0.00001", "--per-channel", "--no-reduce-range", "--max-candidates",
+            "5", "--json")
+    assert r.rc in (0, 3), r.err
+    body = json.loads(r.out)
+    cands = body["stages"][-1]["measurements"]["quantize"]["candidates"] if r.rc == 0 else body["candidates"]
+    assert r.rc == 0 or not out.exists()
+    gathers = {n.name for n in onnx.load(str(model)).graph.node if n.op_type == "Gather"}
+    assert any(c.get("float_ops") == ["Gather"] for c in cands)                     # the float-table tier
+    fallback = [c for c in cands if c["float_nodes"]]
+    assert fallback and not any(set(c["float_nodes"]) & gathers for c in fallback)  # tables stay int8 there

@@ -356,12 +356,13 @@ def imagenet_split(tmp_path_factory, realcases):
 def test_efficientnet_static_int8_within_a_tight_top1_budget(cli, realcases, imagenet_split, tmp_path):
     """A real ImageNet CNN quantized as a user would: the search keeps top-1 within 0.3 points on 75 held-out
     images (here: no image lost) and the result is faster than FP32; the figure is plain onnxruntime's top-1 on
-    the written file. (The speed target, 0.45x, is benchmarks/quantize.py --only efficientnet's.)"""
+    the written file. The measured drop is judged (--budget-confidence 0.5): three images change their answer, and
+    75 images bound the drop at 0.031 with 95% confidence, so the default refuses a 0.3-point budget here. (The speed target, 0.45x, is benchmarks/quantize.py --only efficientnet's.)"""
     calib, ev = imagenet_split
     out = tmp_path / "q.onnx"
     r = cli("quantize", realcases / "efficientnet_lite1.onnx", "-o", out, "--calibration-data", calib,
             "--eval-data", ev, "--metric", "top1", "--max-accuracy-drop", "0.003", "--format", "qdq",
-            "--activation-type", "uint8", "--per-channel", "--json")
+            "--activation-type", "uint8", "--per-channel", "--budget-confidence", "0.5", "--json")
     assert r.rc == 0, r.err
     stage = json.loads(r.out)["stages"][1]
     chosen = next(c for c in stage["measurements"]["quantize"]["candidates"] if c["chosen"])

@@ -128,6 +128,49 @@ def test_accuracy_drop_gate_on_a_bootstrap_metric_can_say_cannot_judge():
     assert wide.passed and not over.passed and "cannot judge" not in over.detail
 
 
+def test_an_accuracy_budget_is_judged_by_the_drops_upper_confidence_bound():
+    """quantize's max_accuracy_drop holds on fresh rows of the same data with budget_confidence: a candidate passes
+    when the one-sided upper bound of its drop is within the budget, not its point. Bootstrap metrics (spearman)
+    from the paired resamples, per-sample metrics (accuracy) from the per-sample differences' standard error; 0.5
+    judges the measured drop, as before."""
+    from optkit.measure.textmetrics import Rows
+    from optkit.passes.quantize.budget import Budget
+    from optkit.passes.quantize.candidates import Candidate, Settings
+    from optkit.passes.quantize.config import QuantizeConfig
+
+    parent = RNG.uniform(0.7, 0.9, 300)                   # a figure made of rows (a bootstrap metric's Rows; a
+    noise = RNG.normal(0, 0.03, 300)                      # mean here, so the test is fast): small, noisy damage
+    noisy = parent - 0.002 + noise - noise.mean()
+    pr, cr = Rows(300, lambda idx: parent[idx].mean()), Rows(300, lambda idx: noisy[idx].mean())
+    point = pr.value() - cr.value()
+    cfg = QuantizeConfig(mode="dynamic", metric="spearman", max_accuracy_drop=point + 0.002)
+    budget = Budget.of(cfg)
+    bound = budget.drop_bound(pr, cr, None, None, False)
+    d = pr.resampled() - cr.resampled()
+    assert bound == pytest.approx(np.percentile(d, 95)) and bound > point + 0.002
+    cand = Candidate(0, Settings(), path=None, accuracy_drop=point, drop_bound=bound)
+    assert not budget.meets(cand)                                      # within the budget by its point only
+    assert Budget.of(cfg.model_copy(update={"budget_confidence": 0.5})).meets(cand.__class__(
+        0, Settings(), path=None, accuracy_drop=point))               # 0.5: the point, as measured
+    assert "95% upper bound" in str(budget)
+    # accuracy: mean + z * standard error of the paired per-sample differences (here 3 of 200 samples flipped)
+    ps, cs = np.ones(200), np.ones(200)
+    cs[:3] = 0
+    acc = Budget.of(QuantizeConfig(mode="dynamic", metric="accuracy", max_accuracy_drop=0.02))
+    diff = ps - cs
+    assert acc.drop_bound(None, None, ps, cs, False) == pytest.approx(
+        diff.mean() + 1.6448536 * diff.std(ddof=1) / np.sqrt(200), rel=1e-6)
+    assert acc.drop_bound(None, None, ps, ps, False) == 0.0             # the same answers: no drop, no noise
+    assert acc.drop_bound(None, None, None, None, False) is None        # a metric of the user's own: the point
+
+
+def test_budget_confidence_without_an_accuracy_budget_is_exit_2(cli, encoder, tmp_path):
+    out = tmp_path / "q.onnx"
+    r = cli("quantize", encoder, "-o", out, "--mode", "dynamic", "--budget-confidence", "0.9")
+    assert r.rc == 2 and "budget_confidence (--budget-confidence) applies to max_accuracy_drop" in one_error_line(r)
+    assert not out.exists()
+
+
 @pytest.fixture(scope="module")
 def encoder(tmp_path_factory):
     return text_model("encoder", tmp_path_factory.mktemp("enc"))
@@ -151,6 +194,8 @@ def test_quantize_with_a_spearman_budget_end_to_end(cli, encoder, tmp_path):
     before, after = (s["measurements"]["accuracy"] for s in stages)
     assert before["metric"] == "spearman" and before["samples"] == 2 * len(rows[::30])
     assert before["spearman"] - after["spearman"] <= 0.005 + 1e-9
+    chosen = next(c for c in stages[-1]["measurements"]["quantize"]["candidates"] if c["chosen"])
+    assert chosen["accuracy_drop"] <= chosen["drop_bound"] <= 0.005 + 1e-9   # its 95% upper bound holds the budget
     lo, hi = after["drop_ci95"]
     assert lo <= before["spearman"] - after["spearman"] <= hi
     assert out.exists() and out.stat().st_size < 0.5 * encoder.stat().st_size

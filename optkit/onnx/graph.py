@@ -293,3 +293,34 @@ def constants_to_initializers(model) -> int:
         del model.graph.node[:]
         model.graph.node.extend(keep)
     return moved
+
+
+def residual_sums(model) -> int:
+    """Write each residual Add that feeds a LayerNormalization (both inputs computed, none a constant) as the
+    standard op Sum, which adds the same two tensors the same way. onnxruntime's session-time SkipLayerNormFusion
+    (on at its default level) folds Add -> LayerNormalization into its SkipLayerNormalization kernel, which
+    normalises with another rounding: on all-MiniLM-L6-v2 it moved the token embeddings' mean |diff| to the
+    torch float32 source from 2.71e-7 to 2.98e-7 (10% more error; the unfused graph matches torch as closely as
+    optimum's export does). Returns how many were rewritten."""
+    produced = {}
+    consumers: dict[str, int] = {}
+    for node in model.graph.node:
+        for out in node.output:
+            produced[out] = node
+        for name in node.input:
+            consumers[name] = consumers.get(name, 0) + 1
+    constant = {i.name for i in model.graph.initializer} | {
+        o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
+    outputs = {o.name for o in model.graph.output}
+    rewritten = 0
+    for node in model.graph.node:
+        if node.op_type != "LayerNormalization" or node.domain not in ("", "ai.onnx"):
+            continue
+        add = produced.get(node.input[0])
+        if (add is None or add.op_type != "Add" or add.domain not in ("", "ai.onnx") or len(add.input) != 2
+                or any(i in constant for i in add.input) or consumers.get(add.output[0]) != 1
+                or add.output[0] in outputs):
+            continue
+        add.op_type = "Sum"
+        rewritten += 1
+    return rewritten

@@ -256,6 +256,17 @@ def _call(model, tensors):
 
 
 def export_module(export_obj, model, tensors, specs, out_names, dynamic, config, dest: Path, ctx: PassContext) -> str:
+    """Export with the chosen exporter (_export_with), then write residual Adds into LayerNorms as Sum
+    (graph.residual_sums: onnxruntime would otherwise fuse them into a kernel that rounds further from torch).
+    Returns the exporter used."""
+    used = _export_with(export_obj, model, tensors, specs, out_names, dynamic, config, dest, ctx)
+    proto = onnx_io.load(dest, external_data=False)
+    if graph.residual_sums(proto):
+        onnx_io.save(proto, dest)
+    return used
+
+
+def _export_with(export_obj, model, tensors, specs, out_names, dynamic, config, dest: Path, ctx: PassContext) -> str:
     """Export with the chosen exporter; dynamo failures fall back to the TorchScript exporter. Returns the one used."""
     from torch.onnx import _constants
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 
@@ -29,12 +30,14 @@ class Budget:
     max_size_ratio: float | None = None
     max_latency_ratio: float | None = None
     fallback: bool = False          # keep sensitive nodes float when no candidate meets the budget
+    confidence: float = 0.5         # an accuracy drop is judged by its one-sided upper bound at this confidence
 
     @classmethod
     def of(cls, cfg: QuantizeConfig) -> Budget:
         sizes = {"max_size_ratio": cfg.max_size_ratio, "max_latency_ratio": cfg.max_latency_ratio}
         if cfg.max_accuracy_drop is not None:
-            return cls(f"{cfg.metric} drop", cfg.max_accuracy_drop, True, True, **sizes, fallback=True)
+            return cls(f"{cfg.metric} drop", cfg.max_accuracy_drop, True, True, **sizes, fallback=True,
+                       confidence=cfg.budget_confidence)
         if cfg.max_fidelity_loss is not None:
             return cls("fidelity loss", cfg.max_fidelity_loss, False, True, **sizes, fallback=True)
         return cls("fidelity loss", cfg.tolerance if cfg.tolerance is not None else TOLERANCE[cfg.mode], False, False,
@@ -49,6 +52,9 @@ class Budget:
             if data.get("eval") is None:
                 raise UsageError("max_accuracy_drop (--max-accuracy-drop) needs labelled eval data "
                                  "(data.eval / --eval-data)")
+        if cfg.max_accuracy_drop is None and "budget_confidence" in cfg.model_fields_set:
+            raise UsageError("budget_confidence (--budget-confidence) applies to max_accuracy_drop "
+                             "(--max-accuracy-drop) only; give that budget or remove it")
         if cfg.max_accuracy_drop is not None and cfg.max_fidelity_loss is not None:
             raise UsageError("give one budget: max_accuracy_drop (--max-accuracy-drop) or max_fidelity_loss "
                              "(--max-fidelity-loss)")
@@ -59,9 +65,38 @@ class Budget:
             return math.inf
         return cand.accuracy_drop if self.on_accuracy else cand.fidelity["loss"]
 
-    def meets(self, cand: Candidate) -> bool:
+    def judged(self, cand: Candidate) -> float:
+        """What meets() holds against the budget: an accuracy drop's upper confidence bound where the scoring
+        gave one (Candidate.drop_bound), else the loss itself."""
         loss = self.loss(cand)
+        if self.on_accuracy and cand.drop_bound is not None and np.isfinite(loss):
+            return max(loss, cand.drop_bound)
+        return loss
+
+    def meets(self, cand: Candidate) -> bool:
+        loss = self.judged(cand)
         return bool(np.isfinite(loss)) and loss <= self.value + 1e-12
+
+    def drop_bound(self, parent_rows, rows, parent_sample, sample, lower_is_better: bool) -> float | None:
+        """The one-sided upper bound, at self.confidence, of the metric's drop from the parent to a candidate on
+        fresh rows of the same distribution: paired on the same rows, from the bootstrap of the two figures
+        (a metric with no per-sample loss: spearman, pearson, f1; measure.textmetrics), else from the per-sample
+        differences (mean + z * their standard error). None where neither is known (a metric of the user's own)
+        or at confidence 0.5 (the measured drop is judged)."""
+        if not self.on_accuracy or self.confidence <= 0.5:
+            return None
+        sign = -1.0 if lower_is_better else 1.0
+        if parent_rows is not None and rows is not None and parent_rows.n == rows.n > 1:
+            d = sign * (parent_rows.resampled() - rows.resampled())
+            d = d[np.isfinite(d)]
+            return float(np.percentile(d, 100 * self.confidence)) if len(d) else None
+        if parent_sample is not None and sample is not None and len(parent_sample) == len(sample) > 1:
+            d = sign * (np.asarray(parent_sample, np.float64) - np.asarray(sample, np.float64))
+            if not np.all(np.isfinite(d)):
+                return None
+            z = NormalDist().inv_cdf(self.confidence)
+            return float(d.mean() + z * d.std(ddof=1) / math.sqrt(len(d)))
+        return None
 
     def fits_size(self, cand: Candidate) -> bool:
         return self.max_size_ratio is None or cand.ratio <= self.max_size_ratio + 1e-12
@@ -122,8 +157,8 @@ class Budget:
         return fa is not None and fb is not None and fa < fb - 1e-12
 
     def margin(self, cand: Candidate) -> float:
-        """How far inside the budget (negative: past it)."""
-        return self.value - self.loss(cand)
+        """How far inside the budget (negative: past it), as meets() judges it."""
+        return self.value - self.judged(cand)
 
     def score(self, cand: Candidate) -> float:
         """Higher is better: the candidate closest to the parent."""
@@ -147,4 +182,6 @@ class Budget:
         return 1.96 * math.sqrt(max(p * (1 - p), 1e-4) * 2 / n)   # a difference of two proportions
 
     def __str__(self) -> str:
-        return f"{self.kind} <= {self.value:g}"
+        bound = (f" (its one-sided {self.confidence:.0%} upper bound)" if self.on_accuracy and self.confidence > 0.5
+                 else "")
+        return f"{self.kind}{bound} <= {self.value:g}"

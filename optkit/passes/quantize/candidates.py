@@ -65,6 +65,7 @@ class Candidate:
     fidelity: dict[str, Any] | None = None
     accuracy: float | None = None
     accuracy_drop: float | None = None
+    drop_bound: float | None = None     # the drop's one-sided upper confidence bound (Budget.drop_bound)
     checked_on: int = 0                 # samples the figures come from
     screened_out: bool = False          # failed the cheap check on a subset; never scored on the full set
     screen_s: float | None = None       # seconds its screening run took (the subset, every core)
@@ -93,7 +94,7 @@ class Candidate:
         d: dict[str, Any] = {"index": self.index, "variant": self.settings.label(), **self.settings.to_dict(),
                              "bytes": self.bytes, "ratio": self.ratio, "passed": self.passed,
                              "chosen": self.chosen, "checked_on": self.checked_on}
-        for key in ("accuracy", "accuracy_drop", "p50_ms", "latency_ratio", "latency_ratio_ci95", "latency_trials",
+        for key in ("accuracy", "accuracy_drop", "drop_bound", "p50_ms", "latency_ratio", "latency_ratio_ci95", "latency_trials",
                     "error", "rejected_file"):
             value = getattr(self, key)
             if value is not None:

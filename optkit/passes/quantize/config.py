@@ -99,6 +99,12 @@ class QuantizeConfig(PassConfig):
                                   json_schema_extra=cli("--metric", group="evaluation"))
     max_accuracy_drop: Optional[float] = Field(default=None, ge=0, le=1e9, description="Budget: metric drop (0.01 = 1 point).",
                                                json_schema_extra=cli("--max-accuracy-drop", group="budgets"))
+    # the drop is judged by its upper confidence bound on the eval data, not its point (budget.drop_bound)
+    budget_confidence: float = Field(default=0.95, ge=0.5, le=0.999,
+                                     description="max_accuracy_drop holds on fresh data with this confidence: a "
+                                                 "candidate passes when the one-sided upper bound of its drop is "
+                                                 "within the budget (0.5: the measured drop).",
+                                     json_schema_extra=cli("--budget-confidence", group="budgets"))
     max_fidelity_loss: Optional[float] = Field(default=None, ge=0, le=2, description="Budget: 1 - cosine to the FP32 outputs.",
                                                json_schema_extra=cli("--max-fidelity-loss", group="budgets"))
     # the mode's fidelity budget (1 - cosine)

@@ -34,6 +34,9 @@ class Teller:
             s += f" on {', '.join(ref.checked)}"
         if cand.accuracy is not None:
             s += f", {self.cfg.metric} {cand.accuracy:.4f} (parent {ref.parent_accuracy:.4f})"
+            if cand.drop_bound is not None:
+                s += (f", drop {cand.accuracy_drop:.4f} (one-sided {self.budget.confidence:.0%} upper bound "
+                      f"{cand.drop_bound:.4f})")
         n = ref.samples
         if cand.screened_out and cand.checked_on < n:
             s += f" on the {cand.checked_on} of {n} samples it was screened on"

@@ -37,7 +37,8 @@ def dynamic_ops(model) -> dict[str, int]:
     weight is a constant float (a Gather of activations, e.g. `y[:, -1]`, is not an embedding table; MatMul of two
     activations stays float under MatMulConstBOnly); contrib look-alikes never."""
     inits = {i.name for g in all_graphs(model.graph) for i in g.initializer if i.data_type == 1}
-    lookalikes = {id(n) for n in contrib_lookalikes(model)}
+    kept = contrib_lookalikes(model)  # held while ids are compared: a freed protobuf wrapper's id is reused
+    lookalikes = {id(n) for n in kept}
     counts: dict[str, int] = {}
     for n in all_nodes(model.graph):
         if n.op_type not in DYNAMIC_OPS or id(n) in lookalikes:

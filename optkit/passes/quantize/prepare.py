@@ -16,7 +16,7 @@ from optkit.core.errors import UsageError
 from optkit.core.lightimports import ort_tools_without_torch
 from optkit.core.registry import PassContext
 from optkit.core.text import first_line
-from optkit.measure.accuracy import compute, metric_rows, resolve_metric
+from optkit.measure.accuracy import compute, metric_rows, per_sample, resolve_metric
 from optkit.measure.fidelity import attention_mask, check_names, refuse_nonfinite_reference
 from optkit.measure.inputs import probe, synthesize
 from optkit.onnx import graph
@@ -141,7 +141,10 @@ def _preprocess(model, raw: Path, prepared: Path, work: Path, ctx: PassContext) 
     quiet_ort()
     try:  # in our scratch folder: it writes <uuid>.data and sym_shape_infer_temp.onnx to the cwd
         with contextlib.chdir(work):
-            quant_pre_process(str(raw), str(prepared), skip_symbolic_shape=graph.has_subgraphs(model))
+            # onnxruntime's symbolic shape inference reads ops by type alone: a standard op named as a contrib
+            # one (opset 23 Attention) trips its asserts, so ONNX's own shape inference does there
+            skip = graph.has_subgraphs(model) or bool(qops.contrib_lookalikes(model))
+            quant_pre_process(str(raw), str(prepared), skip_symbolic_shape=skip)
         m = onnx_io.load(prepared)
         graph.name_nodes(m)
         onnx_io.save(m, prepared)
@@ -243,6 +246,7 @@ class Reference:
     parent_outputs: list = field(default_factory=list)
     parent_accuracy: float | None = None
     parent_rows: Any = None            # the metric's per-row parts, where it has no per-sample loss
+    parent_sample: Any = None          # the metric of each check sample, where it has one (accuracy.per_sample)
     calib_feeds: dict | None = None
 
     @classmethod
@@ -320,6 +324,7 @@ def load_reference(path, cfg: QuantizeConfig, ctx: PassContext, settings: dict) 
                                only=None if cfg.metric else ref.checked)
     ref.parent_accuracy = ref.accuracy(ref.parent_outputs, ref.labels) if cfg.metric else None
     ref.parent_rows = metric_rows(cfg.metric, ref.parent_outputs, ref.labels) if cfg.metric else None
+    ref.parent_sample = per_sample(cfg.metric, ref.parent_outputs, ref.labels) if cfg.metric else None
     return ref
 
 

@@ -129,6 +129,10 @@ class Scorer:
                                   else base - cand.accuracy)
         cand.sample_loss = self.sample_loss(parent, out, labels, mask)
         cand.rows = metric_rows(self.cfg.metric, out, labels) if self.cfg.metric else None
+        if self.cfg.metric and n == ref.samples:  # the budget holds on fresh data with the stated confidence
+            lower = self.cfg.metric in LOWER_IS_BETTER
+            mine = None if cand.sample_loss is None else (cand.sample_loss if lower else -cand.sample_loss)
+            cand.drop_bound = self.budget.drop_bound(ref.parent_rows, cand.rows, ref.parent_sample, mine, lower)
 
     def sample_loss(self, parent: list, out: list, labels, mask) -> np.ndarray | None:
         """Per sample, what the budget bounds (lower is better): the metric of each sample, or one minus its

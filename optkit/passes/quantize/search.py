@@ -131,10 +131,14 @@ class Quantizer:
             self.settings["skipped_tried"] = len(held)
             tried += self._try_all(held)
         if not any(c.passed for c in tried):
+            first_tier = list(tried)
             best = self._best_settings(tried, 2)
-            tried += self._try_all(self.strategy.slower_tier(best) if self.cfg.latency_search else [])
-        if not any(c.passed for c in tried) and self.budget.fallback:
-            tried += self._fallback(max(tried, key=self.budget.score))
+            slower = self._try_all(self.strategy.slower_tier(best) if self.cfg.latency_search else [])
+            tried += slower
+            if self.budget.fallback and (self.mode == "dynamic" or not any(c.passed for c in slower)):
+                # dynamic: the slower tier keeps the embedding tables float (far larger); a few sensitive nodes
+                # float in the fully quantized model may meet the budget too, and Budget.pick weighs the sizes
+                tried += self._fallback(max(first_tier or tried, key=self.budget.score), keep=slower)
         passing = [c for c in tried if c.passed]
         if not passing:
             raise self.tell.refusal(tried)
@@ -239,14 +243,18 @@ class Quantizer:
     def _raw(self, cand: Candidate) -> Path:
         return self.work / f"cand{cand.index}.raw.onnx"
 
-    def _fallback(self, first: Candidate) -> list[Candidate]:
+    def _fallback(self, first: Candidate, keep: list[Candidate] = ()) -> list[Candidate]:
         """Keep the nodes that add the most error float, 1, 2, 4, ... of them, until the budget holds (from the
-        unfused model: node names are the parent's)."""
+        unfused model: node names are the parent's). Where `keep` (the slower tier) already tried the embedding
+        tables float, the tables are not ranked: this fallback keeps them quantized (a quarter of their size)."""
         if first.settings.fused:
             first = next((c for c in self.candidates if c.settings == replace(first.settings, fused=None)), first)
             if first.settings.fused:
                 return []
-        ranked = rank(self.float_model, self._raw(first), self.ref.check_feeds, self.cfg.nodes_exclude, self.work)
+        tables = [n.name for n in self.float_model.graph.node
+                  if n.op_type == "Gather" and any("Gather" in c.settings.float_ops for c in keep)]
+        ranked = rank(self.float_model, self._raw(first), self.ref.check_feeds, [*self.cfg.nodes_exclude, *tables],
+                      self.work)
         if self._raw(first).exists():
             self.settings["sensitivity"] = [{"node": n, "added_error": round(s, 6)} for n, s in ranked[:20]]
         tried = []
