@@ -10,9 +10,9 @@ stream per request in flight (NUM_STREAMS = concurrency, INFERENCE_NUM_THREADS =
 OVMS is not on PyPI, so nothing here is served by a test: the manifests are checked for structure only."""
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from optkit.core import strictjson
 from optkit.runtimes.openvino import compile_settings
 
 IMAGE = "openvino/model_server"
@@ -69,4 +69,4 @@ def predictor_model(k8s: str, storage_uri: str, version: int, threads: int | Non
 
 
 def _compact(value) -> str:
-    return json.dumps(value, separators=(",", ":"))
+    return strictjson.dumps(value, separators=(",", ":"))
