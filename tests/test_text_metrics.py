@@ -198,7 +198,9 @@ def test_quantize_with_a_spearman_budget_end_to_end(cli, encoder, tmp_path):
     assert chosen["accuracy_drop"] <= chosen["drop_bound"] <= 0.005 + 1e-9   # its 95% upper bound holds the budget
     lo, hi = after["drop_ci95"]
     assert lo <= before["spearman"] - after["spearman"] <= hi
-    assert out.exists() and out.stat().st_size < 0.5 * encoder.stat().st_size
+    # smaller than FP32; how much depends on which candidate held the bound on this CPU's int8 kernels (a CI run
+    # chose a fallback that kept many nodes float: 0.83x; the all-int8 file is under 0.5x)
+    assert out.exists() and out.stat().st_size < encoder.stat().st_size
 
 
 def test_a_pair_metric_needs_labels_that_are_scores(cli, encoder, tmp_path):
