@@ -8,6 +8,7 @@ TFLite whose tensor names collide with its signature names (as PyTorch-exported 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -18,6 +19,13 @@ from tests.conftest import no_result_files, one_error_line
 
 SILERO = "silero_vad.onnx"
 LAYOUT = "layout_cdla.onnx"
+
+
+def simplify_recipe(path: Path, model: Path, measure: str) -> Path:
+    """A one-stage simplify recipe named after its file, with `measure` as its measure section's keys."""
+    path.write_text(f"version: 1\nname: {path.stem}\nmodel: {{path: {model}}}\nstages:\n  - pass: simplify.onnx\n"
+                    f"measure: {{{measure}}}\n")
+    return path
 
 
 def _speechlike(n: int, seed: int = 0) -> np.ndarray:
@@ -87,14 +95,7 @@ def test_data_layout_that_fits_no_rule_names_the_shapes(cli, realcases, tmp_path
 def test_layout_detector_simplifies_keeping_its_eight_outputs(cli, realcases, tmp_path):
     """(Its bench is test_every_realcase_inspects_and_benches_without_flags'.) A short paired timing: the default
     one times a 30 ms detector for up to 30 s, which this test does not judge."""
-    recipe = tmp_path / "layout.yaml"
-    recipe.write_text(f"""version: 1
-name: layout
-model: {{path: {realcases / LAYOUT}}}
-stages:
-  - pass: simplify.onnx
-measure: {{runs: 5, trials: 2}}
-""")
+    recipe = simplify_recipe(tmp_path / "layout.yaml", realcases / LAYOUT, "runs: 5, trials: 2")
     r = cli("run", recipe, "--workspace", tmp_path / "runs", "--json")
     assert r.rc == 0, r.err
     out = tmp_path / "runs" / "layout" / "latest" / "01-simplify" / "model.onnx"
@@ -249,14 +250,8 @@ def test_mnist_eval_equals_plain_onnxruntime_argmax(cli, realcases):
 
 
 def test_recipe_feeds_scalar_values_and_checks_named_outputs(cli, realcases, tmp_path):
-    recipe = tmp_path / "vad.yaml"
-    recipe.write_text(f"""version: 1
-name: vad
-model: {{path: {realcases / SILERO}}}
-stages:
-  - pass: simplify.onnx
-measure: {{values: {{sr: 16000}}, check_outputs: [output], runs: 5, trials: 2, normalize: false}}
-""")
+    recipe = simplify_recipe(tmp_path / "vad.yaml", realcases / SILERO,
+                             "values: {sr: 16000}, check_outputs: [output], runs: 5, trials: 2, normalize: false")
     r = cli("run", recipe, "--workspace", tmp_path / "runs", "--json")
     assert r.rc == 0, r.err
     stages = json.loads(r.out)["stages"]

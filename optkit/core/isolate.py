@@ -69,11 +69,10 @@ def _context():
     # would make a folder of its own beside it and remove it after ours is gone); a socket path is at most 107
     # bytes: under a deep $TMPDIR, spawn as before
     config = mp.current_process()._config
-    if config.get("tempdir") is None:
-        folder = str(tmp.own_tempdir())
-        if len(folder) > _SOCKET_FOLDER_MAX:
-            return mp.get_context("spawn")
-        config["tempdir"] = folder
+    folder = config.get("tempdir") or str(tmp.own_tempdir())  # one multiprocessing already made is used as it is
+    if len(folder) > _SOCKET_FOLDER_MAX:
+        return mp.get_context("spawn")
+    config["tempdir"] = folder
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(list(_PRELOAD))  # no effect once the server runs; an import that fails is skipped
     return ctx
