@@ -170,7 +170,7 @@ def after_failure(storage, path: Path | None, created: list[Path]) -> str | None
 
     if path is None or not os.path.lexists(path):
         return None
-    done, others = 0, False
+    done, measured, others = 0, 0, False
     with interrupts.deferred():
         try:
             if storage is not None:
@@ -183,12 +183,14 @@ def after_failure(storage, path: Path | None, created: list[Path]) -> str | None
                             others = True  # another worker's trial (an enqueued one has no worker)
                         if t.state in (S.COMPLETE, S.PRUNED, S.RUNNING) and not t.user_attrs.get("skipped"):
                             done += 1
+                            # counted as the result counts them: settings with figures, repeats left out
+                            measured += "figures" in t.user_attrs and "duplicate_of" not in t.user_attrs
                 others = others or len(studies) > 1
         except Exception as e:  # noqa: BLE001 - cannot read it: leave it
             log.debug("tune study after a failure: %s", first_line(e))
             return None
         if done:
-            return (f"the study is kept in {path} ({done} measured trial{'s' if done != 1 else ''}; "
+            return (f"the study is kept in {path} ({measured} measured trial{'s' if measured != 1 else ''}; "
                     "run the same command to resume)")
         if not created or others:
             return None
