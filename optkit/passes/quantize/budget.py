@@ -90,12 +90,20 @@ class Budget:
             d = sign * (parent_rows.resampled() - rows.resampled())
             d = d[np.isfinite(d)]
             return float(np.percentile(d, 100 * self.confidence)) if len(d) else None
-        if parent_sample is not None and sample is not None and len(parent_sample) == len(sample) > 1:
-            d = sign * (np.asarray(parent_sample, np.float64) - np.asarray(sample, np.float64))
+        if parent_sample is not None and sample is not None and len(parent_sample) == len(sample) > 0:
+            a, b = np.asarray(parent_sample, np.float64), np.asarray(sample, np.float64)
+            d = sign * (a - b)
             if not np.all(np.isfinite(d)):
                 return None
+            n = len(d)
+            var = d.var(ddof=1) if n > 1 else 0.0
+            if np.isin(np.abs(a), (0, 1)).all() and np.isin(np.abs(b), (0, 1)).all():
+                # a right-or-wrong metric (top-1): no disagreement seen on n samples is no proof of none on fresh
+                # data (the normal bound would be 0 on any n, even 1): the variance is at least that of one
+                # disagreement in n + 1 samples
+                var = max(var, n / (n + 1) ** 2)
             z = NormalDist().inv_cdf(self.confidence)
-            return float(d.mean() + z * d.std(ddof=1) / math.sqrt(len(d)))
+            return float(d.mean() + z * math.sqrt(var / n))
         return None
 
     def fits_size(self, cand: Candidate) -> bool:
