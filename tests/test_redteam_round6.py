@@ -9,6 +9,11 @@ residual-Add rewrite): each defect class found, tried on every entry point it ap
 """
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import yaml
@@ -16,7 +21,7 @@ import yaml
 import optkit
 from optkit.core.errors import OptkitError
 
-from conftest import SAMPLES, one_error_line, run_cli
+from conftest import ROOT, SAMPLES, one_error_line, run_cli
 
 CNN = SAMPLES / "torch_cnn.onnx"
 CALIB = SAMPLES / "digits_calib_nchw.npz"
@@ -91,3 +96,120 @@ def test_one_eval_sample_gets_a_bound_too():
     # a continuous metric (mae, lower is better) with identical outputs keeps its bound of 0
     mae = Budget.of(QuantizeConfig(mode="static", metric="mae", max_accuracy_drop=0.02))
     assert mae.drop_bound(None, None, np.full(5, 0.3), np.full(5, 0.3), True) == pytest.approx(0.0)
+
+
+# ------------------------------------------------------------------ OpenVINO: what it says, on every command
+
+def _has_openvino() -> bool:
+    try:
+        import openvino  # noqa: F401
+    except ImportError:
+        return False
+    import platform
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
+needs_ov = pytest.mark.skipif(not _has_openvino(), reason="OpenVINO is not installed or this CPU is not x86-64")
+
+
+@pytest.fixture(scope="module")
+def hostile_irs(tmp_path_factory):
+    """The sample CNN as IR, then copies of it broken the ways a copied or edited IR breaks."""
+    if not _has_openvino():
+        pytest.skip("OpenVINO is not installed")
+    folder = tmp_path_factory.mktemp("irs")
+    r = run_cli("convert", CNN, "-o", folder / "cnn.xml")
+    assert r.rc == 0, r.err
+    xml, weights = (folder / "cnn.xml").read_text(), (folder / "cnn.bin").read_bytes()
+    broken = {"truncated": (xml, weights[:1000], "Incorrect weights in bin file"),
+              "unknown_layer": (xml.replace('type="Convolution"', 'type="NoSuchOp"', 1), weights, "NoSuchOp")}
+    for name, (x, b, _) in broken.items():
+        (folder / f"{name}.xml").write_text(x)
+        (folder / f"{name}.bin").write_bytes(b)
+    return folder, {name: words for name, (_, _, words) in broken.items()}
+
+
+@needs_ov
+@pytest.mark.parametrize("case", ["truncated", "unknown_layer"])
+def test_a_broken_ir_says_what_openvino_found_on_every_command(hostile_irs, tmp_path, case):
+    """The error named OpenVINO's first line, 'Exception from src/inference/src/cpp/core.cpp:84:', on every
+    command; now the line that says what is wrong."""
+    folder, words = hostile_irs
+    model = folder / f"{case}.xml"
+    for args in (("bench", model, "--runs", "3"), ("eval", model, "--data", EVAL), ("profile", model, "--runs", "3"),
+                 ("inspect", model), ("package", model, "--to", "triton", "-o", tmp_path / "repo", "--name", "m")):
+        r = run_cli(*args)
+        line = one_error_line(r)
+        assert r.rc == 2 and words[case] in line and "Exception from" not in line, (args, r.err)
+    assert not (tmp_path / "repo").exists()
+
+
+@needs_ov
+def test_a_string_input_on_openvino_is_exit_2_on_every_command(tmp_path):
+    """A string input: bench said "type object, which optkit cannot feed (it feeds ... string tensors)", convert
+    -o NAME.xml was exit 3 "internal error: RuntimeError"."""
+    from onnx import TensorProto, helper, save
+
+    g = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "s",
+                          [helper.make_tensor_value_info("x", TensorProto.STRING, [1])],
+                          [helper.make_tensor_value_info("y", TensorProto.STRING, [1])])
+    model = tmp_path / "strings.onnx"
+    save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(model))
+    for args in (("bench", model, "--runtime", "openvino", "--runs", "3"),
+                 ("profile", model, "--runtime", "openvino", "--runs", "3"), ("convert", model, "-o", tmp_path / "s.xml")):
+        r = run_cli(*args)
+        line = one_error_line(r)
+        assert r.rc == 2 and "input 'x' is a string tensor" in line and "optkit-" not in line, (args, r.err)
+    assert not (tmp_path / "s.xml").exists() and not (tmp_path / "s.bin").exists()
+
+
+def test_without_openvino_an_ir_names_the_ir_not_a_flag_never_given(tmp_path):
+    """OpenVINO missing: an .xml given (or -o NAME.xml asked for) said "--runtime openvino needs OpenVINO", a flag
+    the user never typed."""
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['openvino'] = None\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), str(ROOT)]), "COLUMNS": "200"}
+    (tmp_path / "m.xml").write_text('<?xml version="1.0"?>\n<net name="m" version="11"></net>\n')
+    (tmp_path / "m.bin").write_bytes(b"")
+    for args in (("bench", tmp_path / "m.xml"), ("eval", tmp_path / "m.xml", "--data", EVAL),
+                 ("profile", tmp_path / "m.xml"), ("inspect", tmp_path / "m.xml"),
+                 ("convert", CNN, "-o", tmp_path / "out.xml")):
+        p = subprocess.run([sys.executable, "-m", "optkit", *map(str, args)], capture_output=True, text=True,
+                           env=env, cwd=tmp_path, timeout=300)
+        line = p.stderr.strip().splitlines()[-1]
+        assert p.returncode == 4 and "pip install 'optkit[openvino]'" in line, (args, p.stderr)
+        assert "--runtime openvino" not in line, (args, line)
+        if args[0] != "convert":  # convert says its pass convert.openvino is unavailable
+            assert "OpenVINO IR (.xml) needs OpenVINO" in line, (args, line)
+    assert not (tmp_path / "out.xml").exists()
+
+
+# ------------------------------------------------------------------ best.json: OpenVINO serves on the CPU
+
+@pytest.fixture(scope="module")
+def tuned_on_openvino(tmp_path_factory):
+    if not _has_openvino():
+        pytest.skip("OpenVINO is not installed")
+    folder = tmp_path_factory.mktemp("tuned")
+    r = run_cli("tune", CNN, "-o", folder / "best.json", "--space", "runtime=openvino", "--space", "threads=1",
+                "--space", "batch=1", "--space", "concurrency=1", "--trials", "1", "--trial-seconds", "0.3")
+    assert r.rc == 0, r.err
+    return json.loads((folder / "best.json").read_text())
+
+
+@needs_ov
+@pytest.mark.parametrize("runtime, provider, backend", [("openvino", "cuda", None), ("openvino", "tensorrt", "openvino"),
+                                                       ("onnxruntime", "cuda", "openvino")])
+def test_a_gpu_provider_is_never_served_on_openvino(tuned_on_openvino, tmp_path, runtime, provider, backend):
+    """best.json saying runtime openvino on provider cuda (tune never writes that), or a GPU tune packaged with
+    --backend openvino, was packaged with instance_group KIND_GPU on Triton's OpenVINO backend, exit 0."""
+    best = json.loads(json.dumps(tuned_on_openvino))
+    best["best"]["setting"].update(runtime=runtime, provider=provider)
+    (tmp_path / "best.json").write_text(json.dumps(best))
+    args = ["package", CNN, "--to", "triton", "--tuned", tmp_path / "best.json", "-o", tmp_path / "repo",
+            "--name", "m", "--manifests", "kserve"] + (["--backend", backend] if backend else [])
+    r = run_cli(*args)
+    line = one_error_line(r)
+    assert r.rc == 2 and provider in line and ("cpu" in line or "CPU" in line), r.err
+    assert not (tmp_path / "repo").exists()
