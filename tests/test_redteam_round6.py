@@ -3,7 +3,8 @@ residual-Add rewrite): each defect class found, tried on every entry point it ap
 
 - a right-or-wrong metric's (top-1) drop bound was 0.0000 whenever no sample changed its answer, on any number of
   eval samples (2 samples: "one-sided 95% upper bound 0.0000"), and on 1 sample there was no bound at all while
-  the budget still said it judged one: both met the budget;
+  the budget still said it judged one: both met the budget; the candidates' table showed the point drop
+  ("+0.0000 ... FAIL") beside a verdict judged on the bound;
 - optkit.run_pass(..., metric="top1", max_accuracy_drop=D) was exit 2 "max_accuracy_drop needs a metric": the
   API's metric never reached the pass's own metric, as the command's --metric does.
 """
@@ -61,6 +62,9 @@ def test_no_changed_answer_on_two_samples_is_no_95pct_bound_of_zero(tmp_path, tw
         r = run_cli(*base)
         assert r.rc == 3, r.err
         assert "one-sided 95% upper bound 0.5" in one_error_line(r) and not out.exists()
+        # the candidates' table shows the figure each verdict was judged on (it showed "drop +0.0000 ... FAIL")
+        row = next(ln for ln in r.out.splitlines() if "best (REJECTED)" in ln)
+        assert "drop bound" in r.out and "+0.5" in row and "+0.0000" not in row, r.out
         assert run_cli(*base, "--budget-confidence", "0.5").rc == 0 and out.exists()
     elif door == "recipe":
         r = run_cli("run", _quantize_recipe(tmp_path, two_samples), "--workspace", tmp_path / "runs")
