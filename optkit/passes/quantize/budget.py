@@ -19,6 +19,10 @@ from optkit.passes.quantize.config import TOLERANCE, QuantizeConfig
 SCREEN_MARGIN = 2.0  # a candidate whose subset loss is over this many budgets is not scored on the full set
 SAME_SPEED = 0.03    # latency ratios this close read "same" even when their intervals do not overlap
 SMALLER = 0.10       # a file smaller by more than this share wins among latency ties (pick)
+# a bound from resampling the rows (spearman, pearson, f1) needs rows enough for resamples to differ: on 2 or 3 a
+# rank correlation takes 2-4 values, every resample of a candidate that kept the ranks gives the parent's, and the
+# "95% bound" read 0.0000
+MIN_BOOTSTRAP_ROWS = 20
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,15 @@ class Budget:
         if cfg.max_accuracy_drop is not None and cfg.max_fidelity_loss is not None:
             raise UsageError("give one budget: max_accuracy_drop (--max-accuracy-drop) or max_fidelity_loss "
                              "(--max-fidelity-loss)")
+
+    def check_rows(self, parent_rows, metric: str) -> None:
+        """A bound from resampling the eval rows needs MIN_BOOTSTRAP_ROWS of them (else a UsageError, exit 2)."""
+        if self.on_accuracy and self.confidence > 0.5 and parent_rows is not None and \
+                parent_rows.n < MIN_BOOTSTRAP_ROWS:
+            raise UsageError(f"max_accuracy_drop (--max-accuracy-drop) at budget_confidence (--budget-confidence) "
+                             f"{self.confidence:g} bounds the {metric} drop by resampling the eval rows, which needs "
+                             f"at least {MIN_BOOTSTRAP_ROWS} (the eval data has {parent_rows.n}): give more eval data, "
+                             "or budget_confidence 0.5 to judge the measured drop")
 
     def loss(self, cand: Candidate) -> float:
         """What the budget bounds, for this candidate (inf when it could not be scored)."""
