@@ -217,3 +217,26 @@ def test_a_gpu_provider_is_never_served_on_openvino(tuned_on_openvino, tmp_path,
     line = one_error_line(r)
     assert r.rc == 2 and provider in line and ("cpu" in line or "CPU" in line), r.err
     assert not (tmp_path / "repo").exists()
+
+
+# ------------------------------------------------------------------ an output named only by its suffix
+
+@pytest.mark.parametrize("args", [
+    ("simplify", CNN, "-o", "{d}/.onnx"),
+    ("quantize", CNN, "--mode", "dynamic", "--allow-slower", "-o", "{d}/.ONNX"),
+    ("convert", CNN, "-o", "{d}/.xml"),
+])
+def test_an_output_named_only_by_its_suffix_is_exit_2(tmp_path, args):
+    """-o DIR/.onnx wrote a hidden file no command could read back ("cannot tell the format of DIR/.onnx");
+    -o DIR/.xml wrote .xml and .xml.bin."""
+    r = run_cli(*[a.format(d=tmp_path) if isinstance(a, str) else a for a in args])
+    assert r.rc == 2 and "is a suffix with no name" in one_error_line(r), r.err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_run_pass_refuses_an_output_named_only_by_its_suffix(tmp_path):
+    from optkit.core.errors import UsageError
+
+    with pytest.raises(UsageError, match="is a suffix with no name"):
+        optkit.run_pass("simplify.onnx", CNN, tmp_path / ".onnx")
+    assert list(tmp_path.iterdir()) == []
