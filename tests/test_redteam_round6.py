@@ -240,3 +240,45 @@ def test_run_pass_refuses_an_output_named_only_by_its_suffix(tmp_path):
     with pytest.raises(UsageError, match="is a suffix with no name"):
         optkit.run_pass("simplify.onnx", CNN, tmp_path / ".onnx")
     assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------ Kubernetes names of long model names
+
+DNS1123 = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+
+
+def _names(repo, name) -> dict:
+    import re
+
+    found = {}
+    for path in (repo / name).glob("*/manifests/*.yaml"):
+        for doc in yaml.safe_load_all(path.read_text()):
+            n = doc["metadata"]["name"]
+            assert re.match(DNS1123, n), (path.name, doc["kind"], n)
+            found[doc["kind"]] = n
+    return found
+
+
+@pytest.mark.parametrize("backend", ["onnxruntime", pytest.param("openvino", marks=needs_ov)])
+def test_long_model_names_give_valid_distinct_kubernetes_names(tmp_path, backend):
+    """A 64-character name whose 63rd is a '.' gave 'aaa...a-' (Kubernetes refuses a name ending in '-'), and two
+    names alike in their first 63 (58 for OVMS's ServingRuntime) gave the same objects, one replacing the other."""
+    names = ["a" * 62 + ".x", "a" * 62 + "_y", "b" * 58 + "-xyz1", "b" * 58 + "-xyz2"]
+    seen: dict = {}
+    for i, name in enumerate(names):
+        args = ["package", CNN, "--to", "triton", "--backend", backend, "-o", tmp_path / "repo", "--name", name,
+                "--manifests", "kserve"]
+        if i == 3:  # a recipe's package entry writes the same names
+            rec = {"version": 1, "name": "r", "model": {"path": str(CNN)}, "stages": [{"pass": "simplify.onnx"}],
+                   "measure": {"latency": False}, "package": [{"to": "triton", "output": str(tmp_path / "repo"),
+                                                              "name": name, "backend": backend,
+                                                              "manifests": "kserve"}]}
+            (tmp_path / "r.yaml").write_text(yaml.safe_dump(rec))
+            args = ["run", tmp_path / "r.yaml", "--workspace", tmp_path / "runs"]
+        r = run_cli(*args)
+        assert r.rc == 0, r.err
+        for kind, n in _names(tmp_path / "repo", name).items():
+            assert seen.setdefault((kind, n), name) == name, (kind, n, name)
+    assert ("ServingRuntime" in {k for k, _ in seen}) == (backend == "openvino")
+    short = _names(tmp_path / "repo", names[0])   # a name that fits is kept as it is
+    assert all(len(n) <= 63 for n in short.values())
