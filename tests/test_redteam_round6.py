@@ -282,3 +282,66 @@ def test_long_model_names_give_valid_distinct_kubernetes_names(tmp_path, backend
     assert ("ServingRuntime" in {k for k, _ in seen}) == (backend == "openvino")
     short = _names(tmp_path / "repo", names[0])   # a name that fits is kept as it is
     assert all(len(n) <= 63 for n in short.values())
+
+
+# ------------------------------------------------------------------ --help shows the values an option takes
+
+def _literals(annotation) -> set:
+    import typing
+
+    if typing.get_origin(annotation) is typing.Literal:
+        return set(typing.get_args(annotation))
+    return set().union(*(_literals(a) for a in typing.get_args(annotation))) if typing.get_args(annotation) else set()
+
+
+def test_every_choice_list_in_help_is_the_values_the_option_takes():
+    """bench --help said --sessions [shared|per-worker], and `--sessions per-worker` was exit 2 "give shared or
+    per-thread"; trt check --help left out bf16, which it takes."""
+    from optkit.cli.metavars import NAMES
+    from optkit.contracts.best import TunedSetting
+    from optkit.measure.model import MeasureSettings
+    from optkit.measure.serving import Setting
+    from optkit.passes import all_passes
+    from optkit.pipeline.recipe import MeasureSection
+
+    shown = {k: set(v[1:-1].split("|")) for k, v in NAMES.items() if v.startswith("[")}
+    models = [MeasureSettings, MeasureSection, TunedSetting, Setting] + [p.Config for p in all_passes().values()]
+    checked = set()
+    for model in models:
+        for key, field in model.model_fields.items():
+            values = _literals(field.annotation)
+            if key in shown and values:
+                assert values == shown[key], (model.__name__, key, sorted(values), sorted(shown[key]))
+                checked.add(key)
+    assert {"sessions", "precision", "provider"} <= checked
+    r = run_cli("bench", "--help")
+    assert r.rc == 0 and "[shared|per-thread]" in r.out
+
+
+# ------------------------------------------------------------------ tensor types Triton's OpenVINO backend takes
+
+@needs_ov
+@pytest.mark.parametrize("elem, triton", [(8, "TYPE_STRING"), (11, "TYPE_FP64")])
+@pytest.mark.parametrize("door", ["command", "recipe"])
+def test_a_tensor_type_the_openvino_backend_cannot_serve_is_exit_2(tmp_path, elem, triton, door):
+    """A string or double model was packaged with --backend openvino, exit 0: a config Triton's OpenVINO backend
+    refuses to load (it maps bool, integer, FP16 and FP32 only)."""
+    from onnx import helper, save
+
+    g = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "t",
+                          [helper.make_tensor_value_info("x", elem, [1, 4])],
+                          [helper.make_tensor_value_info("y", elem, [1, 4])])
+    model = tmp_path / "t.onnx"
+    save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(model))
+    repo = tmp_path / "repo"
+    if door == "command":
+        r = run_cli("package", model, "--to", "triton", "--backend", "openvino", "-o", repo, "--name", "m")
+    else:
+        rec = {"version": 1, "name": "r", "model": {"path": str(model)}, "stages": [{"pass": "simplify.onnx"}],
+               "measure": {"latency": False},
+               "package": [{"to": "triton", "output": str(repo), "name": "m", "backend": "openvino"}]}
+        (tmp_path / "r.yaml").write_text(yaml.safe_dump(rec))
+        r = run_cli("run", tmp_path / "r.yaml", "--workspace", tmp_path / "runs")
+    line = one_error_line(r)
+    assert r.rc == 2 and f"'x' of" in line and triton in line and "--backend onnxruntime" in line, r.err
+    assert not (repo / "m").exists()

@@ -19,6 +19,10 @@ from optkit.runtimes.openvino import compile_settings, import_openvino, said, sa
 ELEM_TYPES = {numpy: elem for elem, (_, numpy) in DTYPES.items()}
 
 IR_FILE = "model.xml"   # the OpenVINO backend's model (model.bin beside it)
+# the tensor types Triton's OpenVINO backend maps to OpenVINO's (its ModelConfigDataTypeToOpenVINOElement): no
+# TYPE_STRING, TYPE_FP64 nor TYPE_BF16
+SERVED_TYPES = {"TYPE_BOOL", "TYPE_UINT8", "TYPE_UINT16", "TYPE_UINT32", "TYPE_UINT64", "TYPE_INT8", "TYPE_INT16",
+                "TYPE_INT32", "TYPE_INT64", "TYPE_FP16", "TYPE_FP32"}
 IR_FILES = (IR_FILE, "model.bin")
 
 
@@ -108,6 +112,11 @@ def ir_of(job: Job) -> list[Path]:
     if job.externals:
         raise UsageError(f"{asked}: {job.model} keeps its weights in external data files; save it with its weights "
                          "inside, or give --backend onnxruntime")
+    odd = [t for t in job.sig.inputs + job.sig.outputs if t.triton_type not in SERVED_TYPES]
+    if odd:  # the model would not load on Triton's OpenVINO backend
+        raise UsageError(f"{asked}: {odd[0].name!r} of {job.model} is {odd[0].triton_type}, which Triton's OpenVINO "
+                         "backend cannot serve (it takes bool, integer, FP16 and FP32 tensors); give --backend "
+                         "onnxruntime")
     if is_ir(job):  # served as it is
         return [Path(job.model), ir_weights(job.model)]
     tmp = Path(tempfile.mkdtemp(prefix="optkit-ir-"))
