@@ -345,3 +345,16 @@ def test_a_tensor_type_the_openvino_backend_cannot_serve_is_exit_2(tmp_path, ele
     line = one_error_line(r)
     assert r.rc == 2 and f"'x' of" in line and triton in line and "--backend onnxruntime" in line, r.err
     assert not (repo / "m").exists()
+
+
+@needs_ov
+@pytest.mark.parametrize("command", ["tune", "split"])
+def test_an_ir_given_where_onnx_is_read_is_not_told_to_run_convert(hostile_irs, tmp_path, command):
+    """tune and split told an IR's user to "convert it to ONNX first (optkit convert)", which refuses an IR
+    ("convert takes PyTorch or TensorFlow models"): nothing converts IR back."""
+    folder, _ = hostile_irs
+    out = tmp_path / ("best.json" if command == "tune" else "parts")
+    r = run_cli(command, folder / "cnn.xml", "-o", out)
+    line = one_error_line(r)
+    assert r.rc == 2 and "the ONNX model it was converted from" in line and "optkit convert" not in line, r.err
+    assert not out.exists()
