@@ -343,7 +343,7 @@ def test_a_tensor_type_the_openvino_backend_cannot_serve_is_exit_2(tmp_path, ele
         (tmp_path / "r.yaml").write_text(yaml.safe_dump(rec))
         r = run_cli("run", tmp_path / "r.yaml", "--workspace", tmp_path / "runs")
     line = one_error_line(r)
-    assert r.rc == 2 and f"'x' of" in line and triton in line and "--backend onnxruntime" in line, r.err
+    assert r.rc == 2 and "'x' of" in line and triton in line and "--backend onnxruntime" in line, r.err
     assert not (repo / "m").exists()
 
 
