@@ -83,6 +83,29 @@ def test_no_changed_answer_on_two_samples_is_no_95pct_bound_of_zero(tmp_path, tw
         assert out.exists() and chosen and chosen[0]["accuracy_drop"] == 0.0
 
 
+@pytest.mark.parametrize("door", ["command", "recipe", "run_pass"])
+def test_a_zero_top1_budget_at_a_confidence_is_exit_2_before_any_search(tmp_path, door):
+    """max_accuracy_drop 0 with a confidence: no number of right-or-wrong samples bounds a drop at 0, so the search
+    could only end in a refusal (it ran every candidate first); at 0.5 the measured drop is judged."""
+    out = tmp_path / "q.onnx"
+    if door == "command":
+        r = run_cli("quantize", CNN, "--calibration-data", CALIB, "--eval-data", EVAL, "--metric", "top1",
+                    "--max-accuracy-drop", "0", "-o", out)
+        message = one_error_line(r) if r.rc == 2 else r.err
+    elif door == "recipe":
+        path = _quantize_recipe(tmp_path, EVAL)
+        path.write_text(path.read_text().replace("max_accuracy_drop: 0.02", "max_accuracy_drop: 0"))
+        r = run_cli("run", path, "--workspace", tmp_path / "runs")
+        message = one_error_line(r) if r.rc == 2 else r.err
+    else:
+        with pytest.raises(OptkitError) as e:
+            optkit.run_pass("quantize.onnx-static", CNN, out, calibration=CALIB, eval=EVAL, metric="top1",
+                            max_accuracy_drop=0)
+        r, message = type("R", (), {"rc": e.value.exit_code})(), str(e.value)
+    assert r.rc == 2 and "0 cannot be held at budget_confidence" in message and "0.5" in message, message
+    assert not out.exists() and not out.with_suffix(".REJECTED.onnx").exists()
+
+
 def test_one_eval_sample_gets_a_bound_too():
     """One sample: a bound (it had none, and the budget judged the point while saying it judged the bound)."""
     from optkit.passes.quantize.budget import Budget

@@ -12,6 +12,7 @@ from statistics import NormalDist
 import numpy as np
 
 from optkit.core.errors import UsageError
+from optkit.measure.accuracy import CLASS_METRICS
 from optkit.measure.textmetrics import paired_bootstrap
 from optkit.passes.quantize.candidates import Candidate
 from optkit.passes.quantize.config import TOLERANCE, QuantizeConfig
@@ -56,6 +57,13 @@ class Budget:
             if data.get("eval") is None:
                 raise UsageError("max_accuracy_drop (--max-accuracy-drop) needs labelled eval data "
                                  "(data.eval / --eval-data)")
+        if cfg.max_accuracy_drop == 0 and cfg.budget_confidence > 0.5 and cfg.metric in CLASS_METRICS:
+            # a right-or-wrong metric's bound is above 0 on any number of samples (drop_bound): the search could
+            # only end in a refusal
+            raise UsageError(f"max_accuracy_drop (--max-accuracy-drop) 0 cannot be held at budget_confidence "
+                             f"(--budget-confidence) {cfg.budget_confidence:g}: no number of {cfg.metric} samples "
+                             "bounds a drop at 0; give a budget above 0, or budget_confidence 0.5 to judge the "
+                             "measured drop")
         if cfg.max_accuracy_drop is None and "budget_confidence" in cfg.model_fields_set:
             raise UsageError("budget_confidence (--budget-confidence) applies to max_accuracy_drop "
                              "(--max-accuracy-drop) only; give that budget or remove it")
