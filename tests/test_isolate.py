@@ -32,14 +32,15 @@ print(json.dumps({"first": first, "second": second, "me": os.getpid()}))
 """
 
 
-@pytest.mark.parametrize("deep", [False, True])
+@pytest.mark.parametrize("deep", [False, "d" * 90, "\u65e5" * 28])
 def test_children_after_torch_come_from_one_forkserver_with_the_current_environment(tmp_path, deep):
-    """Under a $TMPDIR too deep for the server's socket path (107 bytes), spawned as before."""
+    """Under a $TMPDIR too deep for the server's socket path (107 bytes), spawned as before; a folder named in
+    a non-ASCII script counts in bytes (28 CJK characters are 84 bytes)."""
     pytest.importorskip("torch")
     tmpdir = Path(tempfile.mkdtemp(prefix="iso-", dir="/tmp"))
     try:
         if deep:
-            tmpdir = tmpdir / ("d" * 90)
+            tmpdir = tmpdir / deep
             tmpdir.mkdir()
         (tmp_path / "isochild.py").write_text(CHILD)
         env = {k: v for k, v in os.environ.items() if k != "OPTKIT_TEST_VAR"}

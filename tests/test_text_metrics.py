@@ -160,7 +160,9 @@ def test_an_accuracy_budget_is_judged_by_the_drops_upper_confidence_bound():
     diff = ps - cs
     assert acc.drop_bound(None, None, ps, cs, False) == pytest.approx(
         diff.mean() + 1.6448536 * diff.std(ddof=1) / np.sqrt(200), rel=1e-6)
-    assert acc.drop_bound(None, None, ps, ps, False) == 0.0             # the same answers: no drop, no noise
+    # the same answers on n samples: no drop seen, which is no proof of none: the bound of one changed answer in
+    # n + 1 (it was 0.0, on any n, even 2)
+    assert acc.drop_bound(None, None, ps, ps, False) == pytest.approx(1.6448536 * np.sqrt(200 / 201 ** 2 / 200))
     assert acc.drop_bound(None, None, None, None, False) is None        # a metric of the user's own: the point
 
 
@@ -201,6 +203,28 @@ def test_quantize_with_a_spearman_budget_end_to_end(cli, encoder, tmp_path):
     # smaller than FP32; how much depends on which candidate held the bound on this CPU's int8 kernels (a CI run
     # chose a fallback that kept many nodes float: 0.83x; the all-int8 file is under 0.5x)
     assert out.exists() and out.stat().st_size < encoder.stat().st_size
+
+
+def test_a_bootstrap_bound_on_a_few_rows_is_exit_2(cli, encoder, tmp_path):
+    """Spearman on 5 pairs: every resample of a candidate that kept the ranks gave the parent's, and the drop's
+    "one-sided 95% upper bound" read 0.0000 (met any budget); now exit 2 naming the rows needed, by the command
+    and the API."""
+    import optkit
+    from optkit.core.errors import UsageError
+
+    rows = (ROOT / "tests" / "data" / "sts-test.csv").read_text(encoding="utf-8").splitlines()[1:6]
+    data = tmp_path / "sts.tsv"
+    data.write_text("label\ttext\ttext_pair\n" + "".join(f"{r.split(chr(9))[4]}\t{r.split(chr(9))[5]}\t"
+                                                          f"{r.split(chr(9))[6]}\n" for r in rows), encoding="utf-8")
+    out = tmp_path / "q.onnx"
+    args = ("quantize", encoder, "-o", out, "--mode", "dynamic", "--metric", "spearman", "--max-accuracy-drop", "0.005",
+            "--eval-data", data, "--allow-slower", "--no-latency-search")
+    r = cli(*args)
+    assert r.rc == 2 and "needs at least 20 (the eval data has 5)" in one_error_line(r) and not out.exists()
+    with pytest.raises(UsageError, match="needs at least 20"):
+        optkit.run_pass("quantize.onnx-dynamic", encoder, out, eval=data, metric="spearman", max_accuracy_drop=0.005,
+                        allow_slower=True, latency_search=False)
+    assert not out.exists()
 
 
 def test_a_pair_metric_needs_labels_that_are_scores(cli, encoder, tmp_path):

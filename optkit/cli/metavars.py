@@ -29,7 +29,7 @@ NAMES: dict[str, str] = {
     "block_size": "RxC", "version": "VERSION", "to": "TARGET", "registry": "URI", "m_by_n": "M:N", "max_memory_mb": "SIZE", "time_budget": "DURATION", "cut": "WHERE",
     "objective": "[throughput|latency|cost]", "metric": "METRIC", "preprocess": "SPEC", "manifests": "NAMES",
     "color": "[rgb|bgr|gray]", "layout": "[nchw|nhwc]", "provider": "[cpu|cuda|tensorrt]",
-    "sessions": "[shared|per-worker]", "precision": "[fp32|fp16|int8]",
+    "sessions": "[shared|per-thread]", "precision": "[fp32|fp16|bf16|int8]",
     "fmt": "[console|md|html|junit|json]", "gates": "GATE", "recipe": "RECIPE",
 }
 _BY_TYPE = {"int": "N", "float": "FLOAT", "str": "TEXT", "list": "TEXT"}

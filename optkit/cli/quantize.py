@@ -86,7 +86,9 @@ def print_candidates(cands, title: str) -> None:
     from rich.table import Table
 
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("#", "settings", "size", "latency", "drop", "cosine", "verdict"):
+    # a budget at a confidence is judged on the drop's upper bound: the column shows that figure, not the point
+    bounded = any(c.get("drop_bound") is not None for c in cands)
+    for col in ("#", "settings", "size", "latency", "drop bound" if bounded else "drop", "cosine", "verdict"):
         table.add_column(col, no_wrap=True)
     for c in cands:
         fid = c.get("fidelity") or {}
@@ -102,10 +104,20 @@ def print_candidates(cands, title: str) -> None:
             str(c.get("index")), str(c.get("variant") or "-") + (f" +{floats} float" if floats else ""),
             f"{c['ratio']:.2f}x" if c.get("ratio") else "-",
             f"{c['latency_ratio']:.2f}x" if c.get("latency_ratio") else "-",
-            f"{c['accuracy_drop']:+.4f}" if "accuracy_drop" in c else "-",
+            _drop(c, bounded),
             f"{fid['cosine']:.5f}" if "cosine" in fid else "-", verdict)
     common.console().print(table)
 
 
 def register(app: typer.Typer) -> None:
     app.command("quantize")(quantize_cmd)
+
+
+def _drop(c: dict, bounded: bool) -> str:
+    """The drop a candidate was judged on: its upper bound where the budget has a confidence and the bound is
+    known (a candidate screened on a subset has its measured drop only), else the measured drop."""
+    if "accuracy_drop" not in c:
+        return "-"
+    if bounded and c.get("drop_bound") is not None:
+        return f"{max(c['drop_bound'], c['accuracy_drop']):+.4f}"
+    return f"{c['accuracy_drop']:+.4f}"

@@ -78,6 +78,12 @@ class TunedSetting(Strict):
     sessions: Literal["shared", "per-thread"] = "shared"
     session: SessionSetting = Field(default_factory=SessionSetting)
 
+    @model_validator(mode="after")
+    def _openvino_on_the_cpu(self):
+        if self.runtime == "openvino" and self.provider != "cpu":  # tune never measures that: it runs on the CPU
+            raise ValueError(f"runtime openvino runs on provider cpu, not {self.provider}")
+        return self
+
 
 class TunedFigures(Open):
     """A setting's measured figures; memory_mb (peak RSS) sizes the manifests' memory request."""

@@ -23,7 +23,7 @@ from typing import Literal, Protocol
 from optkit.core import interrupts
 from optkit.core.artifact import external_data_files
 from optkit.core.errors import UsageError
-from optkit.core.formats import split_factory
+from optkit.core.formats import MODEL_SUFFIXES, split_factory
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -122,6 +122,8 @@ def check_output_path(dest: str | os.PathLike, *, inputs: Iterable = (), what: s
     dest = Path(dest)
     if str(dest) in ("", ".", "..") or dest.name in ("", ".", ".."):
         raise UsageError(f"{what} {str(dest)!r} is a folder, not a file name; name the file to write")
+    if dest.name.lower() in MODEL_SUFFIXES:  # a hidden file with no suffix: no command could tell its format
+        raise UsageError(f"{what} {str(dest)!r} is a suffix with no name; name the file to write (model{dest.name})")
     if len(os.fsencode(dest.name)) > _NAME_MAX:
         raise UsageError(f"{what} file name is {len(os.fsencode(dest.name))} bytes long; the limit is {_NAME_MAX}")
     parent = dest.parent

@@ -94,7 +94,7 @@ _FOLDERS = (
                      "the ensemble optkit package wrote)"),
     ("MLmodel", "an MLflow model folder (MLmodel)"),
 )
-_MODEL_SUFFIXES = (".onnx", ".tflite", ".keras", ".h5", ".pt", ".pt2", ".engine", ".plan", ".xml")
+MODEL_SUFFIXES = (".onnx", ".tflite", ".keras", ".h5", ".pt", ".pt2", ".engine", ".plan", ".xml")
 
 
 def folder_problem(path: Path) -> str:
@@ -120,7 +120,7 @@ def _models_in(path: Path, depth: int = 2, limit: int = 200) -> list[Path]:
                                                         p.name))[:limit]
     except OSError:
         return []
-    found = [p for p in entries if p.is_file() and p.suffix.lower() in _MODEL_SUFFIXES]
+    found = [p for p in entries if p.is_file() and p.suffix.lower() in MODEL_SUFFIXES]
     if depth > 1:
         for sub in entries:
             if sub.is_dir() and not sub.is_symlink():

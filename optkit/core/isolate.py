@@ -67,10 +67,11 @@ def _context():
         return mp.get_context("fork")
     # the server's socket goes in this process's own temporary folder, removed with it at exit (multiprocessing
     # would make a folder of its own beside it and remove it after ours is gone); a socket path is at most 107
-    # bytes: under a deep $TMPDIR, spawn as before
+    # bytes (bytes, not characters: a folder named in a non-ASCII script is longer than it looks): under a deep
+    # $TMPDIR, spawn as before
     config = mp.current_process()._config
     folder = config.get("tempdir") or str(tmp.own_tempdir())  # one multiprocessing already made is used as it is
-    if len(folder) > _SOCKET_FOLDER_MAX:
+    if len(os.fsencode(folder)) > _SOCKET_FOLDER_MAX:
         return mp.get_context("spawn")
     config["tempdir"] = folder
     ctx = mp.get_context("forkserver")

@@ -236,7 +236,7 @@ def check_sharing(fmt, settings: MeasureSettings) -> None:
     if settings.provider not in ("cpu", "auto") and not cls.takes_provider and settings.runtime is not None:
         raise UsageError(f"--provider {settings.provider} is onnxruntime's; --runtime {settings.runtime} runs on the "
                          "CPU: drop one of them")
-    cls.available()
+    cls.available(fmt)
     runtime = cls.runtime
     if (settings.concurrency or 1) > 1 and settings.sessions == "shared" and runtime in NOT_THREAD_SAFE:
         raise UsageError(f"a {runtime} session cannot serve several requests at once (it is not "

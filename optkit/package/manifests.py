@@ -10,6 +10,7 @@ measured memory and thread count wherever the capacity states them (the package'
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from pathlib import Path
@@ -58,7 +59,11 @@ def peak_memory_mb(measured: dict, tuned_figures: dict) -> tuple[float | None, s
 
 
 def k8s_name(name: str) -> str:
-    return _K8S_NAME.sub("-", name.lower()).strip("-")[:63] or "model"
+    """A Kubernetes object name (DNS-1123: at most 63 lowercase letters, digits and '-', a letter or digit at each
+    end). A longer name is cut and ends in a digest of the whole, so two models alike in their first 63
+    characters get two objects (the cut alone made one, and could end in '-', which Kubernetes refuses)."""
+    full = _K8S_NAME.sub("-", name.lower()).strip("-") or "model"
+    return full if len(full) <= 63 else f"{full[:56].rstrip('-')}-{hashlib.sha256(name.encode()).hexdigest()[:6]}"
 
 
 def build(kinds: list[str], *, target, name: str, version: int, tag: str | None, base_uri: str,

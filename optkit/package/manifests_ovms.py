@@ -10,6 +10,7 @@ stream per request in flight (NUM_STREAMS = concurrency, INFERENCE_NUM_THREADS =
 OVMS is not on PyPI, so nothing here is served by a test: the manifests are checked for structure only."""
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from optkit.core import strictjson
@@ -29,7 +30,10 @@ def plugin_config(threads: int | None, concurrency: int) -> dict[str, str]:
 
 
 def runtime_name(k8s: str) -> str:
-    return f"{k8s[:58].rstrip('-')}-ovms"
+    """The ServingRuntime's name: the model's with '-ovms' (a longer one cut, and set apart by a digest of the whole)."""
+    if len(k8s) <= 58:
+        return f"{k8s}-ovms"
+    return f"{k8s[:51].rstrip('-')}-{hashlib.sha256(k8s.encode()).hexdigest()[:6]}-ovms"
 
 
 def serving_runtime(k8s: str, labels: dict, openvino_version: str) -> dict[str, Any]:

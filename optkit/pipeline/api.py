@@ -24,6 +24,7 @@ from optkit.core.errors import UsageError
 from optkit.core.formats import Format, detect_format
 from optkit.measure.model import DataSpec
 from optkit.onnx.io import copy_model
+from optkit.passes import get_pass
 from optkit.passes.convert.openvino import copy_ir
 from optkit.passes.quantize.candidates import rejected_path
 from optkit.pipeline.recipe import from_dict, load_recipe, one_stage_recipe
@@ -91,6 +92,9 @@ def run_pass(pass_name: str, model: str | Path, output: str | Path, *, weights: 
                                  ("labels", labels), ("train", train)) if v is not None)])
     if metric is not None and eval is None:
         raise UsageError("metric needs evaluation data: give eval=PATH")
+    if metric is not None and "metric" in get_pass(pass_name).Config.model_fields:
+        # as the command's --metric: the pass judges its own budget (quantize's max_accuracy_drop) on it too
+        config = {"metric": metric, **config}
     rec = one_stage_recipe(pass_name, str(model), config, weights=weights, metric=metric or "top1",
                            eval_data=None if eval is None else DataSpec(path=str(eval), labels=labels),
                            data={k: str(v) for k, v in (("calibration", calibration), ("train", train)) if v})

@@ -69,9 +69,9 @@ class Session:
         return cls(artifact, threads=threads)
 
     @classmethod
-    def available(cls) -> None:
+    def available(cls, fmt: Format | None = None) -> None:
         """A DependencyError (exit 4, with the install command) where the runtime is not installed or cannot run
-        on this machine: checked before any work."""
+        on this machine: checked before any work. `fmt`: the model's format, which the message may name."""
 
     @classmethod
     def warm(cls, fmt: Format | None = None) -> None:

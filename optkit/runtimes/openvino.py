@@ -50,21 +50,23 @@ def version() -> str:
 def save_ir(onnx_path: str | Path, dest: str | Path, shown: str | Path | None = None) -> None:
     """An ONNX file as OpenVINO IR at `dest` (.xml, .bin beside it), FP32 weights kept (no fp16 compression);
     `shown` is the model's name in the error (the user's file where onnx_path is a temporary copy)."""
-    ov = import_openvino()
+    ov = import_openvino("writing OpenVINO IR (NAME.xml)", "an ONNX output (NAME.onnx)")
     try:
         ov.save_model(ov.convert_model(str(onnx_path)), str(dest), compress_to_fp16=False)
     except Exception as e:  # noqa: BLE001 - OpenVINO's frontends raise their own types
-        raise PassError(f"OpenVINO cannot convert {shown or onnx_path}: {conversion_failure(e)[:300]}") from None
+        raise PassError(f"OpenVINO cannot convert {shown or onnx_path}: {said(e)[:300]}") from None
 
 
-def conversion_failure(e: Exception) -> str:
-    """What OpenVINO's converter says failed: its summary lines (the operations it has no rule for), not the
-    'Check ... failed at file.cpp' line its errors start with."""
+def said(e: Exception) -> str:
+    """What OpenVINO says failed: its converter's summary lines (the operations it has no rule for), else its
+    last line of words, not the 'Exception from core.cpp:84:' / 'Check ... failed at file.cpp' lines its errors
+    start with (the first line of 'an .xml with a truncated .bin' is 'Exception from src/inference/src/cpp/
+    core.cpp:84:', its last 'Incorrect weights in bin file!')."""
     lines = [ln.strip(" -") for ln in str(e).splitlines() if ln.strip()]
     if "Summary:" in lines:
         return "; ".join(lines[lines.index("Summary:") + 1:]) or first_line(e)
-    said = [ln for ln in lines if not ln.startswith("Check '")]
-    return said[-1] if said else first_line(e)
+    words = [ln for ln in lines if not ln.startswith(("Check '", "Exception from "))]
+    return words[-1] if words else first_line(e)
 
 
 
@@ -82,7 +84,7 @@ def read_model(core, artifact: Artifact):
     try:
         return core.read_model(artifact.path)
     except Exception as e:  # noqa: BLE001 - OpenVINO's frontends raise their own types
-        raise UsageError(f"OpenVINO cannot read {artifact.path}: {first_line(e)[:300]}") from None
+        raise UsageError(f"OpenVINO cannot read {artifact.path}: {said(e)[:300]}") from None
 
 
 def _onnx_specs(path: str) -> list[TensorSpec] | None:
@@ -98,21 +100,30 @@ def _onnx_specs(path: str) -> list[TensorSpec] | None:
         t = i.type.tensor_type
         shape = [d.dim_value if d.dim_value > 0 else (d.dim_param or None) for d in t.shape.dim] \
             if t.HasField("shape") else None
-        specs.append(TensorSpec(i.name, shape, np.dtype(helper.tensor_dtype_to_np_dtype(t.elem_type)).name))
+        specs.append(TensorSpec(i.name, shape, _dtype_name(helper.tensor_dtype_to_np_dtype(t.elem_type))))
     return with_hints(specs, path)
+
+
+def _dtype_name(dtype) -> str:
+    """A tensor's type as a TensorSpec names it: a string tensor is "string" (as onnxruntime's session says), not
+    numpy's "object" or "str", which the input synthesizer refuses as a type it cannot feed."""
+    dtype = np.dtype(dtype)
+    return "string" if dtype.kind in "OUS" else dtype.name
 
 
 def _port_spec(port) -> TensorSpec:
     ps = port.get_partial_shape()
     shape = None if ps.rank.is_dynamic else [d.get_length() if d.is_static else None for d in ps]
-    return TensorSpec(port.get_any_name(), shape, np.dtype(port.get_element_type().to_dtype()).name)
+    return TensorSpec(port.get_any_name(), shape, _dtype_name(port.get_element_type().to_dtype()))
 
 
 class OpenVINOSession(Session):
     runtime = "openvino"
 
     @classmethod
-    def available(cls) -> None:
+    def available(cls, fmt: Format | None = None) -> None:
+        if fmt == Format.OPENVINO_IR:  # the user gave (or asked for) an .xml, not --runtime openvino
+            import_openvino("a model in OpenVINO IR (.xml)", "the ONNX model it was converted from")
         import_openvino()
 
     @classmethod
@@ -120,6 +131,7 @@ class OpenVINOSession(Session):
         import_openvino().Core().get_versions("CPU")
 
     def __init__(self, artifact: Artifact, threads: int | None = None, profile: bool = False):
+        self.available(artifact.format)
         ov = import_openvino()
         self.core = ov.Core()
         self.path = artifact.path
@@ -129,6 +141,10 @@ class OpenVINOSession(Session):
         self.outputs = [_port_spec(p) for p in self.model.outputs]
         ports = [_port_spec(p) for p in self.model.inputs]
         self.inputs = (_onnx_specs(artifact.path) if artifact.format == Format.ONNX else None) or ports
+        strings = [s.name for s in self.inputs if s.dtype == "string"]
+        if strings:
+            raise UsageError(f"input {strings[0]!r} is a string tensor, which optkit cannot feed OpenVINO: measure "
+                             "the ONNX model on onnxruntime (--runtime onnxruntime)")
         self.dynamic = any(s.dynamic for s in ports)
         self._compiled: OrderedDict[tuple, object] = OrderedDict()   # shapes -> infer request
         self._dynamic_request = None
@@ -140,7 +156,7 @@ class OpenVINOSession(Session):
         try:
             return self.core.compile_model(model, "CPU", self.config).create_infer_request()
         except Exception as e:  # noqa: BLE001
-            raise UsageError(f"OpenVINO cannot compile {self.path}: {first_line(e)[:300]}") from None
+            raise UsageError(f"OpenVINO cannot compile {self.path}: {said(e)[:300]}") from None
 
     def request(self, feeds: dict[str, np.ndarray]):
         """The infer request compiled for these feeds' shapes (reshaped and compiled on first sight)."""
@@ -160,13 +176,17 @@ class OpenVINOSession(Session):
             model.reshape({k: list(np.shape(v)) for k, v in feeds.items()})
         except Exception as e:  # noqa: BLE001
             raise UsageError(f"OpenVINO cannot reshape {self.path} to "
-                             f"{ {k: list(np.shape(v)) for k, v in feeds.items()} }: {first_line(e)[:200]}") from None
+                             f"{ {k: list(np.shape(v)) for k, v in feeds.items()} }: {said(e)[:200]}") from None
         self._compiled[key] = req = self._compile(model)
         self.reshaped = {k: list(np.shape(v)) for k, v in feeds.items()}
         return req
 
     def run(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        return list(self.request(feeds).infer(feeds, share_inputs=True).to_tuple())
+        request = self.request(feeds)
+        try:
+            return list(request.infer(feeds, share_inputs=True).to_tuple())
+        except Exception as e:  # noqa: BLE001 - OpenVINO's own types; its message's first line says nothing
+            raise RuntimeError(said(e)) from None
 
     def profiling_info(self, feeds: dict[str, np.ndarray]) -> list:
         """The per-layer counters of the last call with these feeds (opened with profile=True)."""

@@ -89,8 +89,9 @@ def check_model(model: Path) -> None:
     if model.is_dir() and not (model / "saved_model.pb").exists():
         raise UsageError(f"optkit split reads ONNX models (.onnx): {folder_problem(model)}")
     if model.is_dir() or model.suffix.lower() != ".onnx":
-        raise UsageError(f"optkit split reads ONNX models (.onnx); {model} is not one (convert it first: optkit "
-                         "convert)")
+        how = "give the ONNX model it was converted from" if model.suffix.lower() == ".xml" else \
+            "convert it first: optkit convert"
+        raise UsageError(f"optkit split reads ONNX models (.onnx); {model} is not one ({how})")
 
 
 def _cut_names(cuts) -> tuple[list[str] | None, bool]:

@@ -13,12 +13,16 @@ from optkit.core.formats import Format, ir_weights
 from optkit.package.signature import DTYPES, Signature, Tensor
 from optkit.package.target import Job
 from optkit.package.tuned import Tuned
-from optkit.runtimes.openvino import compile_settings, import_openvino, save_ir
+from optkit.runtimes.openvino import compile_settings, import_openvino, said, save_ir
 
 # numpy dtype name -> ONNX elem_type (the signature's), for an IR's ports
 ELEM_TYPES = {numpy: elem for elem, (_, numpy) in DTYPES.items()}
 
 IR_FILE = "model.xml"   # the OpenVINO backend's model (model.bin beside it)
+# the tensor types Triton's OpenVINO backend maps to OpenVINO's (its ModelConfigDataTypeToOpenVINOElement): no
+# TYPE_STRING, TYPE_FP64 nor TYPE_BF16
+SERVED_TYPES = {"TYPE_BOOL", "TYPE_UINT8", "TYPE_UINT16", "TYPE_UINT32", "TYPE_UINT64", "TYPE_INT8", "TYPE_INT16",
+                "TYPE_INT32", "TYPE_INT64", "TYPE_FP16", "TYPE_FP32"}
 IR_FILES = (IR_FILE, "model.bin")
 
 
@@ -72,7 +76,7 @@ def signature_of_ir(path: str) -> Signature:
     try:
         model = ov.Core().read_model(path)
     except Exception as e:  # noqa: BLE001 - OpenVINO's frontends raise their own types
-        raise UsageError(f"OpenVINO cannot read {path}: {str(e).strip().splitlines()[-1][:200]}") from None
+        raise UsageError(f"OpenVINO cannot read {path}: {said(e)[:200]}") from None
 
     def tensor(port, role: str) -> Tensor:
         name = port.get_any_name()
@@ -95,6 +99,10 @@ def ir_of(job: Job) -> list[Path]:
     missing exit 4, a model OpenVINO cannot convert exit 3: all before the repository is touched."""
     asked = "--backend openvino" if job.options.backend == "openvino" else \
         f"{job.model}, an OpenVINO IR," if is_ir(job) else f"the tuned runtime openvino (--tuned {job.tuned.source})"
+    provider = job.tuned.get("provider") or "cpu"
+    if provider != "cpu":  # a tune on a GPU provider (or a best.json edited to say so) would be served on KIND_GPU
+        raise UsageError(f"{asked} serves on the CPU, but --tuned {job.tuned.source} measured provider {provider}: "
+                         "give --backend onnxruntime, or tune the model on the CPU")
     try:
         check(job.options.gpu, asked, "package the ONNX model it was converted from" if is_ir(job) and
               not job.options.backend else "give --backend onnxruntime")
@@ -104,6 +112,11 @@ def ir_of(job: Job) -> list[Path]:
     if job.externals:
         raise UsageError(f"{asked}: {job.model} keeps its weights in external data files; save it with its weights "
                          "inside, or give --backend onnxruntime")
+    odd = [t for t in job.sig.inputs + job.sig.outputs if t.triton_type not in SERVED_TYPES]
+    if odd:  # the model would not load on Triton's OpenVINO backend
+        raise UsageError(f"{asked}: {odd[0].name!r} of {job.model} is {odd[0].triton_type}, which Triton's OpenVINO "
+                         "backend cannot serve (it takes bool, integer, FP16 and FP32 tensors); give --backend "
+                         "onnxruntime")
     if is_ir(job):  # served as it is
         return [Path(job.model), ir_weights(job.model)]
     tmp = Path(tempfile.mkdtemp(prefix="optkit-ir-"))

@@ -12,6 +12,7 @@ from statistics import NormalDist
 import numpy as np
 
 from optkit.core.errors import UsageError
+from optkit.measure.accuracy import CLASS_METRICS
 from optkit.measure.textmetrics import paired_bootstrap
 from optkit.passes.quantize.candidates import Candidate
 from optkit.passes.quantize.config import TOLERANCE, QuantizeConfig
@@ -19,6 +20,10 @@ from optkit.passes.quantize.config import TOLERANCE, QuantizeConfig
 SCREEN_MARGIN = 2.0  # a candidate whose subset loss is over this many budgets is not scored on the full set
 SAME_SPEED = 0.03    # latency ratios this close read "same" even when their intervals do not overlap
 SMALLER = 0.10       # a file smaller by more than this share wins among latency ties (pick)
+# a bound from resampling the rows (spearman, pearson, f1) needs rows enough for resamples to differ: on 2 or 3 a
+# rank correlation takes 2-4 values, every resample of a candidate that kept the ranks gives the parent's, and the
+# "95% bound" read 0.0000
+MIN_BOOTSTRAP_ROWS = 20
 
 
 @dataclass(frozen=True)
@@ -52,12 +57,28 @@ class Budget:
             if data.get("eval") is None:
                 raise UsageError("max_accuracy_drop (--max-accuracy-drop) needs labelled eval data "
                                  "(data.eval / --eval-data)")
+        if cfg.max_accuracy_drop == 0 and cfg.budget_confidence > 0.5 and cfg.metric in CLASS_METRICS:
+            # a right-or-wrong metric's bound is above 0 on any number of samples (drop_bound): the search could
+            # only end in a refusal
+            raise UsageError(f"max_accuracy_drop (--max-accuracy-drop) 0 cannot be held at budget_confidence "
+                             f"(--budget-confidence) {cfg.budget_confidence:g}: no number of {cfg.metric} samples "
+                             "bounds a drop at 0; give a budget above 0, or budget_confidence 0.5 to judge the "
+                             "measured drop")
         if cfg.max_accuracy_drop is None and "budget_confidence" in cfg.model_fields_set:
             raise UsageError("budget_confidence (--budget-confidence) applies to max_accuracy_drop "
                              "(--max-accuracy-drop) only; give that budget or remove it")
         if cfg.max_accuracy_drop is not None and cfg.max_fidelity_loss is not None:
             raise UsageError("give one budget: max_accuracy_drop (--max-accuracy-drop) or max_fidelity_loss "
                              "(--max-fidelity-loss)")
+
+    def check_rows(self, parent_rows, metric: str) -> None:
+        """A bound from resampling the eval rows needs MIN_BOOTSTRAP_ROWS of them (else a UsageError, exit 2)."""
+        if self.on_accuracy and self.confidence > 0.5 and parent_rows is not None and \
+                parent_rows.n < MIN_BOOTSTRAP_ROWS:
+            raise UsageError(f"max_accuracy_drop (--max-accuracy-drop) at budget_confidence (--budget-confidence) "
+                             f"{self.confidence:g} bounds the {metric} drop by resampling the eval rows, which needs "
+                             f"at least {MIN_BOOTSTRAP_ROWS} (the eval data has {parent_rows.n}): give more eval data, "
+                             "or budget_confidence 0.5 to judge the measured drop")
 
     def loss(self, cand: Candidate) -> float:
         """What the budget bounds, for this candidate (inf when it could not be scored)."""
@@ -90,12 +111,20 @@ class Budget:
             d = sign * (parent_rows.resampled() - rows.resampled())
             d = d[np.isfinite(d)]
             return float(np.percentile(d, 100 * self.confidence)) if len(d) else None
-        if parent_sample is not None and sample is not None and len(parent_sample) == len(sample) > 1:
-            d = sign * (np.asarray(parent_sample, np.float64) - np.asarray(sample, np.float64))
+        if parent_sample is not None and sample is not None and len(parent_sample) == len(sample) > 0:
+            a, b = np.asarray(parent_sample, np.float64), np.asarray(sample, np.float64)
+            d = sign * (a - b)
             if not np.all(np.isfinite(d)):
                 return None
+            n = len(d)
+            var = d.var(ddof=1) if n > 1 else 0.0
+            if np.isin(np.abs(a), (0, 1)).all() and np.isin(np.abs(b), (0, 1)).all():
+                # a right-or-wrong metric (top-1): no disagreement seen on n samples is no proof of none on fresh
+                # data (the normal bound would be 0 on any n, even 1): the variance is at least that of one
+                # disagreement in n + 1 samples
+                var = max(var, n / (n + 1) ** 2)
             z = NormalDist().inv_cdf(self.confidence)
-            return float(d.mean() + z * d.std(ddof=1) / math.sqrt(len(d)))
+            return float(d.mean() + z * math.sqrt(var / n))
         return None
 
     def fits_size(self, cand: Candidate) -> bool:

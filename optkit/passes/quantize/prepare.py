@@ -324,6 +324,7 @@ def load_reference(path, cfg: QuantizeConfig, ctx: PassContext, settings: dict) 
                                only=None if cfg.metric else ref.checked)
     ref.parent_accuracy = ref.accuracy(ref.parent_outputs, ref.labels) if cfg.metric else None
     ref.parent_rows = metric_rows(cfg.metric, ref.parent_outputs, ref.labels) if cfg.metric else None
+    Budget.of(cfg).check_rows(ref.parent_rows, cfg.metric)
     ref.parent_sample = per_sample(cfg.metric, ref.parent_outputs, ref.labels) if cfg.metric else None
     return ref
 

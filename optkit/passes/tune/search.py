@@ -44,8 +44,10 @@ from optkit.passes.tune.trial import Measurer, TrialRunner, model_inputs
 
 def check_onnx(artifact: Artifact) -> None:
     if artifact.format != Format.ONNX:
-        raise UsageError(f"optkit tune searches onnxruntime settings: {artifact.path} is "
-                         f"{artifact.format.value}; convert it to ONNX first (optkit convert)")
+        how = ("tune the ONNX model it was converted from (nothing converts IR back)"
+               if artifact.format == Format.OPENVINO_IR else "convert it to ONNX first (optkit convert)")
+        raise UsageError(f"optkit tune searches the serving settings of ONNX models (on onnxruntime and OpenVINO): "
+                         f"{artifact.path} is {artifact.format.value}; {how}")
 
 
 class Tuner:
