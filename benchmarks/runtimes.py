@@ -2,7 +2,7 @@
 OpenVINO beside onnxruntime, in one run (issue 42): FP32 on each runtime, optkit's INT8 for each runtime, the
 one-line onnxruntime calls and NNCF's, for EfficientNet-Lite1 and all-MiniLM-L6-v2 at 16 and 64 tokens.
 
-    .venv/bin/python benchmarks/runtimes.py [--only cnn|encoder] [--nncf /work/bench-venvs/nncf/bin/python]
+    .venv/bin/python benchmarks/runtimes.py [--only cnn|encoder] [--nncf /work/bench-venvs/nncf/bin/python] [--work DIR]
 
 Latency: every (file, runtime) timed against onnxruntime's FP32 call by call, interleaved, in one child process
 (measure.paired with per-model runtimes: batch 1, one thread, 5 trials), the ratio with its 95% interval.
@@ -72,6 +72,22 @@ def optkit(*args) -> dict | None:
     return sh("-m", "optkit", *args, "--json")
 
 
+def readable(rows: list[tuple[str, Path, str]]) -> list[tuple[str, Path, str]]:
+    """The (label, file, runtime) rows whose runtime opens the file; the others are said and left out."""
+    from optkit.core.artifact import Artifact
+    from optkit.core.errors import OptkitError
+    from optkit.measure.model import MeasureSettings
+
+    kept = []
+    for label, f, runtime in rows:
+        try:
+            MeasureSettings(threads=1, runtime=runtime).open(Artifact.load(f)).close()
+            kept.append((label, f, runtime))
+        except OptkitError as e:
+            print(f"  {label} / {runtime}: {runtime} cannot run it ({str(e).splitlines()[0][:160]}); left out")
+    return kept
+
+
 def timed(parent: Path, rows: list[tuple[str, Path, str]], feeds: dict) -> dict:
     """Each (label, file, runtime) against onnxruntime's FP32 `parent`, call by call, in one process."""
     from optkit.core.artifact import Artifact
@@ -121,7 +137,7 @@ def cnn(tmp: Path, nncf_py: str | None) -> None:
               "--max-accuracy-drop", "0.01", "--allow-slower"]
     for runtime in BOTH:
         out = tmp / f"optkit_{runtime}.onnx"
-        if optkit("quantize", model, "-o", out, *budget, "--runtime", runtime) is not None:
+        if out.exists() or optkit("quantize", model, "-o", out, *budget, "--runtime", runtime) is not None:
             files += [(f"optkit INT8 for {runtime}", out, r) for r in BOTH]
 
     class R(CalibrationDataReader):
@@ -139,14 +155,16 @@ def cnn(tmp: Path, nncf_py: str | None) -> None:
                       "onnxruntime quantize_static(QOperator, u8, per_channel)": {
                           "per_channel": True, "activation_type": u8, "quant_format": QuantFormat.QOperator}}.items():
         out = tmp / f"ort_{len(files)}.onnx"
-        quantize_static(str(pre), str(out), R(), **kw)
+        if not out.exists():
+            quantize_static(str(pre), str(out), R(), **kw)
         files += [(label, out, r) for r in BOTH]
     if nncf_py:
         out = tmp / "nncf.xml"
         script = tmp / "nncf_cnn.py"
         script.write_text(NNCF_CNN)
-        if sh(script, model, calib, out, py=nncf_py) is not None:
+        if out.exists() or sh(script, model, calib, out, py=nncf_py) is not None:
             files.append(("NNCF nncf.quantize()", out, "openvino"))
+    files = readable(files)
     feeds = {"inputs": np.load(ev)["inputs"][:1]}
     children = [(f"{label} / {runtime}", f, runtime) for label, f, runtime in files[1:]]
     times = timed(model, children, feeds)
@@ -165,18 +183,18 @@ def encoder(tmp: Path, nncf_py: str | None) -> None:
 
     folder = minilm()
     model = tmp / "minilm.onnx"
-    if optkit("convert", folder, "-o", model) is None:
+    if not model.exists() and optkit("convert", folder, "-o", model) is None:
         return
     tok = AutoTokenizer.from_pretrained(tmp / "minilm.preprocessor")
     rows = [r.split("\t") for r in STS.read_text(encoding="utf-8").splitlines()]
     data = ["--data", str(STS), "--metric", "spearman", "--columns", COLUMNS]
     files: list[tuple[str, Path, str]] = [("FP32", model, "onnxruntime"), ("FP32", model, "openvino")]
     out = tmp / "optkit_ort.onnx"
-    if optkit("quantize", model, "-o", out, "--mode", "dynamic", "--eval-data", STS, "--columns", COLUMNS,
+    if out.exists() or optkit("quantize", model, "-o", out, "--mode", "dynamic", "--eval-data", STS, "--columns", COLUMNS,
               "--metric", "spearman", "--max-accuracy-drop", "0.005", "--allow-slower") is not None:
         files += [("optkit INT8 for onnxruntime (dynamic)", out, r) for r in BOTH]
     out = tmp / "optkit_ov.onnx"
-    if optkit("quantize", model, "-o", out, "--mode", "static", "--runtime", "openvino", "--calibration-data", STS,
+    if out.exists() or optkit("quantize", model, "-o", out, "--mode", "static", "--runtime", "openvino", "--calibration-data", STS,
               "--calibration-size", "128", "--eval-data", STS, "--columns", COLUMNS, "--metric", "spearman",
               "--max-accuracy-drop", "0.005", "--allow-slower") is not None:
         files += [("optkit INT8 for openvino (static)", out, r) for r in BOTH]
@@ -199,8 +217,9 @@ def encoder(tmp: Path, nncf_py: str | None) -> None:
         script = tmp / "nncf_text.py"
         script.write_text(NNCF_TEXT)
         out = tmp / "nncf_minilm.xml"
-        if sh(script, model, tmp / "calls.json", out, py=nncf_py) is not None:
+        if out.exists() or sh(script, model, tmp / "calls.json", out, py=nncf_py) is not None:
             files.append(("NNCF nncf.quantize(TRANSFORMER)", out, "openvino"))
+    files = readable(files)
     scores = {f"{label} / {runtime}": metric(f, runtime, data) for label, f, runtime in files}
     for length in (16, 64):
         t = tok([rows[0][5]], padding="max_length", truncation=True, max_length=length, return_tensors="np")
@@ -218,14 +237,17 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", choices=["cnn", "encoder"])
     ap.add_argument("--nncf", default="/work/bench-venvs/nncf/bin/python")
+    ap.add_argument("--work", type=Path, help="a folder that keeps the files between runs (a file there is reused)")
     args = ap.parse_args()
     nncf_py = args.nncf if Path(args.nncf).exists() else None
     print(f"CPU: {cpu()}; NNCF: {nncf_py or 'not installed (rows left out)'}")
     with tempfile.TemporaryDirectory(prefix="optkit-bench-ov-") as tmp:
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
         if args.only in (None, "cnn"):
-            cnn(Path(tmp), nncf_py)
+            cnn(work, nncf_py)
         if args.only in (None, "encoder"):
-            encoder(Path(tmp), nncf_py)
+            encoder(work, nncf_py)
 
 
 if __name__ == "__main__":
