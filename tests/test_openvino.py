@@ -259,3 +259,35 @@ def test_package_openvino_backend_refuses_gpu(tmp_path):
     r = run_cli("package", CNN, "--to", "triton", "-o", tmp_path / "repo", "--backend", "openvino", "--gpu")
     assert r.rc == 2 and "--backend openvino" in one_error_line(r)
     assert not (tmp_path / "repo" / "torch_cnn" / "1").exists()
+
+
+@needs_ov
+def test_quantize_a_transformer_for_openvino_keeps_its_outputs_finite(tmp_path):
+    """A sentence encoder quantized for OpenVINO: only its products with weights are int8 (onnxruntime's default
+    QDQ also wrapped the attention mask's Add, whose -3.4e38 values made every candidate's embeddings NaN on
+    OpenVINO, and the whole command failed on the first one); the written file's outputs are finite there."""
+    import numpy as np
+    import onnx
+    import openvino as ov
+
+    from _hf_models import build
+
+    folder = build("sentence-embeddings", tmp_path / "encoder")
+    model = tmp_path / "enc.onnx"
+    assert run_cli("convert", folder, "-o", model, "--runs", "3").rc == 0
+    sts = ROOT / "tests" / "data" / "sts-test.csv"
+    out = tmp_path / "q.onnx"
+    r = run_cli("quantize", model, "-o", out, "--mode", "static", "--runtime", "openvino", "--calibration-data", sts,
+                "--calibration-size", "16", "--columns", "text=5,text_pair=6,label=4", "--max-fidelity-loss", "0.5",
+                "--allow-slower", "--activation-type", "uint8", "--per-channel")
+    assert r.rc == 0, r.err
+    q = onnx.load(out, load_external_data=False)
+    inits = {i.name for i in q.graph.initializer}
+    dq = {n.output[0]: n for n in q.graph.node if n.op_type == "DequantizeLinear"}
+    weights = {o for o, n in dq.items() if n.input[0] in inits}
+    assert weights and {n.op_type for n in q.graph.node if set(n.input) & weights} == {"MatMul"}
+    assert not any(set(n.input) & set(dq) for n in q.graph.node if n.op_type == "Attention")
+    compiled = ov.Core().compile_model(ov.Core().read_model(str(out)), "CPU")
+    feeds = {p.get_any_name(): np.ones([1, 8], np.int64) for p in compiled.inputs}
+    for value in compiled(feeds).values():
+        assert np.isfinite(value).all()

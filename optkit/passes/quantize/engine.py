@@ -158,6 +158,18 @@ class Static(Strategy):
     def __init__(self, cfg: QuantizeConfig, work: Path):
         super().__init__(cfg, work)
         self._means = None   # per-channel means of the layers' float inputs, for bias correction
+        self._products: list[str] | None = None   # a transformer's products with weights (_weight_products)
+
+    def _weight_products(self, prepared) -> list[str]:
+        """In a transformer (a model with a Softmax or an Attention op), the MatMul and Gemm nodes whose second
+        input is a weight; none in any other model."""
+        if self._products is None:
+            model = onnx_io.load(prepared, external_data=False)
+            inits = {i.name for i in model.graph.initializer}
+            attention = any(n.op_type in ("Softmax", "Attention", "MultiHeadAttention") for n in model.graph.node)
+            self._products = [n.name for n in model.graph.node if attention and n.op_type in ("MatMul", "Gemm")
+                              and len(n.input) > 1 and n.input[1] in inits and n.name]
+        return self._products
 
     def space(self) -> list[Settings]:
         cfg = self.cfg
@@ -226,13 +238,19 @@ class Static(Strategy):
         method = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
                   "percentile": CalibrationMethod.Percentile}[settings.calibration]
         cache = self.work / f"calibration-{settings.calibration}.json"
+        ops, nodes = op_types(cfg, "static", settings.format), cfg.nodes_include or None
+        if ops is None and nodes is None and cfg.runtime == "openvino" and self._weight_products(prepared):
+            # a transformer on OpenVINO: its products with weights in int8. onnxruntime's default QDQ also wraps
+            # the mask's Add and the Softmax, whose -3.4e38 mask values gave NaN sentence embeddings on OpenVINO,
+            # and int8 activations on both sides of attention's products cost all-MiniLM-L6-v2 0.02 Spearman
+            ops, nodes = ["MatMul", "Gemm"], self._weight_products(prepared)
         with contextlib.redirect_stdout(sys.stderr):
             quantize_static(
                 str(prepared), str(dest), None if cache.exists() else calibration(),
                 quant_format=QuantFormat.QDQ if settings.format == "qdq" else QuantFormat.QOperator,
-                op_types_to_quantize=op_types(cfg, "static", settings.format), per_channel=settings.per_channel,
+                op_types_to_quantize=ops, per_channel=settings.per_channel,
                 reduce_range=settings.reduce_range, activation_type=qt[settings.activation_type],
-                weight_type=qt[settings.weight_type], nodes_to_quantize=cfg.nodes_include or None,
+                weight_type=qt[settings.weight_type], nodes_to_quantize=nodes,
                 nodes_to_exclude=list(exclude), calibrate_method=method, calibration_cache_path=str(cache),
                 extra_options={**NO_BIAS_ADJUST, **(TENSORRT_OPTIONS if cfg.target == "tensorrt" else {})})
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from optkit.core.artifact import Artifact
 from optkit.core.batching import first_call, fixed_batch
-from optkit.core.errors import UsageError
+from optkit.core.errors import PassError, UsageError
 from optkit.core.text import first_line
 from optkit.measure.accuracy import metric_rows, per_sample
 from optkit.onnx import session as onnx_session
@@ -117,13 +117,22 @@ class Scorer:
         except Exception as e:  # noqa: BLE001 - a candidate onnxruntime loads but cannot run
             cand.error = f"the quantized model does not run: {first_line(e)[:160]}"
             return
+        bad = sum(int(np.size(o) - np.count_nonzero(np.isfinite(o))) for o in out
+                  if isinstance(o, np.ndarray) and o.dtype.kind in "fc")
+        if bad:  # NaN is a failure: this candidate is refused, the search goes on
+            cand.error = f"the quantized model gives {bad} non-finite values (NaN or Inf) on the check data"
+            return
         parent = [r[:n] if np.ndim(r) else r for r in ref.parent_outputs]
         mask = ref.mask.first(n) if ref.mask is not None else None
         cand.fidelity = qops.fidelity(parent, out, ref.out_names, mask=mask, only=ref.checked)
         cand.checked_on = n
         labels = ref.labels[:n] if ref.labels is not None else None
         if self.cfg.metric:
-            cand.accuracy = ref.accuracy(out, labels)
+            try:
+                cand.accuracy = ref.accuracy(out, labels)
+            except PassError as e:  # a figure that is not a number (constant embeddings: no Spearman)
+                cand.error = e.message
+                return
             base = ref.parent_accuracy if n == ref.samples else ref.accuracy(parent, labels)
             cand.accuracy_drop = (cand.accuracy - base if self.cfg.metric in LOWER_IS_BETTER
                                   else base - cand.accuracy)
