@@ -269,7 +269,6 @@ def test_quantize_a_transformer_for_openvino_keeps_its_outputs_finite(tmp_path):
     import numpy as np
     import onnx
     import openvino as ov
-
     from _hf_models import build
 
     folder = build("sentence-embeddings", tmp_path / "encoder")
