@@ -117,12 +117,12 @@ class Scorer:
         except Exception as e:  # noqa: BLE001 - a candidate onnxruntime loads but cannot run
             cand.error = f"the quantized model does not run: {first_line(e)[:160]}"
             return
-        bad = sum(int(np.size(o) - np.count_nonzero(np.isfinite(o))) for o in out
-                  if isinstance(o, np.ndarray) and o.dtype.kind in "fc")
-        if bad:  # NaN is a failure: this candidate is refused, the search goes on
-            cand.error = f"the quantized model gives {bad} non-finite values (NaN or Inf) on the check data"
-            return
         parent = [r[:n] if np.ndim(r) else r for r in ref.parent_outputs]
+        bad = _new_nonfinite(out, parent)
+        if bad:  # NaN where the parent has a number is a failure: this candidate is refused, the search goes on
+            cand.error = (f"the quantized model gives {bad} non-finite values (NaN or Inf) on the check data where "
+                          "the input model gives numbers")
+            return
         mask = ref.mask.first(n) if ref.mask is not None else None
         cand.fidelity = qops.fidelity(parent, out, ref.out_names, mask=mask, only=ref.checked)
         cand.checked_on = n
@@ -151,6 +151,20 @@ class Scorer:
             return None if per is None else (per if self.cfg.metric in LOWER_IS_BETTER else -per)
         cos = qops.sample_cosines(parent, out, self.ref.out_names, mask, self.ref.checked)
         return None if cos is None else 1.0 - cos
+
+
+def _new_nonfinite(out: list, parent: list) -> int:
+    """How many values of the candidate's outputs are NaN or Inf where the parent's are finite (a parent's NaN
+    is the data's: padding that hides a whole row is judged by the fidelity check, naming the data)."""
+    bad = 0
+    for o, p in zip(out, parent):
+        if not (isinstance(o, np.ndarray) and o.dtype.kind in "fc"):
+            continue
+        wrong = ~np.isfinite(o)
+        if isinstance(p, np.ndarray) and p.shape == o.shape and p.dtype.kind in "fc":
+            wrong &= np.isfinite(p)
+        bad += int(np.count_nonzero(wrong))
+    return bad
 
 
 def _call_seconds(sess, feeds: dict) -> float:
