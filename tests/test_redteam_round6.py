@@ -18,6 +18,7 @@ import sys
 import numpy as np
 import pytest
 import yaml
+from test_openvino import _has_openvino, needs_ov
 
 import optkit
 from optkit.core.errors import OptkitError
@@ -126,18 +127,6 @@ def test_one_eval_sample_gets_a_bound_too():
 
 
 # ------------------------------------------------------------------ OpenVINO: what it says, on every command
-
-def _has_openvino() -> bool:
-    try:
-        import openvino  # noqa: F401
-    except ImportError:
-        return False
-    import platform
-    return platform.machine().lower() in ("x86_64", "amd64")
-
-
-needs_ov = pytest.mark.skipif(not _has_openvino(), reason="OpenVINO is not installed or this CPU is not x86-64")
-
 
 @pytest.fixture(scope="module")
 def hostile_irs(tmp_path_factory):
