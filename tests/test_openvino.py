@@ -139,20 +139,27 @@ def test_an_ir_without_its_weights_is_exit_2(ir, tmp_path):
     assert r.rc == 2 and "not an OpenVINO IR" in one_error_line(r)
 
 
+def run_without_openvino(args, tmp_path: Path) -> subprocess.CompletedProcess:
+    """`optkit ARGS` in a subprocess where OpenVINO cannot be imported (as where it is not installed), in
+    tmp_path, which holds a stub IR m.xml + m.bin."""
+    hide = tmp_path / "hide"
+    if not hide.is_dir():
+        hide.mkdir()
+        (hide / "sitecustomize.py").write_text("import sys\nsys.modules['openvino'] = None\n")
+        (tmp_path / "m.xml").write_text('<?xml version="1.0"?>\n<net name="m" version="11"></net>\n')
+        (tmp_path / "m.bin").write_bytes(b"")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), str(ROOT)]), "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "optkit", *map(str, args)], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=300)
+
+
 def test_without_openvino_the_runtime_is_exit_4(tmp_path):
     """OpenVINO hidden from a subprocess (as where it is not installed): every way in says the one install
     command, and writes nothing."""
-    hide = tmp_path / "hide"
-    hide.mkdir()
-    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['openvino'] = None\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), str(ROOT)]), "COLUMNS": "200"}
-    (tmp_path / "m.xml").write_text('<?xml version="1.0"?>\n<net name="m" version="11"></net>\n')
-    (tmp_path / "m.bin").write_bytes(b"")
     for args in (("bench", CNN, "--runtime", "openvino"), ("eval", CNN, "--data", EVAL, "--runtime", "openvino"),
                  ("profile", CNN, "--runtime", "openvino"), ("convert", CNN, "-o", tmp_path / "out.xml"),
                  ("bench", tmp_path / "m.xml")):
-        p = subprocess.run([sys.executable, "-m", "optkit", *map(str, args)], capture_output=True, text=True,
-                           env=env, cwd=tmp_path, timeout=300)
+        p = run_without_openvino(args, tmp_path)
         assert p.returncode == 4, (args, p.stderr)
         assert "pip install 'optkit[openvino]'" in p.stderr.strip().splitlines()[-1] and "Traceback" not in p.stderr
     assert not (tmp_path / "out.xml").exists() and not (tmp_path / "out.bin").exists()

@@ -11,19 +11,16 @@ residual-Add rewrite): each defect class found, tried on every entry point it ap
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import yaml
-from test_openvino import _has_openvino, needs_ov
+from test_openvino import _has_openvino, needs_ov, run_without_openvino
 
 import optkit
 from optkit.core.errors import OptkitError
 
-from conftest import ROOT, SAMPLES, one_error_line, run_cli
+from conftest import SAMPLES, one_error_line, run_cli
 
 CNN = SAMPLES / "torch_cnn.onnx"
 CALIB = SAMPLES / "digits_calib_nchw.npz"
@@ -182,17 +179,10 @@ def test_a_string_input_on_openvino_is_exit_2_on_every_command(tmp_path):
 def test_without_openvino_an_ir_names_the_ir_not_a_flag_never_given(tmp_path):
     """OpenVINO missing: an .xml given (or -o NAME.xml asked for) said "--runtime openvino needs OpenVINO", a flag
     the user never typed."""
-    hide = tmp_path / "hide"
-    hide.mkdir()
-    (hide / "sitecustomize.py").write_text("import sys\nsys.modules['openvino'] = None\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hide), str(ROOT)]), "COLUMNS": "200"}
-    (tmp_path / "m.xml").write_text('<?xml version="1.0"?>\n<net name="m" version="11"></net>\n')
-    (tmp_path / "m.bin").write_bytes(b"")
     for args in (("bench", tmp_path / "m.xml"), ("eval", tmp_path / "m.xml", "--data", EVAL),
                  ("profile", tmp_path / "m.xml"), ("inspect", tmp_path / "m.xml"),
                  ("convert", CNN, "-o", tmp_path / "out.xml")):
-        p = subprocess.run([sys.executable, "-m", "optkit", *map(str, args)], capture_output=True, text=True,
-                           env=env, cwd=tmp_path, timeout=300)
+        p = run_without_openvino(args, tmp_path)
         line = p.stderr.strip().splitlines()[-1]
         assert p.returncode == 4 and "pip install 'optkit[openvino]'" in line, (args, p.stderr)
         assert "--runtime openvino" not in line, (args, line)
