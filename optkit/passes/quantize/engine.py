@@ -166,9 +166,10 @@ class Static(Strategy):
         if self._products is None:
             model = onnx_io.load(prepared, external_data=False)
             inits = {i.name for i in model.graph.initializer}
-            attention = any(n.op_type in ("Softmax", "Attention", "MultiHeadAttention") for n in model.graph.node)
-            self._products = [n.name for n in model.graph.node if attention and n.op_type in ("MatMul", "Gemm")
-                              and len(n.input) > 1 and n.input[1] in inits and n.name]
+            nodes = model.graph.node
+            attention = any(n.op_type in ("Softmax", "Attention", "MultiHeadAttention") for n in nodes)
+            self._products = [n.name for n in nodes if n.op_type in ("MatMul", "Gemm") and len(n.input) > 1
+                              and n.input[1] in inits and n.name] if attention else []
         return self._products
 
     def space(self) -> list[Settings]:

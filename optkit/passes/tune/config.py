@@ -268,7 +268,8 @@ class Goal:
         closest = min(measured, key=lambda r: sum(max(0.0, v) for v in self.violations(r["figures"])))
         asked = ", ".join(self.cfg.slo + ([f"memory <= {self.cfg.max_memory_mb:g} MiB"]
                                           if self.cfg.max_memory_mb is not None else []))
-        return ValidationError(f"no setting met {asked} in {len(measured)} measured trial{'s' if len(measured) != 1 else ''}; the closest: "
+        trials = f"{len(measured)} measured trial{'s' if len(measured) != 1 else ''}"
+        return ValidationError(f"no setting met {asked} in {trials}; the closest: "
                                f"{closest['label']} ({short(closest['figures'])})",
                                details={"trials": rows})
 
